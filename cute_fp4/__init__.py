@@ -1,0 +1,15 @@
+"""cute_fp4: NVFP4 quantize, dequantize and GEMM kernels in the CUTLASS Python DSL (CuTe DSL).
+
+CUDA tensors run JIT-compiled CuTe DSL kernels (sm_90 runs; sm_100a is compiled only);
+CPU tensors run the bit-exact torch references in `cute_fp4.ref`.
+"""
+
+from . import ref
+from .api import dequantize, gemm, quantize, quantize_grouped
+from .recipe import Recipe
+from .tensor import NVFP4Tensor
+
+__version__ = "0.1.0"
+
+__all__ = ["Recipe", "NVFP4Tensor", "quantize", "quantize_grouped", "dequantize", "gemm", "ref",
+           "__version__"]

@@ -1,0 +1,105 @@
+"""Element formats: E2M1 encode/decode and packing, E4M3 block scales, the FP32 outer scale.
+
+Every arithmetic step is one FP32 torch op, in the order SPEC section 1 gives, so the kernels
+can reproduce these results bit for bit.
+"""
+
+from __future__ import annotations
+
+import torch
+
+E2M1_MAX = 6.0
+E4M3_MAX = 448.0
+FLT_MAX = torch.finfo(torch.float32).max
+# fp32(1/6): the reference folds the 1/6 of the block scale into the outer scale first.
+RCP_E2M1_MAX = torch.tensor(1.0 / 6.0, dtype=torch.float32).item()
+
+E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+# Rounding to nearest with ties to the even code: (threshold, inclusive) for codes 1..7.
+# A magnitude above the threshold (or equal where inclusive) reaches the next code.
+_E2M1_STEPS = ((0.25, False), (0.75, True), (1.25, False), (1.75, True),
+               (2.5, False), (3.5, True), (5.0, False))
+
+
+def e2m1_table(device=None, dtype=torch.float32) -> torch.Tensor:
+    """The 16 E2M1 values indexed by code (bit 3 is the sign)."""
+    pos = torch.tensor(E2M1_VALUES, dtype=dtype, device=device)
+    return torch.cat([pos, -pos])
+
+
+def e2m1_encode(v: torch.Tensor) -> torch.Tensor:
+    """FP32 values -> E2M1 codes (uint8, one per element), saturating at +-6.
+
+    Round to nearest, ties to the even code. An exact +-0 gives code 0; a negative value that
+    rounds to zero gives 0x8; NaN gives code 0.
+    """
+    if v.dtype != torch.float32:
+        raise TypeError(f"e2m1_encode expects float32 values, got {v.dtype}")
+    mag = v.abs()
+    code = torch.zeros(v.shape, dtype=torch.uint8, device=v.device)
+    for threshold, inclusive in _E2M1_STEPS:
+        code += (mag >= threshold if inclusive else mag > threshold).to(torch.uint8)
+    return code | ((v < 0).to(torch.uint8) << 3)
+
+
+def e2m1_encode_stochastic(v: torch.Tensor, bits: torch.Tensor) -> torch.Tensor:
+    """FP32 values -> E2M1 codes, rounding up with probability equal to the fractional position.
+
+    `bits` holds one uniform 32-bit random word per element (int64 tensor, values in
+    [0, 2**32)); its top 23 bits give u = (bits >> 9) * 2**-23 in [0, 1), and a magnitude
+    rounds up to the next code iff frac > u, with frac = (|v| - lo) / (hi - lo) (exact in FP32:
+    the code gaps are powers of two). Saturates at 6; exact codes never move; sign and NaN as
+    in `e2m1_encode`.
+    """
+    if v.dtype != torch.float32:
+        raise TypeError(f"e2m1_encode_stochastic expects float32 values, got {v.dtype}")
+    if bits.shape != v.shape:
+        raise ValueError(f"random bits shape {tuple(bits.shape)} != values shape {tuple(v.shape)}")
+    mag = v.abs().clamp(max=E2M1_MAX)
+    table = torch.tensor(E2M1_VALUES + (E2M1_MAX,), dtype=torch.float32, device=v.device)
+    lower = torch.zeros(v.shape, dtype=torch.int64, device=v.device)
+    for value in E2M1_VALUES[1:]:
+        lower += (mag >= value).to(torch.int64)
+    lo = table[lower]
+    gap = table[(lower + 1).clamp(max=7)] - lo
+    frac = torch.where(gap > 0, (mag - lo) / torch.where(gap > 0, gap, 1.0), 0.0)
+    u = (bits >> 9).to(torch.float32) * 2.0**-23
+    code = (lower + (frac > u).to(torch.int64)).to(torch.uint8)
+    return code | ((v < 0).to(torch.uint8) << 3)
+
+
+def e2m1_decode(codes: torch.Tensor, dtype=torch.float32) -> torch.Tensor:
+    """E2M1 codes (uint8, low nibble) -> values."""
+    return e2m1_table(codes.device, dtype)[(codes & 0xF).long()]
+
+
+def pack_fp4(codes: torch.Tensor) -> torch.Tensor:
+    """[..., 2n] codes -> [..., n] bytes, even element in the low nibble."""
+    if codes.shape[-1] % 2:
+        raise ValueError(f"pack_fp4 needs an even last dimension, got {codes.shape[-1]}")
+    return codes[..., 0::2] | (codes[..., 1::2] << 4)
+
+
+def unpack_fp4(packed: torch.Tensor) -> torch.Tensor:
+    """[..., n] bytes -> [..., 2n] codes."""
+    if packed.dtype != torch.uint8:
+        raise TypeError(f"unpack_fp4 expects uint8, got {packed.dtype}")
+    return torch.stack([packed & 0xF, packed >> 4], dim=-1).flatten(-2)
+
+
+def to_e4m3(v: torch.Tensor) -> torch.Tensor:
+    """FP32 -> E4M3 after clamping to +-448 (saturating; NaN stays NaN)."""
+    return v.clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+
+
+def encode_scale(amax: torch.Tensor, e4m3_max: int = 448) -> torch.Tensor:
+    """Outer encode scale S_enc = e4m3_max * 6 / amax, capped at FLT_MAX, 1 where amax is 0."""
+    amax = amax.to(torch.float32)
+    s = torch.minimum(torch.tensor(float(e4m3_max) * E2M1_MAX, device=amax.device) / amax,
+                      torch.tensor(FLT_MAX, device=amax.device))
+    return torch.where((amax == 0) | (s == 0), torch.ones_like(s), s)
+
+
+def decode_scale(amax: torch.Tensor, e4m3_max: int = 448) -> torch.Tensor:
+    """S_dec = 1 / S_enc (one FP32 division)."""
+    return 1.0 / encode_scale(amax, e4m3_max)

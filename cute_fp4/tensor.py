@@ -1,0 +1,72 @@
+"""`NVFP4Tensor`: quantized data, block scales and outer amax, for the rowwise output and its
+columnwise (transposed) twin."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional, Tuple
+
+import torch
+
+from .recipe import Recipe
+
+
+@dataclasses.dataclass
+class NVFP4Tensor:
+    """An NVFP4-quantized 2D matrix [M, K] (the input flattened to 2D) and its twin.
+
+    data: uint8 [M, K/2] packed E2M1 (even element in the low nibble), or None.
+    scales: float8_e4m3fn [M, K/16] compact, or the padded swizzled [ceil(M/128)*128,
+        ceil(K/64)*4] when recipe.swizzle.
+    amax: FP32 outer amax: [1] (scaling="tensor"), [M] ("token") or [M, K/64] ("window64").
+    data_t, scales_t, amax_t: the same for the columnwise twin, quantized from the [K, M]
+        transposed input (after the RHT when recipe.rht).
+    recipe: how it was quantized; shape: the original (unflattened) shape; dtype: its dtype.
+    """
+
+    data: Optional[torch.Tensor]
+    scales: Optional[torch.Tensor]
+    amax: Optional[torch.Tensor]
+    data_t: Optional[torch.Tensor]
+    scales_t: Optional[torch.Tensor]
+    amax_t: Optional[torch.Tensor]
+    recipe: Recipe
+    shape: Tuple[int, ...]
+    dtype: torch.dtype
+
+    @property
+    def rows(self) -> int:
+        """M: the flattened leading dimensions of the original shape."""
+        m = 1
+        for d in self.shape[:-1]:
+            m *= d
+        return m
+
+    @property
+    def cols(self) -> int:
+        """K: the last dimension of the original shape."""
+        return self.shape[-1]
+
+    @property
+    def device(self) -> torch.device:
+        present = self.data if self.data is not None else self.data_t
+        return present.device
+
+    def t(self) -> "NVFP4Tensor":
+        """The transposed matrix [K, M]: the columnwise twin becomes the rowwise data.
+
+        GEMMs contract over the last dimension of both operands, so dgrad uses `w.t()` and
+        wgrad uses `dy.t()` and `x.t()`."""
+        return NVFP4Tensor(
+            data=self.data_t, scales=self.scales_t, amax=self.amax_t,
+            data_t=self.data, scales_t=self.scales, amax_t=self.amax,
+            recipe=self.recipe.replace(rowwise=self.recipe.columnwise,
+                                       columnwise=self.recipe.rowwise),
+            shape=(self.cols, self.rows), dtype=self.dtype,
+        )
+
+    def dequantize(self, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+        """The rowwise data back in high precision, in the original shape."""
+        from .api import dequantize
+
+        return dequantize(self, dtype or self.dtype)
