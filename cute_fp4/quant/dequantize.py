@@ -1,0 +1,171 @@
+"""Dequantize kernels: NVFP4 (E2M1 + E4M3 block scales + FP32 outer amax) and MXFP8 (E4M3/E5M2
++ E8M0 per 32) to fp32 / bf16 / fp16, from compact or 128x4 swizzled scales.
+
+One thread decodes one scale block (16 NVFP4 or 32 MXFP8 values) and writes it with vector
+stores. References: `cute_fp4.ref.dequantize` and `cute_fp4.ref.mxfp8_dequantize`.
+"""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+import torch
+from cutlass import Float32, Int32, Uint32
+
+from ..common.jit import (KERNELS, compile_kernel, device_arch, dyn, env_stream, fake_tensor,
+                          torch_to_cutlass)
+from ..common.scales import (e2m1_to_f32, e4m3_to_f32, e8m0_to_f32, outer_encode_scale,
+                             swizzled_scale_offset)
+from ..ref.dequantize import MXFP8_DTYPES, OUT_DTYPES
+from ..tensor import NVFP4Tensor
+
+THREADS = 256
+
+
+class DequantizeNVFP4:
+    """out[r, 16*b + j] = e2m1(q[r, 16*b + j]) * e4m3(s[r, b]) / S_enc(amax of (r, b))."""
+
+    def __init__(self, out_dtype, scaling: str, swizzled: bool, e4m3_max: int):
+        self.out_dtype = out_dtype
+        self.scaling = scaling
+        self.swizzled = swizzled
+        self.e4m3_max = float(e4m3_max)
+
+    @cute.jit
+    def __call__(self, words: cute.Tensor, scales: cute.Tensor, amax: cute.Tensor,
+                 out: cute.Tensor, stream):
+        # words: Uint32 [M, K/8] (8 codes per word); scales: Uint8, flat; amax: FP32, flat.
+        rows = cute.size(words, mode=[0])
+        blocks = cute.size(words, mode=[1]) // 2
+        total = rows * blocks
+        self.kernel(words, scales, amax, out, rows, blocks).launch(
+            grid=[cute.ceil_div(total, THREADS), 1, 1], block=[THREADS, 1, 1], stream=stream)
+
+    @cute.kernel
+    def kernel(self, words: cute.Tensor, scales: cute.Tensor, amax: cute.Tensor,
+               out: cute.Tensor, rows: Int32, blocks: Int32):
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        i = bidx * THREADS + tidx
+        if i < rows * blocks:
+            r = i // blocks
+            b = i - r * blocks
+            if cutlass.const_expr(self.swizzled):
+                s_code = Uint32(scales[swizzled_scale_offset(r, b, blocks)])
+            else:
+                s_code = Uint32(scales[i])
+            if cutlass.const_expr(self.scaling == "tensor"):
+                a = amax[0]
+            elif cutlass.const_expr(self.scaling == "token"):
+                a = amax[r]
+            else:
+                a = amax[r * (blocks // 4) + b // 4]
+            s = e4m3_to_f32(s_code)
+            s_enc = outer_encode_scale(a, self.e4m3_max)
+            vals = cute.make_rmem_tensor((1, 16), self.out_dtype)
+            for half in cutlass.range_constexpr(2):
+                w = Uint32(words[r, 2 * b + half])
+                for j in cutlass.range_constexpr(8):
+                    v = e2m1_to_f32((w >> (4 * j)) & Uint32(0xF))
+                    vals[0, 8 * half + j] = ((v * s) / s_enc).to(self.out_dtype)
+            cute.autovec_copy(vals, cute.local_tile(out, (1, 16), (r, b)))
+
+
+class DequantizeMXFP8:
+    """out[r, 32*b + j] = fp8(q[r, 32*b + j]) * 2**(e8m0(s[r, b]) - 127)."""
+
+    def __init__(self, in_dtype, out_dtype, swizzled: bool):
+        self.in_dtype = in_dtype
+        self.out_dtype = out_dtype
+        self.swizzled = swizzled
+
+    @cute.jit
+    def __call__(self, data: cute.Tensor, scales: cute.Tensor, out: cute.Tensor, stream):
+        rows = cute.size(data, mode=[0])
+        blocks = cute.size(data, mode=[1]) // 32
+        total = rows * blocks
+        self.kernel(data, scales, out, rows, blocks).launch(
+            grid=[cute.ceil_div(total, THREADS), 1, 1], block=[THREADS, 1, 1], stream=stream)
+
+    @cute.kernel
+    def kernel(self, data: cute.Tensor, scales: cute.Tensor, out: cute.Tensor, rows: Int32,
+               blocks: Int32):
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        i = bidx * THREADS + tidx
+        if i < rows * blocks:
+            r = i // blocks
+            b = i - r * blocks
+            if cutlass.const_expr(self.swizzled):
+                s_code = Uint32(scales[swizzled_scale_offset(r, b, blocks)])
+            else:
+                s_code = Uint32(scales[i])
+            s = e8m0_to_f32(s_code)
+            src = cute.make_rmem_tensor((1, 32), self.in_dtype)
+            cute.autovec_copy(cute.local_tile(data, (1, 32), (r, b)), src)
+            x = src.load().to(Float32) * s
+            vals = cute.make_rmem_tensor((1, 32), self.out_dtype)
+            vals.store(x.to(self.out_dtype))
+            cute.autovec_copy(vals, cute.local_tile(out, (1, 32), (r, b)))
+
+
+def nvfp4_kernel(out_dtype: torch.dtype, scaling: str, swizzled: bool, e4m3_max: int):
+    """The NVFP4 dequantize kernel for a configuration and its fake compile arguments."""
+    cdt = torch_to_cutlass(out_dtype)
+    op = DequantizeNVFP4(cdt, scaling, swizzled, e4m3_max)
+    m, k8 = dyn(), dyn(2)
+    args = (fake_tensor(cutlass.Uint32, (m, k8)), fake_tensor(cutlass.Uint8, (None,), align=1),
+            fake_tensor(cutlass.Float32, (None,), align=4),
+            fake_tensor(cdt, (m, dyn(16))), env_stream())
+    return op, args
+
+
+def mxfp8_kernel(in_dtype: torch.dtype, out_dtype: torch.dtype, swizzled: bool):
+    """The MXFP8 dequantize kernel for a configuration and its fake compile arguments."""
+    op = DequantizeMXFP8(torch_to_cutlass(in_dtype), torch_to_cutlass(out_dtype), swizzled)
+    m, k = dyn(), dyn(32)
+    args = (fake_tensor(torch_to_cutlass(in_dtype), (m, k)),
+            fake_tensor(cutlass.Uint8, (None,), align=1),
+            fake_tensor(torch_to_cutlass(out_dtype), (m, k)), env_stream())
+    return op, args
+
+
+def dequantize(t: NVFP4Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """GPU dequantize of the rowwise data of `t` (validated by `cute_fp4.dequantize`)."""
+    rows, cols = t.data.shape[0], t.cols
+    arch = device_arch(t.data.device)
+    recipe = t.recipe
+    key = ("dequantize_nvfp4", dtype, recipe.scaling, recipe.swizzle, recipe.e4m3_max, arch)
+    op, args = nvfp4_kernel(dtype, recipe.scaling, recipe.swizzle, recipe.e4m3_max)
+    fn = KERNELS.get(key, lambda: compile_kernel(op, *args, arch=arch))
+    out = torch.empty((rows, cols), dtype=dtype, device=t.data.device)
+    fn(t.data.view(torch.int32).view(rows, cols // 8), t.scales.view(torch.uint8).reshape(-1),
+       t.amax.reshape(-1), out)
+    return out.view(t.shape)
+
+
+def mxfp8_dequantize(data: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype = torch.bfloat16,
+                     swizzled: bool = False) -> torch.Tensor:
+    """MXFP8 [M, K] (K % 32 == 0) with E8M0 scales (uint8 [M, K/32], or swizzled) -> dtype."""
+    if data.dtype not in MXFP8_DTYPES:
+        raise TypeError(f"MXFP8 data must be float8_e4m3fn or float8_e5m2, got {data.dtype}")
+    if dtype not in OUT_DTYPES:
+        raise TypeError(f"dtype must be float32, bfloat16 or float16, got {dtype}")
+    if data.dim() != 2 or data.shape[1] % 32:
+        raise ValueError(f"MXFP8 data must be 2D [M, K] with K % 32 == 0, got {tuple(data.shape)}")
+    if not data.is_contiguous():
+        raise ValueError("MXFP8 data must be contiguous")
+    rows, cols = data.shape
+    out = torch.empty((rows, cols), dtype=dtype, device=data.device)
+    if not data.is_cuda:
+        from ..ref import mxfp8_dequantize as mxfp8_dequantize_ref
+
+        return mxfp8_dequantize_ref(data, scales, dtype, swizzled)
+    if rows == 0:
+        return out
+    arch = device_arch(data.device)
+    key = ("dequantize_mxfp8", data.dtype, dtype, swizzled, arch)
+    op, args = mxfp8_kernel(data.dtype, dtype, swizzled)
+    fn = KERNELS.get(key, lambda: compile_kernel(op, *args, arch=arch))
+    fn(data, scales.view(torch.uint8).reshape(-1), out)
+    return out
