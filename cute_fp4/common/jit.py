@@ -9,6 +9,7 @@ reuse the compiled code.
 
 from __future__ import annotations
 
+import functools
 import tempfile
 import threading
 import time
@@ -39,7 +40,13 @@ def torch_to_cutlass(dtype: torch.dtype):
 
 def device_arch(device: Optional[torch.device] = None) -> str:
     """The compile target for a CUDA device: sm_90a on Hopper, sm_100a on Blackwell."""
-    major, minor = torch.cuda.get_device_capability(device)
+    index = device.index if isinstance(device, torch.device) else device
+    return _arch_of(torch.cuda.current_device() if index is None else index)
+
+
+@functools.lru_cache(maxsize=None)
+def _arch_of(index: int) -> str:
+    major, minor = torch.cuda.get_device_capability(index)
     if major == 9:
         return "sm_90a"
     if major == 10:

@@ -110,24 +110,23 @@ class DequantizeMXFP8:
 
 
 def nvfp4_kernel(out_dtype: torch.dtype, scaling: str, swizzled: bool, e4m3_max: int):
-    """The NVFP4 dequantize kernel for a configuration and its fake compile arguments."""
+    """(kernel, *fake compile arguments) of the NVFP4 dequantize for a configuration."""
     cdt = torch_to_cutlass(out_dtype)
     op = DequantizeNVFP4(cdt, scaling, swizzled, e4m3_max)
     m, k8 = dyn(), dyn(2)
-    args = (fake_tensor(cutlass.Uint32, (m, k8)), fake_tensor(cutlass.Uint8, (None,), align=1),
+    return (op, fake_tensor(cutlass.Uint32, (m, k8)),
+            fake_tensor(cutlass.Uint8, (None,), align=1),
             fake_tensor(cutlass.Float32, (None,), align=4),
             fake_tensor(cdt, (m, dyn(16))), env_stream())
-    return op, args
 
 
 def mxfp8_kernel(in_dtype: torch.dtype, out_dtype: torch.dtype, swizzled: bool):
-    """The MXFP8 dequantize kernel for a configuration and its fake compile arguments."""
+    """(kernel, *fake compile arguments) of the MXFP8 dequantize for a configuration."""
     op = DequantizeMXFP8(torch_to_cutlass(in_dtype), torch_to_cutlass(out_dtype), swizzled)
     m, k = dyn(), dyn(32)
-    args = (fake_tensor(torch_to_cutlass(in_dtype), (m, k)),
+    return (op, fake_tensor(torch_to_cutlass(in_dtype), (m, k)),
             fake_tensor(cutlass.Uint8, (None,), align=1),
             fake_tensor(torch_to_cutlass(out_dtype), (m, k)), env_stream())
-    return op, args
 
 
 def dequantize(t: NVFP4Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -136,8 +135,8 @@ def dequantize(t: NVFP4Tensor, dtype: torch.dtype) -> torch.Tensor:
     arch = device_arch(t.data.device)
     recipe = t.recipe
     key = ("dequantize_nvfp4", dtype, recipe.scaling, recipe.swizzle, recipe.e4m3_max, arch)
-    op, args = nvfp4_kernel(dtype, recipe.scaling, recipe.swizzle, recipe.e4m3_max)
-    fn = KERNELS.get(key, lambda: compile_kernel(op, *args, arch=arch))
+    fn = KERNELS.get(key, lambda: compile_kernel(
+        *nvfp4_kernel(dtype, recipe.scaling, recipe.swizzle, recipe.e4m3_max), arch=arch))
     out = torch.empty((rows, cols), dtype=dtype, device=t.data.device)
     fn(t.data.view(torch.int32).view(rows, cols // 8), t.scales.view(torch.uint8).reshape(-1),
        t.amax.reshape(-1), out)
@@ -165,7 +164,7 @@ def mxfp8_dequantize(data: torch.Tensor, scales: torch.Tensor, dtype: torch.dtyp
         return out
     arch = device_arch(data.device)
     key = ("dequantize_mxfp8", data.dtype, dtype, swizzled, arch)
-    op, args = mxfp8_kernel(data.dtype, dtype, swizzled)
-    fn = KERNELS.get(key, lambda: compile_kernel(op, *args, arch=arch))
+    fn = KERNELS.get(key, lambda: compile_kernel(*mxfp8_kernel(data.dtype, dtype, swizzled),
+                                                 arch=arch))
     fn(data, scales.view(torch.uint8).reshape(-1), out)
     return out

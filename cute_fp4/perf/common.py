@@ -1,0 +1,104 @@
+"""Timing and reporting helpers shared by the benchmarks (`python -m cute_fp4.perf ...`).
+
+Times are medians of CUDA-event timings after warm-up (triton.testing.do_bench when triton is
+installed). Every ratio is against a baseline measured in the same process.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from typing import Callable, Dict, List, Optional
+
+import torch
+
+
+def bench_ms(fn: Callable[[], object], warmup: int = 10, iters: int = 50) -> float:
+    """Median milliseconds of `fn()` on the current stream."""
+    try:
+        from triton.testing import do_bench
+
+        return float(do_bench(fn, warmup=25, rep=100, return_mode="median"))
+    except ImportError:
+        pass
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def bench_graph_ms(fn: Callable[[], object], replays_per_graph: int = 10) -> float:
+    """Median milliseconds of one `fn()` replayed from a captured CUDA graph."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(replays_per_graph):
+            fn()
+    return bench_ms(graph.replay) / replays_per_graph
+
+
+def host_overhead_us(fn: Callable[[], object], iters: int = 2000) -> float:
+    """Mean host microseconds per call of `fn()` (launch cost; the GPU work is tiny)."""
+    import time
+
+    for _ in range(50):
+        fn()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    elapsed = time.perf_counter() - start
+    torch.cuda.synchronize()
+    return elapsed / iters * 1e6
+
+
+def copy_bandwidth_gbs(nbytes: int = 1 << 30) -> float:
+    """Device-to-device copy bandwidth in GB/s, counting bytes read plus bytes written."""
+    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda").random_()
+    dst = torch.empty_like(src)
+    ms = bench_ms(lambda: dst.copy_(src))
+    return 2 * nbytes / ms / 1e6
+
+
+def cublas_bf16_tflops(m: int, n: int, k: int) -> float:
+    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+    ms = bench_ms(lambda: a @ b.t())
+    return 2 * m * n * k / ms / 1e9
+
+
+def progress(i: int, total: int, label: str):
+    """One-line progress on stderr (the table goes to stdout)."""
+    sys.stderr.write(f"\r[{i}/{total}] {label:<60}")
+    sys.stderr.flush()
+    if i == total:
+        sys.stderr.write("\n")
+
+
+def report(rows: List[Dict[str, object]], title: str, json_path: Optional[str] = None,
+           floatfmt: str = ".3g") -> str:
+    """Print a tabulate table of `rows` (dicts with the same keys) and optionally save JSON."""
+    from tabulate import tabulate
+
+    text = f"## {title}\n\n" + tabulate(rows, headers="keys", tablefmt="github",
+                                         floatfmt=floatfmt)
+    print(text, flush=True)
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump({"title": title, "device": torch.cuda.get_device_name(), "rows": rows},
+                      f, indent=1)
+    return text
