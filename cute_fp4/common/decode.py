@@ -1,0 +1,119 @@
+"""E2M1 (+ E4M3 block scale) -> BF16 decode for sm_90 kernels (CuTe DSL helpers).
+
+Hopper has no E2M1 converter, so the decode is bit arithmetic. A 4-bit code `s e1 e0 m` with
+its magnitude bits `e1 e0 m` placed at bits [8:6] of a BF16 half and its sign at bit 15 is
+exactly `e2m1 * 2**-126` (codes with e = 0 land on BF16 subnormals, which is what makes one
+placement right for every code). One BF16x2 multiply by `scale * 2**119` then gives
+`e2m1 * scale * 2**-DECODE_EXP_SHIFT`: a product of a 2-bit and a 4-bit significand, exact in
+BF16, never subnormal (the smallest is 2**-17). Kernels remove the 2**-7 (exactly) later.
+
+Per 8 values (one 32-bit word of packed codes): 7 shifts, 4 mask/or ops and 4 BF16x2 multiplies.
+The fast form returns the pairs (v_i, v_{i+4}), i = 0..3, i.e. the 8 values in the K order
+[0, 4, 1, 5, 2, 6, 3, 7]. A GEMM that decodes both operands with it permutes K identically on
+both sides, which leaves every dot product unchanged; `natural_order=True` adds 4 byte permutes
+to return (v_0, v_1), (v_2, v_3), ... for consumers that need the original order.
+"""
+
+from __future__ import annotations
+
+from typing import Tuple
+
+from cutlass import Int32
+from cutlass._mlir import ir
+from cutlass._mlir.dialects import llvm
+from cutlass.cutlass_dsl import T, dsl_user_op
+
+# Decoded values are e2m1 * scale * 2**-DECODE_EXP_SHIFT.
+DECODE_EXP_SHIFT = 7
+# FP32 bit pattern of 2**(126 - DECODE_EXP_SHIFT).
+_SCALE_BIAS_F32 = (127 + 126 - DECODE_EXP_SHIFT) << 23
+
+
+@dsl_user_op
+def e4m3_to_bf16x2_scale(sf_byte: Int32, *, loc=None, ip=None) -> Int32:
+    """One E4M3 scale (low byte of `sf_byte`) -> BF16x2 (both halves) of scale * 2**119, the
+    multiplier `decode_e2m1x8` expects. Exact: 4 significant bits, no overflow (448 * 2**119
+    < 2**128)."""
+    asm = (
+        "{\n\t.reg .b16 q;\n\t.reg .b32 h2;\n\t.reg .f16 h0, h1;\n\t.reg .f32 f;\n\t"
+        "cvt.u16.u32 q, $1;\n\t"
+        "cvt.rn.f16x2.e4m3x2 h2, q;\n\t"
+        "mov.b32 {h0, h1}, h2;\n\t"
+        "cvt.f32.f16 f, h0;\n\t"
+        f"mul.f32 f, f, 0f{_SCALE_BIAS_F32:08X};\n\t"
+        "cvt.rn.bf16x2.f32 $0, f, f;\n\t}"
+    )
+    res = llvm.inline_asm(
+        T.i32(),
+        [Int32(sf_byte).ir_value(loc=loc, ip=ip)],
+        asm,
+        "=r,r",
+        has_side_effects=False,
+        is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT,
+        loc=loc,
+        ip=ip,
+    )
+    return Int32(res)
+
+
+def _decode_asm(natural_order: bool) -> str:
+    lines = ["{", ".reg .b32 a, b, t0, t1, t2, t3;"]
+    # pair i = (v_i, v_{i+4}): magnitudes from w << (6 - 4i), signs from w << (12 - 4i)
+    for i in range(4):
+        mag_shift = 6 - 4 * i
+        sign_shift = 12 - 4 * i
+        if mag_shift >= 0:
+            lines.append(f"shl.b32 a, $4, {mag_shift};")
+        else:
+            lines.append(f"shr.u32 a, $4, {-mag_shift};")
+        if sign_shift > 0:
+            lines.append(f"shl.b32 b, $4, {sign_shift};")
+        else:
+            lines.append("mov.b32 b, $4;")
+        lines.append("and.b32 a, a, 0x01C001C0;")
+        lines.append("and.b32 b, b, 0x80008000;")
+        lines.append("or.b32 a, a, b;")
+        dst = f"t{i}" if natural_order else f"${i}"
+        lines.append(f"mul.rn.bf16x2 {dst}, a, $5;")
+    if natural_order:
+        # (v0,v4),(v1,v5) -> (v0,v1),(v4,v5); (v2,v6),(v3,v7) -> (v2,v3),(v6,v7)
+        lines += [
+            "prmt.b32 $0, t0, t1, 0x5410;",
+            "prmt.b32 $1, t2, t3, 0x5410;",
+            "prmt.b32 $2, t0, t1, 0x7632;",
+            "prmt.b32 $3, t2, t3, 0x7632;",
+        ]
+    lines.append("}")
+    return "\n\t".join(lines)
+
+
+_DECODE_ASM = {False: _decode_asm(False), True: _decode_asm(True)}
+
+
+@dsl_user_op
+def decode_e2m1x8(
+    w: Int32, scale2: Int32, natural_order: bool = False, *, loc=None, ip=None
+) -> Tuple[Int32, Int32, Int32, Int32]:
+    """8 packed E2M1 codes (value j in nibble j of `w`) times the BF16x2 scale from
+    `e4m3_to_bf16x2_scale` -> 4 BF16x2 registers holding e2m1 * scale * 2**-7, in the K order
+    [0, 4, 1, 5, 2, 6, 3, 7] (or [0..7] with natural_order)."""
+    struct_ty = ir.Type.parse("!llvm.struct<(i32, i32, i32, i32)>")
+    res = llvm.inline_asm(
+        struct_ty,
+        [Int32(w).ir_value(loc=loc, ip=ip), Int32(scale2).ir_value(loc=loc, ip=ip)],
+        _DECODE_ASM[bool(natural_order)],
+        "=r,=r,=r,=r,r,r",
+        has_side_effects=False,
+        is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT,
+        loc=loc,
+        ip=ip,
+    )
+    i32 = T.i32()
+    return tuple(Int32(llvm.extractvalue(i32, res, [j], loc=loc, ip=ip)) for j in range(4))
+
+
+def kperm8():
+    """The K order of `decode_e2m1x8` (fast form) as a list: position p holds value kperm8()[p]."""
+    return [0, 4, 1, 5, 2, 6, 3, 7]

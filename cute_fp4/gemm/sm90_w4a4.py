@@ -1,0 +1,361 @@
+"""sm_90a NVFP4 x NVFP4 GEMM: decode to BF16 in shared memory, BF16 wgmma, FP32 accumulation.
+
+D[m, n] = cast(alpha * row[m] * col[n] * sum_k a[m, k] * b[n, k] + bias[n]), a and b the
+E2M1 * E4M3 block values (SPEC section 3).
+
+Per CTA (tile 128 x tile_n, K in steps of 64 = 4 NVFP4 blocks), 3 warpgroups:
+- warpgroup 0, warp 0: TMA producer. Each pipeline stage holds the packed FP4 bytes of A
+  [128, 32] and B [tile_n, 32] and their swizzled scale tiles (512 bytes per 128 rows x 4
+  blocks: one tile of the SPEC 1 layout, contiguous in memory).
+- warpgroups 1-2 (256 threads): decode and MMA. While the wgmmas of k-tile i run on BF16
+  buffer i % 2, the same threads decode k-tile i + 1 (both operands, scale folded in, exact)
+  into buffer (i + 1) % 2 (the 128B-swizzled K-major layout wgmma reads). One named barrier
+  per k-tile orders "both warpgroups wrote buffer j" and "both warpgroups' wgmmas on the
+  other buffer finished".
+The decode permutes K inside each group of 8 identically for A and B (see
+cute_fp4.common.decode), which leaves every dot product unchanged. Decoded values carry a
+factor 2**-7 each, removed exactly in the FP32 epilogue (2**14).
+Epilogue: FP32 alpha, row, col, bias, then the cast and predicated global stores (any M, N).
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Type
+
+import cuda.bindings.driver as cuda
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass import Float32, Int32, const_expr
+from cutlass.cute.nvgpu import cpasync, warpgroup
+from cutlass.tensor_utils import LayoutEnum
+
+from ..common.decode import DECODE_EXP_SHIFT, decode_e2m1x8, e4m3_to_bf16x2_scale
+from .smem import ld_shared_u8, ld_shared_v2, st_shared_v4
+
+TILE_M = 128
+TILE_K = 64  # elements per k-tile: 4 NVFP4 blocks, 32 packed bytes, 128 BF16 bytes per row
+SF_TILE_BYTES = 512  # one 128-row x 4-block tile of swizzled scales
+ACC_UNSCALE = float(2 ** (2 * DECODE_EXP_SHIFT))
+
+
+class Sm90GemmNVFP4:
+    """Compile-time config: tile_n (128 or 256), pipeline stages, output dtype and which epilogue
+    operands exist. `__call__` takes packed A [M, K/2], B [N, K/2] (uint8), swizzled scales of A
+    and B as flat uint8 tensors, D [M, N] and the optional alpha [1], row [M], col [N],
+    bias [N] tensors."""
+
+    def __init__(
+        self,
+        out_dtype: Type[cutlass.Numeric],
+        *,
+        tile_n: int = 256,
+        stages: int = 6,
+        has_alpha: bool = False,
+        has_row: bool = False,
+        has_col: bool = False,
+        has_bias: bool = False,
+    ):
+        if tile_n not in (128, 256):
+            raise ValueError(f"tile_n must be 128 or 256, got {tile_n}")
+        self.out_dtype = out_dtype
+        self.tile_n = tile_n
+        self.stages = stages
+        self.has_alpha = has_alpha
+        self.has_row = has_row
+        self.has_col = has_col
+        self.has_bias = has_bias
+        self.threads = 384
+        self.producer_regs = 40
+        self.consumer_regs = 232
+        self.bar_decode = 1  # named barrier id among the 256 consumer threads
+
+    @cute.jit
+    def __call__(
+        self,
+        mA: cute.Tensor,
+        mB: cute.Tensor,
+        mSFA: cute.Tensor,
+        mSFB: cute.Tensor,
+        mD: cute.Tensor,
+        mAlpha: Optional[cute.Tensor],
+        mRow: Optional[cute.Tensor],
+        mCol: Optional[cute.Tensor],
+        mBias: Optional[cute.Tensor],
+        stream: cuda.CUstream,
+    ):
+        tile_n = self.tile_n
+        m_rows = mA.shape[0]
+        n_rows = mB.shape[0]
+        k_tiles = cute.ceil_div(mA.shape[1], TILE_K // 2)
+        # Swizzled scales: one 512-byte tile per (128 rows, k-tile), row-tile major; view as a
+        # [128 bytes, 4 * tiles] matrix so that one TMA box (128, 4) is one tile.
+        sfa = cute.make_tensor(
+            mSFA.iterator,
+            cute.make_layout((128, 4 * k_tiles * cute.ceil_div(m_rows, 128)), stride=(1, 128)),
+        )
+        sfb = cute.make_tensor(
+            mSFB.iterator,
+            cute.make_layout((128, 4 * k_tiles * cute.ceil_div(n_rows, 128)), stride=(1, 128)),
+        )
+
+        pk_a_layout = cute.make_layout((TILE_M, TILE_K // 2, self.stages),
+                                       stride=(TILE_K // 2, 1, TILE_M * TILE_K // 2))
+        pk_b_layout = cute.make_layout((tile_n, TILE_K // 2, self.stages),
+                                       stride=(TILE_K // 2, 1, tile_n * TILE_K // 2))
+        sf_a_layout = cute.make_layout((128, 4, self.stages), stride=(1, 128, SF_TILE_BYTES))
+        sf_b_layout = cute.make_layout((128, 4, self.stages * (tile_n // 128)),
+                                       stride=(1, 128, SF_TILE_BYTES))
+        mma_tiler = (TILE_M, tile_n, TILE_K)
+        a16_layout = sm90_utils.make_smem_layout_a(
+            LayoutEnum.ROW_MAJOR, mma_tiler, cutlass.BFloat16, 2)
+        b16_layout = sm90_utils.make_smem_layout_b(
+            LayoutEnum.ROW_MAJOR, mma_tiler, cutlass.BFloat16, 2)
+
+        g2s = cpasync.CopyBulkTensorTileG2SOp()
+        tma_a, tma_mA = cpasync.make_tiled_tma_atom(
+            g2s, mA, cute.select(pk_a_layout, mode=[0, 1]), (TILE_M, TILE_K // 2))
+        tma_b, tma_mB = cpasync.make_tiled_tma_atom(
+            g2s, mB, cute.select(pk_b_layout, mode=[0, 1]), (tile_n, TILE_K // 2))
+        tma_sfa, tma_mSFA = cpasync.make_tiled_tma_atom(
+            g2s, sfa, cute.select(sf_a_layout, mode=[0, 1]), (128, 4))
+        tma_sfb, tma_mSFB = cpasync.make_tiled_tma_atom(
+            g2s, sfb, cute.select(sf_b_layout, mode=[0, 1]), (128, 4))
+        tx_bytes = (TILE_M + tile_n) * (TILE_K // 2) + SF_TILE_BYTES * (1 + tile_n // 128)
+
+        tiled_mma = sm90_utils.make_trivial_tiled_mma(
+            cutlass.BFloat16, cutlass.BFloat16,
+            LayoutEnum.ROW_MAJOR.sm90_mma_major_mode(),
+            LayoutEnum.ROW_MAJOR.sm90_mma_major_mode(),
+            Float32, (2, 1, 1), tiler_mn=(64, tile_n))
+
+        stages = self.stages
+
+        @cute.struct
+        class SharedStorage:
+            mbar: cute.struct.MemRange[cutlass.Int64, stages * 2]
+            sA16: cute.struct.Align[
+                cute.struct.MemRange[cutlass.BFloat16, cute.cosize(a16_layout)], 1024]
+            sB16: cute.struct.Align[
+                cute.struct.MemRange[cutlass.BFloat16, cute.cosize(b16_layout)], 1024]
+            sApk: cute.struct.Align[cute.struct.MemRange[cutlass.Uint8, cute.cosize(pk_a_layout)], 128]
+            sBpk: cute.struct.Align[cute.struct.MemRange[cutlass.Uint8, cute.cosize(pk_b_layout)], 128]
+            sSFA: cute.struct.Align[cute.struct.MemRange[cutlass.Uint8, cute.cosize(sf_a_layout)], 128]
+            sSFB: cute.struct.Align[cute.struct.MemRange[cutlass.Uint8, cute.cosize(sf_b_layout)], 128]
+
+        self.shared_storage = SharedStorage
+
+        grid = (cute.ceil_div(m_rows, TILE_M), cute.ceil_div(n_rows, tile_n), 1)
+        self.kernel(
+            tma_a, tma_mA, tma_b, tma_mB, tma_sfa, tma_mSFA, tma_sfb, tma_mSFB,
+            mD, mAlpha, mRow, mCol, mBias, tiled_mma,
+            pk_a_layout, pk_b_layout, sf_a_layout, sf_b_layout, a16_layout, b16_layout,
+            tx_bytes,
+        ).launch(grid=grid, block=[self.threads, 1, 1], stream=stream)
+
+    @cute.kernel
+    def kernel(
+        self,
+        tma_a: cute.CopyAtom,
+        mA: cute.Tensor,
+        tma_b: cute.CopyAtom,
+        mB: cute.Tensor,
+        tma_sfa: cute.CopyAtom,
+        mSFA: cute.Tensor,
+        tma_sfb: cute.CopyAtom,
+        mSFB: cute.Tensor,
+        mD: cute.Tensor,
+        mAlpha: Optional[cute.Tensor],
+        mRow: Optional[cute.Tensor],
+        mCol: Optional[cute.Tensor],
+        mBias: Optional[cute.Tensor],
+        tiled_mma: cute.TiledMma,
+        pk_a_layout: cute.Layout,
+        pk_b_layout: cute.Layout,
+        sf_a_layout: cute.Layout,
+        sf_b_layout: cute.Layout,
+        a16_layout: cute.ComposedLayout,
+        b16_layout: cute.ComposedLayout,
+        tx_bytes: cutlass.Constexpr[int],
+    ):
+        tile_n = self.tile_n
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, bidy, _ = cute.arch.block_idx()
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        wg_idx = cute.arch.make_warp_uniform(tidx // 128)
+
+        if warp_idx == 0:
+            cpasync.prefetch_descriptor(tma_a)
+            cpasync.prefetch_descriptor(tma_b)
+            cpasync.prefetch_descriptor(tma_sfa)
+            cpasync.prefetch_descriptor(tma_sfb)
+
+        smem = cutlass.utils.SmemAllocator()
+        storage = smem.allocate(self.shared_storage)
+        mainloop = pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.mbar.data_ptr(),
+            num_stages=self.stages,
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
+            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 8),
+            tx_count=tx_bytes,
+            cta_layout_vmnk=cute.make_layout((1, 1, 1, 1)),
+        )
+
+        sApk = storage.sApk.get_tensor(pk_a_layout)
+        sBpk = storage.sBpk.get_tensor(pk_b_layout)
+        sSFA = storage.sSFA.get_tensor(sf_a_layout)
+        sSFB = storage.sSFB.get_tensor(sf_b_layout)
+        sA16 = storage.sA16.get_tensor(a16_layout.outer, swizzle=a16_layout.inner)
+        sB16 = storage.sB16.get_tensor(b16_layout.outer, swizzle=b16_layout.inner)
+
+        k_tiles = cute.size(cute.ceil_div(mA.shape[1], TILE_K // 2))
+        m_tile = bidx
+        n_tile = bidy
+
+        if wg_idx == 0:
+            cute.arch.setmaxregister_decrease(self.producer_regs)
+            if warp_idx == 0:
+                # (TILE_M, 32, Mt, Kt) and friends
+                gA = cute.local_tile(mA, (TILE_M, TILE_K // 2), (None, None))
+                gB = cute.local_tile(mB, (tile_n, TILE_K // 2), (None, None))
+                gSFA = cute.local_tile(mSFA, (128, 4), (0, None))
+                gSFB = cute.local_tile(mSFB, (128, 4), (0, None))
+                tAsA, tAgA = cpasync.tma_partition(
+                    tma_a, 0, cute.make_layout(1),
+                    cute.group_modes(sApk, 0, 2), cute.group_modes(gA, 0, 2))
+                tBsB, tBgB = cpasync.tma_partition(
+                    tma_b, 0, cute.make_layout(1),
+                    cute.group_modes(sBpk, 0, 2), cute.group_modes(gB, 0, 2))
+                tAsSF, tAgSF = cpasync.tma_partition(
+                    tma_sfa, 0, cute.make_layout(1),
+                    cute.group_modes(sSFA, 0, 2), cute.group_modes(gSFA, 0, 2))
+                tBsSF, tBgSF = cpasync.tma_partition(
+                    tma_sfb, 0, cute.make_layout(1),
+                    cute.group_modes(sSFB, 0, 2), cute.group_modes(gSFB, 0, 2))
+                state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer,
+                                                     self.stages)
+                for kt in cutlass.range(k_tiles, unroll=1):
+                    mainloop.producer_acquire(state)
+                    bar = mainloop.producer_get_barrier(state)
+                    s = state.index
+                    cute.copy(tma_a, tAgA[(None, m_tile, kt)], tAsA[(None, s)], tma_bar_ptr=bar)
+                    cute.copy(tma_b, tBgB[(None, n_tile, kt)], tBsB[(None, s)], tma_bar_ptr=bar)
+                    cute.copy(tma_sfa, tAgSF[(None, m_tile * k_tiles + kt)], tAsSF[(None, s)],
+                              tma_bar_ptr=bar)
+                    for h in cutlass.range_constexpr(tile_n // 128):
+                        cute.copy(
+                            tma_sfb,
+                            tBgSF[(None, (n_tile * (tile_n // 128) + h) * k_tiles + kt)],
+                            tBsSF[(None, s * (tile_n // 128) + h)],
+                            tma_bar_ptr=bar)
+                    mainloop.producer_commit(state)
+                    state.advance()
+                mainloop.producer_tail(state)
+        else:
+            cute.arch.setmaxregister_increase(self.consumer_regs)
+            ctid = tidx - 128
+            mma_wg = wg_idx - 1
+            thr_mma = tiled_mma.get_slice(mma_wg * 128)
+            tCsA = thr_mma.partition_A(sA16)
+            tCsB = thr_mma.partition_B(sB16)
+            tCrA = tiled_mma.make_fragment_A(tCsA)
+            tCrB = tiled_mma.make_fragment_B(tCsB)
+
+            gD = cute.local_tile(mD, (TILE_M, tile_n), (m_tile, n_tile))
+            tCgD = thr_mma.partition_C(gD)
+            acc = cute.make_rmem_tensor(tCgD.shape, Float32)
+            acc.fill(0.0)
+            tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
+
+            apk_base = sApk.iterator.toint()
+            bpk_base = sBpk.iterator.toint()
+            sfa_base = sSFA.iterator.toint()
+            sfb_base = sSFB.iterator.toint()
+            a16_base = sA16.iterator.toint()
+            b16_base = sB16.iterator.toint()
+
+            state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+
+            # k-tile 0 -> buffer 0
+            self.decode_stage(mainloop, state, ctid, apk_base, bpk_base, sfa_base, sfb_base,
+                              a16_base, b16_base, 0)
+            state.advance()
+            cute.arch.fence_proxy("async.shared", space="cta")
+            cute.arch.barrier(barrier_id=self.bar_decode, number_of_threads=256)
+
+            num_kb = cute.size(tCrA, mode=[2])
+            for kt in cutlass.range(k_tiles, unroll=1):
+                buf = kt % 2
+                warpgroup.fence()
+                for kb in cutlass.range_constexpr(num_kb):
+                    cute.gemm(tiled_mma, acc, tCrA[(None, None, kb, buf)],
+                              tCrB[(None, None, kb, buf)], acc)
+                warpgroup.commit_group()
+                if kt + 1 < k_tiles:
+                    self.decode_stage(mainloop, state, ctid, apk_base, bpk_base, sfa_base,
+                                      sfb_base, a16_base, b16_base, 1 - buf)
+                    state.advance()
+                warpgroup.wait_group(0)
+                cute.arch.fence_proxy("async.shared", space="cta")
+                cute.arch.barrier(barrier_id=self.bar_decode, number_of_threads=256)
+
+            self.epilogue(acc, thr_mma, mD, mAlpha, mRow, mCol, mBias, m_tile, n_tile)
+
+    @cute.jit
+    def decode_stage(self, mainloop, state, ctid, apk_base, bpk_base, sfa_base, sfb_base,
+                     a16_base, b16_base, buf):
+        """Decode pipeline stage `state` (packed A, B + scales) into BF16 buffer `buf`."""
+        tile_n = self.tile_n
+        mainloop.consumer_wait(state)
+        s = state.index
+        units_a = TILE_M * 4  # (row, block) units of 16 values
+        units = (TILE_M + tile_n) * 4
+        for i in cutlass.range_constexpr(units // 256):
+            u = ctid + 256 * i
+            if const_expr(256 * i < units_a):
+                row = u >> 2
+                pk_addr = apk_base + s * (TILE_M * TILE_K // 2)
+                sf_addr = sfa_base + s * SF_TILE_BYTES
+                dst = a16_base + buf * (TILE_M * TILE_K * 2)
+            else:
+                row = (u - units_a) >> 2
+                pk_addr = bpk_base + s * (tile_n * TILE_K // 2)
+                sf_addr = sfb_base + (s * (tile_n // 128) + (row >> 7)) * SF_TILE_BYTES
+                dst = b16_base + buf * (tile_n * TILE_K * 2)
+            blk = u & 3
+            r = row & 127
+            w0, w1 = ld_shared_v2(pk_addr + row * (TILE_K // 2) + blk * 8)
+            sf = ld_shared_u8(sf_addr + (r & 31) * 16 + (r >> 5) * 4 + blk)
+            scale2 = e4m3_to_bf16x2_scale(sf)
+            p0, p1, p2, p3 = decode_e2m1x8(w0, scale2)
+            q0, q1, q2, q3 = decode_e2m1x8(w1, scale2)
+            # 128B-swizzled K-major row: 16-byte chunk c of row `row` at chunk c ^ (row % 8)
+            row_addr = dst + row * (TILE_K * 2)
+            sw = row & 7
+            st_shared_v4(row_addr + (((blk * 2) ^ sw) << 4), p0, p1, p2, p3)
+            st_shared_v4(row_addr + (((blk * 2 + 1) ^ sw) << 4), q0, q1, q2, q3)
+        mainloop.consumer_release(state)
+
+    @cute.jit
+    def epilogue(self, acc, thr_mma, mD, mAlpha, mRow, mCol, mBias, m_tile, n_tile):
+        tile_n = self.tile_n
+        m_rows, n_cols = mD.shape
+        cD = cute.make_identity_tensor(mD.shape)
+        tCcD = thr_mma.partition_C(cute.local_tile(cD, (TILE_M, tile_n), (m_tile, n_tile)))
+        tCgD = thr_mma.partition_C(cute.local_tile(mD, (TILE_M, tile_n), (m_tile, n_tile)))
+        scale = Float32(ACC_UNSCALE)
+        if const_expr(self.has_alpha):
+            scale = scale * mAlpha[0].to(Float32)
+        for i in cutlass.range_constexpr(cute.size(acc)):
+            m, n = tCcD[i]
+            if m < m_rows and n < n_cols:
+                v = acc[i] * scale
+                if const_expr(self.has_row):
+                    v = v * mRow[m].to(Float32)
+                if const_expr(self.has_col):
+                    v = v * mCol[n].to(Float32)
+                if const_expr(self.has_bias):
+                    v = v + mBias[n].to(Float32)
+                tCgD[i] = v.to(self.out_dtype)

@@ -1,0 +1,51 @@
+"""Raw shared-memory accessors (32-bit shared-window addresses) for the decode stages."""
+
+from __future__ import annotations
+
+from typing import Tuple
+
+from cutlass import Int32
+from cutlass._mlir import ir
+from cutlass._mlir.dialects import llvm
+from cutlass.cutlass_dsl import T, dsl_user_op
+
+
+def _asm(res_ty, operands, asm, constraints, side_effects, loc, ip):
+    return llvm.inline_asm(
+        res_ty,
+        operands,
+        asm,
+        constraints,
+        has_side_effects=side_effects,
+        is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT,
+        loc=loc,
+        ip=ip,
+    )
+
+
+@dsl_user_op
+def ld_shared_v2(addr: Int32, *, loc=None, ip=None) -> Tuple[Int32, Int32]:
+    """Two 32-bit words from an 8-byte aligned shared address."""
+    ty = ir.Type.parse("!llvm.struct<(i32, i32)>")
+    res = _asm(ty, [Int32(addr).ir_value(loc=loc, ip=ip)],
+               "ld.shared.v2.b32 {$0, $1}, [$2];", "=r,=r,r,~{memory}", True, loc, ip)
+    i32 = T.i32()
+    return (Int32(llvm.extractvalue(i32, res, [0], loc=loc, ip=ip)),
+            Int32(llvm.extractvalue(i32, res, [1], loc=loc, ip=ip)))
+
+
+@dsl_user_op
+def ld_shared_u8(addr: Int32, *, loc=None, ip=None) -> Int32:
+    """One byte (zero-extended) from a shared address."""
+    res = _asm(T.i32(), [Int32(addr).ir_value(loc=loc, ip=ip)],
+               "ld.shared.u8 $0, [$1];", "=r,r,~{memory}", True, loc, ip)
+    return Int32(res)
+
+
+@dsl_user_op
+def st_shared_v4(addr: Int32, a: Int32, b: Int32, c: Int32, d: Int32, *, loc=None, ip=None):
+    """Four 32-bit words to a 16-byte aligned shared address."""
+    ops = [Int32(x).ir_value(loc=loc, ip=ip) for x in (addr, a, b, c, d)]
+    _asm(None, ops, "st.shared.v4.b32 [$0], {$1, $2, $3, $4};", "r,r,r,r,r,~{memory}", True,
+         loc, ip)

@@ -1,0 +1,99 @@
+"""`python -m cute_fp4.perf gemm`: NVFP4 GEMM vs cuBLAS BF16 and dequantize-then-cuBLAS.
+
+Per shape (M x N x K), in one process: cuBLAS BF16 (torch.matmul on BF16 operands),
+dequantize-then-cuBLAS (cute_fp4.dequantize of both NVFP4 operands, then torch.matmul) and the
+NVFP4 kernel (gemm_nvfp4, swizzled scales, BF16 out), each eager and replayed from a CUDA graph.
+TFLOP/s count 2*M*N*K; ratios are against cuBLAS BF16 of the same mode.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import List, Tuple
+
+import torch
+
+from .common import bench_graph_ms, bench_ms, progress, report
+
+MAIN_SHAPES = [(8192, 8192, 8192), (16384, 2048, 7168), (4096, 4096, 4096)]
+SWEEP_M = [1024, 2048, 4096, 8192, 16384, 32768]
+SWEEP_NK = [2048, 4096, 8192]
+
+
+def _operands(m: int, n: int, k: int):
+    from ..ref.swizzle import swizzle_scales
+
+    def op(rows):
+        data = torch.randint(0, 256, (rows, k // 2), dtype=torch.uint8, device="cuda")
+        sc = torch.exp2(torch.rand(rows, k // 16, device="cuda") * 4 - 2).to(torch.float8_e4m3fn)
+        return data, sc, swizzle_scales(sc)
+
+    return op(m), op(n)
+
+
+def _dequantize_fn(data, scales):
+    """Dequantize with the package's GPU kernel (cute_fp4.dequantize of a per-tensor NVFP4Tensor
+    whose amax makes S_enc = 1, i.e. the values e2m1 * scale)."""
+    from .. import dequantize
+    from ..recipe import Recipe
+    from ..tensor import NVFP4Tensor
+
+    rows, k = data.shape[0], data.shape[1] * 2
+    amax = torch.full((1,), 448.0 * 6.0, device=data.device)
+    t = NVFP4Tensor(data=data, scales=scales, amax=amax, data_t=None, scales_t=None,
+                    amax_t=None, recipe=Recipe(swizzle=False), shape=(rows, k),
+                    dtype=torch.bfloat16)
+    return lambda: dequantize(t, torch.bfloat16)
+
+
+def bench_shape(m: int, n: int, k: int, graphs: bool) -> dict:
+    from ..gemm.dispatch import gemm_nvfp4
+
+    (a, sa_c, sa), (b, sb_c, sb) = _operands(m, n, k)
+    a16 = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    b16 = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+    deq_a, deq_b = _dequantize_fn(a, sa_c), _dequantize_fn(b, sb_c)
+    out = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
+
+    fns = {
+        "cublas_bf16": lambda: torch.matmul(a16, b16.t()),
+        "dequant+cublas": lambda: torch.matmul(deq_a(), deq_b().t()),
+        "nvfp4": lambda: gemm_nvfp4(a, sa, b, sb, scales_swizzled=True, out=out),
+    }
+    flop = 2.0 * m * n * k
+    row = {"M": m, "N": n, "K": k}
+    modes: List[Tuple[str, object]] = [("eager", bench_ms)]
+    if graphs:
+        modes.append(("graph", bench_graph_ms))
+    for mode, timer in modes:
+        ms = {name: timer(fn) for name, fn in fns.items()}
+        for name, t in ms.items():
+            row[f"{name} {mode} TFLOP/s"] = flop / t / 1e9
+        row[f"nvfp4/cublas {mode}"] = ms["cublas_bf16"] / ms["nvfp4"]
+        row[f"nvfp4/dequant+cublas {mode}"] = ms["dequant+cublas"] / ms["nvfp4"]
+    return row
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m cute_fp4.perf gemm", description=__doc__)
+    p.add_argument("--sweep", action="store_true",
+                   help="add M in {1024..32768} x N=K in {2048, 4096, 8192}")
+    p.add_argument("--shapes", type=str, default=None,
+                   help="comma-separated MxNxK list instead of the default shapes")
+    p.add_argument("--no-graphs", action="store_true", help="eager timings only")
+    p.add_argument("--json", type=str, default=None, help="write the rows to this JSON file")
+    args = p.parse_args(argv)
+    if args.shapes:
+        shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
+    else:
+        shapes = list(MAIN_SHAPES)
+        if args.sweep:
+            shapes += [(m, nk, nk) for nk in SWEEP_NK for m in SWEEP_M]
+    rows = []
+    for i, (m, n, k) in enumerate(shapes):
+        progress(i, len(shapes), f"{m}x{n}x{k}")
+        rows.append(bench_shape(m, n, k, graphs=not args.no_graphs))
+        torch.cuda.empty_cache()
+    progress(len(shapes), len(shapes), "done")
+    report(rows, f"NVFP4 GEMM on {torch.cuda.get_device_name()}", args.json)
+    return 0

@@ -1,0 +1,30 @@
+"""Compile tests (CPU, no GPU needed): the GEMM kernels build and use the instructions they rely
+on (sm_90a: TMA loads, BF16 wgmma with FP32 accumulation, the BF16x2 scale multiply of the
+decode, register reallocation between the producer and the consumers)."""
+
+import pytest
+import torch
+
+from cute_fp4.common.compile_check import compile_ptx, missing_instructions, ptx_target
+from cute_fp4.gemm.dispatch import _w4a4_kernel
+
+
+@pytest.mark.parametrize("tile_n", [128, 256])
+@pytest.mark.parametrize("out_dtype,flags,bias_dtype", [
+    (torch.bfloat16, (False, False, False, False), None),
+    (torch.float16, (True, True, True, True), torch.float16),
+    (torch.float32, (True, False, True, True), torch.float32),
+])
+def test_w4a4_sm90_ptx(tile_n, out_dtype, flags, bias_dtype):
+    op, args = _w4a4_kernel(out_dtype, tile_n, 4, flags, bias_dtype)
+    ptx = compile_ptx(op, *args, arch="sm_90a")
+    assert ptx_target(ptx) == "sm_90a"
+    assert missing_instructions(ptx, [
+        rf"wgmma\.mma_async\.sync\.aligned\.m64n{tile_n}k16\.f32\.bf16\.bf16",
+        r"cp\.async\.bulk\.tensor\.2d\.shared::\w+\.global",
+        r"mul\.rn\.bf16x2",
+        r"cvt\.rn\.f16x2\.e4m3x2",
+        r"st\.shared\.v4\.b32",
+        r"setmaxnreg\.inc",
+        r"setmaxnreg\.dec",
+    ]) == []
