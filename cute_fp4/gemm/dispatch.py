@@ -143,8 +143,11 @@ def gemm_nvfp4(a_data: torch.Tensor, a_scales: torch.Tensor, b_data: torch.Tenso
     if arch != "sm_90a":
         raise NotImplementedError(f"gemm_nvfp4 runs on sm_90a only for now (device is {arch})")
     key = ("gemm_w4a4_sm90", out_dtype, tile_n, stages, flags, bias_dtype)
-    fn = KERNELS.get(key, lambda: compile_kernel(
-        *_w4a4_kernel(out_dtype, tile_n, stages, flags, bias_dtype), arch=arch))
+    def build():
+        op, args = _w4a4_kernel(out_dtype, tile_n, stages, flags, bias_dtype)
+        return compile_kernel(op, *args, arch=arch)
+
+    fn = KERNELS.get(key, build)
     fn(_prepare_data(a_data), _prepare_data(b_data), sfa, sfb, out, alpha, row, col, bias)
     return out
 
