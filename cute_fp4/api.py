@@ -7,11 +7,11 @@ from typing import List, Optional, Sequence, Union
 
 import torch
 
-from . import ref
+from . import ops, ref
 from .recipe import Recipe
 from .ref.formats import decode_scale
 from .ref.quantize import block_outer_amax, check_quantize_input
-from .ref.swizzle import swizzle_scales, unswizzle_scales
+from .ref.swizzle import unswizzle_scales
 from .tensor import NVFP4Tensor
 
 OUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -28,13 +28,9 @@ def quantize(x: torch.Tensor, recipe: Recipe = Recipe(), *, seed: int = 0,
 
     seed/offset key the Philox generator of stochastic rounding (ignored otherwise).
     """
-    check_quantize_input(x, recipe)
+    x2 = check_quantize_input(x, recipe)
     _check_contiguous(x, "x")
-    if x.is_cuda:
-        from .quant.dispatch import quantize as quantize_cuda
-
-        return quantize_cuda(x, recipe, seed=seed, offset=offset)
-    return ref.quantize(x, recipe, seed=seed, offset=offset)
+    return ops.quantize(x2, recipe, x.shape, x.dtype, seed, offset)
 
 
 def quantize_grouped(x: torch.Tensor, split_sizes: Sequence[int], recipe: Recipe = Recipe(), *,
@@ -58,14 +54,11 @@ def dequantize(t: NVFP4Tensor, dtype: torch.dtype = torch.bfloat16) -> torch.Ten
     if t.data is None:
         raise ValueError("this NVFP4Tensor has no rowwise data; use dequantize(t.t()) for "
                          "the columnwise twin")
-    if t.data.is_cuda and t.data.numel():
-        from .quant.dequantize import dequantize as dequantize_cuda
-
-        return dequantize_cuda(t, dtype)
-    return ref.dequantize(t, dtype)
+    return ops.dequantize(t, dtype)
 
 
 def _operand(t: NVFP4Tensor, name: str):
+    """(scales or FP32 per-block factors, outer decode scale or None) of a GEMM operand."""
     if t.data is None:
         raise ValueError(f"{name} has no rowwise data: quantize it with rowwise=True, or pass "
                          f"{name}.t() to use its columnwise twin")
@@ -74,7 +67,7 @@ def _operand(t: NVFP4Tensor, name: str):
         s = unswizzle_scales(t.scales, t.rows, t.cols // 16) if t.recipe.swizzle else t.scales
         s_dec = decode_scale(block_outer_amax(t.amax, "window64", t.rows), t.recipe.e4m3_max)
         return s.to(torch.float32) * s_dec, None
-    return None, decode_scale(t.amax, t.recipe.e4m3_max)
+    return t.scales, decode_scale(t.amax, t.recipe.e4m3_max)
 
 
 def gemm(a: Union[NVFP4Tensor, torch.Tensor], b: NVFP4Tensor, *,
@@ -87,29 +80,28 @@ def gemm(a: Union[NVFP4Tensor, torch.Tensor], b: NVFP4Tensor, *,
         raise TypeError(f"b must be an NVFP4Tensor, got {type(b).__name__}")
     if out_dtype not in OUT_DTYPES:
         raise TypeError(f"out_dtype must be float32, bfloat16 or float16, got {out_dtype}")
-    b_factors, b_dec = _operand(b, "b")
+    b_scales, b_dec = _operand(b, "b")
     n, k = b.rows, b.cols
     if bias is not None and (bias.dim() != 1 or bias.shape[0] != n):
         raise ValueError(f"bias must be 1D of length N={n}, got shape {tuple(bias.shape)}")
     if isinstance(a, NVFP4Tensor):
-        a_factors, a_dec = _operand(a, "a")
+        a_scales, a_dec = _operand(a, "a")
         if a.cols != k:
             raise ValueError(f"K mismatch: a is [{a.rows}, {a.cols}], b is [{n}, {k}]")
-        out_shape = tuple(a.shape[:-1]) + (n,)
-        device = a.device
+        a_mat, a_swizzled, lead = a.data, a.recipe.swizzle, tuple(a.shape[:-1])
     elif isinstance(a, torch.Tensor):
         if a.dtype not in (torch.bfloat16, torch.float16):
             raise TypeError(f"a dense activation must be bfloat16 or float16, got {a.dtype}")
         if a.shape[-1] != k:
             raise ValueError(f"K mismatch: a has last dimension {a.shape[-1]}, b has K={k}")
         _check_contiguous(a, "a")
-        a_factors = a_dec = None
-        out_shape = tuple(a.shape[:-1]) + (n,)
-        device = a.device
+        a_scales = a_dec = None
+        a_mat, a_swizzled, lead = a.reshape(-1, k), False, tuple(a.shape[:-1])
     else:
         raise TypeError(f"a must be an NVFP4Tensor or a torch.Tensor, got {type(a).__name__}")
-    if device != b.device or (bias is not None and bias.device != device):
-        raise ValueError(f"a, b and bias must be on one device (a: {device}, b: {b.device})")
+    if a_mat.device != b.device or (bias is not None and bias.device != b.device):
+        raise ValueError(f"a, b and bias must be on one device (a: {a_mat.device}, "
+                         f"b: {b.device})")
 
     # Per-tensor outer scales fold into alpha; per-token ones become row / col vectors.
     alpha = row = col = None
@@ -122,34 +114,6 @@ def gemm(a: Union[NVFP4Tensor, torch.Tensor], b: NVFP4Tensor, *,
             row = dec
         else:
             col = dec
-
-    if device.type == "cuda":
-        from .gemm.dispatch import gemm_nvfp4, gemm_w4a16
-
-        if a_factors is not None or b_factors is not None:
-            raise NotImplementedError("the CUDA GEMM does not take window64 operands yet")
-        swizzled = b.recipe.swizzle
-        if isinstance(a, NVFP4Tensor):
-            a_scales = a.scales
-            if a.recipe.swizzle != swizzled:  # bring a's scales to b's layout
-                a_scales = (swizzle_scales(a_scales) if swizzled
-                            else unswizzle_scales(a_scales, a.rows, k // 16))
-            out = gemm_nvfp4(a.data, a_scales, b.data, b.scales, alpha=alpha, row=row, col=col,
-                             bias=bias, out_dtype=out_dtype, scales_swizzled=swizzled)
-        else:
-            out = gemm_w4a16(a.reshape(-1, k), b.data, b.scales, alpha=alpha, col=col,
-                             bias=bias, out_dtype=out_dtype, scales_swizzled=swizzled)
-        return out.view(out_shape)
-
-    if b_factors is None:
-        b_factors = (unswizzle_scales(b.scales, n, k // 16) if b.recipe.swizzle else b.scales)
-    if isinstance(a, NVFP4Tensor):
-        a_data = a.data
-        if a_factors is None:
-            a_factors = (unswizzle_scales(a.scales, a.rows, k // 16) if a.recipe.swizzle
-                         else a.scales)
-    else:
-        a_data = a.reshape(-1, k)
-    out = ref.gemm(a_data, a_factors, b.data, b_factors, alpha=alpha, row=row, col=col,
-                   bias=bias, out_dtype=out_dtype)
-    return out.view(out_shape)
+    out = ops.gemm(a_mat, a_scales, b.data, b_scales, alpha, row, col, bias, out_dtype,
+                   a_swizzled, b.recipe.swizzle)
+    return out.view(lead + (n,))

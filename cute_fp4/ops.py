@@ -1,0 +1,181 @@
+"""The public ops as `torch.library` custom ops with fake (meta) implementations, so
+`torch.compile(fullgraph=True)` traces through them and CUDA graphs capture them.
+
+Each op takes tensors and primitives only (an `NVFP4Tensor` travels as its fields, a `Recipe`
+as its options) and dispatches on the device: CUDA runs the CuTe DSL kernels, CPU the torch
+references. Eager calls skip the dispatcher (`torch.compiler.is_compiling()` is False) and call
+the same implementations directly, which keeps per-call host overhead low.
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from . import ref
+from .recipe import Recipe
+from .ref.swizzle import swizzle_scales, swizzled_shape, unswizzle_scales
+from .tensor import NVFP4Tensor
+
+def recipe_args(recipe: Recipe) -> tuple:
+    return (recipe.scaling, recipe.block[0], recipe.rht, recipe.stochastic_rounding,
+            recipe.four_over_six or "", recipe.e4m3_max, recipe.fast_math, recipe.rowwise,
+            recipe.columnwise, recipe.swizzle)
+
+
+def recipe_from_args(scaling, block_rows, rht, sr, four_over_six, e4m3_max, fast_math, rowwise,
+                     columnwise, swizzle) -> Recipe:
+    return Recipe(scaling=scaling, block=(block_rows, 16), rht=rht, stochastic_rounding=sr,
+                  four_over_six=four_over_six or None, e4m3_max=e4m3_max, fast_math=fast_math,
+                  rowwise=rowwise, columnwise=columnwise, swizzle=swizzle)
+
+
+def _or_empty(t: Optional[Tensor], like: Tensor, dtype) -> Tensor:
+    """Absent outputs travel through the op as empty tensors."""
+    return t if t is not None else like.new_empty((0,), dtype=dtype)
+
+
+def quantize_impl(x2: Tensor, recipe: Recipe, seed: int, offset: int) -> NVFP4Tensor:
+    if x2.is_cuda:
+        from .quant.dispatch import quantize as quantize_cuda
+
+        return quantize_cuda(x2, recipe, seed=seed, offset=offset)
+    return ref.quantize(x2, recipe, seed=seed, offset=offset)
+
+
+@torch.library.custom_op("cute_fp4::quantize", mutates_args=())
+def quantize_op(x: Tensor, scaling: str, block_rows: int, rht: bool, sr: bool,
+                four_over_six: str, e4m3_max: int, fast_math: bool, rowwise: bool,
+                columnwise: bool, swizzle: bool, seed: int, offset: int
+                ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    recipe = recipe_from_args(scaling, block_rows, rht, sr, four_over_six, e4m3_max, fast_math,
+                              rowwise, columnwise, swizzle)
+    t = quantize_impl(x, recipe, seed, offset)
+    return (_or_empty(t.data, x, torch.uint8), _or_empty(t.scales, x, torch.float8_e4m3fn),
+            _or_empty(t.amax, x, torch.float32), _or_empty(t.data_t, x, torch.uint8),
+            _or_empty(t.scales_t, x, torch.float8_e4m3fn), _or_empty(t.amax_t, x, torch.float32))
+
+
+def _output_shapes(rows: int, cols: int, recipe: Recipe):
+    scales = swizzled_shape(rows, cols // 16) if recipe.swizzle else (rows, cols // 16)
+    amax = {"tensor": (1,), "token": (rows,), "window64": (rows, cols // 64)}[recipe.scaling]
+    return (rows, cols // 2), scales, amax
+
+
+@quantize_op.register_fake
+def _(x, scaling, block_rows, rht, sr, four_over_six, e4m3_max, fast_math, rowwise, columnwise,
+      swizzle, seed, offset):
+    recipe = recipe_from_args(scaling, block_rows, rht, sr, four_over_six, e4m3_max, fast_math,
+                              rowwise, columnwise, swizzle)
+    m, k = x.shape
+    outs: List[Tensor] = []
+    for present, (r, c) in ((rowwise, (m, k)), (columnwise, (k, m))):
+        if present:
+            d, s, a = _output_shapes(r, c, recipe)
+            outs += [x.new_empty(d, dtype=torch.uint8), x.new_empty(s, dtype=torch.float8_e4m3fn),
+                     x.new_empty(a, dtype=torch.float32)]
+        else:
+            outs += [x.new_empty((0,), dtype=dt)
+                     for dt in (torch.uint8, torch.float8_e4m3fn, torch.float32)]
+    return tuple(outs)
+
+
+def quantize(x2: Tensor, recipe: Recipe, shape, dtype, seed: int, offset: int) -> NVFP4Tensor:
+    """Quantize a validated 2D input; through the custom op while torch.compile traces."""
+    if not torch.compiler.is_compiling():
+        t = quantize_impl(x2, recipe, seed, offset)
+        t.shape, t.dtype = tuple(shape), dtype
+        return t
+    outs = quantize_op(x2, *recipe_args(recipe), seed, offset)
+    present = (recipe.rowwise,) * 3 + (recipe.columnwise,) * 3
+    data, scales, amax, data_t, scales_t, amax_t = (o if p else None
+                                                     for o, p in zip(outs, present))
+    return NVFP4Tensor(data, scales, amax, data_t, scales_t, amax_t, recipe, tuple(shape), dtype)
+
+
+def dequantize_impl(t: NVFP4Tensor, dtype) -> Tensor:
+    if t.data.is_cuda and t.data.numel():
+        from .quant.dequantize import dequantize as dequantize_cuda
+
+        return dequantize_cuda(t, dtype)
+    return ref.dequantize(t, dtype)
+
+
+@torch.library.custom_op("cute_fp4::dequantize", mutates_args=())
+def dequantize_op(data: Tensor, scales: Tensor, amax: Tensor, scaling: str, block_rows: int,
+                  rht: bool, sr: bool, four_over_six: str, e4m3_max: int, fast_math: bool,
+                  rowwise: bool, columnwise: bool, swizzle: bool, cols: int,
+                  dtype: torch.dtype) -> Tensor:
+    recipe = recipe_from_args(scaling, block_rows, rht, sr, four_over_six, e4m3_max, fast_math,
+                              rowwise, columnwise, swizzle)
+    t = NVFP4Tensor(data, scales, amax, None, None, None, recipe, (data.shape[0], cols),
+                    torch.float32)
+    return dequantize_impl(t, dtype)
+
+
+@dequantize_op.register_fake
+def _(data, scales, amax, scaling, block_rows, rht, sr, four_over_six, e4m3_max, fast_math,
+      rowwise, columnwise, swizzle, cols, dtype):
+    return data.new_empty((data.shape[0], cols), dtype=dtype)
+
+
+def dequantize(t: NVFP4Tensor, dtype) -> Tensor:
+    if not torch.compiler.is_compiling():
+        return dequantize_impl(t, dtype)
+    out = dequantize_op(t.data, t.scales, t.amax, *recipe_args(t.recipe), t.cols, dtype)
+    return out.view(t.shape)
+
+
+def gemm_impl(a: Tensor, a_scales: Optional[Tensor], b: Tensor, b_scales: Tensor,
+              alpha: Optional[Tensor], row: Optional[Tensor], col: Optional[Tensor],
+              bias: Optional[Tensor], out_dtype: torch.dtype, a_swizzled: bool,
+              b_swizzled: bool) -> Tensor:
+    """One 2D GEMM. a: packed E2M1 [M, K/2] with E4M3 scales (compact or swizzled) or FP32
+    per-block factors [M, K/16] (window64 operands), or a dense bf16/fp16 [M, K] with a_scales
+    None (W4A16). b likewise, NVFP4 always."""
+    n, k = b.shape[0], b.shape[1] * 2
+    if a.is_cuda:
+        from .gemm.dispatch import gemm_nvfp4, gemm_w4a16
+
+        if b_scales.dtype == torch.float32 or (a_scales is not None
+                                               and a_scales.dtype == torch.float32):
+            raise NotImplementedError("the CUDA GEMM does not take window64 operands yet")
+        if a_scales is None:
+            return gemm_w4a16(a, b, b_scales, alpha=alpha, col=col, bias=bias,
+                              out_dtype=out_dtype, scales_swizzled=b_swizzled)
+        if a_swizzled != b_swizzled:  # bring a's scales to b's layout
+            a_scales = (swizzle_scales(a_scales) if b_swizzled
+                        else unswizzle_scales(a_scales, a.shape[0], k // 16))
+        return gemm_nvfp4(a, a_scales, b, b_scales, alpha=alpha, row=row, col=col, bias=bias,
+                          out_dtype=out_dtype, scales_swizzled=b_swizzled)
+
+    def factors(data, scales, swizzled):
+        if scales.dtype == torch.float32 or not swizzled:
+            return scales
+        return unswizzle_scales(scales, data.shape[0], k // 16)
+
+    a_factors = None if a_scales is None else factors(a, a_scales, a_swizzled)
+    return ref.gemm(a, a_factors, b, factors(b, b_scales, b_swizzled), alpha=alpha, row=row,
+                    col=col, bias=bias, out_dtype=out_dtype)
+
+
+@torch.library.custom_op("cute_fp4::gemm", mutates_args=())
+def gemm_op(a: Tensor, a_scales: Optional[Tensor], b: Tensor, b_scales: Tensor,
+            alpha: Optional[Tensor], row: Optional[Tensor], col: Optional[Tensor],
+            bias: Optional[Tensor], out_dtype: torch.dtype, a_swizzled: bool,
+            b_swizzled: bool) -> Tensor:
+    return gemm_impl(a, a_scales, b, b_scales, alpha, row, col, bias, out_dtype, a_swizzled,
+                     b_swizzled)
+
+
+@gemm_op.register_fake
+def _(a, a_scales, b, b_scales, alpha, row, col, bias, out_dtype, a_swizzled, b_swizzled):
+    return a.new_empty((a.shape[0], b.shape[0]), dtype=out_dtype)
+
+
+def gemm(*args) -> Tensor:
+    if not torch.compiler.is_compiling():
+        return gemm_impl(*args)
+    return gemm_op(*args)
