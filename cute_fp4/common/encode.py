@@ -1,0 +1,334 @@
+"""Shared DSL helpers for NVFP4 encoding (SPEC section 1).
+
+Everything here is called from inside ``@cute.jit`` / ``@cute.kernel`` code and emits
+explicit PTX, so that every FP32 step is one correctly rounded IEEE operation (no
+fast-math contraction, no approximate reciprocal, no flush-to-zero):
+
+* outer scale: ``S_enc = min(2688 / amax, FLT_MAX)`` (1 where amax == 0 or the result is 0),
+  ``S_dec = 1 / S_enc``;
+* block scale: ``s = e4m3(min(min(amax_b * (S_enc * fp32(1/6)), FLT_MAX), 448))``,
+  ``enc = min(1 / (float(s) * S_dec), FLT_MAX)``;
+* element code: ``e2m1(clamp(x * enc, -6, 6))``, RN ties-to-even, sign 0x8 only for
+  strictly negative products; a NaN in the block (NaN block amax) gives code 0 everywhere.
+
+NaN propagation follows torch (the reference): ``min.NaN`` / ``max.NaN``.
+
+FP4 encode: on sm_90 in software (branch-free integer/FP32 arithmetic, no register arrays
+indexed at run time); on Blackwell (``sm_100a`` and friends) the hardware
+``cvt.rn.satfinite.e2m1x2.f32``. The switch is taken at compile time from the DSL's target
+arch (``CUTE_DSL_ARCH`` or the current GPU).
+"""
+
+from cutlass import Float32, Int32, Int64, Uint32
+from cutlass.base_dsl import BaseDSL
+import cutlass.cute as cute
+
+FLT_MAX_HEX = "0f7F7FFFFF"
+E4M3_MAX = 448.0
+FP4_MAX = 6.0
+
+# Targets whose PTX has cvt.rn.satfinite.e2m1x2.f32 (arch-specific / family-specific).
+_HW_E2M1_ARCHS = {
+    "sm_100a", "sm_100f", "sm_101a", "sm_101f", "sm_103a", "sm_103f",
+    "sm_110a", "sm_110f", "sm_120a", "sm_120f", "sm_121a", "sm_121f",
+}
+
+
+def target_arch() -> str:
+    """Name of the arch the DSL is compiling for, e.g. ``"sm_90a"``."""
+    return str(BaseDSL._get_dsl().get_arch_enum().name)
+
+
+def has_hw_e2m1(arch: str = None) -> bool:
+    """True when the target has the hardware FP32 -> E2M1 conversion."""
+    return (arch or target_arch()) in _HW_E2M1_ARCHS
+
+
+def _ptx1(code, ty, *args):
+    return cute.arch.inline_ptx(code, write_only_types=[ty], read_only_args=list(args))
+
+
+# ---------------------------------------------------------------- scalar FP32 ops
+def mul_rn(a, b):
+    return _ptx1("mul.rn.f32 {$w0}, {$r0}, {$r1};", Float32, Float32(a), Float32(b))
+
+
+def rcp_rn(a):
+    return _ptx1("rcp.rn.f32 {$w0}, {$r0};", Float32, Float32(a))
+
+
+def div_rn(a, b):
+    return _ptx1("div.rn.f32 {$w0}, {$r0}, {$r1};", Float32, Float32(a), Float32(b))
+
+
+def fmin_nan(a, b):
+    return _ptx1("min.NaN.f32 {$w0}, {$r0}, {$r1};", Float32, Float32(a), Float32(b))
+
+
+def fmax_nan(a, b):
+    return _ptx1("max.NaN.f32 {$w0}, {$r0}, {$r1};", Float32, Float32(a), Float32(b))
+
+
+def abs_max_nan(acc, x):
+    """max.NaN(acc, |x|): the running block/row amax, NaN-propagating like torch.amax."""
+    return _ptx1(
+        "{\n.reg .f32 t;\nabs.f32 t, {$r1};\nmax.NaN.f32 {$w0}, {$r0}, t;\n}",
+        Float32, Float32(acc), Float32(x),
+    )
+
+
+def f32_bits(x):
+    return _ptx1("mov.b32 {$w0}, {$r0};", Uint32, Float32(x))
+
+
+def bits_f32(x):
+    return _ptx1("mov.b32 {$w0}, {$r0};", Float32, Uint32(x))
+
+
+def is_nan(x):
+    """Uint32 1 where x is NaN, else 0."""
+    return _ptx1(
+        "{\n.reg .pred p;\nsetp.nan.f32 p, {$r0}, {$r0};\nselp.u32 {$w0}, 1, 0, p;\n}", Uint32, Float32(x)
+    )
+
+
+def canonical_nan_bits(x):
+    """Bits of ``x`` with every NaN replaced by torch's quiet NaN 0x7FC00000."""
+    return _ptx1(
+        "{\n.reg .pred p;\n.reg .b32 t;\nmov.b32 t, {$r0};\nsetp.nan.f32 p, {$r0}, {$r0};\n"
+        "selp.b32 {$w0}, 0x7FC00000, t, p;\n}",
+        Uint32, Float32(x),
+    )
+
+
+# ---------------------------------------------------------------- scales
+def encode_scale(amax):
+    """S_enc = min(2688 / amax, FLT_MAX); 1 where amax == 0 or the quotient is 0."""
+    return _ptx1(
+        "{\n.reg .f32 q;\n.reg .pred z;\n"
+        "div.rn.f32 q, 0f45280000, {$r0};\n"
+        "min.NaN.f32 q, q, " + FLT_MAX_HEX + ";\n"
+        "setp.eq.f32 z, q, 0f00000000;\n"
+        "@z mov.f32 q, 0f3F800000;\n"
+        "setp.eq.f32 z, {$r0}, 0f00000000;\n"
+        "@z mov.f32 q, 0f3F800000;\n"
+        "mov.f32 {$w0}, q;\n}",
+        Float32, Float32(amax),
+    )
+
+
+def block_scale(amax_b, s_enc_6, s_dec):
+    """One 16-element block: returns (E4M3 scale byte as Uint32, enc as Float32).
+
+    ``s_enc_6`` is ``S_enc * fp32(1/6)`` (one rounded product), ``s_dec`` is ``1 / S_enc``.
+    """
+    code = _ptx1(
+        "{\n.reg .f32 p;\n.reg .f32 z;\n.reg .b16 h;\n"
+        "mov.f32 z, 0f00000000;\n"
+        "mul.rn.f32 p, {$r0}, {$r1};\n"
+        "min.NaN.f32 p, p, " + FLT_MAX_HEX + ";\n"
+        "min.NaN.f32 p, p, 0f43E00000;\n"
+        "cvt.rn.satfinite.e4m3x2.f32 h, z, p;\n"
+        "cvt.u32.u16 {$w0}, h;\n}",
+        Uint32, Float32(amax_b), Float32(s_enc_6),
+    )
+    enc = _ptx1(
+        "{\n.reg .b16 h;\n.reg .b32 w;\n.reg .f16 lo;\n.reg .f16 hi;\n.reg .f32 f;\n"
+        "cvt.u16.u32 h, {$r0};\n"
+        "cvt.rn.f16x2.e4m3x2 w, h;\n"
+        "mov.b32 {lo, hi}, w;\n"
+        "cvt.f32.f16 f, lo;\n"
+        "mul.rn.f32 f, f, {$r1};\n"
+        "rcp.rn.f32 f, f;\n"
+        "min.NaN.f32 {$w0}, f, " + FLT_MAX_HEX + ";\n}",
+        Float32, code, Float32(s_dec),
+    )
+    return code, enc
+
+
+# ---------------------------------------------------------------- E2M1 encode
+# Software encoder, one element (PTX registers x: input, e: enc, r: packed word, s: shift).
+# a = min(|x*e|, 6); with E = max(bits(a) & 0x7F800000, bits(1.0)) the magic M = E + (22 << 23)
+# is 2^(22 + max(exp(a), 0)), so the RN FP32 add a + M rounds a onto the E2M1 grid of its
+# binade (spacing 0.5, 0.5, 1, 2 for [0,1), [1,2), [2,4), [4,6]); the integer difference
+# bits(a + M) - M counts grid steps, and (E >> 22) - 254 adds the binade's code offset.
+_SW_ELEM = (
+    "mul.rn.f32 v, {x}, e;\n"
+    "abs.f32 a, v;\n"
+    "min.f32 a, a, 0f40C00000;\n"
+    "mov.b32 b, a;\n"
+    "and.b32 m, b, 0x7F800000;\n"
+    "max.u32 m, m, 0x3F800000;\n"
+    "shr.u32 t, m, 22;\n"
+    "add.u32 m, m, 0x0B000000;\n"
+    "mov.b32 mf, m;\n"
+    "add.rn.f32 a, a, mf;\n"
+    "mov.b32 b, a;\n"
+    "sub.u32 b, b, m;\n"
+    "add.u32 b, b, t;\n"
+    "sub.u32 b, b, 254;\n"
+    "setp.lt.f32 p, v, 0f00000000;\n"
+    "@p or.b32 b, b, 8;\n"
+    "{pack}"
+)
+
+_SW_DECL = (
+    ".reg .f32 v;\n.reg .f32 a;\n.reg .f32 mf;\n.reg .b32 b;\n.reg .b32 m;\n.reg .b32 t;\n"
+    ".reg .pred p;\n.reg .f32 e;\n"
+)
+
+
+def _sw_encode8_ptx():
+    body = ["{\n", _SW_DECL, "mov.f32 e, {$r8};\n"]
+    for i in range(8):
+        if i == 0:
+            pack = "mov.b32 {$w0}, b;\n"
+        else:
+            pack = f"shl.b32 b, b, {4 * i};\nor.b32 {{$w0}}, {{$w0}}, b;\n"
+        body.append(_SW_ELEM.replace("{x}", "{$r%d}" % i).replace("{pack}", pack))
+    body.append("}")
+    return "".join(body)
+
+
+def _hw_encode8_ptx():
+    lines = [
+        "{\n.reg .b8 c;\n.reg .b32 w;\n.reg .f32 v0;\n.reg .f32 v1;\n.reg .f32 e;\n",
+        "mov.f32 e, {$r8};\n",
+    ]
+    for j in range(4):
+        # -0 (and +0) -> +0: x*e + 0 turns -0 into +0 and leaves every other value.
+        lines.append("mul.rn.f32 v0, {$r%d}, e;\nadd.rn.f32 v0, v0, 0f00000000;\n" % (2 * j))
+        lines.append("mul.rn.f32 v1, {$r%d}, e;\nadd.rn.f32 v1, v1, 0f00000000;\n" % (2 * j + 1))
+        lines.append("cvt.rn.satfinite.e2m1x2.f32 c, v1, v0;\n")
+        lines.append("cvt.u32.u8 w, c;\n")
+        if j == 0:
+            lines.append("mov.b32 {$w0}, w;\n")
+        else:
+            lines.append(f"shl.b32 w, w, {8 * j};\nor.b32 {{$w0}}, {{$w0}}, w;\n")
+    lines.append("}")
+    return "".join(lines)
+
+
+_SW_ENCODE8 = _sw_encode8_ptx()
+_HW_ENCODE8 = _hw_encode8_ptx()
+
+
+def encode8(xs, enc, block_nan, hw: bool):
+    """Encode 8 FP32 values (a Python list) with the block's ``enc``: Uint32 of 8 nibbles,
+    element i in bits [4i, 4i+4) (even element in the low nibble of each byte).
+    ``block_nan`` (Boolean) zeroes the word: a NaN block encodes as code 0 everywhere."""
+    code = _HW_ENCODE8 if hw else _SW_ENCODE8
+    w = cute.arch.inline_ptx(
+        code, write_only_types=[Uint32], read_only_args=[Float32(x) for x in xs] + [Float32(enc)]
+    )
+    return _ptx1(
+        "{\n.reg .pred p;\nsetp.ne.u32 p, {$r1}, 0;\nselp.b32 {$w0}, 0, {$r0}, p;\n}",
+        Uint32, w, Uint32(block_nan),
+    )
+
+
+# ---------------------------------------------------------------- bf16/fp16 unpack
+def unpack_lo(word, dtype_name: str):
+    """Low 16-bit element of a 32-bit word as FP32 (exact)."""
+    if dtype_name == "bf16":
+        return _ptx1("{\n.reg .b32 t;\nshl.b32 t, {$r0}, 16;\nmov.b32 {$w0}, t;\n}", Float32, Uint32(word))
+    return _ptx1(
+        "{\n.reg .b16 l;\n.reg .b16 h;\nmov.b32 {l, h}, {$r0};\ncvt.f32.f16 {$w0}, l;\n}",
+        Float32, Uint32(word),
+    )
+
+
+def unpack_hi(word, dtype_name: str):
+    """High 16-bit element of a 32-bit word as FP32 (exact)."""
+    if dtype_name == "bf16":
+        return _ptx1(
+            "{\n.reg .b32 t;\nand.b32 t, {$r0}, 0xFFFF0000;\nmov.b32 {$w0}, t;\n}", Float32, Uint32(word)
+        )
+    return _ptx1(
+        "{\n.reg .b16 l;\n.reg .b16 h;\nmov.b32 {l, h}, {$r0};\ncvt.f32.f16 {$w0}, h;\n}",
+        Float32, Uint32(word),
+    )
+
+
+def half_to_f32(h16, dtype_name: str):
+    """A 16-bit element held in the low half of a Uint32 as FP32 (exact)."""
+    return unpack_lo(h16, dtype_name)
+
+
+# ---------------------------------------------------------------- memory helpers
+def ld_shared_v4(addr):
+    """16-byte shared-memory load at a 32-bit shared address: 4 x Uint32."""
+    return cute.arch.inline_ptx(
+        "ld.shared.v4.b32 {{$w0}, {$w1}, {$w2}, {$w3}}, [{$r0}];",
+        write_only_types=[Uint32] * 4, read_only_args=[Int32(addr)],
+    )
+
+
+def ld_shared_u16(addr):
+    return _ptx1("{\n.reg .b16 h;\nld.shared.b16 h, [{$r0}];\ncvt.u32.u16 {$w0}, h;\n}", Uint32, Int32(addr))
+
+
+def ld_shared_u32(addr):
+    return _ptx1("ld.shared.b32 {$w0}, [{$r0}];", Uint32, Int32(addr))
+
+
+def st_global_u8(addr, v):
+    cute.arch.inline_ptx(
+        "{\n.reg .b16 h;\ncvt.u16.u32 h, {$r1};\nst.global.b8 [{$r0}], h;\n}",
+        read_only_args=[Int64(addr), Uint32(v)],
+    )
+
+
+def st_global_u16(addr, v):
+    cute.arch.inline_ptx(
+        "{\n.reg .b16 h;\ncvt.u16.u32 h, {$r1};\nst.global.b16 [{$r0}], h;\n}",
+        read_only_args=[Int64(addr), Uint32(v)],
+    )
+
+
+def st_global_u32(addr, v):
+    cute.arch.inline_ptx("st.global.b32 [{$r0}], {$r1};", read_only_args=[Int64(addr), Uint32(v)])
+
+
+def st_global_v2(addr, v0, v1):
+    cute.arch.inline_ptx(
+        "st.global.v2.b32 [{$r0}], {{$r1}, {$r2}};", read_only_args=[Int64(addr), Uint32(v0), Uint32(v1)]
+    )
+
+
+def st_global_v4(addr, v0, v1, v2, v3):
+    cute.arch.inline_ptx(
+        "st.global.v4.b32 [{$r0}], {{$r1}, {$r2}, {$r3}, {$r4}};",
+        read_only_args=[Int64(addr), Uint32(v0), Uint32(v1), Uint32(v2), Uint32(v3)],
+    )
+
+
+def red_max_u32(addr, v):
+    """Global atomic max without return (non-negative FP32 compare as their bit patterns)."""
+    cute.arch.inline_ptx("red.relaxed.gpu.global.max.u32 [{$r0}], {$r1};", read_only_args=[Int64(addr), Uint32(v)])
+
+
+def ld_global_nc_v4(addr):
+    """16-byte read-only global load: 4 x Uint32."""
+    return cute.arch.inline_ptx(
+        "ld.global.nc.v4.b32 {{$w0}, {$w1}, {$w2}, {$w3}}, [{$r0}];",
+        write_only_types=[Uint32] * 4, read_only_args=[Int64(addr)],
+    )
+
+
+def shfl_xor_max_nan(x, mask):
+    """max.NaN of x and the value of lane (lane ^ mask)."""
+    return _ptx1(
+        "{\n.reg .f32 o;\nshfl.sync.bfly.b32 o, {$r0}, " + str(mask) + ", 31, 0xFFFFFFFF;\n"
+        "max.NaN.f32 {$w0}, {$r0}, o;\n}", Float32, Float32(x),
+    )
+
+
+def warp_max_nan(x):
+    for m in (16, 8, 4, 2, 1):
+        x = shfl_xor_max_nan(x, m)
+    return x
+
+
+def ld_global_f32(addr):
+    return _ptx1("ld.global.f32 {$w0}, [{$r0}];", Float32, Int64(addr))

@@ -1,0 +1,73 @@
+"""`python -m cute_fp4.perf quant`: NVFP4 quantize (amax + K2 cast) bandwidth sweep.
+
+Columns: time, GB/s of the unavoidable bytes, % of the HBM floor (unavoidable bytes / copy
+bandwidth measured in this run: the input is read twice, once for the amax and once for the
+cast; every output is written once), speedup over torch.compile of the reference quantizer.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from ..recipe import Recipe
+from .common import bench_graph_ms, bench_ms, copy_bandwidth_gbs, host_overhead_us, progress, report
+
+M_DEFAULT = [1024, 2048, 4096, 8192, 16384, 32768]
+K_DEFAULT = [2048, 4096, 8192]
+
+
+def floor_bytes(m: int, k: int, elem: int, rowwise: bool, columnwise: bool) -> int:
+    outputs = (int(rowwise) + int(columnwise)) * (m * k // 2 + m * k // 16)
+    return 2 * m * k * elem + outputs
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="python -m cute_fp4.perf quant")
+    p.add_argument("--m", type=int, nargs="*", default=M_DEFAULT)
+    p.add_argument("--k", type=int, nargs="*", default=K_DEFAULT)
+    p.add_argument("--scaling", nargs="*", default=["tensor", "token"])
+    p.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
+    p.add_argument("--modes", nargs="*", default=["eager", "graph"])
+    p.add_argument("--baseline", default="compile", choices=["compile", "none"],
+                   help="torch.compile of the reference quantizer as the baseline (slow to build)")
+    p.add_argument("--swizzle", action="store_true")
+    p.add_argument("--json", default=None)
+    args = p.parse_args(argv)
+
+    from ..quant.dispatch import quantize
+    from .. import ref
+
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
+    copy_bw = copy_bandwidth_gbs()
+    compiled_ref = torch.compile(ref.quantize) if args.baseline == "compile" else None
+    rows = []
+    combos = [(m, k, s, rw, cw) for m in args.m for k in args.k for s in args.scaling
+              for rw, cw in ((True, False), (True, True))]
+    for i, (m, k, scaling, rw, cw) in enumerate(combos, 1):
+        progress(i, len(combos), f"M={m} K={k} {scaling} {'row+col' if cw else 'row'}")
+        x = torch.randn(m, k, device="cuda", dtype=dtype)
+        recipe = Recipe(scaling=scaling, rowwise=rw, columnwise=cw, swizzle=args.swizzle)
+        fn = lambda: quantize(x, recipe)  # noqa: E731
+        base_ms = None
+        if compiled_ref is not None:
+            base_ms = bench_ms(lambda: compiled_ref(x, recipe))
+        nbytes = floor_bytes(m, k, x.element_size(), rw, cw)
+        floor_ms = nbytes / copy_bw / 1e6
+        for mode in args.modes:
+            ms = bench_ms(fn) if mode == "eager" else bench_graph_ms(fn)
+            rows.append({
+                "M": m, "K": k, "scaling": scaling, "outputs": "row+col" if cw else "row",
+                "mode": mode, "time_us": ms * 1e3, "GB/s": nbytes / ms / 1e6,
+                "%floor": 100 * floor_ms / ms,
+                "vs_compile": (base_ms / ms) if base_ms is not None else float("nan"),
+            })
+        del x
+    x = torch.randn(16, 64, device="cuda", dtype=dtype)
+    tiny = {s: host_overhead_us(lambda: quantize(x, Recipe(scaling=s))) for s in args.scaling}
+    title = (f"NVFP4 quantize ({args.dtype}, {'swizzled' if args.swizzle else 'compact'} scales), "
+             f"{torch.cuda.get_device_name()}, copy bandwidth {copy_bw:.0f} GB/s; host overhead "
+             "on 16x64: " + ", ".join(f"{s} {v:.1f} us" for s, v in tiny.items()))
+    report(rows, title, args.json)
+    return 0

@@ -1,0 +1,149 @@
+"""Amax kernels (SPEC section 1, outer scale): per-tensor amax and the per-token "K1" kernel
+that produces the per-row AND per-column amax of [M, K] in one pass over the input.
+
+Values are |x| in FP32, NaN-propagating like ``torch.amax`` (``max.NaN``); a NaN result is
+written as torch's quiet NaN 0x7FC00000. Cross-CTA reduction: ``red.global.max.u32`` on the
+bit pattern (non-negative FP32 orders like its bits; NaN 0x7FC00000 is above +Inf), so the
+outputs must be zeroed before the launch (the host wrapper allocates them with torch.zeros).
+
+Input reads are 16-byte vector loads (8 bf16/fp16 or 4 fp32 elements per thread), which needs
+K * element_size % 16 == 0 (checked by the dispatcher).
+"""
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32, Int64, Uint32
+
+from cute_fp4.common import encode as E
+
+DTYPES = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16, "fp32": cutlass.Float32}
+THREADS = 256
+
+
+def _vec_abs_max(acc, words, dtype_name):
+    """Fold the elements of four 32-bit words into the running NaN-propagating amax."""
+    for w in words:
+        if dtype_name == "fp32":
+            acc = E.abs_max_nan(acc, E.bits_f32(w))
+        else:
+            acc = E.abs_max_nan(acc, E.unpack_lo(w, dtype_name))
+            acc = E.abs_max_nan(acc, E.unpack_hi(w, dtype_name))
+    return acc
+
+
+class AmaxTensor:
+    """amax[0] = max |x| over the whole [M, K] tensor (amax zeroed beforehand)."""
+
+    def __init__(self, dtype: str, num_sms: int):
+        if dtype not in DTYPES:
+            raise TypeError(f"AmaxTensor: unsupported input dtype {dtype!r}")
+        self.dtype_name = dtype
+        self.esize = DTYPES[dtype].width // 8
+        self.num_sms = num_sms
+
+    @cute.jit
+    def __call__(self, x: cute.Tensor, amax: cute.Tensor, stream):
+        nvec = x.shape[0] * (x.shape[1] * self.esize // 16)
+        blocks = cutlass.min((nvec + THREADS - 1) // THREADS, self.num_sms * 8)
+        self.kernel(x, amax, nvec).launch(grid=(blocks, 1, 1), block=(THREADS, 1, 1), stream=stream)
+
+    @cute.kernel
+    def kernel(self, x: cute.Tensor, amax: cute.Tensor, nvec: Int32):
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        gdim, _, _ = cute.arch.grid_dim()
+        base = x.iterator.toint()
+        acc = Float32(0.0)
+        start = bidx * THREADS + tidx
+        step = gdim * THREADS
+        for i in cutlass.range(start, nvec, step, unroll=2):
+            acc = _vec_abs_max(acc, E.ld_global_nc_v4(base + Int64(i) * 16), self.dtype_name)
+        acc = E.warp_max_nan(acc)
+        smem = cutlass.utils.SmemAllocator()
+        red = smem.allocate_tensor(Float32, cute.make_layout(THREADS // 32))
+        lane = tidx % 32
+        warp = tidx // 32
+        if lane == 0:
+            red[warp] = acc
+        cute.arch.barrier()
+        if warp == 0:
+            v = Float32(0.0)
+            if lane < THREADS // 32:
+                v = red[lane]
+            v = E.warp_max_nan(v)
+            if lane == 0:
+                E.red_max_u32(amax.iterator.toint(), E.canonical_nan_bits(v))
+
+
+class AmaxToken:
+    """K1: amax_r[m] = max_k |x[m, k]| and amax_c[k] = max_m |x[m, k]| in one pass.
+
+    CTA tile: 64 rows x (32 lanes * one 16-byte vector) columns; warp w reads rows w, w+8, ...
+    Row maxima: warp shuffle reduction, one atomic per (row, CTA). Column maxima: registers
+    across the CTA's rows, then smem across warps, one atomic per (column, CTA)."""
+
+    rows_per_cta = 64
+    warps = 8
+
+    def __init__(self, dtype: str):
+        if dtype not in DTYPES:
+            raise TypeError(f"AmaxToken: unsupported input dtype {dtype!r}")
+        self.dtype_name = dtype
+        self.esize = DTYPES[dtype].width // 8
+        self.vec = 16 // self.esize  # elements per 16-byte vector
+        self.cols_per_cta = 32 * self.vec
+
+    @cute.jit
+    def __call__(self, x: cute.Tensor, amax_r: cute.Tensor, amax_c: cute.Tensor, stream):
+        M = x.shape[0]
+        K = x.shape[1]
+        grid = ((K + self.cols_per_cta - 1) // self.cols_per_cta,
+                (M + self.rows_per_cta - 1) // self.rows_per_cta, 1)
+        self.kernel(x, amax_r, amax_c, M, K).launch(grid=grid, block=(32 * self.warps, 1, 1), stream=stream)
+
+    @cute.kernel
+    def kernel(self, x: cute.Tensor, amax_r: cute.Tensor, amax_c: cute.Tensor, M: Int32, K: Int32):
+        tidx, _, _ = cute.arch.thread_idx()
+        bx, by, _ = cute.arch.block_idx()
+        lane = tidx % 32
+        warp = tidx // 32
+        base = x.iterator.toint()
+        ar = amax_r.iterator.toint()
+        ac = amax_c.iterator.toint()
+        col0 = bx * self.cols_per_cta + lane * self.vec
+        col_ok = col0 < K
+        cols = [Float32(0.0)] * self.vec
+        for i in cutlass.range_constexpr(self.rows_per_cta // self.warps):
+            r = by * self.rows_per_cta + warp + i * self.warps
+            row_ok = r < M
+            ok = row_ok & col_ok
+            rc = cutlass.min(r, M - 1)
+            cc = cutlass.min(col0, K - self.vec)
+            words = E.ld_global_nc_v4(base + (Int64(rc) * Int64(K) + Int64(cc)) * self.esize)
+            vals = []
+            for word in words:
+                wv = Uint32(cutlass.select_(ok, word, Uint32(0)))
+                if cutlass.const_expr(self.dtype_name == "fp32"):
+                    vals.append(E.bits_f32(wv))
+                else:
+                    vals.append(E.unpack_lo(wv, self.dtype_name))
+                    vals.append(E.unpack_hi(wv, self.dtype_name))
+            rmax = Float32(0.0)
+            for j in cutlass.range_constexpr(self.vec):
+                rmax = E.abs_max_nan(rmax, vals[j])
+                cols[j] = E.abs_max_nan(cols[j], vals[j])
+            rmax = E.warp_max_nan(rmax)
+            if row_ok & (lane == 0):
+                E.red_max_u32(ar + Int64(r) * 4, E.canonical_nan_bits(rmax))
+        smem = cutlass.utils.SmemAllocator()
+        red = smem.allocate_tensor(Float32, cute.make_layout((self.warps, self.cols_per_cta), stride=(self.cols_per_cta, 1)))
+        for j in cutlass.range_constexpr(self.vec):
+            red[warp, lane * self.vec + j] = cols[j]
+        cute.arch.barrier()
+        for c in cutlass.range(tidx, self.cols_per_cta, 32 * self.warps, unroll=1):
+            v = Float32(0.0)
+            for wi in cutlass.range_constexpr(self.warps):
+                v = E.fmax_nan(v, red[wi, c])
+            gc = bx * self.cols_per_cta + c
+            if gc < K:
+                E.red_max_u32(ac + Int64(gc) * 4, E.canonical_nan_bits(v))

@@ -1,0 +1,295 @@
+"""K2: TMA-pipelined NVFP4 cast of a [M, K] bf16/fp16/fp32 tensor (SPEC section 1).
+
+One pass over the input writes any of
+  * rowwise:    data [M, K/2] uint8 (even element in the low nibble), E4M3 scales [M, K/16];
+  * columnwise: the transposed twin data [K, M/2], scales [K, M/16];
+scales either compact or directly in the 128x4 swizzled layout (padded, padding zeroed).
+The outer scale is per tensor (amax tensors of shape [1]) or per token (row amax [M] for
+the rowwise output, column amax [K] for the twin); amaxes are read from device memory.
+
+Design: persistent grid; each CTA walks 128-row x 128-byte input tiles (128 x 64 for
+16-bit inputs, 128 x 32 for fp32). A producer warp streams tiles into a multi-stage smem ring
+with TMA (SWIZZLE_128B, PipelineTmaAsync = full/empty mbarriers); 8 consumer warps read each
+tile twice from smem: rowwise (thread = one row, 16-element blocks along K: 16-byte loads,
+conflict-free thanks to the swizzle) and columnwise (thread = one column, 16-element blocks
+along M). Packed bytes go out with 8-byte vector stores.
+"""
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+import cutlass.utils as utils
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass import Float32, Int32, Int64, Uint32
+from cutlass.cute.nvgpu import cpasync
+
+from cute_fp4.common import encode as E
+from cute_fp4.common.scales import swizzled_scale_offset
+
+DTYPES = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16, "fp32": cutlass.Float32}
+ONE_SIXTH = 0.16666667  # fp32(1/6) = 0x3E2AAAAB
+
+
+class CastKernel:
+    """Compile-time config: input dtype name, which outputs, scale layout, scaling mode."""
+
+    num_consumer_warps = 8
+    tile_m = 128
+    tile_bytes = 128  # bytes of one tile row (one SWIZZLE_128B atom row)
+
+    def __init__(self, dtype: str, rowwise: bool, columnwise: bool, swizzle: bool,
+                 per_token: bool, num_sms: int, stages: int = 4, ctas_per_sm: int = 2):
+        if dtype not in DTYPES:
+            raise TypeError(f"CastKernel: unsupported input dtype {dtype!r} (bf16, fp16, fp32)")
+        if not (rowwise or columnwise):
+            raise ValueError("CastKernel: at least one of rowwise/columnwise is required")
+        self.dtype_name = dtype
+        self.dtype = DTYPES[dtype]
+        self.esize = self.dtype.width // 8
+        self.tile_k = self.tile_bytes // self.esize
+        self.rowwise = rowwise
+        self.columnwise = columnwise
+        self.swizzle = swizzle
+        self.per_token = per_token
+        self.num_sms = num_sms
+        self.stages = stages
+        self.ctas_per_sm = ctas_per_sm
+        self.threads = 32 * (self.num_consumer_warps + 1)
+        self.consumer_threads = 32 * self.num_consumer_warps
+        # blocks per consumer thread in each pass
+        self.row_blocks_per_thread = (self.tile_m * self.tile_k // 16) // self.consumer_threads
+        self.col_blocks_per_thread = (self.tile_m * self.tile_k // 16) // self.consumer_threads
+
+    # ------------------------------------------------------------------ host side
+    @cute.jit
+    def __call__(self, x: cute.Tensor, amax_r: cute.Tensor, amax_c: cute.Tensor,
+                 q: cute.Tensor, s: cute.Tensor, qt: cute.Tensor, st: cute.Tensor, stream):
+        self.hw = E.has_hw_e2m1()
+        smem_layout = sm90_utils.make_smem_layout_a(
+            utils.LayoutEnum.ROW_MAJOR, (self.tile_m, 8, self.tile_k), self.dtype, self.stages
+        )
+        one_stage = cute.slice_(smem_layout, (None, None, 0))
+        tma_atom, tma_x = cpasync.make_tiled_tma_atom(
+            cpasync.CopyBulkTensorTileG2SOp(), x, one_stage, (self.tile_m, self.tile_k)
+        )
+        M = x.shape[0]
+        K = x.shape[1]
+        n_tm = (M + self.tile_m - 1) // self.tile_m
+        n_tk = (K + self.tile_k - 1) // self.tile_k
+        n_tiles = n_tm * n_tk
+        grid = cutlass.min(n_tiles, self.num_sms * self.ctas_per_sm)
+
+        @cute.struct
+        class Storage:
+            bars: cute.struct.MemRange[cutlass.Int64, 2 * self.stages]
+            sx: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(smem_layout)], 1024]
+
+        self.storage = Storage
+        self.kernel(tma_atom, tma_x, smem_layout, M, K, amax_r, amax_c, q, s, qt, st).launch(
+            grid=(grid, 1, 1), block=(self.threads, 1, 1), stream=stream
+        )
+
+    # ------------------------------------------------------------------ helpers
+    @cute.jit
+    def _outer(self, amax_ptr_i64):
+        """(S_enc * fp32(1/6), 1 / S_enc) from an amax in global memory."""
+        s_enc = E.encode_scale(E.ld_global_f32(amax_ptr_i64))
+        return E.mul_rn(s_enc, Float32(ONE_SIXTH)), E.rcp_rn(s_enc)
+
+    @cute.jit
+    def _quantize16(self, xs, s6, sdec):
+        """16 FP32 values -> (scale byte, word0, word1)."""
+        amax = Float32(0.0)
+        for i in cutlass.range_constexpr(16):
+            amax = E.abs_max_nan(amax, xs[i])
+        code, enc = E.block_scale(amax, s6, sdec)
+        nan = E.is_nan(amax)
+        w0 = E.encode8(xs[0:8], enc, nan, self.hw)
+        w1 = E.encode8(xs[8:16], enc, nan, self.hw)
+        return code, w0, w1
+
+    # ------------------------------------------------------------------ kernel
+    @cute.kernel
+    def kernel(self, tma_atom: cute.CopyAtom, tma_x: cute.Tensor, smem_layout: cute.ComposedLayout,
+               M: Int32, K: Int32, amax_r: cute.Tensor, amax_c: cute.Tensor,
+               q: cute.Tensor, s: cute.Tensor, qt: cute.Tensor, st: cute.Tensor):
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        gdim, _, _ = cute.arch.grid_dim()
+        warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+
+        smem = utils.SmemAllocator()
+        storage = smem.allocate(self.storage)
+        sx = storage.sx.get_tensor(smem_layout.outer, swizzle=smem_layout.inner)
+        sbase = storage.sx.data_ptr().toint()
+
+        stage_bytes = self.tile_m * self.tile_bytes
+        pipe = pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.bars.data_ptr(),
+            num_stages=self.stages,
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
+            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.num_consumer_warps),
+            tx_count=stage_bytes,
+            cta_layout_vmnk=cute.make_layout((1, 1, 1, 1)),
+        )
+
+        n_tm = (M + self.tile_m - 1) // self.tile_m
+        n_tk = (K + self.tile_k - 1) // self.tile_k
+        n_tiles = n_tm * n_tk
+
+        if warp == self.num_consumer_warps:
+            # ---------------- producer: TMA loads into the ring
+            gx = cute.local_tile(tma_x, (self.tile_m, self.tile_k), (None, None))
+            tsx, tgx = cpasync.tma_partition(
+                tma_atom, 0, cute.make_layout(1), cute.group_modes(sx, 0, 2), cute.group_modes(gx, 0, 2)
+            )
+            pstate = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
+            for t in cutlass.range(bidx, n_tiles, gdim, unroll=1):
+                pipe.producer_acquire(pstate)
+                cute.copy(tma_atom, tgx[(None, t // n_tk, t % n_tk)], tsx[(None, pstate.index)],
+                          tma_bar_ptr=pipe.producer_get_barrier(pstate))
+                pipe.producer_commit(pstate)
+                pstate.advance()
+        else:
+            # ---------------- consumers
+            Kl = Int64(K)
+            Ml = Int64(M)
+            half_k = Kl // 2
+            half_m = Ml // 2
+            nsc_r = Kl // 16  # rowwise scale columns
+            nsc_c = Ml // 16  # columnwise scale columns
+            pad_c_r = (nsc_r + 3) // 4 * 4
+            pad_c_c = (nsc_c + 3) // 4 * 4
+            q_base = q.iterator.toint()
+            s_base = s.iterator.toint()
+            qt_base = qt.iterator.toint()
+            st_base = st.iterator.toint()
+            ar_base = amax_r.iterator.toint()
+            ac_base = amax_c.iterator.toint()
+
+            s6_r = Float32(0.0)
+            sdec_r = Float32(0.0)
+            s6_c = Float32(0.0)
+            sdec_c = Float32(0.0)
+            if cutlass.const_expr(not self.per_token):
+                s6_r, sdec_r = self._outer(ar_base)
+                s6_c, sdec_c = self._outer(ac_base)
+
+            cstate = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+            for t in cutlass.range(bidx, n_tiles, gdim, unroll=1):
+                tm = t // n_tk
+                tk = t % n_tk
+                pipe.consumer_wait(cstate)
+                stage_addr = sbase + cstate.index * stage_bytes
+
+                if cutlass.const_expr(self.rowwise):
+                    self._row_pass(stage_addr, tidx, tm, tk, M, K, Ml, Kl, half_k, nsc_r, pad_c_r,
+                                   q_base, s_base, ar_base, s6_r, sdec_r)
+                if cutlass.const_expr(self.columnwise):
+                    self._col_pass(stage_addr, tidx, tm, tk, M, K, Ml, Kl, half_m, nsc_c, pad_c_c,
+                                   qt_base, st_base, ac_base, s6_c, sdec_c)
+
+                cute.arch.sync_warp()
+                pipe.consumer_release(cstate)
+                cstate.advance()
+
+            if cutlass.const_expr(self.swizzle):
+                self._zero_padding(tidx, bidx, gdim, M, K, Ml, Kl, n_tk, nsc_r, pad_c_r, pad_c_c,
+                                   s_base, st_base)
+
+    # ------------------------------------------------------------------ rowwise pass
+    @cute.jit
+    def _row_pass(self, stage_addr, tidx, tm, tk, M, K, Ml, Kl, half_k, nsc_r, pad_c_r,
+                  q_base, s_base, ar_base, s6, sdec):
+        r = tidx % self.tile_m
+        part = tidx // self.tile_m
+        gr = tm * self.tile_m + r
+        grl = Int64(gr)
+        if cutlass.const_expr(self.per_token):
+            grc = cutlass.min(gr, M - 1)
+            s6, sdec = self._outer(ar_base + Int64(grc) * 4)
+        row_addr = stage_addr + r * self.tile_bytes
+        sw = r % 8
+        chunks_per_block = self.esize * 16 // 16
+        for j in cutlass.range_constexpr(self.row_blocks_per_thread):
+            b = part * self.row_blocks_per_thread + j  # block within the tile row
+            xs = []
+            for u in cutlass.range_constexpr(chunks_per_block):
+                ch = b * chunks_per_block + u
+                v0, v1, v2, v3 = E.ld_shared_v4(row_addr + ((ch ^ sw) * 16))
+                if cutlass.const_expr(self.esize == 4):
+                    xs += [E.bits_f32(v0), E.bits_f32(v1), E.bits_f32(v2), E.bits_f32(v3)]
+                else:
+                    for v in (v0, v1, v2, v3):
+                        xs += [E.unpack_lo(v, self.dtype_name), E.unpack_hi(v, self.dtype_name)]
+            code, w0, w1 = self._quantize16(xs, s6, sdec)
+            gcol_blk = tk * (self.tile_k // 16) + b  # global scale column
+            valid = (gr < M) & (gcol_blk * 16 < K)
+            if valid:
+                E.st_global_v2(q_base + grl * half_k + Int64(gcol_blk) * 8, w0, w1)
+            if cutlass.const_expr(self.swizzle):
+                E.st_global_u8(s_base + Int64(swizzled_scale_offset(gr, gcol_blk, Int32(nsc_r))), code)
+            else:
+                if valid:
+                    E.st_global_u8(s_base + grl * nsc_r + Int64(gcol_blk), code)
+
+    # ------------------------------------------------------------------ columnwise pass
+    @cute.jit
+    def _col_pass(self, stage_addr, tidx, tm, tk, M, K, Ml, Kl, half_m, nsc_c, pad_c_c,
+                  qt_base, st_base, ac_base, s6, sdec):
+        c = tidx % self.tile_k
+        rbp = tidx // self.tile_k
+        gk = tk * self.tile_k + c
+        gkl = Int64(gk)
+        if cutlass.const_expr(self.per_token):
+            gkc = cutlass.min(gk, K - 1)
+            s6, sdec = self._outer(ac_base + Int64(gkc) * 4)
+        cbyte = c * self.esize
+        chunk = cbyte // 16
+        within = cbyte % 16
+        for j in cutlass.range_constexpr(self.col_blocks_per_thread):
+            rb = rbp * self.col_blocks_per_thread + j
+            blk_addr = stage_addr + rb * 16 * self.tile_bytes + within
+            xs = []
+            for i in cutlass.range_constexpr(16):
+                a = blk_addr + i * self.tile_bytes + ((chunk ^ (i % 8)) * 16)
+                if cutlass.const_expr(self.esize == 4):
+                    xs.append(E.bits_f32(E.ld_shared_u32(a)))
+                else:
+                    xs.append(E.half_to_f32(E.ld_shared_u16(a), self.dtype_name))
+            code, w0, w1 = self._quantize16(xs, s6, sdec)
+            gblk = tm * (self.tile_m // 16) + rb  # global block index along M
+            valid = (gk < K) & (gblk * 16 < M)
+            if valid:
+                E.st_global_v2(qt_base + gkl * half_m + Int64(gblk) * 8, w0, w1)
+            if cutlass.const_expr(self.swizzle):
+                if Int64(gblk) < pad_c_c:
+                    E.st_global_u8(st_base + Int64(swizzled_scale_offset(gk, gblk, Int32(nsc_c))), code)
+            else:
+                if valid:
+                    E.st_global_u8(st_base + gkl * nsc_c + Int64(gblk), code)
+
+    # ------------------------------------------------------------------ swizzle padding
+    @cute.jit
+    def _zero_padding(self, tidx, bidx, gdim, M, K, Ml, Kl, n_tk, nsc_r, pad_c_r, pad_c_c,
+                      s_base, st_base):
+        """Zero the parts of the padded swizzled scale buffers that no tile covers."""
+        nthr = gdim * self.consumer_threads
+        me = bidx * self.consumer_threads + tidx
+        zero = Uint32(0)
+        if cutlass.const_expr(self.rowwise):
+            # scale columns beyond the last K tile (only when a tile holds < 4 scale columns)
+            c0 = n_tk * (self.tile_k // 16)
+            ncols = Int32(pad_c_r) - c0
+            rows = (M + 127) // 128 * 128
+            for i in cutlass.range(me, rows * ncols, nthr, unroll=1):
+                off = Int64(swizzled_scale_offset(i // ncols, c0 + i % ncols, Int32(nsc_r)))
+                E.st_global_u8(s_base + off, zero)
+        if cutlass.const_expr(self.columnwise):
+            # scale rows (input columns) beyond the last K tile up to the 128-row padding
+            r0 = n_tk * self.tile_k
+            nrows = (K + 127) // 128 * 128 - r0
+            pcc = Int32(pad_c_c)
+            for i in cutlass.range(me, nrows * pcc, nthr, unroll=1):
+                off = Int64(swizzled_scale_offset(r0 + i // pcc, i % pcc, Int32(M // 16)))
+                E.st_global_u8(st_base + off, zero)

@@ -1,0 +1,157 @@
+"""CUDA quantize: amax kernel(s) then the K2 cast kernel, compiled once per configuration and
+called through TVM-FFI (torch tensors passed directly, launched on torch's current stream).
+
+Supported: recipe.scaling in {"tensor", "token"}, block (1, 16), no rht / stochastic rounding /
+4over6 (NotImplementedError naming the option: later issues add them).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import cutlass
+import torch
+
+from ..common.jit import KERNELS, compile_kernel, device_arch, dyn, env_stream, fake_tensor
+from ..recipe import Recipe
+from ..tensor import NVFP4Tensor
+from .amax import AmaxTensor, AmaxToken
+from .cast import CastKernel
+
+_DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+_CUTLASS = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16, "fp32": cutlass.Float32}
+
+
+@functools.lru_cache(maxsize=None)
+def _num_sms(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def _u8_2d():
+    return fake_tensor(cutlass.Uint8, (None, None), align=1)
+
+
+def cast_kernel(dtype: str, rowwise: bool, columnwise: bool, swizzle: bool, per_token: bool,
+                num_sms: int = 132):
+    """(kernel, *fake compile arguments) of the K2 cast for a configuration."""
+    op = CastKernel(dtype, rowwise, columnwise, swizzle, per_token, num_sms)
+    esize = _CUTLASS[dtype].width // 8
+    m, k = dyn(), dyn(16 // esize)
+    return (op, fake_tensor(_CUTLASS[dtype], (m, k)),
+            fake_tensor(cutlass.Float32, (None,), align=4),
+            fake_tensor(cutlass.Float32, (None,), align=4),
+            _u8_2d(), _u8_2d(), _u8_2d(), _u8_2d(), env_stream())
+
+
+def amax_tensor_kernel(dtype: str, num_sms: int = 132):
+    esize = _CUTLASS[dtype].width // 8
+    return (AmaxTensor(dtype, num_sms), fake_tensor(_CUTLASS[dtype], (dyn(), dyn(16 // esize))),
+            fake_tensor(cutlass.Float32, (None,), align=4), env_stream())
+
+
+def amax_token_kernel(dtype: str):
+    esize = _CUTLASS[dtype].width // 8
+    return (AmaxToken(dtype), fake_tensor(_CUTLASS[dtype], (dyn(), dyn(16 // esize))),
+            fake_tensor(cutlass.Float32, (None,), align=4),
+            fake_tensor(cutlass.Float32, (None,), align=4), env_stream())
+
+
+def _check(x: torch.Tensor, recipe: Recipe) -> torch.Tensor:
+    if recipe.rht:
+        raise NotImplementedError("cute_fp4 CUDA quantize: Recipe.rht is not implemented yet")
+    if recipe.stochastic_rounding:
+        raise NotImplementedError(
+            "cute_fp4 CUDA quantize: Recipe.stochastic_rounding is not implemented yet")
+    if recipe.four_over_six is not None:
+        raise NotImplementedError(
+            "cute_fp4 CUDA quantize: Recipe.four_over_six is not implemented yet")
+    if recipe.block != (1, 16):
+        raise NotImplementedError(
+            f"cute_fp4 CUDA quantize: Recipe.block={recipe.block} is not implemented yet")
+    if recipe.scaling not in ("tensor", "token"):
+        raise NotImplementedError(
+            f"cute_fp4 CUDA quantize: Recipe.scaling={recipe.scaling!r} is not implemented yet")
+    if not x.is_cuda:
+        raise ValueError("cute_fp4.quant.dispatch.quantize needs a CUDA tensor")
+    if x.dtype not in _DTYPE_NAMES:
+        raise TypeError(f"x must be float32, bfloat16 or float16, got {x.dtype}")
+    if x.dim() < 2:
+        raise ValueError(f"x must have at least 2 dimensions, got shape {tuple(x.shape)}")
+    if not x.is_contiguous():
+        raise ValueError("x must be contiguous (call .contiguous() first)")
+    x2 = x.reshape(-1, x.shape[-1])
+    m, k = x2.shape
+    if recipe.rowwise and k % 16:
+        raise ValueError(f"x: the last dimension ({k}) must be a multiple of 16 for rowwise output")
+    if recipe.columnwise and m % 16:
+        raise ValueError(f"x: the flattened leading dimensions ({m}) must be a multiple of 16 "
+                         "for the columnwise twin")
+    if (k * x.element_size()) % 16:
+        raise ValueError(f"x: rows of {k} elements are not a multiple of 16 bytes (TMA needs it)")
+    if x.data_ptr() % 16:
+        raise ValueError("x must be 16-byte aligned")
+    return x2
+
+
+def _alloc(shape, device) -> torch.Tensor:
+    """Output allocation (uninitialised; tests replace it with a poisoning one)."""
+    return torch.empty(shape, dtype=torch.uint8, device=device)
+
+
+def _scale_buffer(rows: int, cols: int, swizzle: bool, device) -> torch.Tensor:
+    if swizzle:
+        return _alloc(((rows + 127) // 128 * 128, (cols // 16 + 3) // 4 * 4), device)
+    return _alloc((rows, cols // 16), device)
+
+
+def quantize(x: torch.Tensor, recipe: Recipe = Recipe(), *, seed: int = 0,
+             offset: int = 0) -> NVFP4Tensor:
+    """NVFP4 quantize of a CUDA tensor [..., K] (flattened to [M, K]); see the module doc.
+    seed/offset are accepted for API symmetry (stochastic rounding is not implemented)."""
+    x2 = _check(x, recipe)
+    m, k = x2.shape
+    dev = x2.device
+    name = _DTYPE_NAMES[x2.dtype]
+    arch = device_arch(dev)
+    sms = _num_sms(dev.index if dev.index is not None else torch.cuda.current_device())
+    per_token = recipe.scaling == "token"
+    row, col, swz = recipe.rowwise, recipe.columnwise, recipe.swizzle
+
+    data = scales = data_t = scales_t = None
+    dummy = torch.empty((1, 1), dtype=torch.uint8, device=dev)
+    if m == 0 or k == 0:
+        raise ValueError(f"x must be non-empty, got shape {tuple(x.shape)}")
+
+    if per_token:
+        amax_buf = torch.zeros(m + k, dtype=torch.float32, device=dev)
+        amax_r, amax_c = amax_buf[:m], amax_buf[m:]
+        fn = KERNELS.get(("amax_token", name, arch),
+                         lambda: compile_kernel(*amax_token_kernel(name), arch=arch))
+        fn(x2, amax_r, amax_c)
+    else:
+        amax_r = torch.zeros(1, dtype=torch.float32, device=dev)
+        amax_c = amax_r
+        fn = KERNELS.get(("amax_tensor", name, sms, arch),
+                         lambda: compile_kernel(*amax_tensor_kernel(name, sms), arch=arch))
+        fn(x2, amax_r)
+
+    if row:
+        data = _alloc((m, k // 2), dev)
+        scales = _scale_buffer(m, k, swz, dev)
+    if col:
+        data_t = _alloc((k, m // 2), dev)
+        scales_t = _scale_buffer(k, m, swz, dev)
+    key = ("cast", name, row, col, swz, per_token, sms, arch)
+    fn = KERNELS.get(key, lambda: compile_kernel(*cast_kernel(name, row, col, swz, per_token, sms),
+                                                 arch=arch))
+    fn(x2, amax_r, amax_c,
+       data if row else dummy, scales if row else dummy,
+       data_t if col else dummy, scales_t if col else dummy)
+
+    return NVFP4Tensor(
+        data=data, scales=None if scales is None else scales.view(torch.float8_e4m3fn),
+        amax=amax_r if row else None,
+        data_t=data_t, scales_t=None if scales_t is None else scales_t.view(torch.float8_e4m3fn),
+        amax_t=amax_c if col else None,
+        recipe=recipe, shape=tuple(x.shape), dtype=x.dtype,
+    )

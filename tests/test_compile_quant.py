@@ -1,0 +1,43 @@
+"""Compile tests (CPU, no GPU needed): the quantize kernels (amax, K2 cast) build for sm_90a and
+sm_100a and use the instructions they rely on: TMA bulk-tensor loads in the cast, IEEE division
+and reciprocal, hardware E2M1 conversion on sm_100a only (software encode on sm_90a)."""
+
+import pytest
+
+from cute_fp4.common.compile_check import compile_ptx, missing_instructions, ptx_target
+from cute_fp4.quant.dispatch import amax_tensor_kernel, amax_token_kernel, cast_kernel
+
+ARCHS = ["sm_90a", "sm_100a"]
+E2M1_CVT = "cvt.rn.satfinite.e2m1x2.f32"
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("dtype,row,col,swizzle,per_token", [
+    ("bf16", True, True, False, False),
+    ("bf16", True, True, True, True),
+    ("fp16", False, True, True, False),
+    ("fp32", True, False, False, True),
+    ("fp32", True, True, True, True),
+])
+def test_cast_ptx(arch, dtype, row, col, swizzle, per_token):
+    ptx = compile_ptx(*cast_kernel(dtype, row, col, swizzle, per_token), arch=arch)
+    assert ptx_target(ptx) == arch
+    need = [r"cp\.async\.bulk\.tensor", r"mbarrier", r"div\.rn\.f32", r"rcp\.rn\.f32",
+            r"cvt\.rn\.satfinite\.e4m3x2\.f32", r"st\.global\.v2\.b32"]
+    assert missing_instructions(ptx, need) == []
+    assert "div.approx" not in ptx and "rcp.approx" not in ptx and "div.full" not in ptx
+    if arch == "sm_100a":
+        assert E2M1_CVT in ptx
+    else:
+        assert "e2m1" not in ptx
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+def test_amax_ptx(arch, dtype):
+    ptx = compile_ptx(*amax_tensor_kernel(dtype), arch=arch)
+    assert missing_instructions(ptx, [r"red\..*global\.max\.u32", r"ld\.global\.nc\.v4",
+                                      r"max\.NaN\.f32"]) == []
+    ptx = compile_ptx(*amax_token_kernel(dtype), arch=arch)
+    assert missing_instructions(ptx, [r"red\..*global\.max\.u32", r"ld\.global\.nc\.v4",
+                                      r"shfl\.sync\.bfly"]) == []
