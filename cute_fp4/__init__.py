@@ -4,12 +4,13 @@ CUDA tensors run JIT-compiled CuTe DSL kernels (sm_90 runs; sm_100a is compiled 
 CPU tensors run the bit-exact torch references in `cute_fp4.ref`.
 """
 
-from . import ref
+from . import nn, ref
 from .api import dequantize, gemm, quantize, quantize_grouped
+from .nn import LinearRecipe, convert
 from .recipe import Recipe
 from .tensor import NVFP4Tensor
 
 __version__ = "0.1.0"
 
-__all__ = ["Recipe", "NVFP4Tensor", "quantize", "quantize_grouped", "dequantize", "gemm", "ref",
-           "__version__"]
+__all__ = ["Recipe", "LinearRecipe", "NVFP4Tensor", "quantize", "quantize_grouped", "dequantize",
+           "gemm", "convert", "nn", "ref", "__version__"]
