@@ -22,15 +22,20 @@ def _check_contiguous(x: torch.Tensor, name: str):
         raise ValueError(f"{name} must be contiguous (call .contiguous() first)")
 
 
-def quantize(x: torch.Tensor, recipe: Recipe = Recipe(), *, seed: int = 0,
-             offset: int = 0) -> NVFP4Tensor:
+def quantize(x: torch.Tensor, recipe: Recipe = Recipe(), *, seed: int = 0, offset: int = 0,
+             rng_state: Optional[torch.Tensor] = None) -> NVFP4Tensor:
     """Quantize `x` ([..., K], bf16/fp16/fp32) to NVFP4 per `recipe`.
 
-    seed/offset key the Philox generator of stochastic rounding (ignored otherwise).
+    seed/offset key the Philox generator of stochastic rounding (ignored otherwise);
+    rng_state, a CPU int64 tensor [seed, offset], replaces them (a module can advance it in
+    place, which torch.compile traces).
     """
     x2 = check_quantize_input(x, recipe)
     _check_contiguous(x, "x")
-    return ops.quantize(x2, recipe, x.shape, x.dtype, seed, offset)
+    if rng_state is not None and (rng_state.dtype != torch.int64 or rng_state.shape != (2,)
+                                  or rng_state.is_cuda):
+        raise ValueError("rng_state must be a CPU int64 tensor of shape [2] (seed, offset)")
+    return ops.quantize(x2, recipe, x.shape, x.dtype, seed, offset, rng_state)
 
 
 def quantize_grouped(x: torch.Tensor, split_sizes: Sequence[int], recipe: Recipe = Recipe(), *,

@@ -80,17 +80,7 @@ def _with_outputs(recipe: Recipe, rowwise: bool, columnwise: bool) -> Recipe:
     return recipe.replace(rowwise=rowwise, columnwise=columnwise, rht=recipe.rht and columnwise)
 
 
-class _Seeds:
-    """Philox (seed, offset) pairs for stochastic rounding: a fixed seed per module and an
-    offset that advances every call."""
-
-    def __init__(self, seed: int):
-        self.seed = seed
-        self.offset = 0
-
-    def next(self):
-        self.offset = (self.offset + 1) % 2**32
-        return self.seed, self.offset
+_NEXT_OFFSET = torch.tensor([0, 1], dtype=torch.int64)
 
 
 class _LinearFunction(torch.autograd.Function):
@@ -111,9 +101,10 @@ class _LinearFunction(torch.autograd.Function):
     def backward(ctx, dy):
         dy2 = dy.reshape(-1, dy.shape[-1]).contiguous()
         need_dgrad, need_wgrad = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        seed, offset = ctx.module.seeds.next()
+        # Fresh stochastic-rounding bits every step: advance the module's Philox offset.
+        ctx.module.rng_state.add_(_NEXT_OFFSET)
         dyq = api.quantize(dy2, _with_outputs(ctx.recipe.grad, need_dgrad, need_wgrad),
-                           seed=seed, offset=offset)
+                           rng_state=ctx.module.rng_state)
         dx = dw = db = None
         if need_dgrad:
             dx = api.gemm(dyq, ctx.w_twin, out_dtype=dy.dtype).view(ctx.shape)
@@ -129,7 +120,9 @@ class Linear(torch.nn.Linear):
 
     recipe: a `LinearRecipe` (default `LinearRecipe.per_tensor()`). The quantized weight and
     its twin are cached until the weight changes (its version counter moves). Under
-    `torch.no_grad()` only the forward GEMM runs and no twins are made.
+    `torch.no_grad()` only the forward GEMM runs and no twins are made. Stochastic rounding
+    of gradients uses Philox keyed by `rng_state` = [seed, offset] (a CPU tensor, not a
+    buffer); each backward advances the offset.
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None,
@@ -139,7 +132,7 @@ class Linear(torch.nn.Linear):
             raise ValueError(f"NVFP4 Linear needs in_features and out_features divisible by "
                              f"16, got {in_features} and {out_features}")
         self.recipe = recipe or LinearRecipe.per_tensor()
-        self.seeds = _Seeds(seed)
+        self.rng_state = torch.tensor([seed, 0], dtype=torch.int64)
         self._weight_cache: Dict[tuple, NVFP4Tensor] = {}
 
     @classmethod
@@ -155,13 +148,15 @@ class Linear(torch.nn.Linear):
 
     def quantized_weight(self, columnwise: bool = True) -> NVFP4Tensor:
         """The weight in NVFP4 (rowwise, plus the twin when asked), cached by version."""
+        recipe = _with_outputs(self.recipe.weight, True, columnwise)
         w = self.weight
+        if torch.compiler.is_compiling():  # traced graphs quantize the weight every call
+            return api.quantize(w.detach(), recipe)
         key = (w._version, w.data_ptr(), w.dtype, columnwise)
         cached = self._weight_cache.get(key)
-        if cached is None or torch.compiler.is_compiling():
-            cached = api.quantize(w.detach(), _with_outputs(self.recipe.weight, True, columnwise))
-            if not torch.compiler.is_compiling():
-                self._weight_cache = {key: cached}
+        if cached is None:
+            cached = api.quantize(w.detach(), recipe)
+            self._weight_cache = {key: cached}
         return cached
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -45,14 +45,20 @@ def quantize_impl(x2: Tensor, recipe: Recipe, seed: int, offset: int) -> NVFP4Te
     return ref.quantize(x2, recipe, seed=seed, offset=offset)
 
 
+def rng_ints(rng_state: Tensor):
+    """(seed, offset) from a CPU int64 [seed, offset] tensor (offset taken mod 2**32)."""
+    seed, offset = rng_state.tolist()
+    return seed, offset % 2**32
+
+
 @torch.library.custom_op("cute_fp4::quantize", mutates_args=())
 def quantize_op(x: Tensor, scaling: str, block_rows: int, rht: bool, sr: bool,
                 four_over_six: str, e4m3_max: int, fast_math: bool, rowwise: bool,
-                columnwise: bool, swizzle: bool, seed: int, offset: int
+                columnwise: bool, swizzle: bool, rng_state: Tensor
                 ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     recipe = recipe_from_args(scaling, block_rows, rht, sr, four_over_six, e4m3_max, fast_math,
                               rowwise, columnwise, swizzle)
-    t = quantize_impl(x, recipe, seed, offset)
+    t = quantize_impl(x, recipe, *rng_ints(rng_state))
     return (_or_empty(t.data, x, torch.uint8), _or_empty(t.scales, x, torch.float8_e4m3fn),
             _or_empty(t.amax, x, torch.float32), _or_empty(t.data_t, x, torch.uint8),
             _or_empty(t.scales_t, x, torch.float8_e4m3fn), _or_empty(t.amax_t, x, torch.float32))
@@ -66,7 +72,7 @@ def _output_shapes(rows: int, cols: int, recipe: Recipe):
 
 @quantize_op.register_fake
 def _(x, scaling, block_rows, rht, sr, four_over_six, e4m3_max, fast_math, rowwise, columnwise,
-      swizzle, seed, offset):
+      swizzle, rng_state):
     recipe = recipe_from_args(scaling, block_rows, rht, sr, four_over_six, e4m3_max, fast_math,
                               rowwise, columnwise, swizzle)
     m, k = x.shape
@@ -82,13 +88,19 @@ def _(x, scaling, block_rows, rht, sr, four_over_six, e4m3_max, fast_math, rowwi
     return tuple(outs)
 
 
-def quantize(x2: Tensor, recipe: Recipe, shape, dtype, seed: int, offset: int) -> NVFP4Tensor:
-    """Quantize a validated 2D input; through the custom op while torch.compile traces."""
+def quantize(x2: Tensor, recipe: Recipe, shape, dtype, seed: int, offset: int,
+             rng_state: Optional[Tensor] = None) -> NVFP4Tensor:
+    """Quantize a validated 2D input; through the custom op while torch.compile traces.
+    rng_state (CPU int64 [seed, offset]), when given, replaces seed and offset."""
     if not torch.compiler.is_compiling():
+        if rng_state is not None:
+            seed, offset = rng_ints(rng_state)
         t = quantize_impl(x2, recipe, seed, offset)
         t.shape, t.dtype = tuple(shape), dtype
         return t
-    outs = quantize_op(x2, *recipe_args(recipe), seed, offset)
+    if rng_state is None:
+        rng_state = torch.tensor([seed, offset], dtype=torch.int64)
+    outs = quantize_op(x2, *recipe_args(recipe), rng_state)
     present = (recipe.rowwise,) * 3 + (recipe.columnwise,) * 3
     data, scales, amax, data_t, scales_t, amax_t = (o if p else None
                                                      for o, p in zip(outs, present))
