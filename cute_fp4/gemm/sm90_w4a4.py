@@ -192,7 +192,7 @@ class Sm90GemmNVFP4:
             cpasync.prefetch_descriptor(tma_sfa)
             cpasync.prefetch_descriptor(tma_sfb)
 
-        smem = cutlass.utils.SmemAllocator()
+        smem = cutlass.memory.SmemAllocator()
         storage = smem.allocate(self.shared_storage)
         mainloop = pipeline.PipelineTmaAsync.create(
             barrier_storage=storage.mbar.data_ptr(),
@@ -301,7 +301,9 @@ class Sm90GemmNVFP4:
                 cute.arch.fence_proxy("async.shared", space="cta")
                 cute.arch.barrier(barrier_id=self.bar_decode, number_of_threads=256)
 
-            self.epilogue(acc, thr_mma, mD, mAlpha, mRow, mCol, mBias, m_tile, n_tile)
+            # the accumulator fragment is per thread: partition D by the consumer thread index
+            self.epilogue(acc, tiled_mma.get_slice(ctid), mD, mAlpha, mRow, mCol, mBias, m_tile,
+                          n_tile)
 
     @cute.jit
     def decode_stage(self, mainloop, state, ctid, apk_base, bpk_base, sfa_base, sfb_base,
