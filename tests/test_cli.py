@@ -1,0 +1,59 @@
+"""The command-line entry points run and print real tables (CPU references here)."""
+
+import json
+
+import pytest
+
+from cute_fp4.__main__ import main as demo_main
+from cute_fp4.perf.__main__ import main as perf_main
+from cute_fp4.snr import main as snr_main
+
+
+def test_demo_prints_every_recipe(capsys):
+    demo_main(["--rows", "64", "--cols", "128", "--out-features", "64", "--cpu"])
+    out = capsys.readouterr().out
+    for name in ("per-tensor", "per-token", "1x64 window", "16x16 blocks", "RHT",
+                 "stochastic rounding", "4over6 (mse)"):
+        assert name in out
+    rows = [line for line in out.splitlines() if line.startswith("| ") and "reference" in line]
+    assert len(rows) == 8
+    for line in rows:
+        snrs = [float(v) for v in line.strip("|").split("|")[2:]]
+        assert all(8.0 < v < 40.0 for v in snrs), line
+
+
+def test_snr_report_files(tmp_path, capsys):
+    md, js = tmp_path / "r.md", tmp_path / "r.json"
+    snr_main(["--tokens", "64", "--in-features", "128", "--out-features", "64", "--cpu",
+              "--markdown", str(md), "--json", str(js)])
+    data = json.loads(js.read_text())
+    names = [r["recipe"] for r in data["rows"]]
+    assert names[0] == "BF16 operands" and "1x64 window" in names and len(names) == 8
+    bf16 = data["rows"][0]
+    for row in data["rows"][1:]:
+        for g in ("fprop dB", "dgrad dB", "wgrad dB"):
+            assert 10.0 < row[g] < bf16[g], (row["recipe"], g)
+    assert "| per-token" in md.read_text()
+
+
+def test_snr_checkpoint_weight(tmp_path, capsys):
+    import torch
+
+    path = tmp_path / "ckpt.pt"
+    torch.save({"layer.weight": torch.randn(64, 128) * 0.02, "bias": torch.zeros(64)}, path)
+    snr_main(["--checkpoint", str(path), "--tokens", "64", "--cpu", "--markdown",
+              str(tmp_path / "a.md"), "--json", str(tmp_path / "a.json")])
+    title = json.loads((tmp_path / "a.json").read_text())["title"]
+    assert "N=64, K=128" in title and "ckpt.pt" in title
+
+
+def test_perf_usage_errors(capsys):
+    assert perf_main([]) == 2
+    assert perf_main(["nope"]) == 2
+    assert "usage" in capsys.readouterr().err
+
+
+@pytest.mark.gpu
+def test_demo_on_gpu(capsys):
+    demo_main(["--rows", "128", "--cols", "256", "--out-features", "128"])
+    assert "GPU" in capsys.readouterr().out
