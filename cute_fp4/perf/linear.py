@@ -1,0 +1,95 @@
+"""`python -m cute_fp4.perf linear [--fwd|--bwd] [--shapes seed|deepseek|all] [--json F]`.
+
+Times `cute_fp4.nn.Linear` (per-tensor and per-token recipes) against a BF16 `torch.nn.Linear`
+of the same shape in the same run: forward, or forward + backward, eager and CUDA-graph replay.
+Ratios < 1 mean NVFP4 is faster. Target (SPEC 5): fwd+bwd <= 1.3x BF16 at 16384x7168 -> 2048
+(per-token recipe).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from ..nn import Linear, LinearRecipe
+from .common import bench_graph_ms, bench_ms, progress, report
+
+SEED_SHAPES = [(m, k, k) for m in (1024, 4096, 16384, 32768) for k in (2048, 4096, 8192)]
+DEEPSEEK_SHAPES = [(m, 7168, 2048) for m in (16384, 32768, 65536, 98304)]
+RECIPES = {"per-tensor": LinearRecipe.per_tensor, "per-token": LinearRecipe.per_token}
+
+
+def _step(module, x, g, backward: bool):
+    if not backward:
+        def fwd():
+            with torch.no_grad():
+                module(x)
+        return fwd
+
+    def fwd_bwd():
+        x.grad = None
+        module.weight.grad = None
+        module(x).backward(g)
+    return fwd_bwd
+
+
+def _time(module, x, g, backward: bool, graphs: bool):
+    fn = _step(module, x, g, backward)
+    eager = bench_ms(fn)
+    graph = None
+    if graphs:
+        try:
+            graph = bench_graph_ms(fn)
+        except (RuntimeError, NotImplementedError) as e:
+            graph = f"n/a ({type(e).__name__})"
+    return eager, graph
+
+
+def run(shapes, backward: bool, graphs: bool):
+    rows = []
+    for i, (m, k, n) in enumerate(shapes, 1):
+        progress(i, len(shapes), f"M={m} K={k} N={n}")
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, requires_grad=backward)
+        g = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
+        base = torch.nn.Linear(k, n, device="cuda", dtype=torch.bfloat16)
+        bf16_eager, bf16_graph = _time(base, x, g, backward, graphs)
+        row = {"M": m, "K": k, "N": n, "bf16 ms": bf16_eager}
+        per_tensor_ms = None
+        for name, make in RECIPES.items():
+            q = Linear.from_linear(base, make(stochastic_rounding=backward))
+            try:
+                eager, graph = _time(q, x, g, backward, graphs)
+            except NotImplementedError as e:
+                row[f"{name} ms"] = f"n/a: {e}"[:60]
+                continue
+            row[f"{name} ms"] = eager
+            row[f"{name} / bf16"] = eager / bf16_eager
+            if name == "per-tensor":
+                per_tensor_ms = eager
+            elif per_tensor_ms is not None:
+                row[f"{name} / per-tensor"] = eager / per_tensor_ms
+            if graphs and isinstance(graph, float) and isinstance(bf16_graph, float):
+                row[f"{name} graph / bf16 graph"] = graph / bf16_graph
+        rows.append(row)
+    return rows
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="python -m cute_fp4.perf linear", description=__doc__)
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--fwd", action="store_true", help="forward only (no_grad)")
+    mode.add_argument("--bwd", action="store_true", help="forward + backward (default)")
+    p.add_argument("--shapes", choices=("seed", "deepseek", "all", "target"), default="target",
+                   help="target: the SPEC 5 shape 16384x7168->2048 only")
+    p.add_argument("--no-graphs", action="store_true", help="skip the CUDA-graph column")
+    p.add_argument("--json")
+    args = p.parse_args(argv)
+    shapes = {"seed": SEED_SHAPES, "deepseek": DEEPSEEK_SHAPES,
+              "all": SEED_SHAPES + DEEPSEEK_SHAPES, "target": [(16384, 7168, 2048)]}[args.shapes]
+    backward = not args.fwd
+    rows = run(shapes, backward, graphs=not args.no_graphs)
+    what = "forward + backward" if backward else "forward"
+    report(rows, f"NVFP4 Linear vs BF16 nn.Linear, {what} ({torch.cuda.get_device_name()})",
+           args.json)
+    return 0
