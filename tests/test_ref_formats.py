@@ -115,6 +115,38 @@ def test_e2m1_encode_vector_and_shape():
                               [0x7, 0xF, 0x0, 0x0, 0x2, 0xA, 0x4, 0xE]]
 
 
+def te_interval_code(v: float) -> int:
+    """TransformerEngine's cast_to_fp4x2 interval table (reference_nvfp4.py), per value; later
+    rows overwrite earlier ones exactly as its sequence of masked assignments does."""
+    code = 0
+    table = [
+        (lambda x: 0.0 <= x <= 0.25, 0), (lambda x: 0.25 < x < 0.75, 1),
+        (lambda x: 0.75 <= x <= 1.25, 2), (lambda x: 1.25 < x < 1.75, 3),
+        (lambda x: 1.75 <= x <= 2.5, 4), (lambda x: 2.5 < x < 3.5, 5),
+        (lambda x: 3.5 <= x <= 5.0, 6), (lambda x: x > 5.0, 7),
+        (lambda x: -0.25 <= x < -0.0, 8), (lambda x: -0.75 < x < -0.25, 9),
+        (lambda x: -1.25 <= x <= -0.75, 10), (lambda x: -1.75 < x < -1.25, 11),
+        (lambda x: -2.5 <= x <= -1.75, 12), (lambda x: -3.5 < x < -2.5, 13),
+        (lambda x: -5.0 <= x <= -3.5, 14), (lambda x: x < -5.0, 15),
+    ]
+    for inside, c in table:
+        if inside(v):
+            code = c
+    return code
+
+
+def test_e2m1_encode_matches_te_interval_table_on_a_sweep():
+    ties = [t for t, *_ in TIES] + [0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
+    special = []
+    for t in ties:
+        special += [t, above(t), below(t), -t, -above(t), -below(t)]
+    sweep = torch.linspace(-7.0, 7.0, 2801).tolist() + special + [0.0, -0.0, 1e-40, -1e-40]
+    v = torch.tensor(sweep, dtype=torch.float32)
+    got = ref.e2m1_encode(v).tolist()
+    expected = [te_interval_code(x) for x in v.tolist()]
+    assert got == expected
+
+
 @pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16, torch.float16])
 def test_e2m1_encode_rejects_non_fp32(dtype):
     with pytest.raises(TypeError, match="float32"):

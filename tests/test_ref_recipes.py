@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from cute_fp4 import Recipe, ref
+from cute_fp4.ref.quantize import _fp16_product
 
 from test_ref_quantize import (BLOCK_A, BLOCK_B, BLOCK_C, BYTES_A, BYTES_B, BYTES_C, u8)
 
@@ -243,6 +244,18 @@ def test_4over6_2d_tile_error_summed_over_rows(fast_math):
         t1 = ref.quantize(x, Recipe(four_over_six=mode, fast_math=fast_math))
         assert [r[0] for r in u8(t1.scales)] == [0x7C] * 8 + [0x78] * 8
         assert t1.data[:, :8].tolist() == [BYTES_X_MAP4] * 8 + [BYTES_Y_MAP6] * 8
+
+
+def test_fast_math_fp16_products_are_exact():
+    """E2M1 x E4M3 products, the fast_math candidates, are exact in FP16: for all 16 codes and
+    all 127 finite positive scales they equal the float64 product; the NaN scale gives NaN."""
+    codes = torch.arange(16, dtype=torch.uint8).repeat_interleave(128)
+    scales = torch.arange(128, dtype=torch.uint8).repeat(16).view(torch.float8_e4m3fn)
+    got = _fp16_product(codes, scales)
+    exact = ref.e2m1_decode(codes).double() * scales.to(torch.float64)
+    finite = scales.view(torch.uint8).ne(0x7F)
+    assert got[finite].double().equal(exact[finite])
+    assert got[~finite].isnan().all()
 
 
 def test_4over6_quantize_blocks_direct():
