@@ -140,6 +140,8 @@ def outer_amax(x: torch.Tensor, scaling: str) -> torch.Tensor:
     if scaling == "tensor":
         return amax(x)
     if scaling == "token":
+        if x.shape[1] == 0:  # amax of nothing is 0, as for scaling="tensor"
+            return torch.zeros(x.shape[0], device=x.device)
         return x.abs().to(torch.float32).amax(dim=1)
     return amax_window64(x)
 
