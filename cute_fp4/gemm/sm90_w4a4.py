@@ -32,7 +32,8 @@ from cutlass import Float32, Int32, const_expr
 from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.tensor_utils import LayoutEnum
 
-from ..common.decode import DECODE_EXP_SHIFT, decode_e2m1x8, e4m3_to_bf16x2_scale
+from ..common.decode import (DECODE_EXP_SHIFT, decode_e2m1_pair, decode_e2m1x8,
+                             e4m3_to_bf16x2_scale)
 from .smem import ld_shared_u8, ld_shared_v2, st_shared_v4
 
 TILE_M = 128
@@ -109,8 +110,6 @@ class Sm90GemmNVFP4:
         sf_b_layout = cute.make_layout((128, 4, self.stages * (tile_n // 128)),
                                        stride=(1, 128, SF_TILE_BYTES))
         mma_tiler = (TILE_M, tile_n, TILE_K)
-        a16_layout = sm90_utils.make_smem_layout_a(
-            LayoutEnum.ROW_MAJOR, mma_tiler, cutlass.BFloat16, 2)
         b16_layout = sm90_utils.make_smem_layout_b(
             LayoutEnum.ROW_MAJOR, mma_tiler, cutlass.BFloat16, 2)
 
@@ -129,15 +128,13 @@ class Sm90GemmNVFP4:
             cutlass.BFloat16, cutlass.BFloat16,
             LayoutEnum.ROW_MAJOR.sm90_mma_major_mode(),
             LayoutEnum.ROW_MAJOR.sm90_mma_major_mode(),
-            Float32, (2, 1, 1), tiler_mn=(64, tile_n))
+            Float32, (2, 1, 1), tiler_mn=(64, tile_n), a_source=warpgroup.OperandSource.RMEM)
 
         stages = self.stages
 
         @cute.struct
         class SharedStorage:
             mbar: cute.struct.MemRange[cutlass.Int64, stages * 2]
-            sA16: cute.struct.Align[
-                cute.struct.MemRange[cutlass.BFloat16, cute.cosize(a16_layout)], 1024]
             sB16: cute.struct.Align[
                 cute.struct.MemRange[cutlass.BFloat16, cute.cosize(b16_layout)], 1024]
             sApk: cute.struct.Align[cute.struct.MemRange[cutlass.Uint8, cute.cosize(pk_a_layout)], 128]
@@ -151,8 +148,7 @@ class Sm90GemmNVFP4:
         self.kernel(
             tma_a, tma_mA, tma_b, tma_mB, tma_sfa, tma_mSFA, tma_sfb, tma_mSFB,
             mD, mAlpha, mRow, mCol, mBias, tiled_mma,
-            pk_a_layout, pk_b_layout, sf_a_layout, sf_b_layout, a16_layout, b16_layout,
-            tx_bytes,
+            pk_a_layout, pk_b_layout, sf_a_layout, sf_b_layout, b16_layout, tx_bytes,
         ).launch(grid=grid, block=[self.threads, 1, 1], stream=stream)
 
     @cute.kernel
@@ -176,7 +172,6 @@ class Sm90GemmNVFP4:
         pk_b_layout: cute.Layout,
         sf_a_layout: cute.Layout,
         sf_b_layout: cute.Layout,
-        a16_layout: cute.ComposedLayout,
         b16_layout: cute.ComposedLayout,
         tx_bytes: cutlass.Constexpr[int],
     ):
@@ -207,7 +202,6 @@ class Sm90GemmNVFP4:
         sBpk = storage.sBpk.get_tensor(pk_b_layout)
         sSFA = storage.sSFA.get_tensor(sf_a_layout)
         sSFB = storage.sSFB.get_tensor(sf_b_layout)
-        sA16 = storage.sA16.get_tensor(a16_layout.outer, swizzle=a16_layout.inner)
         sB16 = storage.sB16.get_tensor(b16_layout.outer, swizzle=b16_layout.inner)
 
         k_tiles = cute.size(cute.ceil_div(mA.shape[1], TILE_K // 2))
@@ -258,10 +252,13 @@ class Sm90GemmNVFP4:
             ctid = tidx - 128
             mma_wg = wg_idx - 1
             thr_mma = tiled_mma.get_slice(mma_wg * 128)
-            tCsA = thr_mma.partition_A(sA16)
             tCsB = thr_mma.partition_B(sB16)
-            tCrA = tiled_mma.make_fragment_A(tCsA)
             tCrB = tiled_mma.make_fragment_B(tCsB)
+            # A lives in registers (RS wgmma): two k-tile buffers, selected statically
+            a_shape = tiled_mma.get_slice(ctid).partition_A(
+                cute.make_identity_tensor((TILE_M, TILE_K))).shape
+            rA0 = cute.make_rmem_tensor(a_shape, cutlass.BFloat16)
+            rA1 = cute.make_rmem_tensor(a_shape, cutlass.BFloat16)
 
             gD = cute.local_tile(mD, (TILE_M, tile_n), (m_tile, n_tile))
             tCgD = thr_mma.partition_C(gD)
@@ -269,72 +266,90 @@ class Sm90GemmNVFP4:
             acc.fill(0.0)
             tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
 
-            apk_base = sApk.iterator.toint()
-            bpk_base = sBpk.iterator.toint()
-            sfa_base = sSFA.iterator.toint()
-            sfb_base = sSFB.iterator.toint()
-            a16_base = sA16.iterator.toint()
-            b16_base = sB16.iterator.toint()
+            # this thread's A fragment rows (wgmma m64 layout) and nibble pair
+            t = ctid % 128
+            lane = t % 32
+            a_row0 = mma_wg * 64 + (t // 32) * 16 + lane // 4
+            nib_shift = (lane % 4) * 4
+            bases = (sApk.iterator.toint(), sBpk.iterator.toint(), sSFA.iterator.toint(),
+                     sSFB.iterator.toint(), sB16.iterator.toint())
 
             state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
-
-            # k-tile 0 -> buffer 0
-            self.decode_stage(mainloop, state, ctid, apk_base, bpk_base, sfa_base, sfb_base,
-                              a16_base, b16_base, 0)
+            self.decode_stage(mainloop, state, ctid, bases, 0, rA0, a_row0, nib_shift)
             state.advance()
-            cute.arch.fence_proxy("async.shared", space="cta")
-            cute.arch.barrier(barrier_id=self.bar_decode, number_of_threads=256)
+            self.sync_decoders()
 
-            num_kb = cute.size(tCrA, mode=[2])
-            for kt in cutlass.range(k_tiles, unroll=1):
-                buf = kt % 2
-                warpgroup.fence()
-                for kb in cutlass.range_constexpr(num_kb):
-                    cute.gemm(tiled_mma, acc, tCrA[(None, None, kb, buf)],
-                              tCrB[(None, None, kb, buf)], acc)
-                warpgroup.commit_group()
+            for kp in cutlass.range(cute.ceil_div(k_tiles, 2), unroll=1):
+                kt = kp * 2
+                self.mma_ktile(tiled_mma, acc, rA0, tCrB, 0)
                 if kt + 1 < k_tiles:
-                    self.decode_stage(mainloop, state, ctid, apk_base, bpk_base, sfa_base,
-                                      sfb_base, a16_base, b16_base, 1 - buf)
+                    self.decode_stage(mainloop, state, ctid, bases, 1, rA1, a_row0, nib_shift)
                     state.advance()
                 warpgroup.wait_group(0)
-                cute.arch.fence_proxy("async.shared", space="cta")
-                cute.arch.barrier(barrier_id=self.bar_decode, number_of_threads=256)
+                self.sync_decoders()
+                if kt + 1 < k_tiles:
+                    self.mma_ktile(tiled_mma, acc, rA1, tCrB, 1)
+                    if kt + 2 < k_tiles:
+                        self.decode_stage(mainloop, state, ctid, bases, 0, rA0, a_row0,
+                                          nib_shift)
+                        state.advance()
+                    warpgroup.wait_group(0)
+                    self.sync_decoders()
 
             # the accumulator fragment is per thread: partition D by the consumer thread index
             self.epilogue(acc, tiled_mma.get_slice(ctid), mD, mAlpha, mRow, mCol, mBias, m_tile,
                           n_tile)
 
     @cute.jit
-    def decode_stage(self, mainloop, state, ctid, apk_base, bpk_base, sfa_base, sfb_base,
-                     a16_base, b16_base, buf):
-        """Decode pipeline stage `state` (packed A, B + scales) into BF16 buffer `buf`."""
+    def sync_decoders(self):
+        """Decoded BF16 stores -> visible to wgmma (async proxy), across both consumer
+        warpgroups."""
+        cute.arch.fence_proxy("async.shared", space="cta")
+        cute.arch.barrier(barrier_id=self.bar_decode, number_of_threads=256)
+
+    @cute.jit
+    def mma_ktile(self, tiled_mma, acc, rA, tCrB, buf: cutlass.Constexpr[int]):
+        warpgroup.fence()
+        for kb in cutlass.range_constexpr(TILE_K // 16):
+            cute.gemm(tiled_mma, acc, rA[(None, None, kb)], tCrB[(None, None, kb, buf)], acc)
+        warpgroup.commit_group()
+
+    @cute.jit
+    def decode_stage(self, mainloop, state, ctid, bases, buf: cutlass.Constexpr[int], rA,
+                     a_row0, nib_shift):
+        """Decode pipeline stage `state`: B into BF16 smem buffer `buf`, this thread's A
+        fragment into the registers `rA`."""
         tile_n = self.tile_n
+        apk_base, bpk_base, sfa_base, sfb_base, b16_base = bases
         mainloop.consumer_wait(state)
         s = state.index
-        units_a = TILE_M * 4  # (row, block) units of 16 values
-        units = (TILE_M + tile_n) * 4
-        for i in cutlass.range_constexpr(units // 256):
+        # A: per k16 block, rows a_row0 and a_row0 + 8, nibble pair (lane % 4) of both words
+        rA32 = cute.recast_tensor(rA, Int32)
+        a_pk = apk_base + s * (TILE_M * TILE_K // 2)
+        a_sf = sfa_base + s * SF_TILE_BYTES
+        for kb in cutlass.range_constexpr(TILE_K // 16):
+            for h in cutlass.range_constexpr(2):
+                row = a_row0 + 8 * h
+                w0, w1 = ld_shared_v2(a_pk + row * (TILE_K // 2) + kb * 8)
+                sf = ld_shared_u8(a_sf + (row & 31) * 16 + (row >> 5) * 4 + kb)
+                scale2 = e4m3_to_bf16x2_scale(sf)
+                rA32[kb * 4 + h] = decode_e2m1_pair(w0, nib_shift, scale2)
+                rA32[kb * 4 + 2 + h] = decode_e2m1_pair(w1, nib_shift, scale2)
+        # B: (row, block) units of 16 values spread over the 256 consumer threads
+        for i in cutlass.range_constexpr(tile_n * 4 // 256):
             u = ctid + 256 * i
-            if const_expr(256 * i < units_a):
-                row = u >> 2
-                pk_addr = apk_base + s * (TILE_M * TILE_K // 2)
-                sf_addr = sfa_base + s * SF_TILE_BYTES
-                dst = a16_base + buf * (TILE_M * TILE_K * 2)
-            else:
-                row = (u - units_a) >> 2
-                pk_addr = bpk_base + s * (tile_n * TILE_K // 2)
-                sf_addr = sfb_base + (s * (tile_n // 128) + (row >> 7)) * SF_TILE_BYTES
-                dst = b16_base + buf * (tile_n * TILE_K * 2)
+            row = u >> 2
             blk = u & 3
             r = row & 127
+            pk_addr = bpk_base + s * (tile_n * TILE_K // 2)
+            sf_addr = sfb_base + (s * (tile_n // 128) + (row >> 7)) * SF_TILE_BYTES
             w0, w1 = ld_shared_v2(pk_addr + row * (TILE_K // 2) + blk * 8)
             sf = ld_shared_u8(sf_addr + (r & 31) * 16 + (r >> 5) * 4 + blk)
             scale2 = e4m3_to_bf16x2_scale(sf)
             p0, p1, p2, p3 = decode_e2m1x8(w0, scale2)
             q0, q1, q2, q3 = decode_e2m1x8(w1, scale2)
             # 128B-swizzled K-major row: 16-byte chunk c of row `row` at chunk c ^ (row % 8)
-            row_addr = dst + row * (TILE_K * 2)
+            row_addr = b16_base + buf * (tile_n * TILE_K * 2) + row * (TILE_K * 2)
             sw = row & 7
             st_shared_v4(row_addr + (((blk * 2) ^ sw) << 4), p0, p1, p2, p3)
             st_shared_v4(row_addr + (((blk * 2 + 1) ^ sw) << 4), q0, q1, q2, q3)
