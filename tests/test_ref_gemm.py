@@ -164,10 +164,12 @@ OPERAND_RECIPES = {
     "4over6": Recipe(four_over_six="mse", e4m3_max=256),
     "4over6-fast": Recipe(four_over_six="mae", fast_math=True),
     "swizzled-token": Recipe(scaling="token", swizzle=True),
+    "swizzled-w64": Recipe(scaling="window64", swizzle=True),
 }
 
 
-@pytest.mark.parametrize("a_kind", ["tensor", "token", "window64", "4over6", "swizzled-token"])
+@pytest.mark.parametrize("a_kind", ["tensor", "token", "window64", "4over6", "swizzled-token",
+                                    "swizzled-w64"])
 @pytest.mark.parametrize("b_kind", ["tensor", "token", "window64", "2d", "4over6-fast"])
 def test_api_gemm_vs_float64(a_kind, b_kind):
     g = torch.Generator().manual_seed(hash((a_kind, b_kind)) % 1000)

@@ -452,6 +452,34 @@ def test_sr_rowwise_and_columnwise_use_different_streams():
     assert not s.data.equal(s.data_t)
 
 
+def test_sr_with_2d_tiles():
+    # rows a multiple of 16: tile scales as RTN, codes from the Philox bits of each element
+    g = torch.Generator().manual_seed(16)
+    x = torch.randn(32, 64, generator=g)
+    t = ref.quantize(x, Recipe(block=(16, 16), stochastic_rounding=True), seed=4)
+    rtn = ref.quantize(x, Recipe(block=(16, 16)))
+    assert u8(t.scales) == u8(rtn.scales)
+    bits = ref.philox_bits(32 * 64, 4, 0, 0).view(32, 64)
+    data, _ = ref.quantize_blocks(x, x.abs().amax(), 16, random_bits=bits)
+    assert t.data.equal(data)
+
+
+@pytest.mark.xfail(strict=True, raises=ValueError, reason=(
+    "ref bug: _quantize_output draws Philox bits for the unpadded [rows, cols] input but "
+    "passes them with the row-padded 16x16 input to quantize_blocks -> 'random bits shape "
+    "(20, 32) != values shape (32, 32)'"))
+def test_sr_with_2d_tiles_partial_row_tile():
+    # 20 rows: the padding rows are zeros (codes 0 whatever the bits); the real rows use the
+    # bits of their own elements (element r * cols + c of stream 0).
+    g = torch.Generator().manual_seed(17)
+    x = torch.randn(20, 32, generator=g)
+    t = ref.quantize(x, Recipe(block=(16, 16), stochastic_rounding=True), seed=4)
+    padded = torch.cat([x, torch.zeros(12, 32)])
+    bits = ref.philox_bits(32 * 32, 4, 0, 0).view(32, 32)
+    data, scales = ref.quantize_blocks(padded, x.abs().amax(), 16, random_bits=bits)
+    assert t.data.equal(data[:20]) and u8(t.scales) == u8(scales[:20])
+
+
 @pytest.mark.parametrize("value", [0.3, 0.75, 1.1, 2.2, 3.3, 4.4, 5.9, -0.2, -2.7])
 def test_sr_unbiased_e2m1(value):
     n = 1 << 14
