@@ -216,7 +216,7 @@ _HW_ENCODE8 = _hw_encode8_ptx()
 def encode8(xs, enc, block_nan, hw: bool):
     """Encode 8 FP32 values (a Python list) with the block's ``enc``: Uint32 of 8 nibbles,
     element i in bits [4i, 4i+4) (even element in the low nibble of each byte).
-    ``block_nan`` (Boolean) zeroes the word: a NaN block encodes as code 0 everywhere."""
+    ``block_nan`` (nonzero when enc is NaN) zeroes the word: code 0 everywhere, like the reference."""
     code = _HW_ENCODE8 if hw else _SW_ENCODE8
     w = cute.arch.inline_ptx(
         code, write_only_types=[Uint32], read_only_args=[Float32(x) for x in xs] + [Float32(enc)]

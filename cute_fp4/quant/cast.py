@@ -103,7 +103,7 @@ class CastKernel:
         for i in cutlass.range_constexpr(16):
             amax = E.abs_max_nan(amax, xs[i])
         code, enc = E.block_scale(amax, s6, sdec)
-        nan = E.is_nan(amax)
+        nan = E.is_nan(enc)  # NaN block amax or NaN outer scale
         w0 = E.encode8(xs[0:8], enc, nan, self.hw)
         w1 = E.encode8(xs[8:16], enc, nan, self.hw)
         return code, w0, w1
