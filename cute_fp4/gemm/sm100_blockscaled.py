@@ -590,11 +590,13 @@ def gemm_nvfp4_sm100(a_data: torch.Tensor, a_scales_swizzled: torch.Tensor,
                      tile_n: Optional[int] = None) -> torch.Tensor:
     """D[M, N] = cast(alpha * row[m] * col[n] * sum_k a[m, k] * b[n, k] + bias[n]) on sm_100a.
 
-    a_data [M, K/2], b_data [N, K/2]: packed E2M1 uint8, K-major, K % 32 == 0; their E4M3
-    scales in the swizzled layout (SPEC 1). N must keep D's rows 16-byte aligned (a multiple of
-    8 for bf16/fp16 output, 4 for fp32). COMPILED FOR sm_100a BUT NEVER RUN (see the module
-    docstring): its results are unverified until it runs on a Blackwell GPU."""
-    from .dispatch import _check_operand, _vector
+    a_data [M, K/2], b_data [N, K/2]: packed E2M1 uint8, K-major, K % 16 == 0 (rows are
+    zero-padded to 16 bytes for TMA when K % 32 != 0, which leaves the swizzled scale layout
+    unchanged); their E4M3 scales in the swizzled layout (SPEC 1), uint8 or float8_e4m3fn.
+    N must keep D's rows 16-byte aligned (a multiple of 8 for bf16/fp16 output, 4 for fp32).
+    COMPILED FOR sm_100a BUT NEVER RUN (see the module docstring): its results are unverified
+    until it runs on a Blackwell GPU."""
+    from .dispatch import _check_operand, _prepare_data, _vector
 
     if out_dtype not in OUT_DTYPES:
         raise TypeError(f"out_dtype must be float32, bfloat16 or float16, got {out_dtype}")
@@ -607,12 +609,11 @@ def gemm_nvfp4_sm100(a_data: torch.Tensor, a_scales_swizzled: torch.Tensor,
     if device.type != "cuda" or b_data.device != device:
         raise ValueError("gemm_nvfp4_sm100 needs a_data and b_data on one CUDA device")
     m, n, k = a_data.shape[0], b_data.shape[0], a_data.shape[1] * 2
-    if k == 0 or k % 32:
-        raise ValueError(f"K must be a positive multiple of 32 (16-byte TMA rows), got {k}")
-    for name, t in (("a_data", a_data), ("b_data", b_data), ("a_scales_swizzled", sfa),
-                    ("b_scales_swizzled", sfb)):
-        if t.data_ptr() % 16:
-            raise ValueError(f"{name} must be 16-byte aligned for TMA")
+    if k == 0:
+        raise ValueError("K must be positive")
+    # TMA reads the scale buffers from 16-byte aligned addresses: realign a misaligned view.
+    sfa = sfa.clone() if sfa.data_ptr() % 16 else sfa
+    sfb = sfb.clone() if sfb.data_ptr() % 16 else sfb
     elem = torch.empty((), dtype=out_dtype).element_size()
     if (n * elem) % 16:
         raise ValueError(f"N={n} must make output rows a multiple of 16 bytes "
@@ -635,12 +636,14 @@ def gemm_nvfp4_sm100(a_data: torch.Tensor, a_scales_swizzled: torch.Tensor,
     out = torch.empty((m, n), dtype=out_dtype, device=device)
     if m == 0 or n == 0:
         return out
+    sm_count = torch.cuda.get_device_properties(device).multi_processor_count
     if tile_n is None:
-        tile_n = 256 if n > 128 else 128
+        # 128-wide tiles when 256-wide ones would leave SMs idle.
+        tiles_256 = -(-m // TILE_M) * -(-n // 256)
+        tile_n = 128 if n <= 128 or tiles_256 < sm_count else 256
     fn = compile_sm100_gemm(
         arch, out_dtype=out_dtype, tile_n=tile_n,
         flags=(alpha is not None, row is not None, col is not None, bias is not None),
-        bias_dtype=bias.dtype if bias is not None else None,
-        sm_count=torch.cuda.get_device_properties(device).multi_processor_count)
-    fn(a_data, b_data, sfa, sfb, out, alpha, row, col, bias)
+        bias_dtype=bias.dtype if bias is not None else None, sm_count=sm_count)
+    fn(_prepare_data(a_data), _prepare_data(b_data), sfa, sfb, out, alpha, row, col, bias)
     return out
