@@ -1,9 +1,9 @@
-"""`python -m cute_fp4.perf {quant,gemm,linear} [options]`: the benchmark sweeps."""
+"""`python -m cute_fp4.perf {quant,gemm,linear,dequant} [options]`: the benchmark sweeps."""
 
 import importlib
 import sys
 
-COMMANDS = ("quant", "gemm", "linear")
+COMMANDS = ("quant", "gemm", "linear", "dequant")
 
 
 def main(argv=None):

@@ -1,0 +1,43 @@
+"""`python -m cute_fp4.perf dequant [--json F]`: NVFP4 -> bf16/fp32 dequantize bandwidth.
+
+Floor: packed data + scales read once, output written once, at the device-to-device copy
+bandwidth measured in the same run. Also the host overhead of one call on a tiny tensor.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from .. import dequantize, ref
+from ..recipe import Recipe
+from .common import bench_graph_ms, bench_ms, copy_bandwidth_gbs, host_overhead_us, progress, report
+
+SHAPES = [(m, k) for m in (1024, 8192, 32768) for k in (2048, 8192)]
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="python -m cute_fp4.perf dequant", description=__doc__)
+    p.add_argument("--json")
+    args = p.parse_args(argv)
+    copy_gbs = copy_bandwidth_gbs()
+    rows = []
+    cases = [(s, sc, dt) for s in SHAPES for sc in ("tensor", "token")
+             for dt in (torch.bfloat16, torch.float32)]
+    for i, ((m, k), scaling, dtype) in enumerate(cases, 1):
+        progress(i, len(cases), f"{m}x{k} {scaling} {dtype}")
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        t = ref.quantize(x, Recipe(scaling=scaling))
+        nbytes = m * k // 2 + m * k // 16 + m * k * torch.finfo(dtype).bits // 8
+        ms = bench_ms(lambda: dequantize(t, dtype))
+        graph_ms = bench_graph_ms(lambda: dequantize(t, dtype))
+        floor_ms = nbytes / copy_gbs / 1e6
+        rows.append({"M": m, "K": k, "scaling": scaling, "out": str(dtype).split(".")[-1],
+                     "ms": ms, "graph ms": graph_ms, "GB/s": nbytes / ms / 1e6,
+                     "% of floor": 100 * floor_ms / ms, "% of floor (graph)": 100 * floor_ms / graph_ms})
+    tiny = ref.quantize(torch.randn(16, 64, device="cuda"), Recipe())
+    overhead = host_overhead_us(lambda: dequantize(tiny, torch.bfloat16))
+    report(rows, f"NVFP4 dequantize ({torch.cuda.get_device_name()}; copy bandwidth "
+                 f"{copy_gbs:.0f} GB/s; host overhead {overhead:.1f} us per call)", args.json)
+    return 0
