@@ -231,7 +231,8 @@ def test_window64_gemm_folds_window_scales_into_factors():
 # Training GEMMs through the columnwise twins: fprop x @ w^T, dgrad dy @ w, wgrad dy^T @ x
 # ---------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("recipe", [Recipe(columnwise=True), Recipe(scaling="token", columnwise=True),
+@pytest.mark.parametrize("recipe", [Recipe(columnwise=True),
+                                    Recipe(scaling="token", columnwise=True),
                                     Recipe(rht=True, columnwise=True),
                                     Recipe(scaling="token", columnwise=True, swizzle=True)],
                          ids=["tensor", "token", "rht", "token-swizzled"])

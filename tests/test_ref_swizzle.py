@@ -10,9 +10,6 @@ from cute_fp4 import Recipe, ref
 
 from test_ref_quantize import BLOCK_A, BLOCK_B, BLOCK_C, u8
 
-NAN = float("nan")
-
-
 def spec_offset(r, c, cols):
     """SPEC section 1, written out: 128x4 tiles of 512 bytes, row-tile-major; inside a tile
     (r, c) sits at (r % 32) * 16 + (r // 32) * 4 + c."""
