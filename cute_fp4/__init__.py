@@ -4,6 +4,10 @@ CUDA tensors run JIT-compiled CuTe DSL kernels (sm_90 runs; sm_100a is compiled 
 CPU tensors run the bit-exact torch references in `cute_fp4.ref`.
 """
 
+# The kernel subpackage cute_fp4/gemm shares its name with the public function `gemm`. Python
+# binds a subpackage onto its parent when it is first imported, so import it here, before the
+# function is bound, and a later `import cute_fp4.gemm.dispatch` leaves `cute_fp4.gemm` alone.
+from . import gemm as _gemm_kernels  # noqa: F401  (isort: skip)
 from . import nn, ref
 from .api import dequantize, gemm, quantize, quantize_grouped
 from .nn import LinearRecipe, convert

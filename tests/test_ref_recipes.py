@@ -478,10 +478,6 @@ def test_sr_with_2d_tiles():
     assert t.data.equal(data)
 
 
-@pytest.mark.xfail(strict=True, raises=ValueError, reason=(
-    "ref bug: _quantize_output draws Philox bits for the unpadded [rows, cols] input but "
-    "passes them with the row-padded 16x16 input to quantize_blocks -> 'random bits shape "
-    "(20, 32) != values shape (32, 32)'"))
 def test_sr_with_2d_tiles_partial_row_tile():
     # 20 rows: the padding rows are zeros (codes 0 whatever the bits); the real rows use the
     # bits of their own elements (element r * cols + c of stream 0).

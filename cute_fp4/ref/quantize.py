@@ -159,11 +159,12 @@ def _quantize_output(x: torch.Tensor, recipe: Recipe, seed: int, offset: int, st
     rows, cols = x.shape
     outer = outer_amax(x, recipe.scaling)
     per_block = block_outer_amax(outer, recipe.scaling, rows)
-    bits = None
-    if recipe.stochastic_rounding:
-        bits = philox_bits(rows * cols, seed, offset, stream, x.device).view(rows, cols)
     pad = (-rows) % recipe.block_rows
     xq = torch.nn.functional.pad(x, (0, 0, 0, pad)) if pad else x
+    bits = None
+    if recipe.stochastic_rounding:
+        # Bits for element (r, c) are word r * cols + c of the stream, padding rows included.
+        bits = philox_bits((rows + pad) * cols, seed, offset, stream, x.device).view(-1, cols)
     data, scales = quantize_blocks(
         xq, per_block, recipe.block_rows, e4m3_max=recipe.e4m3_max,
         four_over_six=recipe.four_over_six, fast_math=recipe.fast_math, random_bits=bits,
@@ -197,31 +198,34 @@ def check_quantize_input(x: torch.Tensor, recipe: Recipe, name: str = "x") -> to
 
 
 def quantize(x: torch.Tensor, recipe: Recipe = Recipe(), *, seed: int = 0,
-             offset: int = 0) -> NVFP4Tensor:
-    """Quantize `x` ([..., K], flattened to [M, K]) per `recipe` (reference implementation)."""
+             offset: int = 0, stream: int = 0) -> NVFP4Tensor:
+    """Quantize `x` ([..., K], flattened to [M, K]) per `recipe` (reference implementation).
+    Stochastic rounding draws Philox stream `stream` for the rowwise data and `stream + 1`
+    for the twin (quantize_grouped gives group g the streams 2g and 2g + 1)."""
     x2 = check_quantize_input(x, recipe)
     data = scales = outer = data_t = scales_t = outer_t = None
     if recipe.rowwise:
-        data, scales, outer = _quantize_output(x2, recipe, seed, offset, stream=0)
+        data, scales, outer = _quantize_output(x2, recipe, seed, offset, stream)
     if recipe.columnwise:
         xt = x2.t().contiguous()
         if recipe.rht:
             xt = rht(xt)
-        data_t, scales_t, outer_t = _quantize_output(xt, recipe, seed, offset, stream=1)
+        data_t, scales_t, outer_t = _quantize_output(xt, recipe, seed, offset, stream + 1)
     return NVFP4Tensor(data=data, scales=scales, amax=outer, data_t=data_t, scales_t=scales_t,
                        amax_t=outer_t, recipe=recipe, shape=tuple(x.shape), dtype=x.dtype)
 
 
 def quantize_grouped(x: torch.Tensor, split_sizes: Sequence[int], recipe: Recipe = Recipe(), *,
                      seed: int = 0, offset: int = 0) -> List[NVFP4Tensor]:
-    """Quantize the row groups of a [sum(M_i), K] tensor independently (MoE experts)."""
+    """Quantize the row groups of a [sum(M_i), K] tensor independently (MoE experts), each
+    with its own outer scales and its own stochastic-rounding streams."""
     if x.dim() != 2:
         raise ValueError(f"quantize_grouped expects a 2D [sum(M_i), K] tensor, got {tuple(x.shape)}")
     sizes = [int(s) for s in split_sizes]
     if any(s < 0 for s in sizes) or sum(sizes) != x.shape[0]:
         raise ValueError(f"split_sizes {sizes} must be non-negative and sum to {x.shape[0]}")
-    return [quantize(part, recipe, seed=seed, offset=offset)
-            for part in torch.split(x, sizes, dim=0)]
+    return [quantize(part, recipe, seed=seed, offset=offset, stream=2 * g)
+            for g, part in enumerate(torch.split(x, sizes, dim=0))]
 
 
 __all__ = ["rht", "amax", "amax_per_token", "amax_window64", "quantize_blocks", "quantize",
