@@ -228,7 +228,9 @@ class CastKernel:
             if valid:
                 E.st_global_v2(q_base + grl * half_k + Int64(gcol_blk) * 8, w0, w1)
             if cutlass.const_expr(self.swizzle):
-                E.st_global_u8(s_base + Int64(swizzled_scale_offset(gr, gcol_blk, Int32(nsc_r))), code)
+                # padding entries (rows >= M, blocks >= K/16) must be 0 whatever the outer scale
+                E.st_global_u8(s_base + Int64(swizzled_scale_offset(gr, gcol_blk, Int32(nsc_r))),
+                               cutlass.select_(valid, code, Uint32(0)))
             else:
                 if valid:
                     E.st_global_u8(s_base + grl * nsc_r + Int64(gcol_blk), code)
@@ -264,7 +266,8 @@ class CastKernel:
                 E.st_global_v2(qt_base + gkl * half_m + Int64(gblk) * 8, w0, w1)
             if cutlass.const_expr(self.swizzle):
                 if Int64(gblk) < pad_c_c:
-                    E.st_global_u8(st_base + Int64(swizzled_scale_offset(gk, gblk, Int32(nsc_c))), code)
+                    E.st_global_u8(st_base + Int64(swizzled_scale_offset(gk, gblk, Int32(nsc_c))),
+                                   cutlass.select_(valid, code, Uint32(0)))
             else:
                 if valid:
                     E.st_global_u8(st_base + gkl * nsc_c + Int64(gblk), code)
