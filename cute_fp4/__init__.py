@@ -11,10 +11,11 @@ from . import gemm as _gemm_kernels  # noqa: F401  (isort: skip)
 from . import nn, ref
 from .api import dequantize, gemm, quantize, quantize_grouped
 from .nn import LinearRecipe, convert
+from .quant.dequantize import mxfp8_dequantize
 from .recipe import Recipe
 from .tensor import NVFP4Tensor
 
 __version__ = "0.1.0"
 
 __all__ = ["Recipe", "LinearRecipe", "NVFP4Tensor", "quantize", "quantize_grouped", "dequantize",
-           "gemm", "convert", "nn", "ref", "__version__"]
+           "gemm", "mxfp8_dequantize", "convert", "nn", "ref", "__version__"]

@@ -46,13 +46,18 @@ class DequantizeNVFP4:
         self.e4m3_max = float(e4m3_max)
 
     @cute.jit
-    def __call__(self, words: cute.Tensor, scales: cute.Tensor, amax: cute.Tensor,
+    def __call__(self, data: cute.Tensor, scales: cute.Tensor, amax: cute.Tensor,
                  out: cute.Tensor, stream):
-        # words: Uint32 [M, K/8] (8 codes per word); scales: Uint8, flat; amax: FP32, flat.
+        # The tensors arrive as the NVFP4Tensor holds them (no host-side views, which cost
+        # microseconds per call): data uint8 [M, K/2] is read as 32-bit words of 8 codes, the
+        # E4M3 scales (compact or swizzled, 2D) as one flat byte array.
+        words = cute.recast_tensor(data, cutlass.Uint32)
+        flat_scales = cute.make_tensor(cute.recast_ptr(scales.iterator, dtype=cutlass.Uint8),
+                                       cute.make_layout(cute.size(scales)))
         rows = cute.size(words, mode=[0])
         blocks = cute.size(words, mode=[1]) // 2
         total = rows * blocks
-        self.kernel(words, scales, amax, out, rows, blocks).launch(
+        self.kernel(words, flat_scales, amax, out, rows, blocks).launch(
             grid=[cute.ceil_div(total, THREADS), 1, 1], block=[THREADS, 1, 1], stream=stream)
 
     @cute.kernel
@@ -73,7 +78,7 @@ class DequantizeNVFP4:
             elif cutlass.const_expr(self.scaling == "token"):
                 a = amax[r]
             else:
-                a = amax[r * (blocks // 4) + b // 4]
+                a = amax[r, b // 4]
             s = e4m3_to_f32(s_code)
             s_enc = outer_encode_scale(a, self.e4m3_max)
             # Every E2M1 magnitude is 2**k or 1.5 * 2**k, and RN(2**k * y / z) = 2**k * RN(y / z)
@@ -110,10 +115,12 @@ class DequantizeMXFP8:
 
     @cute.jit
     def __call__(self, data: cute.Tensor, scales: cute.Tensor, out: cute.Tensor, stream):
+        # E8M0 scales (uint8, compact or swizzled, 2D) are read as one flat byte array.
+        flat_scales = cute.make_tensor(scales.iterator, cute.make_layout(cute.size(scales)))
         rows = cute.size(data, mode=[0])
         blocks = cute.size(data, mode=[1]) // 32
         total = rows * blocks
-        self.kernel(data, scales, out, rows, blocks).launch(
+        self.kernel(data, flat_scales, out, rows, blocks).launch(
             grid=[cute.ceil_div(total, THREADS), 1, 1], block=[THREADS, 1, 1], stream=stream)
 
     @cute.kernel
@@ -142,10 +149,11 @@ def nvfp4_kernel(out_dtype: torch.dtype, scaling: str, swizzled: bool, e4m3_max:
     """(kernel, *fake compile arguments) of the NVFP4 dequantize for a configuration."""
     cdt = torch_to_cutlass(out_dtype)
     op = DequantizeNVFP4(cdt, scaling, swizzled, e4m3_max)
-    m, k8 = dyn(), dyn(2)
-    return (op, fake_tensor(cutlass.Uint32, (m, k8)),
-            fake_tensor(cutlass.Uint8, (None,), align=1),
-            fake_tensor(cutlass.Float32, (None,), align=4),
+    m = dyn()
+    amax_shape = {"tensor": (1,), "token": (m,), "window64": (m, None)}[scaling]
+    return (op, fake_tensor(cutlass.Uint8, (m, dyn(8)), align=8),
+            fake_tensor(cutlass.Float8E4M3FN, (None, None), align=1),
+            fake_tensor(cutlass.Float32, amax_shape, align=4),
             fake_tensor(cdt, (m, dyn(16))), env_stream())
 
 
@@ -154,22 +162,21 @@ def mxfp8_kernel(in_dtype: torch.dtype, out_dtype: torch.dtype, swizzled: bool):
     op = DequantizeMXFP8(torch_to_cutlass(in_dtype), torch_to_cutlass(out_dtype), swizzled)
     m, k = dyn(), dyn(32)
     return (op, fake_tensor(torch_to_cutlass(in_dtype), (m, k)),
-            fake_tensor(cutlass.Uint8, (None,), align=1),
+            fake_tensor(cutlass.Uint8, (None, None), align=1),
             fake_tensor(torch_to_cutlass(out_dtype), (m, k)), env_stream())
 
 
 def dequantize(t: NVFP4Tensor, dtype: torch.dtype) -> torch.Tensor:
     """GPU dequantize of the rowwise data of `t` (validated by `cute_fp4.dequantize`)."""
-    rows, cols = t.data.shape[0], t.cols
-    arch = device_arch(t.data.device)
-    recipe = t.recipe
+    data, recipe = t.data, t.recipe
+    device = data.device
+    arch = device_arch(device)
     key = ("dequantize_nvfp4", dtype, recipe.scaling, recipe.swizzle, recipe.e4m3_max, arch)
     fn = KERNELS.get(key, lambda: compile_kernel(
         *nvfp4_kernel(dtype, recipe.scaling, recipe.swizzle, recipe.e4m3_max), arch=arch))
-    out = torch.empty((rows, cols), dtype=dtype, device=t.data.device)
-    fn(t.data.view(torch.int32).view(rows, cols // 8), t.scales.view(torch.uint8).reshape(-1),
-       t.amax.reshape(-1), out)
-    return out.view(t.shape)
+    out = torch.empty((data.shape[0], t.cols), dtype=dtype, device=device)
+    fn(data, t.scales, t.amax, out)
+    return out if len(t.shape) == 2 else out.view(t.shape)
 
 
 def mxfp8_dequantize(data: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype = torch.bfloat16,
@@ -195,5 +202,5 @@ def mxfp8_dequantize(data: torch.Tensor, scales: torch.Tensor, dtype: torch.dtyp
     key = ("dequantize_mxfp8", data.dtype, dtype, swizzled, arch)
     fn = KERNELS.get(key, lambda: compile_kernel(*mxfp8_kernel(data.dtype, dtype, swizzled),
                                                  arch=arch))
-    fn(data, scales.view(torch.uint8).reshape(-1), out)
+    fn(data, scales.view(torch.uint8) if scales.dtype != torch.uint8 else scales, out)
     return out
