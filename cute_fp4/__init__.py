@@ -9,9 +9,8 @@ CPU tensors run the bit-exact torch references in `cute_fp4.ref`.
 # function is bound, and a later `import cute_fp4.gemm.dispatch` leaves `cute_fp4.gemm` alone.
 from . import gemm as _gemm_kernels  # noqa: F401  (isort: skip)
 from . import nn, ref
-from .api import dequantize, gemm, quantize, quantize_grouped
+from .api import dequantize, gemm, mxfp8_dequantize, quantize, quantize_grouped
 from .nn import LinearRecipe, convert
-from .quant.dequantize import mxfp8_dequantize
 from .recipe import Recipe
 from .tensor import NVFP4Tensor
 

@@ -62,6 +62,15 @@ def dequantize(t: NVFP4Tensor, dtype: torch.dtype = torch.bfloat16) -> torch.Ten
     return ops.dequantize(t, dtype)
 
 
+def mxfp8_dequantize(data: torch.Tensor, scales: torch.Tensor,
+                     dtype: torch.dtype = torch.bfloat16, swizzled: bool = False) -> torch.Tensor:
+    """MXFP8 data [M, K] (float8_e4m3fn / float8_e5m2, K % 32 == 0) with E8M0 scales (uint8
+    [M, K/32], or the padded 128x4 swizzled layout) -> `dtype`."""
+    from .quant.dequantize import mxfp8_dequantize as mxfp8_dequantize_any_device
+
+    return mxfp8_dequantize_any_device(data, scales, dtype, swizzled)
+
+
 def _operand(t: NVFP4Tensor, name: str):
     """(scales or FP32 per-block factors, outer decode scale or None) of a GEMM operand."""
     if t.data is None:
