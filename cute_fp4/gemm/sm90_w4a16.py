@@ -1,0 +1,479 @@
+"""sm_90 W4A16 GEMM for decode sizes: BF16/FP16 activations x NVFP4 weights, a weight-streaming
+kernel on mma.sync tensor cores.
+
+D[m, n] = cast(alpha * col[n] * sum_k a[m, k] * b[n, k] + bias[n]), b = e2m1 * e4m3 block values
+(SPEC section 3), FP32 accumulation.
+
+Decomposition. The weights [N, K] are the MMA's M side (m16n8k16, 16 weight rows per
+fragment), the tokens its N side (8 per fragment). A CTA owns `row_tiles * 16` weight rows for
+the whole K and `tile_m` tokens; its `k_warps` warps split K in chunks of 128 (warp w takes
+chunks w, w + k_warps, ...), so no global split-K workspace exists: the per-warp FP32 partials
+are summed in shared memory and the CTA writes finished outputs. Small CTAs (32 rows) give
+N/32 CTAs (256 / 896 for N = 8192 / 28672), several resident per SM, each thread keeping
+`unroll` chunks of loads in flight.
+
+Per chunk a thread (quad position t, group g) loads, with 16-byte non-caching loads, the 16
+packed bytes (32 values, K range [32t, 32t + 32) of the chunk) of weight rows g and g + 8 of
+each row tile, the 2 block scales of each, and 64 bytes of activations of its token(s). The
+decode (exact: e2m1 * e4m3 fits BF16 and FP16) produces natural-order K pairs, so MMA step j
+uses K values 32t + 4j .. 32t + 4j + 3 on both operands: A regs (row g, pair 2j), (row g + 8,
+pair 2j), (row g, pair 2j + 1), (row g + 8, pair 2j + 1); B regs the activation pairs 2j, 2j + 1
+(one 8-byte slice of the thread's 64 activation bytes). Rows past N and tokens past M are
+clamped (their results are dropped); K past the end is masked to zero on both operands.
+BF16 activations use `common.decode` (values * 2**-7); FP16 activations use the FP16 decode
+below (e2m1 * e4m3 * 2**-14 is exact in FP16, subnormals included); the epilogue removes the
+power of two exactly.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Tuple, Type
+
+import cuda.bindings.driver as cuda
+import torch
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32, Int64, const_expr
+from cutlass._mlir import ir
+from cutlass._mlir.dialects import llvm
+from cutlass.cutlass_dsl import T, dsl_user_op
+
+from ..common.decode import DECODE_EXP_SHIFT, decode_e2m1x8, e4m3_to_bf16x2_scale
+from ..common.jit import KERNELS, compile_kernel, device_arch, dyn, env_stream, fake_tensor, \
+    torch_to_cutlass
+from ..ref.swizzle import swizzled_shape
+
+CHUNK_K = 128  # K values per warp step: 4 threads x 32
+FP16_DECODE_EXP_SHIFT = 14
+
+
+def _asm(res_ty, operands, asm, constraints, loc, ip):
+    return llvm.inline_asm(res_ty, operands, asm, constraints, has_side_effects=False,
+                           is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT,
+                           loc=loc, ip=ip)
+
+
+def _unpack(res, count, ty, loc, ip):
+    mlir_ty = T.i32() if ty is Int32 else T.f32()
+    return tuple(ty(llvm.extractvalue(mlir_ty, res, [j], loc=loc, ip=ip)) for j in range(count))
+
+
+@dsl_user_op
+def ld_global_v4(addr: Int64, pred: Int32, *, stream: bool, loc=None, ip=None):
+    """16 bytes (4 words) from a 16-byte aligned global address where pred != 0, else zeros.
+    `stream`: do not allocate in L1 (weights, read once)."""
+    hint = ".L1::no_allocate" if stream else ""
+    asm = ("{\n\t.reg .pred p;\n\tsetp.ne.b32 p, $5, 0;\n\t"
+           "mov.b32 $0, 0;\n\tmov.b32 $1, 0;\n\tmov.b32 $2, 0;\n\tmov.b32 $3, 0;\n\t"
+           f"@p ld.global.nc{hint}.v4.u32 {{$0, $1, $2, $3}}, [$4];\n\t}}")
+    res = _asm(ir.Type.parse("!llvm.struct<(i32, i32, i32, i32)>"),
+               [Int64(addr).ir_value(loc=loc, ip=ip), Int32(pred).ir_value(loc=loc, ip=ip)],
+               asm, "=r,=r,=r,=r,l,r", loc, ip)
+    return _unpack(res, 4, Int32, loc, ip)
+
+
+@dsl_user_op
+def ld_global_v2(addr: Int64, pred: Int32, *, loc=None, ip=None):
+    """8 bytes (2 words) from an 8-byte aligned global address where pred != 0, else zeros."""
+    asm = ("{\n\t.reg .pred p;\n\tsetp.ne.b32 p, $3, 0;\n\tmov.b32 $0, 0;\n\tmov.b32 $1, 0;\n\t"
+           "@p ld.global.nc.L1::no_allocate.v2.u32 {$0, $1}, [$2];\n\t}")
+    res = _asm(ir.Type.parse("!llvm.struct<(i32, i32)>"),
+               [Int64(addr).ir_value(loc=loc, ip=ip), Int32(pred).ir_value(loc=loc, ip=ip)],
+               asm, "=r,=r,l,r", loc, ip)
+    return _unpack(res, 2, Int32, loc, ip)
+
+
+@dsl_user_op
+def ld_global_small(addr: Int64, pred: Int32, *, bits: int, loc=None, ip=None) -> Int32:
+    """One zero-extended u8 / u16 from global memory where pred != 0, else 0."""
+    asm = ("{\n\t.reg .pred p;\n\tsetp.ne.b32 p, $2, 0;\n\tmov.b32 $0, 0;\n\t"
+           f"@p ld.global.nc.u{bits} $0, [$1];\n\t}}")
+    res = _asm(T.i32(), [Int64(addr).ir_value(loc=loc, ip=ip),
+                         Int32(pred).ir_value(loc=loc, ip=ip)], asm, "=r,l,r", loc, ip)
+    return Int32(res)
+
+
+@dsl_user_op
+def mma_16816(a: Tuple, b: Tuple, c: Tuple, *, fp16: bool, loc=None, ip=None):
+    """mma.sync m16n8k16 (row.col), BF16 or FP16 inputs, FP32 accumulators c -> d."""
+    ty = "f16" if fp16 else "bf16"
+    asm = (f"mma.sync.aligned.m16n8k16.row.col.f32.{ty}.{ty}.f32 "
+           "{$0, $1, $2, $3}, {$4, $5, $6, $7}, {$8, $9}, {$10, $11, $12, $13};")
+    ops = ([Int32(x).ir_value(loc=loc, ip=ip) for x in a]
+           + [Int32(x).ir_value(loc=loc, ip=ip) for x in b]
+           + [Float32(x).ir_value(loc=loc, ip=ip) for x in c])
+    res = _asm(ir.Type.parse("!llvm.struct<(f32, f32, f32, f32)>"), ops, asm,
+               "=f,=f,=f,=f,r,r,r,r,r,r,0,1,2,3", loc, ip)
+    return _unpack(res, 4, Float32, loc, ip)
+
+
+@dsl_user_op
+def e4m3_to_f16x2_scale(sf_byte: Int32, *, loc=None, ip=None) -> Int32:
+    """One E4M3 scale (low byte) -> FP16x2 (both halves), exact."""
+    asm = ("{\n\t.reg .b32 d;\n\t.reg .b16 q;\n\tand.b32 d, $1, 0xFF;\n\t"
+           "mul.lo.u32 d, d, 0x101;\n\tcvt.u16.u32 q, d;\n\t"
+           "cvt.rn.f16x2.e4m3x2 $0, q;\n\t}")
+    return Int32(_asm(T.i32(), [Int32(sf_byte).ir_value(loc=loc, ip=ip)], asm, "=r,r", loc, ip))
+
+
+def _fp16_decode_asm() -> str:
+    """Like common.decode's BF16 decode, for FP16: magnitude bits at [11:9] and the sign at
+    bit 15 make e2m1 * 2**-14 (e = 0 codes are FP16 subnormals); one FP16x2 multiply by the
+    scale gives e2m1 * scale * 2**-14, exact (least bit >= 2**-24). Natural K order."""
+    lines = ["{", ".reg .b32 a, b, t0, t1, t2, t3;"]
+    for i in range(4):
+        mag = 9 - 4 * i
+        lines.append(f"shl.b32 a, $4, {mag};" if mag >= 0 else f"shr.u32 a, $4, {-mag};")
+        lines.append(f"shl.b32 b, $4, {12 - 4 * i};" if i < 3 else "mov.b32 b, $4;")
+        lines += ["and.b32 a, a, 0x0E000E00;", "and.b32 b, b, 0x80008000;", "or.b32 a, a, b;",
+                  f"mul.rn.f16x2 t{i}, a, $5;"]
+    lines += ["prmt.b32 $0, t0, t1, 0x5410;", "prmt.b32 $1, t2, t3, 0x5410;",
+              "prmt.b32 $2, t0, t1, 0x7632;", "prmt.b32 $3, t2, t3, 0x7632;", "}"]
+    return "\n\t".join(lines)
+
+
+_FP16_DECODE_ASM = _fp16_decode_asm()
+
+
+@dsl_user_op
+def decode_e2m1x8_f16(w: Int32, scale2: Int32, *, loc=None, ip=None):
+    """8 packed E2M1 codes -> 4 FP16x2 registers (v0, v1), (v2, v3), ... of e2m1 * scale *
+    2**-14 (scale2 from `e4m3_to_f16x2_scale`)."""
+    res = _asm(ir.Type.parse("!llvm.struct<(i32, i32, i32, i32)>"),
+               [Int32(w).ir_value(loc=loc, ip=ip), Int32(scale2).ir_value(loc=loc, ip=ip)],
+               _FP16_DECODE_ASM, "=r,=r,=r,=r,r,r", loc, ip)
+    return _unpack(res, 4, Int32, loc, ip)
+
+
+class Sm90GemmW4A16:
+    """Compile-time config: activation and output dtypes, tile_m tokens per CTA (8/16/32/64),
+    row_tiles (16 weight rows each) per CTA, k_warps, unroll (chunks in flight per thread),
+    wide (K % 32 == 0: 16-byte weight loads and 2-byte scale loads; else per-block 8-byte /
+    1-byte loads), swizzled scales, which epilogue operands exist. `__call__` takes a [M, K],
+    packed b [N, K/2] uint8, scales as a flat uint8 tensor (compact [N, K/16] or swizzled),
+    d [M, N] and optional alpha [1], col [N], bias [N]."""
+
+    def __init__(self, act_dtype: Type[cutlass.Numeric], out_dtype: Type[cutlass.Numeric], *,
+                 tile_m: int = 8, row_tiles: int = 2, k_warps: int = 8, unroll: int = 2,
+                 wide: bool = True, swizzled: bool = False, has_alpha: bool = False,
+                 has_col: bool = False, has_bias: bool = False):
+        if act_dtype not in (cutlass.BFloat16, cutlass.Float16):
+            raise TypeError(f"activations must be BFloat16 or Float16, got {act_dtype}")
+        if tile_m not in (8, 16, 32, 64):
+            raise ValueError(f"tile_m must be 8, 16, 32 or 64, got {tile_m}")
+        if row_tiles < 1 or k_warps < 1 or unroll < 1:
+            raise ValueError("row_tiles, k_warps and unroll must be positive")
+        self.fp16 = act_dtype is cutlass.Float16
+        self.out_dtype = out_dtype
+        self.tile_m = tile_m
+        self.row_tiles = row_tiles
+        self.k_warps = k_warps
+        self.unroll = unroll
+        self.wide = wide
+        self.swizzled = swizzled
+        self.has_alpha = has_alpha
+        self.has_col = has_col
+        self.has_bias = has_bias
+        shift = FP16_DECODE_EXP_SHIFT if self.fp16 else DECODE_EXP_SHIFT
+        self.acc_unscale = float(2 ** shift)
+
+    @cute.jit
+    def __call__(self, mA: cute.Tensor, mB: cute.Tensor, mSF: cute.Tensor, mD: cute.Tensor,
+                 mAlpha: Optional[cute.Tensor], mCol: Optional[cute.Tensor],
+                 mBias: Optional[cute.Tensor], stream: cuda.CUstream):
+        rows = self.row_tiles * 16
+        red_layout = cute.make_layout((rows, self.tile_m, self.k_warps),
+                                      stride=(1, rows, rows * self.tile_m))
+
+        @cute.struct
+        class SharedStorage:
+            red: cute.struct.Align[cute.struct.MemRange[Float32, cute.cosize(red_layout)], 16]
+
+        self.shared_storage = SharedStorage
+        grid = (cute.ceil_div(mB.shape[0], rows), cute.ceil_div(mA.shape[0], self.tile_m), 1)
+        self.kernel(mA, mB, mSF, mD, mAlpha, mCol, mBias, red_layout).launch(
+            grid=grid, block=[32 * self.k_warps, 1, 1], stream=stream)
+
+    @cute.kernel
+    def kernel(self, mA: cute.Tensor, mB: cute.Tensor, mSF: cute.Tensor, mD: cute.Tensor,
+               mAlpha: Optional[cute.Tensor], mCol: Optional[cute.Tensor],
+               mBias: Optional[cute.Tensor], red_layout: cute.Layout):
+        RT = self.row_tiles
+        NT = self.tile_m // 8
+        KW = self.k_warps
+        UNR = self.unroll
+        tidx, _, _ = cute.arch.thread_idx()
+        bn, bm, _ = cute.arch.block_idx()
+        warp = cute.arch.make_warp_uniform(tidx // 32)
+        lane = tidx % 32
+        g = lane // 4
+        t = lane % 4
+        m_rows = mA.shape[0]
+        k = mA.shape[1]
+        n_rows = mB.shape[0]
+        kh = k // 2
+        ks = k // 16
+        n0 = bn * (RT * 16)
+        m0 = bm * self.tile_m
+
+        # per-thread row / token base addresses (clamped rows and tokens: results dropped)
+        b_base = mB.iterator.toint()
+        a_base = mA.iterator.toint()
+        sf_base = mSF.iterator.toint()
+        tiles_per_row = (ks + 3) // 4
+        b_addr = []
+        sf_addr = []
+        for rt in cutlass.range_constexpr(RT):
+            for h in cutlass.range_constexpr(2):
+                row = cutlass.min(n0 + rt * 16 + h * 8 + g, n_rows - 1)
+                b_addr.append(b_base + Int64(row) * Int64(kh) + Int64(t * 16))
+                if const_expr(self.swizzled):
+                    rr = row % 128
+                    part = ((row // 128) * tiles_per_row * 512 + (rr % 32) * 16
+                            + (rr // 32) * 4)
+                    sf_addr.append(sf_base + Int64(part))
+                else:
+                    sf_addr.append(sf_base + Int64(row) * Int64(ks))
+        a_addr = []
+        for nt in cutlass.range_constexpr(NT):
+            tok = cutlass.min(m0 + nt * 8 + g, m_rows - 1)
+            a_addr.append(a_base + Int64(tok) * Int64(k * 2) + Int64(t * 64))
+
+        acc = cute.make_rmem_tensor((4, NT, RT), Float32)
+        acc.fill(0.0)
+        n_chunks = cute.ceil_div(k, CHUNK_K)
+        iters = cute.ceil_div(n_chunks, KW * UNR)
+        for it in cutlass.range(iters, unroll=1):
+            loaded = []
+            for u in cutlass.range_constexpr(UNR):
+                c = (it * UNR + u) * KW + warp
+                kk = c * CHUNK_K + t * 32  # this thread's first K index in the chunk
+                v0 = Int32(kk + 16 <= k)
+                v1 = Int32(kk + 32 <= k)
+                w = []
+                s = []
+                for i in cutlass.range_constexpr(RT * 2):
+                    off = Int64(c * (CHUNK_K // 2))
+                    if const_expr(self.wide):
+                        w.append(ld_global_v4(b_addr[i] + off, v0, stream=True))
+                    else:
+                        lo = ld_global_v2(b_addr[i] + off, v0)
+                        hi = ld_global_v2(b_addr[i] + off + Int64(8), v1)
+                        w.append((lo[0], lo[1], hi[0], hi[1]))
+                    kb = c * 8 + t * 2  # first of this thread's two blocks
+                    if const_expr(self.swizzled):
+                        sfo = sf_addr[i] + Int64((kb // 4) * 512 + kb % 4)
+                    else:
+                        sfo = sf_addr[i] + Int64(kb)
+                    if const_expr(self.wide):
+                        s.append(ld_global_small(sfo, v0, bits=16))
+                    else:
+                        s0 = ld_global_small(sfo, v0, bits=8)
+                        s1 = ld_global_small(sfo + Int64(1), v1, bits=8)
+                        s.append(s0 | (s1 << 8))
+                x = []
+                for nt in cutlass.range_constexpr(NT):
+                    base = a_addr[nt] + Int64(c * (CHUNK_K * 2))
+                    xs = []
+                    for q in cutlass.range_constexpr(4):
+                        xs += list(ld_global_v4(base + Int64(q * 16), v0 if q < 2 else v1,
+                                                stream=False))
+                    x.append(xs)
+                loaded.append((w, s, x))
+            for u in cutlass.range_constexpr(UNR):
+                w, s, x = loaded[u]
+                for rt in cutlass.range_constexpr(RT):
+                    dec = []
+                    for h in cutlass.range_constexpr(2):
+                        words = w[rt * 2 + h]
+                        sf = s[rt * 2 + h]
+                        pairs = []
+                        for blk in cutlass.range_constexpr(2):
+                            byte = (sf >> (8 * blk)) & 0xFF
+                            if const_expr(self.fp16):
+                                sc = e4m3_to_f16x2_scale(byte)
+                                pairs += list(decode_e2m1x8_f16(words[2 * blk], sc))
+                                pairs += list(decode_e2m1x8_f16(words[2 * blk + 1], sc))
+                            else:
+                                sc = e4m3_to_bf16x2_scale(byte)
+                                pairs += list(decode_e2m1x8(words[2 * blk], sc, True))
+                                pairs += list(decode_e2m1x8(words[2 * blk + 1], sc, True))
+                        dec.append(pairs)
+                    for j in cutlass.range_constexpr(8):
+                        a_frag = (dec[0][2 * j], dec[1][2 * j], dec[0][2 * j + 1],
+                                  dec[1][2 * j + 1])
+                        for nt in cutlass.range_constexpr(NT):
+                            b_frag = (x[nt][2 * j], x[nt][2 * j + 1])
+                            cur = (acc[0, nt, rt], acc[1, nt, rt], acc[2, nt, rt], acc[3, nt, rt])
+                            d = mma_16816(a_frag, b_frag, cur, fp16=self.fp16)
+                            for e in cutlass.range_constexpr(4):
+                                acc[e, nt, rt] = d[e]
+
+        # sum the k_warps partials in shared memory, then the epilogue
+        smem = cutlass.memory.SmemAllocator()
+        storage = smem.allocate(self.shared_storage)
+        red = storage.red.get_tensor(red_layout)
+        for rt in cutlass.range_constexpr(RT):
+            for nt in cutlass.range_constexpr(NT):
+                for e in cutlass.range_constexpr(4):
+                    r = rt * 16 + g + 8 * (e // 2)
+                    tok = nt * 8 + t * 2 + e % 2
+                    red[r, tok, warp] = acc[e, nt, rt]
+        cute.arch.sync_threads()
+        scale = Float32(self.acc_unscale)
+        if const_expr(self.has_alpha):
+            scale = scale * mAlpha[0].to(Float32)
+        rows = RT * 16
+        for idx in cutlass.range(tidx, rows * self.tile_m, KW * 32, unroll=1):
+            r = idx % rows
+            tok = idx // rows
+            n = n0 + r
+            m = m0 + tok
+            if n < n_rows and m < m_rows:
+                v = red[r, tok, 0]
+                for wi in cutlass.range_constexpr(1, KW):
+                    v = v + red[r, tok, wi]
+                v = v * scale
+                if const_expr(self.has_col):
+                    v = v * mCol[n].to(Float32)
+                if const_expr(self.has_bias):
+                    v = v + mBias[n].to(Float32)
+                mD[m, n] = v.to(self.out_dtype)
+
+
+
+ACT_DTYPES = (torch.bfloat16, torch.float16)
+OUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def pick_w4a16_config(m: int):
+    """(tile_m, row_tiles, k_warps, unroll) for M tokens: the smallest token tile that holds M
+    (64 for larger M, one grid row per 64 tokens), 32 weight rows x 8 K-warps per CTA."""
+    tile_m = next((tm for tm in (8, 16, 32) if m <= tm), 64)
+    unroll = 2 if tile_m <= 16 else 1
+    return tile_m, 2, 8, unroll
+
+
+def w4a16_kernel(act_dtype=torch.bfloat16, out_dtype=torch.bfloat16, *, tile_m=8, row_tiles=2,
+                 k_warps=8, unroll=2, wide=True, swizzled=False, flags=(False, False, False),
+                 bias_dtype=None):
+    """(op, *fake_args) of one W4A16 configuration, for compiling (host calls and tests).
+    flags = (has_alpha, has_col, has_bias)."""
+    import cutlass
+
+    has_alpha, has_col, has_bias = flags
+    op = Sm90GemmW4A16(torch_to_cutlass(act_dtype), torch_to_cutlass(out_dtype), tile_m=tile_m,
+                       row_tiles=row_tiles, k_warps=k_warps, unroll=unroll, wide=wide,
+                       swizzled=swizzled, has_alpha=has_alpha, has_col=has_col,
+                       has_bias=has_bias)
+    m, n = dyn(), dyn()
+    args = (
+        fake_tensor(torch_to_cutlass(act_dtype), (m, dyn(32 if wide else 16))),
+        fake_tensor(cutlass.Uint8, (n, dyn(16 if wide else 8))),
+        fake_tensor(cutlass.Uint8, (dyn(),), align=2 if (wide or swizzled) else 1),
+        fake_tensor(torch_to_cutlass(out_dtype), (m, n),
+                    align=4 if out_dtype == torch.float32 else 2),
+        fake_tensor(cutlass.Float32, (1,), align=4) if has_alpha else None,
+        fake_tensor(cutlass.Float32, (n,), align=4) if has_col else None,
+        fake_tensor(torch_to_cutlass(bias_dtype), (n,), align=2) if has_bias else None,
+        env_stream(),
+    )
+    return op, args
+
+
+def _aligned(t: torch.Tensor) -> torch.Tensor:
+    return t if t.data_ptr() % 16 == 0 else t.clone()
+
+
+def _fp32_vector(v: Optional[torch.Tensor], n: int, name: str, device) -> Optional[torch.Tensor]:
+    if v is None:
+        return None
+    if not isinstance(v, torch.Tensor):
+        raise TypeError(f"{name} must be a tensor, got {type(v).__name__}")
+    if v.device != device:
+        raise ValueError(f"{name} must be on {device}, got {v.device}")
+    if v.numel() != n:
+        raise ValueError(f"{name} must have {n} elements, got shape {tuple(v.shape)}")
+    return v.reshape(-1).to(torch.float32).contiguous()
+
+
+def gemm_w4a16_sm90(a: torch.Tensor, b_data: torch.Tensor, b_scales: torch.Tensor, *,
+                    alpha: Optional[torch.Tensor] = None, col: Optional[torch.Tensor] = None,
+                    bias: Optional[torch.Tensor] = None, out_dtype: torch.dtype = torch.bfloat16,
+                    scales_swizzled: bool = False, out: Optional[torch.Tensor] = None,
+                    config: Optional[tuple] = None) -> torch.Tensor:
+    """D[M, N] = cast(alpha * col[n] * sum_k a[m, k] * b[n, k] + bias[n]) on sm_90a.
+
+    a: BF16/FP16 activations [M, K], contiguous. b_data: packed E2M1 weights uint8 [N, K/2]
+    (even element in the low nibble), contiguous. b_scales: E4M3 block scales, compact
+    [N, K/16] or swizzled (SPEC 1) when scales_swizzled. alpha: FP32 [1] device tensor; col:
+    [N]; bias: [N] of out_dtype or float32. FP32 accumulation and epilogue. `out` (contiguous
+    [M, N] of out_dtype) receives the result; `config` = (tile_m, row_tiles, k_warps, unroll)
+    overrides `pick_w4a16_config` (benchmarks). Built for decode sizes (M <= 64); larger M
+    runs one grid row per 64 tokens, re-reading the weights for each (correct, not fast)."""
+    if not isinstance(a, torch.Tensor) or a.dtype not in ACT_DTYPES or a.dim() != 2:
+        raise TypeError(f"a must be a 2D bfloat16/float16 tensor, got "
+                        f"{getattr(a, 'dtype', type(a))} {tuple(getattr(a, 'shape', ()))}")
+    if b_data.dtype != torch.uint8 or b_data.dim() != 2:
+        raise TypeError(f"b_data must be a 2D uint8 tensor [N, K/2], got {b_data.dtype} "
+                        f"{tuple(b_data.shape)}")
+    if b_scales.dtype not in (torch.float8_e4m3fn, torch.uint8):
+        raise TypeError(f"b_scales must be float8_e4m3fn, got {b_scales.dtype}")
+    if out_dtype not in OUT_DTYPES:
+        raise TypeError(f"out_dtype must be float32, bfloat16 or float16, got {out_dtype}")
+    if not a.is_contiguous() or not b_data.is_contiguous():
+        raise ValueError("a and b_data must be contiguous")
+    m, k = a.shape
+    n = b_data.shape[0]
+    if k != 2 * b_data.shape[1]:
+        raise ValueError(f"K mismatch: a is {tuple(a.shape)}, b_data is {tuple(b_data.shape)}")
+    if k % 16 or k == 0:
+        raise ValueError(f"K must be a positive multiple of 16, got {k}")
+    device = a.device
+    if device.type != "cuda" or b_data.device != device or b_scales.device != device:
+        raise ValueError("a, b_data and b_scales must be on one CUDA device")
+    if scales_swizzled:
+        pr, pc = swizzled_shape(n, k // 16)
+        if b_scales.numel() != pr * pc:
+            raise ValueError(f"swizzled b_scales for [{n}, {k // 16}] need {pr * pc} bytes "
+                             f"([{pr}, {pc}]), got {tuple(b_scales.shape)}")
+    elif tuple(b_scales.shape) != (n, k // 16):
+        raise ValueError(f"b_scales must be [{n}, {k // 16}], got {tuple(b_scales.shape)}")
+    sf = b_scales.contiguous().view(torch.uint8).reshape(-1)
+    if alpha is not None and isinstance(alpha, torch.Tensor) and alpha.dtype != torch.float32:
+        raise TypeError(f"alpha must be float32, got {alpha.dtype}")
+    alpha = _fp32_vector(alpha, 1, "alpha", device)
+    col = _fp32_vector(col, n, "col", device)
+    if bias is not None:
+        if bias.dtype not in (out_dtype, torch.float32):
+            raise TypeError(f"bias must be {out_dtype} or float32, got {bias.dtype}")
+        if bias.device != device or bias.numel() != n:
+            raise ValueError(f"bias must be [N={n}] on {device}, got {tuple(bias.shape)}")
+        bias = bias.reshape(-1).contiguous()
+    if out is None:
+        out = torch.empty((m, n), dtype=out_dtype, device=device)
+    elif out.dtype != out_dtype or tuple(out.shape) != (m, n) or not out.is_contiguous():
+        raise ValueError(f"out must be a contiguous [{m}, {n}] {out_dtype} tensor")
+    if m == 0 or n == 0:
+        return out
+    arch = device_arch(device)
+    if arch != "sm_90a":
+        raise NotImplementedError(f"gemm_w4a16_sm90 needs an sm_90a device (device is {arch})")
+    tile_m, row_tiles, k_warps, unroll = config or pick_w4a16_config(m)
+    wide = k % 32 == 0
+    flags = (alpha is not None, col is not None, bias is not None)
+    bias_dtype = bias.dtype if bias is not None else None
+    key = ("gemm_w4a16_sm90", a.dtype, out_dtype, tile_m, row_tiles, k_warps, unroll, wide,
+           bool(scales_swizzled), flags, bias_dtype)
+
+    def build():
+        op, args = w4a16_kernel(a.dtype, out_dtype, tile_m=tile_m, row_tiles=row_tiles,
+                                k_warps=k_warps, unroll=unroll, wide=wide,
+                                swizzled=bool(scales_swizzled), flags=flags,
+                                bias_dtype=bias_dtype)
+        return compile_kernel(op, *args, arch=arch)
+
+    fn = KERNELS.get(key, build)
+    fn(_aligned(a), _aligned(b_data), sf, out, alpha, col, bias)
+    return out
