@@ -1,0 +1,557 @@
+"""NVFP4 cast kernels for the Recipe options beyond the plain cast (issues 4 and 5):
+16x16 block scales, the columnwise RHT, stochastic rounding (Philox), 1x64 window scaling,
+4over6 (mae/mse, e4m3_max 448/256, exact or FP16 product-domain error) and grouped inputs,
+each bit-exact to `cute_fp4.ref.quantize` with the same Recipe.
+
+Grouped layout (one launch for any number of groups; a single tensor is one group): the
+[sum(M_i), K] input is split along M. The host gives
+  * ttab int32 [T, 2]: per 64-row tile (group, first group-local row); tiles never straddle
+    groups; with swizzled rowwise scales every group gets ceil(M_i/128)*2 tiles (the extra
+    ones only write the zero padding of the 128-row scale tiles);
+  * gtab int64 [G, 10]: per group (first row, rows, byte offsets of its rowwise data, rowwise
+    scales, columnwise data, columnwise scales in the flat output buffers, float offsets of its
+    row / column amax, the Philox seed and offset).
+
+RecipeCastKernel: one CTA (256 threads) per 64x64 input tile: 16-byte global loads into an
+FP32 smem tile (zero-filled outside the group), then a rowwise pass (thread = one 1x16 block
+of a row) and a columnwise pass (thread = one 16x1 block of a column, RHT'd in registers).
+Four consecutive lanes hold the four blocks of one 64-element window (window64 amax by two
+shuffles); 16x16 tile amaxes and the 16x16 4over6 error trees go through smem.
+
+RecipeAmax: the tensor / token outer amax of a group (after the RHT for the columnwise twin),
+over chunks of tiles that stay inside one group; accumulators live in per-thread smem slots,
+flushed with `red.global.max.u32` on the bit pattern (outputs zeroed beforehand).
+
+Every FP32 step is one explicit correctly rounded PTX operation in the reference's order
+(no contraction, no approximate division, no flush-to-zero).
+"""
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32, Int64, Uint32
+
+from cute_fp4.common import encode as E
+from cute_fp4.common.philox import philox_words16
+from cute_fp4.common.scales import (e2m1_to_f32, e4m3_to_f32, outer_encode_scale,
+                                    swizzled_scale_offset)
+from cute_fp4.ref.quantize import RHT_SIGNS
+
+DTYPES = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16, "fp32": cutlass.Float32}
+TILE = 64
+THREADS = 256
+SX_STRIDE = TILE + 1  # FP32 smem tile row stride (odd: column reads are conflict-free)
+ONE_SIXTH = 0.16666667  # fp32(1/6)
+FLT_MAX_HEX = "0f7F7FFFFF"
+G_ROW0, G_ROWS, G_Q, G_S, G_QT, G_ST, G_AR, G_AC, G_SEED, G_OFFSET = range(10)
+GTAB_COLS = 10
+FOUR_OVER_SIX = (None, "mae", "mse")
+
+
+def _f(code, *args):
+    return cute.arch.inline_ptx(code, write_only_types=[Float32],
+                                read_only_args=[Float32(a) for a in args])
+
+
+def add_rn(a, b):
+    return _f("add.rn.f32 {$w0}, {$r0}, {$r1};", a, b)
+
+
+def sub_rn(a, b):
+    return _f("sub.rn.f32 {$w0}, {$r0}, {$r1};", a, b)
+
+
+def neg(a):
+    return _f("neg.f32 {$w0}, {$r0};", a)
+
+
+def fabs(a):
+    return _f("abs.f32 {$w0}, {$r0};", a)
+
+
+def e4m3_code(p):
+    """E4M3 code (Uint32) of min(p, 448), RN, NaN -> 0x7F (ref.formats.to_e4m3 for p >= 0)."""
+    return cute.arch.inline_ptx(
+        "{\n.reg .f32 p;\n.reg .f32 z;\n.reg .b16 h;\nmov.f32 z, 0f00000000;\n"
+        "min.NaN.f32 p, {$r0}, 0f43E00000;\n"
+        "cvt.rn.satfinite.e4m3x2.f32 h, z, p;\ncvt.u32.u16 {$w0}, h;\n}",
+        write_only_types=[Uint32], read_only_args=[Float32(p)])
+
+
+def enc_from_code(code, s_dec):
+    """min(1 / (float(s) * S_dec), FLT_MAX) for an E4M3 scale code."""
+    return cute.arch.inline_ptx(
+        "{\n.reg .b16 h;\n.reg .b32 w;\n.reg .f16 lo;\n.reg .f16 hi;\n.reg .f32 f;\n"
+        "cvt.u16.u32 h, {$r0};\ncvt.rn.f16x2.e4m3x2 w, h;\nmov.b32 {lo, hi}, w;\n"
+        "cvt.f32.f16 f, lo;\nmul.rn.f32 f, f, {$r1};\nrcp.rn.f32 f, f;\n"
+        "min.NaN.f32 {$w0}, f, " + FLT_MAX_HEX + ";\n}",
+        write_only_types=[Float32], read_only_args=[Uint32(code), Float32(s_dec)])
+
+
+# Stochastic E2M1 code of one element (ref.formats.e2m1_encode_stochastic after the clamp of
+# quantize_blocks): v = clamp(x * enc, -6, 6) (NaN kept); lower code and frac from the binade
+# of |v| (grid 0.5 below 2, 1 below 4, 2 up to 6; every step exact), up iff frac > u with
+# u = (bits >> 9) * 2^-23; NaN gives code 0, sign bit for v < 0.
+_SR_PTX = (
+    "{\n.reg .f32 v;\n.reg .f32 m;\n.reg .f32 t;\n.reg .f32 fl;\n.reg .f32 fr;\n.reg .f32 u;\n"
+    ".reg .pred p;\n.reg .b32 c;\n.reg .b32 ub;\n"
+    "mul.rn.f32 v, {$r0}, {$r1};\n"
+    "min.NaN.f32 v, v, 0f40C00000;\nmax.NaN.f32 v, v, 0fC0C00000;\n"
+    "abs.f32 m, v;\n"
+    "mul.rn.f32 t, m, 0f40000000;\ncvt.rmi.f32.f32 fl, t;\nsub.rn.f32 fr, t, fl;\n"
+    "cvt.rzi.u32.f32 c, fl;\n"
+    "setp.ge.f32 p, m, 0f40000000;\n"
+    "@p cvt.rmi.f32.f32 fl, m;\n@p sub.rn.f32 fr, m, fl;\n@p cvt.rzi.u32.f32 c, fl;\n"
+    "@p add.u32 c, c, 2;\n"
+    "setp.ge.f32 p, m, 0f40800000;\n"
+    "@p sub.rn.f32 fr, m, 0f40800000;\n@p mul.rn.f32 fr, fr, 0f3F000000;\n@p mov.b32 c, 6;\n"
+    "setp.ge.f32 p, m, 0f40C00000;\n@p mov.f32 fr, 0f00000000;\n@p mov.b32 c, 7;\n"
+    "shr.u32 ub, {$r2}, 9;\ncvt.rn.f32.u32 u, ub;\nmul.rn.f32 u, u, 0f34000000;\n"
+    "setp.gt.f32 p, fr, u;\n@p add.u32 c, c, 1;\n"
+    "setp.lt.f32 p, v, 0f00000000;\n@p or.b32 c, c, 8;\n"
+    "mov.b32 {$w0}, c;\n}"
+)
+
+
+def sr_code(x, enc, bits):
+    return cute.arch.inline_ptx(_SR_PTX, write_only_types=[Uint32],
+                                read_only_args=[Float32(x), Float32(enc), Uint32(bits)])
+
+
+def fp16_products2(byte, scale_code):
+    """sm_100a: the two E2M1 x E4M3 products of a byte of two codes, in FP16 (exact), as FP32
+    (low nibble first), via cvt.rn.f16x2.e2m1x2 / cvt.rn.f16x2.e4m3x2 and mul.rn.f16x2."""
+    return cute.arch.inline_ptx(
+        "{\n.reg .b8 c;\n.reg .b16 s;\n.reg .b32 q;\n.reg .b32 sc;\n.reg .b32 pr;\n"
+        ".reg .f16 lo;\n.reg .f16 hi;\n.reg .b32 t;\n"
+        "cvt.u8.u32 c, {$r0};\ncvt.rn.f16x2.e2m1x2 q, c;\n"
+        "and.b32 t, {$r1}, 0xFF;\nshl.b32 sc, t, 8;\nor.b32 t, t, sc;\ncvt.u16.u32 s, t;\n"
+        "cvt.rn.f16x2.e4m3x2 sc, s;\nmul.rn.f16x2 pr, q, sc;\nmov.b32 {lo, hi}, pr;\n"
+        "cvt.f32.f16 {$w0}, lo;\ncvt.f32.f16 {$w1}, hi;\n}",
+        write_only_types=[Float32, Float32], read_only_args=[Uint32(byte), Uint32(scale_code)])
+
+
+def rht16(xs):
+    """ref.quantize.rht of 16 values: sign flips, butterflies at strides 1, 2, 4, 8, x 0.25."""
+    ys = [neg(x) if s < 0 else x for x, s in zip(xs, RHT_SIGNS)]
+    for h in (1, 2, 4, 8):
+        nxt = list(ys)
+        for j in range(16):
+            if not j & h:
+                nxt[j] = add_rn(ys[j], ys[j + h])
+                nxt[j + h] = sub_rn(ys[j], ys[j + h])
+        ys = nxt
+    return [E.mul_rn(y, Float32(0.25)) for y in ys]
+
+
+def block_amax(xs):
+    a = Float32(0.0)
+    for x in xs:
+        a = E.abs_max_nan(a, x)
+    return a
+
+
+def lanes4_max(a):
+    """max.NaN over the four consecutive lanes 4j .. 4j+3."""
+    return E.shfl_xor_max_nan(E.shfl_xor_max_nan(a, 1), 2)
+
+
+def tree16(vals):
+    """ref.quantize._sum_rows_tree of 16 values: (i, i+8), (i, i+4), (i, i+2), (i, i+1)."""
+    for half in (8, 4, 2, 1):
+        vals = [add_rn(vals[i], vals[i + half]) for i in range(half)]
+    return vals[0]
+
+
+def nibble(w0, w1, i):
+    w = w0 if i < 8 else w1
+    return (Uint32(w) >> Uint32(4 * (i % 8))) & Uint32(0xF)
+
+
+class _TileLoader:
+    """Shared by both kernels: 64x64 tile of a group -> FP32 smem (zeros outside)."""
+
+    def _setup(self, dtype):
+        if dtype not in DTYPES:
+            raise TypeError(f"unsupported input dtype {dtype!r} (bf16, fp16, fp32)")
+        self.dtype_name = dtype
+        self.esize = DTYPES[dtype].width // 8
+        self.vpr = TILE * self.esize // 16  # 16-byte vectors per tile row
+        self.epv = 16 // self.esize  # elements per vector
+
+    def load_tile(self, sx, xbase, grow0, nrows, kt, K, tidx):
+        for i in range(TILE * self.vpr // THREADS):
+            v = tidx + i * THREADS
+            r = v // self.vpr
+            cv = v % self.vpr
+            col = kt * TILE + cv * self.epv
+            ok = (r < nrows) & (col < K)
+            addr = xbase + ((grow0 + Int64(r)) * Int64(K) + Int64(col)) * self.esize
+            words = E.ld_global_nc_v4(Int64(cutlass.select_(ok, addr, xbase)))
+            vals = []
+            for w in words:
+                wv = Uint32(cutlass.select_(ok, w, Uint32(0)))
+                if self.esize == 4:
+                    vals.append(E.bits_f32(wv))
+                else:
+                    vals.append(E.unpack_lo(wv, self.dtype_name))
+                    vals.append(E.unpack_hi(wv, self.dtype_name))
+            for j in range(self.epv):
+                sx[r, cv * self.epv + j] = vals[j]
+
+
+class RecipeCastKernel(_TileLoader):
+    """Compile-time config: input dtype, outputs, scale layout and the Recipe options."""
+
+    def __init__(self, dtype: str, rowwise: bool, columnwise: bool, swizzle: bool,
+                 scaling: str, block_rows: int, rht: bool, stochastic: bool,
+                 four_over_six, e4m3_max: int, fast_math: bool):
+        self._setup(dtype)
+        if not (rowwise or columnwise):
+            raise ValueError("RecipeCastKernel: at least one of rowwise/columnwise is required")
+        if scaling not in ("tensor", "token", "window64"):
+            raise ValueError(f"RecipeCastKernel: unknown scaling {scaling!r}")
+        if block_rows not in (1, 16):
+            raise ValueError(f"RecipeCastKernel: block_rows must be 1 or 16, got {block_rows}")
+        if four_over_six not in FOUR_OVER_SIX:
+            raise ValueError(f"RecipeCastKernel: four_over_six must be one of {FOUR_OVER_SIX}")
+        if e4m3_max not in (448, 256) or (e4m3_max != 448 and four_over_six is None):
+            raise ValueError("RecipeCastKernel: e4m3_max 256 needs four_over_six")
+        if stochastic and four_over_six is not None:
+            raise ValueError("RecipeCastKernel: stochastic rounding excludes four_over_six")
+        if fast_math and four_over_six is None:
+            raise ValueError("RecipeCastKernel: fast_math needs four_over_six")
+        self.rowwise, self.columnwise, self.swizzle = rowwise, columnwise, swizzle
+        self.scaling, self.block_rows, self.rht = scaling, block_rows, rht
+        self.stochastic, self.fos = stochastic, four_over_six
+        self.e4m3_max, self.fast_math = e4m3_max, fast_math
+
+    @cute.jit
+    def __call__(self, x: cute.Tensor, ttab: cute.Tensor, gtab: cute.Tensor,
+                 amax_r: cute.Tensor, amax_c: cute.Tensor, q: cute.Tensor, s: cute.Tensor,
+                 qt: cute.Tensor, st: cute.Tensor, n_kt: Int32, stream):
+        self.hw = E.has_hw_e2m1()
+        T = ttab.shape[0]
+        self.kernel(x, ttab, gtab, amax_r, amax_c, q, s, qt, st).launch(
+            grid=(n_kt, T, 1), block=(THREADS, 1, 1), stream=stream)
+
+    # ------------------------------------------------------------ block numerics
+    def _encode16(self, xs, enc, idx0, stream, k0, k1, offset):
+        """Codes of 16 values with the block's enc: two Uint32 words of 8 nibbles."""
+        if cutlass.const_expr(not self.stochastic):
+            nan = E.is_nan(enc)
+            return E.encode8(xs[0:8], enc, nan, self.hw), E.encode8(xs[8:16], enc, nan, self.hw)
+        bits = philox_words16(idx0, offset, stream, k0, k1)
+        words = [Uint32(0), Uint32(0)]
+        for i in range(16):
+            words[i // 8] = words[i // 8] | (sr_code(xs[i], enc, bits[i]) << Uint32(4 * (i % 8)))
+        return words[0], words[1]
+
+    def _error(self, xs, w0, w1, code, g_amax, s_enc):
+        """4over6 error of one candidate: sequential sum over the 16 elements."""
+        err = Float32(0.0)
+        sf = e4m3_to_f32(code)
+        prods = []
+        if cutlass.const_expr(self.fast_math and self.hw):
+            for p in range(8):
+                w = w0 if p < 4 else w1
+                byte = (Uint32(w) >> Uint32(8 * (p % 4))) & Uint32(0xFF)
+                lo, hi = fp16_products2(byte, code)
+                prods += [lo, hi]
+        for i in range(16):
+            if cutlass.const_expr(self.fast_math):
+                target = E.mul_rn(xs[i], s_enc)
+                if cutlass.const_expr(self.hw):
+                    cand = prods[i]
+                else:
+                    cand = E.mul_rn(e2m1_to_f32(nibble(w0, w1, i)), sf)
+            else:
+                target = xs[i]
+                cand = E.mul_rn(E.mul_rn(e2m1_to_f32(nibble(w0, w1, i)), sf), g_amax)
+                cand = E.div_rn(cand, Float32(6.0 * self.e4m3_max))
+            d = sub_rn(cand, target)
+            if cutlass.const_expr(self.fos == "mse"):
+                err = add_rn(err, E.mul_rn(d, d))
+            else:
+                err = add_rn(err, fabs(d))
+        return err
+
+    def _block(self, xs, eam, g_amax, idx0, stream, k0, k1, offset):
+        """Plain path: (scale code, w0, w1). 4over6: both candidates and their errors."""
+        s_enc = outer_encode_scale(g_amax, self.e4m3_max)
+        s_dec = E.rcp_rn(s_enc)
+        if cutlass.const_expr(self.fos is None):
+            code, enc = E.block_scale(eam, E.mul_rn(s_enc, Float32(ONE_SIXTH)), s_dec)
+            w0, w1 = self._encode16(xs, enc, idx0, stream, k0, k1, offset)
+            return code, w0, w1
+        base = E.mul_rn(E.div_rn(eam, Float32(6.0)), s_enc)
+        c6 = e4m3_code(base)
+        c4 = e4m3_code(E.mul_rn(base, Float32(1.5)))
+        a0, a1 = self._encode16(xs, enc_from_code(c6, s_dec), idx0, stream, k0, k1, offset)
+        b0, b1 = self._encode16(xs, enc_from_code(c4, s_dec), idx0, stream, k0, k1, offset)
+        e6 = self._error(xs, a0, a1, c6, g_amax, s_enc)
+        e4 = self._error(xs, b0, b1, c4, g_amax, s_enc)
+        return c6, a0, a1, c4, b0, b1, e6, e4
+
+    def _pick(self, cands, e6, e4):
+        c6, a0, a1, c4, b0, b1 = cands[:6]
+        p4 = e4 < e6
+        return (Uint32(cutlass.select_(p4, c4, c6)), Uint32(cutlass.select_(p4, b0, a0)),
+                Uint32(cutlass.select_(p4, b1, a1)))
+
+    # ------------------------------------------------------------ kernel
+    @cute.kernel
+    def kernel(self, x: cute.Tensor, ttab: cute.Tensor, gtab: cute.Tensor,
+               amax_r: cute.Tensor, amax_c: cute.Tensor, q: cute.Tensor, s: cute.Tensor,
+               qt: cute.Tensor, st: cute.Tensor):
+        tidx, _, _ = cute.arch.thread_idx()
+        kt, tt, _ = cute.arch.block_idx()
+        smem = cutlass.memory.SmemAllocator()
+        sx = smem.allocate_tensor(Float32, cute.make_layout((TILE, TILE), stride=(SX_STRIDE, 1)), 16)
+        stam = smem.allocate_tensor(Float32, cute.make_layout(16), 16)
+        serr = smem.allocate_tensor(Float32, cute.make_layout((2, THREADS), stride=(THREADS, 1)), 16)
+
+        g = ttab[tt, 0]
+        lr0 = ttab[tt, 1]
+        row0 = gtab[g, G_ROW0]
+        Mg = Int32(gtab[g, G_ROWS])
+        K = x.shape[1]
+        nrows = Mg - lr0
+        self.load_tile(sx, x.iterator.toint(), row0 + Int64(lr0), nrows, kt, K, tidx)
+        cute.arch.barrier()
+
+        if cutlass.const_expr(self.block_rows == 16):
+            # tile amax of the 16 16x16 tiles: 16 threads per tile, one row each
+            ti = tidx // 16
+            j = tidx % 16
+            vals = []
+            for i in cutlass.range_constexpr(16):
+                vals.append(sx[(ti // 4) * 16 + j, (ti % 4) * 16 + i])
+            a = block_amax(vals)
+            for m in (8, 4, 2, 1):
+                a = E.shfl_xor_max_nan(a, m)
+            if j == 0:
+                stam[ti] = a
+            cute.arch.barrier()
+
+        seed = gtab[g, G_SEED]
+        k0 = Uint32(seed & 0xFFFFFFFF)
+        k1 = Uint32(seed >> 32)
+        offset = Uint32(gtab[g, G_OFFSET])
+        if cutlass.const_expr(self.rowwise):
+            self._row_pass(sx, stam, serr, tidx, g, lr0, nrows, Mg, kt, K, gtab, amax_r,
+                           q, s, k0, k1, offset)
+        if cutlass.const_expr(self.columnwise):
+            self._col_pass(sx, stam, serr, tidx, g, lr0, Mg, kt, K, gtab, amax_c,
+                           qt, st, k0, k1, offset)
+
+    def _finish(self, xs, eam, g_amax, idx0, stream, k0, k1, offset, serr, tidx):
+        """(scale code, w0, w1) of this thread's block; 16x16 4over6 sums the errors of the
+        tile's 16 blocks (thread slots 4 * j + (tidx % 4) + 64 * (tidx // 64)) in tree order."""
+        res = self._block(xs, eam, g_amax, idx0, stream, k0, k1, offset)
+        if cutlass.const_expr(self.fos is None):
+            return res
+        e6 = res[6]
+        e4 = res[7]
+        if cutlass.const_expr(self.block_rows == 16):
+            serr[0, tidx] = e6
+            serr[1, tidx] = e4
+            cute.arch.barrier()
+            first = (tidx // 64) * 64 + tidx % 4
+            v6 = []
+            v4 = []
+            for j in range(16):
+                v6.append(serr[0, first + 4 * j])
+                v4.append(serr[1, first + 4 * j])
+            e6 = tree16(v6)
+            e4 = tree16(v4)
+            cute.arch.barrier()
+        return self._pick(res, e6, e4)
+
+    # ------------------------------------------------------------ rowwise pass
+    @cute.jit
+    def _row_pass(self, sx, stam, serr, tidx, g, lr0, nrows, Mg, kt, K, gtab, amax_r,
+                  q, s, k0, k1, offset):
+        r = tidx // 4
+        b = tidx % 4
+        lrow = lr0 + r
+        xs = []
+        for i in cutlass.range_constexpr(16):
+            xs.append(sx[r, b * 16 + i])
+        am = block_amax(xs)
+        row_ok = r < nrows
+        col0 = kt * TILE + b * 16
+        ok = row_ok & (col0 < K)
+        ar_base = amax_r.iterator.toint() + gtab[g, G_AR] * 4
+        g_amax = Float32(0.0)
+        if cutlass.const_expr(self.scaling == "tensor"):
+            g_amax = E.ld_global_f32(ar_base)
+        if cutlass.const_expr(self.scaling == "token"):
+            g_amax = E.ld_global_f32(ar_base + Int64(cutlass.min(lrow, Mg - 1)) * 4)
+        if cutlass.const_expr(self.scaling == "window64"):
+            g_amax = lanes4_max(am)
+            if (b == 0) & row_ok & (kt * TILE < K):
+                E.st_global_u32(ar_base + (Int64(lrow) * Int64(K // TILE) + Int64(kt)) * 4,
+                                E.f32_bits(g_amax))
+        eam = am
+        if cutlass.const_expr(self.block_rows == 16):
+            eam = stam[(r // 16) * 4 + b]
+        idx0 = Int64(lrow) * Int64(K) + Int64(col0)
+        code, w0, w1 = self._finish(xs, eam, g_amax, idx0, 0, k0, k1, offset, serr, tidx)
+
+        if ok:
+            E.st_global_v2(q.iterator.toint() + gtab[g, G_Q] + Int64(lrow) * Int64(K // 2)
+                           + Int64(col0 // 2), w0, w1)
+        nsc = K // 16
+        scol = kt * 4 + b
+        s_base = s.iterator.toint() + gtab[g, G_S]
+        if cutlass.const_expr(self.swizzle):
+            in_pad = (lrow < (Mg + 127) // 128 * 128) & (scol < (nsc + 3) // 4 * 4)
+            if in_pad:
+                E.st_global_u8(s_base + Int64(swizzled_scale_offset(lrow, scol, nsc)),
+                               Uint32(cutlass.select_(ok, code, Uint32(0))))
+        else:
+            if ok:
+                E.st_global_u8(s_base + Int64(lrow) * Int64(nsc) + Int64(scol), code)
+
+    # ------------------------------------------------------------ columnwise pass
+    @cute.jit
+    def _col_pass(self, sx, stam, serr, tidx, g, lr0, Mg, kt, K, gtab, amax_c,
+                  qt, st, k0, k1, offset):
+        c = tidx // 4
+        rb = tidx % 4
+        kc = kt * TILE + c
+        mb = lr0 // 16 + rb  # group-local 16-row block = scale column of the twin
+        xs = []
+        for i in cutlass.range_constexpr(16):
+            xs.append(sx[rb * 16 + i, c])
+        if cutlass.const_expr(self.rht):
+            xs = rht16(xs)
+        am = block_amax(xs)
+        ok = (kc < K) & (lr0 + rb * 16 < Mg)
+        ac_base = amax_c.iterator.toint() + gtab[g, G_AC] * 4
+        g_amax = Float32(0.0)
+        if cutlass.const_expr(self.scaling == "tensor"):
+            g_amax = E.ld_global_f32(ac_base)
+        if cutlass.const_expr(self.scaling == "token"):
+            g_amax = E.ld_global_f32(ac_base + Int64(cutlass.min(kc, K - 1)) * 4)
+        if cutlass.const_expr(self.scaling == "window64"):
+            g_amax = lanes4_max(am)
+            if (rb == 0) & (kc < K) & (lr0 < Mg):
+                E.st_global_u32(ac_base + (Int64(kc) * Int64(Mg // TILE) + Int64(lr0 // TILE)) * 4,
+                                E.f32_bits(g_amax))
+        eam = am
+        if cutlass.const_expr(self.block_rows == 16):
+            eam = stam[rb * 4 + c // 16]
+        idx0 = Int64(kc) * Int64(Mg) + Int64(lr0 + rb * 16)
+        code, w0, w1 = self._finish(xs, eam, g_amax, idx0, 1, k0, k1, offset, serr, tidx)
+
+        if ok:
+            E.st_global_v2(qt.iterator.toint() + gtab[g, G_QT] + Int64(kc) * Int64(Mg // 2)
+                           + Int64(mb) * 8, w0, w1)
+        nsc = Mg // 16
+        st_base = st.iterator.toint() + gtab[g, G_ST]
+        if cutlass.const_expr(self.swizzle):
+            in_pad = (kc < (K + 127) // 128 * 128) & (mb < (nsc + 3) // 4 * 4)
+            if in_pad:
+                E.st_global_u8(st_base + Int64(swizzled_scale_offset(kc, mb, nsc)),
+                               Uint32(cutlass.select_(ok, code, Uint32(0))))
+        else:
+            if ok:
+                E.st_global_u8(st_base + Int64(kc) * Int64(nsc) + Int64(mb), code)
+
+
+class RecipeAmax(_TileLoader):
+    """Outer amax per group for scaling "tensor" / "token": rowwise (|x|) and/or columnwise
+    (|x| or |rht(x)| along M). atab int32 [C, 2]: (first tile, tile count) of each CTA row,
+    all inside one group; grid (ceil(n_kt / KT), C)."""
+
+    KT = 4
+
+    def __init__(self, dtype: str, per_token: bool, rht: bool, do_row: bool, do_col: bool):
+        self._setup(dtype)
+        if not (do_row or do_col):
+            raise ValueError("RecipeAmax: nothing to compute")
+        self.per_token, self.rht, self.do_row, self.do_col = per_token, rht, do_row, do_col
+
+    @cute.jit
+    def __call__(self, x: cute.Tensor, ttab: cute.Tensor, gtab: cute.Tensor, atab: cute.Tensor,
+                 amax_r: cute.Tensor, amax_c: cute.Tensor, n_kt: Int32, stream):
+        C = atab.shape[0]
+        self.kernel(x, ttab, gtab, atab, amax_r, amax_c).launch(
+            grid=((n_kt + self.KT - 1) // self.KT, C, 1), block=(THREADS, 1, 1), stream=stream)
+
+    @cute.kernel
+    def kernel(self, x: cute.Tensor, ttab: cute.Tensor, gtab: cute.Tensor, atab: cute.Tensor,
+               amax_r: cute.Tensor, amax_c: cute.Tensor):
+        tidx, _, _ = cute.arch.thread_idx()
+        bx, by, _ = cute.arch.block_idx()
+        smem = cutlass.memory.SmemAllocator()
+        sx = smem.allocate_tensor(Float32, cute.make_layout((TILE, TILE), stride=(SX_STRIDE, 1)), 16)
+        # per-thread accumulators: [0] rowwise (tensor), [1 + ki] columnwise (token: column
+        # tidx // 4 of k tile ki; tensor: slot 1)
+        acc = smem.allocate_tensor(Float32, cute.make_layout((1 + self.KT, THREADS), stride=(THREADS, 1)), 16)
+        for j in cutlass.range_constexpr(1 + self.KT):
+            acc[j, tidx] = Float32(0.0)
+        K = x.shape[1]
+        t0 = atab[by, 0]
+        count = atab[by, 1]
+        g = ttab[t0, 0]
+        row0 = gtab[g, G_ROW0]
+        Mg = Int32(gtab[g, G_ROWS])
+        ar_base = amax_r.iterator.toint() + gtab[g, G_AR] * 4
+        ac_base = amax_c.iterator.toint() + gtab[g, G_AC] * 4
+        xbase = x.iterator.toint()
+        r = tidx // 4
+        for mi in cutlass.range(count, unroll=1):
+            lr0 = ttab[t0 + mi, 1]
+            nrows = Mg - lr0
+            racc = Float32(0.0)
+            for ki in cutlass.range_constexpr(self.KT):
+                kt = bx * self.KT + ki
+                self.load_tile(sx, xbase, row0 + Int64(lr0), nrows, kt, K, tidx)
+                cute.arch.barrier()
+                if cutlass.const_expr(self.do_row):
+                    xs = []
+                    for i in cutlass.range_constexpr(16):
+                        xs.append(sx[r, (tidx % 4) * 16 + i])
+                    racc = E.fmax_nan(racc, block_amax(xs))
+                if cutlass.const_expr(self.do_col):
+                    xs = []
+                    for i in cutlass.range_constexpr(16):
+                        xs.append(sx[(tidx % 4) * 16 + i, r])
+                    if cutlass.const_expr(self.rht):
+                        xs = rht16(xs)
+                    slot = 1
+                    if cutlass.const_expr(self.per_token):
+                        slot = 1 + ki
+                    acc[slot, tidx] = E.fmax_nan(acc[slot, tidx], block_amax(xs))
+                cute.arch.barrier()
+            if cutlass.const_expr(self.do_row):
+                if cutlass.const_expr(self.per_token):
+                    racc = lanes4_max(racc)
+                    if (tidx % 4 == 0) & (r < nrows):
+                        E.red_max_u32(ar_base + Int64(lr0 + r) * 4, E.canonical_nan_bits(racc))
+                else:
+                    acc[0, tidx] = E.fmax_nan(acc[0, tidx], racc)
+        if cutlass.const_expr(self.do_col and self.per_token):
+            for ki in cutlass.range_constexpr(self.KT):
+                v = lanes4_max(acc[1 + ki, tidx])
+                kc = (bx * self.KT + ki) * TILE + r
+                if (tidx % 4 == 0) & (kc < K):
+                    E.red_max_u32(ac_base + Int64(kc) * 4, E.canonical_nan_bits(v))
+        if cutlass.const_expr(not self.per_token):
+            cute.arch.barrier()
+            warp = tidx // 32
+            lane = tidx % 32
+            tot = Float32(0.0)
+            if warp < 2:
+                for j in cutlass.range_constexpr(THREADS // 32):
+                    tot = E.fmax_nan(tot, acc[warp, lane + 32 * j])
+                tot = E.warp_max_nan(tot)
+                if lane == 0:
+                    if warp == 0:
+                        if cutlass.const_expr(self.do_row):
+                            E.red_max_u32(ar_base, E.canonical_nan_bits(tot))
+                    else:
+                        if cutlass.const_expr(self.do_col):
+                            E.red_max_u32(ac_base, E.canonical_nan_bits(tot))

@@ -1,0 +1,224 @@
+"""CUDA quantize for every Recipe option (cast_recipes kernels), single tensors and groups.
+
+`quantize_recipe(x, recipe, seed=, offset=)` and `quantize_grouped(x, split_sizes, recipe,
+seed=, offset=)` are bit-exact to `ref.quantize` / `ref.quantize_grouped`. A single tensor is
+one group: the host builds the tile table (ttab), the group table (gtab) and, for scaling
+"tensor" / "token", the amax work table (atab); then at most two launches: RecipeAmax
+(outer amax, after the RHT for the columnwise twin) and RecipeCastKernel (both outputs;
+window64 amaxes come out of the cast itself).
+"""
+
+from __future__ import annotations
+
+from typing import List, Sequence
+
+import cutlass
+import torch
+
+from ..common.jit import KERNELS, compile_kernel, device_arch, dyn, env_stream, fake_tensor
+from ..recipe import Recipe
+from ..ref.philox import check_seed_offset
+from ..tensor import NVFP4Tensor
+from .cast_recipes import GTAB_COLS, TILE, RecipeAmax, RecipeCastKernel
+
+_DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+_CUTLASS = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16, "fp32": cutlass.Float32}
+AMAX_TILES_PER_CTA = 8  # m tiles per amax CTA row
+
+
+def _cast_config(name: str, recipe: Recipe):
+    return (name, recipe.rowwise, recipe.columnwise, recipe.swizzle, recipe.scaling,
+            recipe.block_rows, recipe.rht, recipe.stochastic_rounding, recipe.four_over_six,
+            recipe.e4m3_max, recipe.fast_math)
+
+
+def _common_fakes(dtype: str):
+    esize = _CUTLASS[dtype].width // 8
+    return (fake_tensor(_CUTLASS[dtype], (dyn(), dyn(16 // esize))),
+            fake_tensor(cutlass.Int32, (None, 2), align=4),
+            fake_tensor(cutlass.Int64, (None, GTAB_COLS), align=8))
+
+
+def cast_recipe_kernel(dtype: str, recipe: Recipe):
+    """(kernel, *fake compile arguments) of the recipe cast for a configuration."""
+    op = RecipeCastKernel(*_cast_config(dtype, recipe))
+    f32 = fake_tensor(cutlass.Float32, (None,), align=4)
+    u8 = fake_tensor(cutlass.Uint8, (None,), align=1)
+    return (op, *_common_fakes(dtype), f32, f32, u8, u8, u8, u8, cutlass.Int32(1), env_stream())
+
+
+def amax_recipe_kernel(dtype: str, per_token: bool, rht: bool, do_row: bool, do_col: bool):
+    op = RecipeAmax(dtype, per_token, rht, do_row, do_col)
+    f32 = fake_tensor(cutlass.Float32, (None,), align=4)
+    return (op, *_common_fakes(dtype), fake_tensor(cutlass.Int32, (None, 2), align=4), f32, f32,
+            cutlass.Int32(1), env_stream())
+
+
+def _alloc(shape, device) -> torch.Tensor:
+    """Output allocation (uninitialised; tests replace it with a poisoning one)."""
+    return torch.empty(shape, dtype=torch.uint8, device=device)
+
+
+def _alloc_f32(n: int, device) -> torch.Tensor:
+    """Window64 amax outputs (written by the cast kernel; tests poison them)."""
+    return torch.empty(n, dtype=torch.float32, device=device)
+
+
+def _ceil(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _check(x: torch.Tensor, recipe: Recipe) -> torch.Tensor:
+    if not isinstance(recipe, Recipe):
+        raise TypeError(f"recipe must be a cute_fp4.Recipe, got {type(recipe).__name__}")
+    if not isinstance(x, torch.Tensor) or not x.is_cuda:
+        raise ValueError("cute_fp4 CUDA quantize needs a CUDA tensor")
+    if x.dtype not in _DTYPE_NAMES:
+        raise TypeError(f"x must be float32, bfloat16 or float16, got {x.dtype}")
+    if x.dim() < 2:
+        raise ValueError(f"x must have at least 2 dimensions, got shape {tuple(x.shape)}")
+    if not x.is_contiguous():
+        raise ValueError("x must be contiguous (call .contiguous() first)")
+    x2 = x.reshape(-1, x.shape[-1])
+    k = x2.shape[1]
+    unit = 64 if recipe.scaling == "window64" else 16
+    if recipe.rowwise and k % unit:
+        raise ValueError(f"x: the last dimension ({k}) must be a multiple of {unit} for rowwise "
+                         f"{recipe.scaling!r} quantization")
+    if (k * x.element_size()) % 16:
+        raise ValueError(f"x: rows of {k} elements are not a multiple of 16 bytes")
+    if x.data_ptr() % 16:
+        raise ValueError("x must be 16-byte aligned")
+    return x2
+
+
+def _check_rows(m: int, recipe: Recipe, what: str):
+    unit = 64 if recipe.scaling == "window64" else 16
+    if recipe.columnwise and m % unit:
+        raise ValueError(f"{what} ({m}) must be a multiple of {unit} for the columnwise "
+                         f"{recipe.scaling!r} twin")
+
+
+def _run(x2: torch.Tensor, sizes: List[int], recipe: Recipe, seed: int, offset: int,
+         shapes) -> List[NVFP4Tensor]:
+    check_seed_offset(seed, offset)
+    dev = x2.device
+    k = x2.shape[1]
+    name = _DTYPE_NAMES[x2.dtype]
+    arch = device_arch(dev)
+    row, col, swz, scaling = recipe.rowwise, recipe.columnwise, recipe.swizzle, recipe.scaling
+    nsc = k // 16
+    n_groups = len(sizes)
+
+    # ---- tables and flat output layout
+    ttab, atab, gtab = [], [], []
+    q_len = s_len = qt_len = st_len = ar_len = ac_len = 0
+    row0 = 0
+    seed_i64 = seed - (1 << 64) if seed >= 1 << 63 else seed
+    for g, mg in enumerate(sizes):
+        real = _ceil(mg, TILE)
+        tiles = 2 * _ceil(mg, 128) if (swz and row) else real
+        base = len(ttab)
+        ttab += [(g, TILE * i) for i in range(tiles)]
+        atab += [(base + i, min(AMAX_TILES_PER_CTA, real - i))
+                 for i in range(0, real, AMAX_TILES_PER_CTA)]
+        if scaling == "tensor":
+            ar, ac = g, g
+        elif scaling == "token":
+            ar, ac = row0, g * k
+        else:
+            ar, ac = row0 * (k // 64), k * row0 // 64
+        gtab.append((row0, mg, q_len, s_len, qt_len, st_len, ar, ac, seed_i64, offset))
+        q_len += mg * k // 2
+        s_len += _ceil(mg, 128) * 128 * _ceil(nsc, 4) * 4 if swz else mg * nsc
+        qt_len += k * mg // 2
+        st_len += _ceil(k, 128) * 128 * _ceil(mg // 16, 4) * 4 if swz else k * (mg // 16)
+        row0 += mg
+    m_total = row0
+    if scaling == "tensor":
+        ar_len, ac_len = n_groups, n_groups
+    elif scaling == "token":
+        ar_len, ac_len = m_total, n_groups * k
+    else:
+        ar_len, ac_len = m_total * (k // 64), k * m_total // 64
+
+    q = _alloc(max(q_len, 1), dev) if row else None
+    s = _alloc(max(s_len, 1), dev) if row else None
+    qt = _alloc(max(qt_len, 1), dev) if col else None
+    st = _alloc(max(st_len, 1), dev) if col else None
+    alias = scaling == "tensor" and not recipe.rht  # columnwise amax = rowwise amax
+    if scaling == "window64":
+        amax_r, amax_c = _alloc_f32(max(ar_len, 1), dev), _alloc_f32(max(ac_len, 1), dev)
+    else:  # reduced with red.global.max: zeroed first
+        amax_r = torch.zeros(max(ar_len, 1), dtype=torch.float32, device=dev)
+        amax_c = amax_r if alias else torch.zeros(max(ac_len, 1), dtype=torch.float32, device=dev)
+
+    if ttab and k:
+        dummy = torch.empty(1, dtype=torch.uint8, device=dev)
+        tt = torch.tensor(ttab, dtype=torch.int32).to(dev, non_blocking=True)
+        gt = torch.tensor(gtab, dtype=torch.int64).to(dev, non_blocking=True)
+        n_kt = _ceil(k, TILE)
+        if swz and col:
+            n_kt = 2 * _ceil(k, 128)
+        if scaling != "window64" and atab:
+            do_row = row or alias
+            do_col = col and not alias
+            at = torch.tensor(atab, dtype=torch.int32).to(dev, non_blocking=True)
+            akey = ("amax_recipe", name, scaling == "token", recipe.rht, do_row, do_col, arch)
+            fn = KERNELS.get(akey, lambda: compile_kernel(
+                *amax_recipe_kernel(name, scaling == "token", recipe.rht, do_row, do_col),
+                arch=arch))
+            fn(x2, tt, gt, at, amax_r, amax_c, _ceil(k, TILE))
+        ckey = ("cast_recipe",) + _cast_config(name, recipe) + (arch,)
+        fn = KERNELS.get(ckey, lambda: compile_kernel(*cast_recipe_kernel(name, recipe),
+                                                      arch=arch))
+        fn(x2, tt, gt, amax_r, amax_c, q if row else dummy, s if row else dummy,
+           qt if col else dummy, st if col else dummy, n_kt)
+
+    out = []
+    for g, mg in enumerate(sizes):
+        r0, _, qo, so, qto, sto, ar, ac = gtab[g][:8]
+        data = scales = amax = data_t = scales_t = amax_t = None
+        if row:
+            data = q[qo:qo + mg * k // 2].view(mg, k // 2)
+            srows, scols = (_ceil(mg, 128) * 128, _ceil(nsc, 4) * 4) if swz else (mg, nsc)
+            scales = s[so:so + srows * scols].view(srows, scols).view(torch.float8_e4m3fn)
+        if col:
+            data_t = qt[qto:qto + k * mg // 2].view(k, mg // 2)
+            srows, scols = (_ceil(k, 128) * 128, _ceil(mg // 16, 4) * 4) if swz else (k, mg // 16)
+            scales_t = st[sto:sto + srows * scols].view(srows, scols).view(torch.float8_e4m3fn)
+        if scaling == "tensor":
+            amax, amax_t = amax_r[g:g + 1], amax_c[g:g + 1]
+        elif scaling == "token":
+            amax, amax_t = amax_r[r0:r0 + mg], amax_c[ac:ac + k]
+        else:
+            amax = amax_r[ar:ar + mg * (k // 64)].view(mg, k // 64)
+            amax_t = amax_c[ac:ac + k * (mg // 64)].view(k, mg // 64)
+        out.append(NVFP4Tensor(
+            data=data, scales=scales, amax=amax if row else None, data_t=data_t,
+            scales_t=scales_t, amax_t=amax_t if col else None, recipe=recipe,
+            shape=shapes[g], dtype=x2.dtype))
+    return out
+
+
+def quantize_recipe(x: torch.Tensor, recipe: Recipe = Recipe(), *, seed: int = 0,
+                    offset: int = 0) -> NVFP4Tensor:
+    """NVFP4 quantize of a CUDA tensor [..., K] (flattened to [M, K]) with any Recipe."""
+    x2 = _check(x, recipe)
+    _check_rows(x2.shape[0], recipe, "x: the flattened leading dimensions")
+    return _run(x2, [x2.shape[0]], recipe, int(seed), int(offset), [tuple(x.shape)])[0]
+
+
+def quantize_grouped(x: torch.Tensor, split_sizes: Sequence[int], recipe: Recipe = Recipe(), *,
+                     seed: int = 0, offset: int = 0) -> List[NVFP4Tensor]:
+    """Quantize the row groups of a CUDA [sum(M_i), K] tensor independently, in one launch
+    (plus one amax launch for scaling "tensor" / "token"); equals per-group `quantize`."""
+    if not isinstance(x, torch.Tensor) or x.dim() != 2:
+        raise ValueError("quantize_grouped expects a 2D [sum(M_i), K] tensor")
+    x2 = _check(x, recipe)
+    sizes = [int(v) for v in split_sizes]
+    if any(v < 0 for v in sizes) or sum(sizes) != x2.shape[0]:
+        raise ValueError(f"split_sizes {sizes} must be non-negative and sum to {x2.shape[0]}")
+    for i, mg in enumerate(sizes):
+        _check_rows(mg, recipe, f"split_sizes[{i}]")
+    return _run(x2, sizes, recipe, int(seed), int(offset), [(mg, x2.shape[1]) for mg in sizes])

@@ -1,0 +1,241 @@
+"""GPU recipe quantize (cast_recipes kernels) vs the reference: byte equality of data, scales
+and amax for 16x16 blocks, RHT, stochastic rounding, window64, 4over6 (mae/mse, 448/256,
+exact/fast) and grouped inputs, alone and combined. Outputs are poisoned (0xFF bytes, 12345.0
+window amaxes) before the launch."""
+
+import pytest
+import torch
+
+from cute_fp4 import Recipe, ref
+from cute_fp4.quant import recipes_dispatch as rd
+from cute_fp4.ref.formats import e2m1_decode, unpack_fp4
+
+pytestmark = pytest.mark.gpu
+
+KINDS = ["normal", "outliers", "special"]
+
+
+@pytest.fixture(autouse=True)
+def poison(monkeypatch):
+    monkeypatch.setattr(rd, "_alloc", lambda shape, device: torch.full(
+        (shape,) if isinstance(shape, int) else shape, 0xFF, dtype=torch.uint8, device=device))
+    monkeypatch.setattr(rd, "_alloc_f32", lambda n, device: torch.full(
+        (n,), 12345.0, dtype=torch.float32, device=device))
+
+
+def make_input(shape, kind, dtype, gen):
+    m, k = shape
+    x = torch.randn(shape, generator=gen) * 2
+    if kind == "outliers":
+        x = x * torch.randn(shape, generator=gen).exp()
+        x[torch.rand(m, generator=gen) < 0.05] *= 1000.0
+        x[:, torch.rand(k, generator=gen) < 0.05] *= 300.0
+        x[:16, :16] = 0.0
+        x[-16:, -16:] = -0.0
+        if k >= 64:  # one outlier window per 64-column window row band
+            x[m // 2, 3] = 5e4
+    elif kind == "special":
+        x[0, 1] = float("inf")
+        x[m // 2, k // 2] = float("-inf")
+        x[-1, -1] = float("nan")
+        x[m // 3, :16] = 0.0
+    return x.to(dtype).cuda()
+
+
+def _u8(t):
+    return t.view(torch.uint8)
+
+
+def same_amax(a, b):
+    both_nan = torch.isnan(a) & torch.isnan(b)
+    return a.shape == b.shape and bool(((a.view(torch.int32) == b.view(torch.int32)) | both_nan).all())
+
+
+def check(got, want, recipe):
+    for side in ("", "_t"):
+        on = recipe.rowwise if side == "" else recipe.columnwise
+        data, scales, amax = (getattr(got, n + side) for n in ("data", "scales", "amax"))
+        if not on:
+            assert data is None and scales is None and amax is None
+            continue
+        wdata, wscales, wamax = (getattr(want, n + side) for n in ("data", "scales", "amax"))
+        assert torch.equal(data, wdata), "data" + side
+        assert torch.equal(_u8(scales), _u8(wscales)), "scales" + side
+        assert same_amax(amax, wamax), "amax" + side
+    assert got.shape == want.shape
+
+
+OUTPUTS = [(True, True), (True, False), (False, True)]
+
+
+def run_all(x, base: Recipe, seed=0, offset=0, outputs=OUTPUTS):
+    for row, col in outputs:
+        for swizzle in (False, True):
+            recipe = base.replace(rowwise=row, columnwise=col, swizzle=swizzle)
+            got = rd.quantize_recipe(x, recipe, seed=seed, offset=offset)
+            check(got, ref.quantize(x, recipe, seed=seed, offset=offset), recipe)
+
+
+@pytest.mark.parametrize("shape", [(16, 16), (48, 64), (128, 1040), (320, 192)])
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_block16(shape, kind, dtype, gen):
+    run_all(make_input(shape, kind, dtype, gen), Recipe(block=(16, 16)))
+
+
+@pytest.mark.parametrize("shape", [(200, 48), (7, 32), (77, 4112)])
+def test_block16_rowwise_any_m(shape, gen):
+    x = make_input(shape, "outliers", torch.bfloat16, gen)
+    run_all(x, Recipe(block=(16, 16)), outputs=[(True, False)])
+    run_all(x, Recipe(block=(16, 16), four_over_six="mse"), outputs=[(True, False)])
+
+
+@pytest.mark.parametrize("shape", [(16, 16), (64, 48), (144, 1040), (320, 192)])
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("scaling", ["tensor", "token"])
+def test_rht(shape, kind, dtype, scaling, gen):
+    run_all(make_input(shape, kind, dtype, gen), Recipe(scaling=scaling, rht=True))
+
+
+@pytest.mark.parametrize("shape", [(16, 32), (96, 80), (256, 1024)])
+@pytest.mark.parametrize("scaling", ["tensor", "token"])
+@pytest.mark.parametrize("rht", [False, True])
+def test_stochastic_rounding(shape, scaling, rht, gen):
+    x = make_input(shape, "outliers", torch.bfloat16, gen)
+    for seed, offset in [(0, 0), (12345, 7), (2**64 - 3, 2**32 - 1)]:
+        run_all(x, Recipe(scaling=scaling, rht=rht, stochastic_rounding=True), seed, offset)
+
+
+@pytest.mark.parametrize("shape", [(64, 64), (128, 192), (320, 1024)])
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_window64(shape, kind, dtype, gen):
+    x = make_input(shape, kind, dtype, gen)
+    run_all(x, Recipe(scaling="window64"))
+    run_all(x, Recipe(scaling="window64", rht=True), outputs=[(True, True)])
+    run_all(x, Recipe(scaling="window64", stochastic_rounding=True), seed=99, offset=3,
+            outputs=[(True, True)])
+
+
+def test_window64_outlier_windows(gen):
+    x = torch.randn(128, 256, generator=gen)
+    x[5, 64:128] *= 1e4   # one hot rowwise window
+    x[64:128, 7] *= 1e-4  # one cold columnwise window
+    x[0:64, 200] = 0.0    # all-zero columnwise window
+    run_all(x.cuda(), Recipe(scaling="window64"))
+
+
+FOS = [(fos, emax, fast) for fos in ("mae", "mse") for emax in (448, 256) for fast in (False, True)]
+
+
+@pytest.mark.parametrize("fos,emax,fast", FOS)
+@pytest.mark.parametrize("scaling,block", [("tensor", (1, 16)), ("token", (1, 16)),
+                                           ("window64", (1, 16)), ("tensor", (16, 16))])
+@pytest.mark.parametrize("kind", ["normal", "outliers"])
+def test_four_over_six(fos, emax, fast, scaling, block, kind, gen):
+    x = make_input((128, 192), kind, torch.bfloat16, gen)
+    recipe = Recipe(scaling=scaling, block=block, four_over_six=fos, e4m3_max=emax,
+                    fast_math=fast)
+    run_all(x, recipe, outputs=[(True, True)])
+
+
+@pytest.mark.parametrize("fos", ["mae", "mse"])
+@pytest.mark.parametrize("fast", [False, True])
+@pytest.mark.parametrize("block", [(1, 16), (16, 16)])
+def test_four_over_six_ties(fos, fast, block, gen):
+    """Blocks whose two candidates tie or nearly tie: constants (both exact), zeros, values on
+    both grids, and random blocks scaled to sit at the 4-vs-6 boundary."""
+    x = torch.randn(64, 128, generator=gen, dtype=torch.float32)
+    x[0:16, 0:16] = 3.0
+    x[16:32, 0:16] = 0.0
+    x[32:48, 0:16] = torch.tensor([4.0, 2.0, 1.0, 0.0] * 4)
+    x[48:64, 0:16] = torch.tensor([6.0, 3.0, 1.5, -6.0] * 4)
+    x[:, 16:32] = torch.tensor([6.0, 4.0, 3.0, 2.0, 1.5, 1.0, 0.5, 0.0] * 2) * 1.0000001
+    x[:, 32:48] = torch.round(x[:, 32:48] * 4) / 4
+    for scaling in (["tensor", "token"] if block == (1, 16) else ["tensor"]):
+        recipe = Recipe(scaling=scaling, block=block, four_over_six=fos, fast_math=fast)
+        run_all(x.cuda(), recipe, outputs=[(True, True)])
+        run_all(x.cuda().to(torch.bfloat16), recipe, outputs=[(True, True)])
+
+
+def test_sr_determinism():
+    x = torch.randn(256, 512, device="cuda")
+    recipe = Recipe(stochastic_rounding=True, rowwise=True, columnwise=True)
+    a = rd.quantize_recipe(x, recipe, seed=5, offset=1)
+    b = rd.quantize_recipe(x, recipe, seed=5, offset=1)
+    c = rd.quantize_recipe(x, recipe, seed=6, offset=1)
+    d = rd.quantize_recipe(x, recipe, seed=5, offset=2)
+    assert torch.equal(a.data, b.data) and torch.equal(a.data_t, b.data_t)
+    for other in (c, d):
+        assert (a.data != other.data).float().mean() > 0.2
+        assert (a.data_t != other.data_t).float().mean() > 0.2
+
+
+def test_sr_unbiased(gen):
+    """Blocks of 16 with one 6.0 and values in [0, 6): S_enc = 448, block scale 448, enc = 1, so
+    the codes round x itself; the mean over 64 seeds converges to x (RN would be biased)."""
+    x = torch.rand(64, 256, generator=gen) * 6
+    x[:, ::16] = 6.0
+    x = x.cuda()
+    recipe = Recipe(stochastic_rounding=True)
+    acc = torch.zeros_like(x)
+    n = 64
+    for seed in range(n):
+        t = rd.quantize_recipe(x, recipe, seed=seed, offset=seed * 3)
+        assert float(t.scales.view(torch.uint8).float().mean()) == 0x7E  # 448
+        acc += e2m1_decode(unpack_fp4(t.data))
+    mean = acc / n
+    gap = torch.where(x < 2, 0.5, torch.where(x < 4, 1.0, 2.0))
+    assert float(((mean - x).abs() / gap).max()) < 0.4
+    assert abs(float(((mean - x) / gap).mean())) < 0.01
+    rn = e2m1_decode(unpack_fp4(rd.quantize_recipe(x, Recipe(block=(16, 16))).data))
+    assert float(((rn - x).abs() / gap).mean()) > 0.2  # RN sits half a gap away on average
+
+
+GROUP_SPLITS = [[64, 0, 128, 16, 48], [0, 0, 256], [16], [32, 96, 0]]
+
+
+@pytest.mark.parametrize("splits", GROUP_SPLITS)
+@pytest.mark.parametrize("recipe", [
+    Recipe(columnwise=True), Recipe(scaling="token", columnwise=True, swizzle=True),
+    Recipe(rht=True, columnwise=True), Recipe(scaling="token", rht=True, columnwise=True),
+    Recipe(block=(16, 16), columnwise=True, swizzle=True),
+    Recipe(stochastic_rounding=True, columnwise=True),
+    Recipe(four_over_six="mse", scaling="token", columnwise=True),
+])
+def test_grouped(splits, recipe, gen):
+    x = make_input((sum(splits), 96), "outliers", torch.bfloat16, gen)
+    got = rd.quantize_grouped(x, splits, recipe, seed=3, offset=4)
+    want = ref.quantize_grouped(x, splits, recipe, seed=3, offset=4)
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        check(g, w, recipe)
+
+
+def test_grouped_window64_and_rowwise_uneven(gen):
+    x = make_input((256, 128), "outliers", torch.float32, gen)
+    splits = [64, 0, 128, 64]
+    recipe = Recipe(scaling="window64", columnwise=True, swizzle=True)
+    for g, w in zip(rd.quantize_grouped(x, splits, recipe), ref.quantize_grouped(x, splits, recipe)):
+        check(g, w, recipe)
+    splits = [5, 0, 100, 151]  # rowwise only: any group size
+    for recipe in (Recipe(scaling="token"), Recipe(block=(16, 16), swizzle=True),
+                   Recipe(stochastic_rounding=True)):
+        got = rd.quantize_grouped(x, splits, recipe, seed=1)
+        for g, w in zip(got, ref.quantize_grouped(x, splits, recipe, seed=1)):
+            check(g, w, recipe)
+
+
+def test_bad_inputs():
+    x = torch.randn(48, 64, device="cuda")
+    with pytest.raises(ValueError, match="multiple of 64"):
+        rd.quantize_recipe(x, Recipe(scaling="window64", columnwise=True))
+    with pytest.raises(ValueError, match="split_sizes"):
+        rd.quantize_grouped(x, [16, 16], Recipe())
+    with pytest.raises(ValueError, match="split_sizes\\[1\\]"):
+        rd.quantize_grouped(x, [16, 8, 24], Recipe(columnwise=True))
+    with pytest.raises(ValueError, match="seed"):
+        rd.quantize_recipe(x, Recipe(stochastic_rounding=True), seed=-1)
+    with pytest.raises(TypeError):
+        rd.quantize_recipe(x.double(), Recipe())
