@@ -1,25 +1,32 @@
 #!/usr/bin/env bash
-# Runs the GPU tests and the benchmarks in one go on a CUDA machine; logs and tables go to
-# $1 (default: $OUT, else ./perf/out). On the project's device machine:
-#   source .gpu/prelude.sh && bash perf/gpu_suite.sh [tests|bench|all] ...
-# Extra arguments after the mode are passed to pytest (mode tests) or select benchmarks
-# (mode bench: any of quant gemm linear; default all three that exist).
+# The GPU tests and the benchmarks in one go, for one device call. On the project's device:
+#   source .gpu/prelude.sh && bash perf/gpu_suite.sh [MODE] [BENCH ...]
+# MODE: tests | bench | all (default). BENCH: any of quant gemm linear dequant (default all).
+# Output folder: $OUT if set, else ./perf/out. It receives gpu_tests.log, bench.md (every
+# table, in order) and bench_json.tar.gz (each benchmark's --json file): few files, because
+# the device tool returns at most 8.
 set -uo pipefail
-mode="${1:-all}"; shift || true
+mode="${1:-all}"
+[ $# -gt 0 ] && shift
+benches=("$@")
+[ ${#benches[@]} -gt 0 ] || benches=(quant gemm linear dequant)
 out="${OUT:-./perf/out}"
-mkdir -p "$out"
+mkdir -p "$out" "$out/json"
 export PYTHONUNBUFFERED=1
 status=0
-python3 -c "import torch; p=torch.cuda.get_device_properties(0); print(p.name, p.multi_processor_count, 'SMs')" | tee "$out/device.txt"
+python3 -c "import torch; p = torch.cuda.get_device_properties(0); print(p.name, p.multi_processor_count, 'SMs')"
 if [ "$mode" = tests ] || [ "$mode" = all ]; then
-    python3 -m pytest -q -m gpu -p no:cacheprovider "$@" tests 2>&1 | tee "$out/gpu_tests.log"
-    status=${PIPESTATUS[0]}
+    python3 -m pytest -q -m gpu -p no:cacheprovider tests 2>&1 | tee "$out/gpu_tests.log"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
 if [ "$mode" = bench ] || [ "$mode" = all ]; then
-    benches=("$@"); [ "$mode" = all ] || [ ${#benches[@]} -gt 0 ] || benches=(quant gemm linear)
-    [ "$mode" = all ] && benches=(quant gemm linear)
+    : > "$out/bench.md"
     for b in "${benches[@]}"; do
-        python3 -m cute_fp4.perf "$b" --json "$out/$b.json" 2>&1 | tee "$out/$b.md" || status=1
+        python3 -m cute_fp4.perf "$b" --json "$out/json/$b.json" 2>/dev/null | tee -a "$out/bench.md"
+        [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "benchmark $b failed" | tee -a "$out/bench.md"; status=1; }
+        echo | tee -a "$out/bench.md"
     done
+    tar czf "$out/bench_json.tar.gz" -C "$out" json
 fi
+rm -rf "$out/json"
 exit $status
