@@ -36,6 +36,27 @@ def scaled_e2m1(code: Uint32, q1_bits: Uint32, q15_bits: Uint32) -> Float32:
     return bits_to_f32(mag | ((code & Uint32(0x8)) << 28))
 
 
+@cute.jit
+def thread_block(blocks: Int32):
+    """(i, r, b): this thread's flat block index and its (row, block) with `blocks` per row."""
+    tidx, _, _ = cute.arch.thread_idx()
+    bidx, _, _ = cute.arch.block_idx()
+    i = bidx * THREADS + tidx
+    r = i // blocks
+    return i, r, i - r * blocks
+
+
+@cute.jit
+def block_scale_code(scales: cute.Tensor, i: Int32, r: Int32, b: Int32, blocks: Int32,
+                     swizzled: cutlass.Constexpr[bool]) -> Uint32:
+    """The scale byte of block (r, b), flat index i = r * blocks + b, from the flat compact or
+    128x4 swizzled scale bytes."""
+    offset = i
+    if cutlass.const_expr(swizzled):
+        offset = swizzled_scale_offset(r, b, blocks)
+    return Uint32(scales[offset])
+
+
 class DequantizeNVFP4:
     """out[r, 16*b + j] = e2m1(q[r, 16*b + j]) * e4m3(s[r, b]) / S_enc(amax of (r, b))."""
 
@@ -63,16 +84,9 @@ class DequantizeNVFP4:
     @cute.kernel
     def kernel(self, words: cute.Tensor, scales: cute.Tensor, amax: cute.Tensor,
                out: cute.Tensor, rows: Int32, blocks: Int32):
-        tidx, _, _ = cute.arch.thread_idx()
-        bidx, _, _ = cute.arch.block_idx()
-        i = bidx * THREADS + tidx
+        i, r, b = thread_block(blocks)
         if i < rows * blocks:
-            r = i // blocks
-            b = i - r * blocks
-            if cutlass.const_expr(self.swizzled):
-                s_code = Uint32(scales[swizzled_scale_offset(r, b, blocks)])
-            else:
-                s_code = Uint32(scales[i])
+            s_code = block_scale_code(scales, i, r, b, blocks, self.swizzled)
             if cutlass.const_expr(self.scaling == "tensor"):
                 a = amax[0]
             elif cutlass.const_expr(self.scaling == "token"):
@@ -126,16 +140,9 @@ class DequantizeMXFP8:
     @cute.kernel
     def kernel(self, data: cute.Tensor, scales: cute.Tensor, out: cute.Tensor, rows: Int32,
                blocks: Int32):
-        tidx, _, _ = cute.arch.thread_idx()
-        bidx, _, _ = cute.arch.block_idx()
-        i = bidx * THREADS + tidx
+        i, r, b = thread_block(blocks)
         if i < rows * blocks:
-            r = i // blocks
-            b = i - r * blocks
-            if cutlass.const_expr(self.swizzled):
-                s_code = Uint32(scales[swizzled_scale_offset(r, b, blocks)])
-            else:
-                s_code = Uint32(scales[i])
+            s_code = block_scale_code(scales, i, r, b, blocks, self.swizzled)
             s = e8m0_to_f32(s_code)
             src = cute.make_rmem_tensor((1, 32), self.in_dtype)
             cute.autovec_copy(cute.local_tile(data, (1, 32), (r, b)), src)
