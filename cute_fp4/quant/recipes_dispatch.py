@@ -42,15 +42,15 @@ def _common_fakes(dtype: str):
 def cast_recipe_kernel(dtype: str, recipe: Recipe):
     """(kernel, *fake compile arguments) of the recipe cast for a configuration."""
     op = RecipeCastKernel(*_cast_config(dtype, recipe))
-    f32 = fake_tensor(cutlass.Float32, (None,), align=4)
-    u8 = fake_tensor(cutlass.Uint8, (None,), align=1)
-    return (op, *_common_fakes(dtype), f32, f32, u8, u8, u8, u8, cutlass.Int32(1), env_stream())
+    f32 = [fake_tensor(cutlass.Float32, (None,), align=4) for _ in range(2)]
+    u8 = [fake_tensor(cutlass.Uint8, (None,), align=1) for _ in range(4)]
+    return (op, *_common_fakes(dtype), *f32, *u8, cutlass.Int32(1), env_stream())
 
 
 def amax_recipe_kernel(dtype: str, per_token: bool, rht: bool, do_row: bool, do_col: bool):
     op = RecipeAmax(dtype, per_token, rht, do_row, do_col)
-    f32 = fake_tensor(cutlass.Float32, (None,), align=4)
-    return (op, *_common_fakes(dtype), fake_tensor(cutlass.Int32, (None, 2), align=4), f32, f32,
+    f32 = [fake_tensor(cutlass.Float32, (None,), align=4) for _ in range(2)]
+    return (op, *_common_fakes(dtype), fake_tensor(cutlass.Int32, (None, 2), align=4), *f32,
             cutlass.Int32(1), env_stream())
 
 
