@@ -1,6 +1,9 @@
 """Compile tests (CPU, no GPU needed): the GEMM kernels build and use the instructions they rely
 on (sm_90a: TMA loads, BF16 wgmma with FP32 accumulation, the BF16x2 scale multiply of the
-decode, register reallocation between the producer and the consumers)."""
+decode and of the E4M3 scale (no conversion instructions), register reallocation between the
+producer and the consumers; window64 factors by TMA and FP32 FMAs)."""
+
+import re
 
 import pytest
 import torch
@@ -23,8 +26,28 @@ def test_w4a4_sm90_ptx(tile_n, out_dtype, flags, bias_dtype):
         rf"wgmma\.mma_async\.sync\.aligned\.m64n{tile_n}k16\.f32\.bf16\.bf16",
         r"cp\.async\.bulk\.tensor\.2d\.shared::\w+\.global",
         r"mul\.rn\.bf16x2",
-        r"cvt\.rn\.f16x2\.e4m3x2",
+        r"mul\.lo\.u32 [^;]*, 0x00100010;",
         r"st\.shared\.v4\.b32",
         r"setmaxnreg\.inc",
         r"setmaxnreg\.dec",
     ]) == []
+    assert "cvt.rn.f16x2.e4m3x2" not in ptx
+
+
+@pytest.mark.parametrize("windows", [(True, False), (False, True), (True, True)])
+def test_w4a4_sm90_window64_ptx(windows):
+    op, args = _w4a4_kernel(torch.bfloat16, 128, 6, (True, False, False, True), torch.float32,
+                            windows)
+    ptx = compile_ptx(op, *args, arch="sm_90a")
+    tma_loads = len(re.findall(r"cp\.async\.bulk\.tensor\.2d\.shared::\w+\.global", ptx))
+    assert tma_loads == 4 + sum(windows)
+    assert len(re.findall(r"fma\.rn\.f32", ptx)) >= 128  # acc += f * part, two k-tile sites
+    assert len(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n128k16", ptx)) == 8
+
+
+def test_window64_needs_tile_n_128():
+    from cute_fp4.gemm.sm90_w4a4 import Sm90GemmNVFP4
+    import cutlass
+
+    with pytest.raises(ValueError, match="tile_n 128"):
+        Sm90GemmNVFP4(cutlass.BFloat16, tile_n=256, has_a_window=True)

@@ -155,3 +155,95 @@ def test_exact_small_sums(gen):
     out = run(a, sa, b, sb, out_dtype=torch.float32)
     d64, _ = expected(a, sa, b, sb, None, None, None, None)
     assert torch.equal(out.double().cpu(), d64)
+
+
+# ---- 1x64 local-encode (window64) operands ----
+
+def window_amax(rows, k, gen, outliers=True):
+    """FP32 window amax [rows, K/64]: 2**U(-3, 3) * 2688, with outlier windows (x 2**+-12) and
+    all-zero windows (amax 0 -> S_dec 1) when asked."""
+    amax = torch.exp2(torch.rand(rows, k // 64, generator=gen) * 6 - 3) * 2688.0
+    if outliers:
+        pick = torch.rand(rows, k // 64, generator=gen)
+        amax = torch.where(pick < 0.05, amax * 2.0**12, amax)
+        amax = torch.where((pick >= 0.05) & (pick < 0.10), amax * 2.0**-12, amax)
+        amax = torch.where((pick >= 0.10) & (pick < 0.13), torch.zeros_like(amax), amax)
+    return amax
+
+
+def window_factors(scales, amax, e4m3_max):
+    """The reference's per-block FP32 factors: scale * S_dec(window amax)."""
+    from cute_fp4.ref.formats import decode_scale
+
+    return scales.to(torch.float32) * decode_scale(amax, e4m3_max).repeat_interleave(4, dim=1)
+
+
+def run_windowed(a, sa, b, sb, a_amax, b_amax, e4m3_max, **kw):
+    cu = lambda t: None if t is None else t.to("cuda")  # noqa: E731
+    return run(a, sa, b, sb, a_window_amax=cu(a_amax), b_window_amax=cu(b_amax),
+               e4m3_max=e4m3_max, **kw)
+
+
+@pytest.mark.parametrize("which", ["a", "b", "both"])
+@pytest.mark.parametrize("m,n,k,e4m3_max", [(200, 300, 512, 448), (130, 136, 1024, 256),
+                                            (1, 64, 64, 448), (384, 520, 2048, 448)])
+def test_window64_vs_float64_and_ref(which, m, n, k, e4m3_max, gen):
+    a, sa = rand_operand(m, k, gen)
+    b, sb = rand_operand(n, k, gen)
+    a_amax = window_amax(m, k, gen) if which in ("a", "both") else None
+    b_amax = window_amax(n, k, gen) if which in ("b", "both") else None
+    fa = sa.to(torch.float32) if a_amax is None else window_factors(sa, a_amax, e4m3_max)
+    fb = sb.to(torch.float32) if b_amax is None else window_factors(sb, b_amax, e4m3_max)
+    out = run_windowed(a, sa, b, sb, a_amax, b_amax, e4m3_max, out_dtype=torch.float32)
+    d64, mag = expected(a, fa, b, fb, None, None, None, None)
+    check(out, d64, mag, k, torch.float32)
+    r = ref.gemm(a, fa, b, fb, out_dtype=torch.float32)
+    check(r, d64, mag, k, torch.float32)
+    # FP32 summation-order noise only: relative to the magnitude sum
+    assert float(((out.cpu().double() - r.double()).abs() / (mag + 1e-30)).max()) < k * 2.0**-22
+
+
+def test_window64_epilogue_and_swizzled(gen):
+    """window64 with alpha / row / col / bias, BF16 out, swizzled scales."""
+    m, n, k = 160, 272, 512
+    a, sa = rand_operand(m, k, gen)
+    b, sb = rand_operand(n, k, gen)
+    a_amax, b_amax = window_amax(m, k, gen), window_amax(n, k, gen)
+    alpha = torch.rand(1, generator=gen) + 0.5
+    row = torch.rand(m, generator=gen) + 0.5
+    col = torch.rand(n, generator=gen) + 0.5
+    bias = torch.randn(n, generator=gen) * 8
+    out = run_windowed(a, sa, b, sb, a_amax, b_amax, 448, alpha=alpha, row=row, col=col,
+                       bias=bias, swizzled=True)
+    d64, mag = expected(a, window_factors(sa, a_amax, 448), b, window_factors(sb, b_amax, 448),
+                        alpha, row, col, bias)
+    check(out, d64, mag, k, torch.bfloat16)
+
+
+def test_window64_exact_small_sums(gen):
+    """Power-of-two window factors (amax = 2688 * 2**j -> S_dec = 2**j) and small integer
+    values: every FP32 sum is exact, so the result is bit-exact."""
+    m, n, k = 192, 320, 512
+    a, _ = rand_operand(m, k, gen)
+    b, _ = rand_operand(n, k, gen)
+    sa = torch.ones(m, k // 16).to(torch.float8_e4m3fn)
+    sb = torch.full((n, k // 16), 2.0).to(torch.float8_e4m3fn)
+    a_amax = 2688.0 * torch.exp2(torch.randint(-2, 3, (m, k // 64), generator=gen).float())
+    b_amax = 2688.0 * torch.exp2(torch.randint(-2, 3, (n, k // 64), generator=gen).float())
+    out = run_windowed(a, sa, b, sb, a_amax, b_amax, 448, out_dtype=torch.float32)
+    d64, _ = expected(a, window_factors(sa, a_amax, 448), b, window_factors(sb, b_amax, 448),
+                      None, None, None, None)
+    assert torch.equal(out.double().cpu(), d64)
+
+
+def test_window64_argument_errors(gen):
+    from cute_fp4.gemm.dispatch import gemm_nvfp4
+
+    a, sa = rand_operand(64, 96, gen)
+    with pytest.raises(ValueError, match="K % 64"):
+        gemm_nvfp4(a.cuda(), sa.cuda(), a.cuda(), sa.cuda(),
+                   a_window_amax=torch.ones(64, 1, device="cuda"))
+    a, sa = rand_operand(64, 128, gen)
+    with pytest.raises(ValueError, match="a_window_amax must be float32"):
+        gemm_nvfp4(a.cuda(), sa.cuda(), a.cuda(), sa.cuda(),
+                   a_window_amax=torch.ones(64, 3, device="cuda"))

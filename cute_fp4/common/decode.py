@@ -25,23 +25,29 @@ from cutlass.cutlass_dsl import T, dsl_user_op
 
 # Decoded values are e2m1 * scale * 2**-DECODE_EXP_SHIFT.
 DECODE_EXP_SHIFT = 7
-# FP32 bit pattern of 2**(126 - DECODE_EXP_SHIFT).
-_SCALE_BIAS_F32 = (127 + 126 - DECODE_EXP_SHIFT) << 23
+# BF16 bit pattern of 2**(126 - DECODE_EXP_SHIFT - 7) (the scale trick's second factor:
+# 2**-120 * 2**127 * 2**112 = 2**119).
+_SCALE_TAIL_BF16 = (127 + 126 - DECODE_EXP_SHIFT - 7) << 7
 
 
 @dsl_user_op
 def e4m3_to_bf16x2_scale(sf_byte: Int32, *, loc=None, ip=None) -> Int32:
-    """One E4M3 scale (low byte of `sf_byte`) -> BF16x2 (both halves) of scale * 2**119, the
-    multiplier `decode_e2m1x8` expects. Exact: 4 significant bits, no overflow (448 * 2**119
-    < 2**128)."""
+    """One E4M3 block scale (low byte of `sf_byte`, zero-extended) -> BF16x2 (both halves) of
+    scale * 2**119, the multiplier `decode_e2m1x8` expects. Exact: 4 significant bits, no
+    overflow (448 * 2**119 < 2**128).
+
+    No conversion-unit instructions: the magnitude bits `eeee mmm` placed at bits [10:4] of a
+    BF16 half are exactly `scale * 2**-120` (subnormal E4M3 scales land on BF16 subnormals,
+    the same trick as the E2M1 codes), then two exact BF16x2 multiplies by 2**127 and 2**112.
+    The sign bit is ignored (NVFP4 block scales are unsigned) and NaN (0x7F) is not special."""
     asm = (
-        "{\n\t.reg .b16 q;\n\t.reg .b32 h2;\n\t.reg .f16 h0, h1;\n\t.reg .f32 f;\n\t"
-        "cvt.u16.u32 q, $1;\n\t"
-        "cvt.rn.f16x2.e4m3x2 h2, q;\n\t"
-        "mov.b32 {h0, h1}, h2;\n\t"
-        "cvt.f32.f16 f, h0;\n\t"
-        f"mul.f32 f, f, 0f{_SCALE_BIAS_F32:08X};\n\t"
-        "cvt.rn.bf16x2.f32 $0, f, f;\n\t}"
+        "{\n\t.reg .b32 t, c0, c1;\n\t"
+        "and.b32 t, $1, 0x7F;\n\t"
+        "mul.lo.u32 t, t, 0x00100010;\n\t"
+        "mov.b32 c0, 0x7F007F00;\n\t"
+        f"mov.b32 c1, 0x{_SCALE_TAIL_BF16:04X}{_SCALE_TAIL_BF16:04X};\n\t"
+        "mul.rn.bf16x2 t, t, c0;\n\t"
+        "mul.rn.bf16x2 $0, t, c1;\n\t}"
     )
     res = llvm.inline_asm(
         T.i32(),

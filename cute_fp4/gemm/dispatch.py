@@ -8,67 +8,31 @@ import torch
 
 from ..common.jit import KERNELS, compile_kernel, device_arch, dyn, env_stream, fake_tensor, \
     torch_to_cutlass
-from ..ref.swizzle import swizzle_scales, swizzled_shape
+from ..ref.formats import decode_scale
+from .operands import _check_operand, _prepare_data, _vector
 
 OUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
-def _check_operand(data: torch.Tensor, scales: torch.Tensor, name: str, swizzled: bool):
-    if data.dtype != torch.uint8 or data.dim() != 2:
-        raise TypeError(f"{name}_data must be a 2D uint8 tensor [rows, K/2], got "
-                        f"{data.dtype} {tuple(data.shape)}")
-    if not data.is_contiguous():
-        raise ValueError(f"{name}_data must be contiguous")
-    if scales.dtype not in (torch.float8_e4m3fn, torch.uint8):
-        raise TypeError(f"{name}_scales must be float8_e4m3fn, got {scales.dtype}")
-    rows, k = data.shape[0], data.shape[1] * 2
-    if k % 16:
-        raise ValueError(f"K must be a multiple of 16, got {k}")
-    if swizzled:
-        pr, pc = swizzled_shape(rows, k // 16)
-        if scales.numel() != pr * pc:
-            raise ValueError(f"swizzled {name}_scales for [{rows}, {k // 16}] need {pr * pc} "
-                             f"bytes ([{pr}, {pc}]), got {tuple(scales.shape)}")
-        return scales.contiguous().view(torch.uint8).reshape(-1)
-    if tuple(scales.shape) != (rows, k // 16):
-        raise ValueError(f"{name}_scales must be [{rows}, {k // 16}], got {tuple(scales.shape)}")
-    return swizzle_scales(scales.view(torch.uint8)).reshape(-1)
-
-
-def _prepare_data(data: torch.Tensor) -> torch.Tensor:
-    """TMA needs 16-byte aligned rows and base: pad K/2 to a multiple of 16 bytes with zero codes
-    (which contribute 0) and realign a misaligned view."""
-    kh = data.shape[1]
-    if kh % 16:
-        padded = torch.zeros((data.shape[0], -(-kh // 16) * 16), dtype=torch.uint8,
-                             device=data.device)
-        padded[:, :kh] = data
-        return padded
-    if data.data_ptr() % 16:
-        return data.clone()
-    return data
-
-
-def _vector(v: Optional[torch.Tensor], n: int, name: str, device) -> Optional[torch.Tensor]:
-    if v is None:
-        return None
-    if v.device != device:
-        raise ValueError(f"{name} must be on {device}, got {v.device}")
-    if v.numel() != n:
-        raise ValueError(f"{name} must have {n} elements, got shape {tuple(v.shape)}")
-    return v.reshape(-1).to(torch.float32).contiguous()
-
-
-def _w4a4_kernel(out_dtype, tile_n, stages, flags, bias_dtype):
+def _w4a4_kernel(out_dtype, tile_n, stages, flags, bias_dtype, windows=(False, False)):
     import cutlass
 
     from .sm90_w4a4 import Sm90GemmNVFP4
 
     has_alpha, has_row, has_col, has_bias = flags
+    has_a_window, has_b_window = windows
     op = Sm90GemmNVFP4(torch_to_cutlass(out_dtype), tile_n=tile_n, stages=stages,
                        has_alpha=has_alpha, has_row=has_row, has_col=has_col,
-                       has_bias=has_bias)
+                       has_bias=has_bias, has_a_window=has_a_window,
+                       has_b_window=has_b_window)
     m, n, kh = dyn(), dyn(), dyn(16)
+
+    def window(present):
+        # [rows (padded to 4), K/64] FP32 with the rows contiguous (see _window_factors)
+        if not present:
+            return None
+        return fake_tensor(cutlass.Float32, (dyn(4), dyn()), stride_order=(0, 1))
+
     args = (
         fake_tensor(cutlass.Uint8, (m, kh)),
         fake_tensor(cutlass.Uint8, (n, kh)),
@@ -79,14 +43,37 @@ def _w4a4_kernel(out_dtype, tile_n, stages, flags, bias_dtype):
         fake_tensor(cutlass.Float32, (1,), align=4) if has_alpha else None,
         fake_tensor(cutlass.Float32, (m,), align=4) if has_row else None,
         fake_tensor(cutlass.Float32, (n,), align=4) if has_col else None,
-        fake_tensor(torch_to_cutlass(bias_dtype), (n,), align=2) if has_bias else None,
+        fake_tensor(torch_to_cutlass(bias_dtype), (n,),
+                    align=torch.empty((), dtype=bias_dtype).element_size()) if has_bias else None,
+        window(has_a_window),
+        window(has_b_window),
         env_stream(),
     )
     return op, args
 
 
-def pick_w4a4_config(m: int, n: int, k: int):
-    """(tile_n, stages) for a problem; 128-wide N tiles when 256-wide ones leave SMs idle."""
+def _window_factors(amax: Optional[torch.Tensor], rows: int, k: int, e4m3_max: int,
+                    name: str, device) -> Optional[torch.Tensor]:
+    """S_dec per 1x64 window (SPEC 1: 1 / S_enc(amax), computed by the reference formula) as
+    a [rows padded to 4, K/64] FP32 view whose rows are contiguous (one TMA box per tile and
+    k-tile; padding rows are 0)."""
+    if amax is None:
+        return None
+    if amax.dtype != torch.float32 or tuple(amax.shape) != (rows, k // 64):
+        raise ValueError(f"{name}_window_amax must be float32 [{rows}, {k // 64}], got "
+                         f"{amax.dtype} {tuple(amax.shape)}")
+    if amax.device != device:
+        raise ValueError(f"{name}_window_amax must be on {device}, got {amax.device}")
+    factors = torch.zeros((k // 64, -(-rows // 4) * 4), dtype=torch.float32, device=device)
+    factors[:, :rows] = decode_scale(amax, e4m3_max).t()
+    return factors.t()
+
+
+def pick_w4a4_config(m: int, n: int, k: int, windowed: bool = False):
+    """(tile_n, stages) for a problem; 128-wide N tiles when 256-wide ones leave SMs idle
+    (always with window64 operands: two accumulator tiles)."""
+    if windowed:
+        return 128, 8
     tiles_256 = -(-m // 128) * -(-n // 256)
     if tiles_256 < 132 or n <= 128:
         return 128, 8
@@ -98,12 +85,22 @@ def gemm_nvfp4(a_data: torch.Tensor, a_scales: torch.Tensor, b_data: torch.Tenso
                row: Optional[torch.Tensor] = None, col: Optional[torch.Tensor] = None,
                bias: Optional[torch.Tensor] = None, out_dtype: torch.dtype = torch.bfloat16,
                scales_swizzled: bool = False, out: Optional[torch.Tensor] = None,
+               a_window_amax: Optional[torch.Tensor] = None,
+               b_window_amax: Optional[torch.Tensor] = None, e4m3_max: int = 448,
                tile_n: Optional[int] = None, stages: Optional[int] = None) -> torch.Tensor:
     """D[M, N] = cast(alpha * row[m] * col[n] * sum_k a[m, k] * b[n, k] + bias[n]) for NVFP4
     operands: packed E2M1 uint8 [rows, K/2] (even element in the low nibble) with E4M3 block
     scales, compact [rows, K/16] or swizzled (SPEC 1). FP32 accumulation and epilogue.
+
+    1x64 local-encode (Recipe(scaling="window64")) operands: pass their FP32 window amax
+    [rows, K/64] as a_window_amax / b_window_amax (either or both; K % 64 == 0) and the
+    recipe's e4m3_max; a[m, k] then carries the factor S_dec(amax[m, k // 64]) =
+    1 / S_enc (SPEC 1), applied in FP32 per 64-wide k-tile, so D matches ref.gemm with
+    factors = scale * S_dec_window up to FP32 summation order. Their scales stay the E4M3
+    block scales (not FP32 factors).
     `out` (optional, contiguous [M, N] of out_dtype) receives the result; tile_n / stages
-    override the kernel configuration (benchmarks)."""
+    override the kernel configuration (benchmarks). sm_100a devices run
+    `sm100_blockscaled.gemm_nvfp4_sm100` (no window64 operands there yet)."""
     if out_dtype not in OUT_DTYPES:
         raise TypeError(f"out_dtype must be float32, bfloat16 or float16, got {out_dtype}")
     sfa = _check_operand(a_data, a_scales, "a", scales_swizzled)
@@ -115,6 +112,12 @@ def gemm_nvfp4(a_data: torch.Tensor, a_scales: torch.Tensor, b_data: torch.Tenso
     if device.type != "cuda" or b_data.device != device:
         raise ValueError("gemm_nvfp4 needs a_data and b_data on one CUDA device")
     m, n, k = a_data.shape[0], b_data.shape[0], a_data.shape[1] * 2
+    windowed = a_window_amax is not None or b_window_amax is not None
+    if windowed:
+        if k % 64:
+            raise ValueError(f"window64 operands need K % 64 == 0, got K={k}")
+        if e4m3_max not in (448, 256):
+            raise ValueError(f"e4m3_max must be 448 or 256, got {e4m3_max}")
     if alpha is not None and alpha.numel() != 1:
         raise ValueError(f"alpha must have one element, got shape {tuple(alpha.shape)}")
     alpha = _vector(alpha, 1, "alpha", device)
@@ -126,29 +129,58 @@ def gemm_nvfp4(a_data: torch.Tensor, a_scales: torch.Tensor, b_data: torch.Tenso
         if bias.device != device or bias.numel() != n:
             raise ValueError(f"bias must be [N={n}] on {device}, got {tuple(bias.shape)}")
         bias = bias.reshape(-1).contiguous()
+    if out is not None and (out.dtype != out_dtype or tuple(out.shape) != (m, n)
+                            or not out.is_contiguous()):
+        raise ValueError(f"out must be a contiguous [{m}, {n}] {out_dtype} tensor")
+    if k == 0 and m and n:
+        raise ValueError("K must be positive")
+    arch = device_arch(device)
+    if arch == "sm_100a":
+        return _gemm_sm100(a_data, sfa, b_data, sfb, alpha, row, col, bias, out_dtype, out,
+                           windowed, tile_n, stages)
     if out is None:
         out = torch.empty((m, n), dtype=out_dtype, device=device)
-    elif out.dtype != out_dtype or tuple(out.shape) != (m, n) or not out.is_contiguous():
-        raise ValueError(f"out must be a contiguous [{m}, {n}] {out_dtype} tensor")
     if m == 0 or n == 0:
         return out
-    if k == 0:
-        raise ValueError("K must be positive")
-    auto_tile_n, auto_stages = pick_w4a4_config(m, n, k)
+    if arch != "sm_90a":
+        raise NotImplementedError(f"gemm_nvfp4 runs on sm_90a and sm_100a (device is {arch})")
+    a_win = _window_factors(a_window_amax, m, k, e4m3_max, "a", device)
+    b_win = _window_factors(b_window_amax, n, k, e4m3_max, "b", device)
+    auto_tile_n, auto_stages = pick_w4a4_config(m, n, k, windowed)
     tile_n = tile_n or auto_tile_n
     stages = stages or auto_stages
     flags = (alpha is not None, row is not None, col is not None, bias is not None)
+    windows = (a_win is not None, b_win is not None)
     bias_dtype = bias.dtype if bias is not None else None
-    arch = device_arch(device)
-    if arch != "sm_90a":
-        raise NotImplementedError(f"gemm_nvfp4 runs on sm_90a only for now (device is {arch})")
-    key = ("gemm_w4a4_sm90", out_dtype, tile_n, stages, flags, bias_dtype)
+    key = ("gemm_w4a4_sm90", out_dtype, tile_n, stages, flags, bias_dtype, windows)
+
     def build():
-        op, args = _w4a4_kernel(out_dtype, tile_n, stages, flags, bias_dtype)
+        op, args = _w4a4_kernel(out_dtype, tile_n, stages, flags, bias_dtype, windows)
         return compile_kernel(op, *args, arch=arch)
 
     fn = KERNELS.get(key, build)
-    fn(_prepare_data(a_data), _prepare_data(b_data), sfa, sfb, out, alpha, row, col, bias)
+    fn(_prepare_data(a_data), _prepare_data(b_data), sfa, sfb, out, alpha, row, col, bias,
+       a_win, b_win)
+    return out
+
+
+def _gemm_sm100(a_data, sfa, b_data, sfb, alpha, row, col, bias, out_dtype, out, windowed,
+                tile_n, stages):
+    """The sm_100a route of gemm_nvfp4: tcgen05 block-scaled kernel (compiled only, never run
+    on this project's machines), swizzled scales; a given `out` receives a copy of its
+    result."""
+    from .sm100_blockscaled import gemm_nvfp4_sm100
+
+    if windowed:
+        raise NotImplementedError("window64 operands are not supported by the sm_100a GEMM")
+    if stages is not None:
+        raise ValueError("stages is a sm_90a kernel option (the sm_100a kernel sizes its "
+                         "pipeline itself)")
+    d = gemm_nvfp4_sm100(a_data, sfa, b_data, sfb, alpha=alpha, row=row, col=col, bias=bias,
+                         out_dtype=out_dtype, tile_n=tile_n)
+    if out is None:
+        return d
+    out.copy_(d)
     return out
 
 

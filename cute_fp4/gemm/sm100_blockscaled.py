@@ -596,7 +596,7 @@ def gemm_nvfp4_sm100(a_data: torch.Tensor, a_scales_swizzled: torch.Tensor,
     N must keep D's rows 16-byte aligned (a multiple of 8 for bf16/fp16 output, 4 for fp32).
     COMPILED FOR sm_100a BUT NEVER RUN (see the module docstring): its results are unverified
     until it runs on a Blackwell GPU."""
-    from .dispatch import _check_operand, _prepare_data, _vector
+    from .operands import _check_operand, _prepare_data, _vector
 
     if out_dtype not in OUT_DTYPES:
         raise TypeError(f"out_dtype must be float32, bfloat16 or float16, got {out_dtype}")

@@ -16,6 +16,12 @@ The decode permutes K inside each group of 8 identically for A and B (see
 cute_fp4.common.decode), which leaves every dot product unchanged. Decoded values carry a
 factor 2**-7 each, removed exactly in the FP32 epilogue (2**14).
 Epilogue: FP32 alpha, row, col, bias, then the cast and predicated global stores (any M, N).
+
+1x64 local-encode operands (window64): each k-tile of 64 is one window, so the per-window
+FP32 decode factors (S_dec of A per row, of B per column; [rows, K/64], delivered by TMA with
+the k-tile as [rows] vectors) scale whole k-tiles: the wgmmas of a k-tile accumulate into a
+second register tile `part` (zeroed after each use), then acc += (wa[m] * wb[n]) * part.
+The stage holding the factors is released after that update. Register budget: tile_n 128.
 """
 
 from __future__ import annotations
@@ -58,9 +64,14 @@ class Sm90GemmNVFP4:
         has_row: bool = False,
         has_col: bool = False,
         has_bias: bool = False,
+        has_a_window: bool = False,
+        has_b_window: bool = False,
     ):
         if tile_n not in (128, 256):
             raise ValueError(f"tile_n must be 128 or 256, got {tile_n}")
+        self.windowed = has_a_window or has_b_window
+        if self.windowed and tile_n != 128:
+            raise ValueError("window64 operands need tile_n 128 (two accumulator tiles)")
         self.out_dtype = out_dtype
         self.tile_n = tile_n
         self.stages = stages
@@ -68,6 +79,8 @@ class Sm90GemmNVFP4:
         self.has_row = has_row
         self.has_col = has_col
         self.has_bias = has_bias
+        self.has_a_window = has_a_window
+        self.has_b_window = has_b_window
         self.threads = 384
         self.producer_regs = 40
         self.consumer_regs = 232
@@ -85,6 +98,8 @@ class Sm90GemmNVFP4:
         mRow: Optional[cute.Tensor],
         mCol: Optional[cute.Tensor],
         mBias: Optional[cute.Tensor],
+        mAWin: Optional[cute.Tensor],
+        mBWin: Optional[cute.Tensor],
         stream: cuda.CUstream,
     ):
         tile_n = self.tile_n
@@ -123,6 +138,19 @@ class Sm90GemmNVFP4:
         tma_sfb, tma_mSFB = cpasync.make_tiled_tma_atom(
             g2s, sfb, cute.select(sf_b_layout, mode=[0, 1]), (128, 4))
         tx_bytes = (TILE_M + tile_n) * (TILE_K // 2) + SF_TILE_BYTES * (1 + tile_n // 128)
+        # window64 decode factors: [rows, K/64] FP32 views (rows contiguous), one [rows] box
+        # per (tile, k-tile)
+        wa_layout = cute.make_layout((TILE_M, 1, self.stages), stride=(1, TILE_M, TILE_M))
+        wb_layout = cute.make_layout((tile_n, 1, self.stages), stride=(1, tile_n, tile_n))
+        tma_wa = tma_mWA = tma_wb = tma_mWB = None
+        if const_expr(self.has_a_window):
+            tma_wa, tma_mWA = cpasync.make_tiled_tma_atom(
+                g2s, mAWin, cute.select(wa_layout, mode=[0, 1]), (TILE_M, 1))
+            tx_bytes += TILE_M * 4
+        if const_expr(self.has_b_window):
+            tma_wb, tma_mWB = cpasync.make_tiled_tma_atom(
+                g2s, mBWin, cute.select(wb_layout, mode=[0, 1]), (tile_n, 1))
+            tx_bytes += tile_n * 4
 
         tiled_mma = sm90_utils.make_trivial_tiled_mma(
             cutlass.BFloat16, cutlass.BFloat16,
@@ -141,14 +169,17 @@ class Sm90GemmNVFP4:
             sBpk: cute.struct.Align[cute.struct.MemRange[cutlass.Uint8, cute.cosize(pk_b_layout)], 128]
             sSFA: cute.struct.Align[cute.struct.MemRange[cutlass.Uint8, cute.cosize(sf_a_layout)], 128]
             sSFB: cute.struct.Align[cute.struct.MemRange[cutlass.Uint8, cute.cosize(sf_b_layout)], 128]
+            sWA: cute.struct.Align[cute.struct.MemRange[Float32, cute.cosize(wa_layout)], 128]
+            sWB: cute.struct.Align[cute.struct.MemRange[Float32, cute.cosize(wb_layout)], 128]
 
         self.shared_storage = SharedStorage
 
         grid = (cute.ceil_div(m_rows, TILE_M), cute.ceil_div(n_rows, tile_n), 1)
         self.kernel(
             tma_a, tma_mA, tma_b, tma_mB, tma_sfa, tma_mSFA, tma_sfb, tma_mSFB,
-            mD, mAlpha, mRow, mCol, mBias, tiled_mma,
-            pk_a_layout, pk_b_layout, sf_a_layout, sf_b_layout, b16_layout, tx_bytes,
+            mD, mAlpha, mRow, mCol, mBias, tma_wa, tma_mWA, tma_wb, tma_mWB, tiled_mma,
+            pk_a_layout, pk_b_layout, sf_a_layout, sf_b_layout, b16_layout, wa_layout,
+            wb_layout, tx_bytes,
         ).launch(grid=grid, block=[self.threads, 1, 1], stream=stream)
 
     @cute.kernel
@@ -167,12 +198,18 @@ class Sm90GemmNVFP4:
         mRow: Optional[cute.Tensor],
         mCol: Optional[cute.Tensor],
         mBias: Optional[cute.Tensor],
+        tma_wa: Optional[cute.CopyAtom],
+        mAWin: Optional[cute.Tensor],
+        tma_wb: Optional[cute.CopyAtom],
+        mBWin: Optional[cute.Tensor],
         tiled_mma: cute.TiledMma,
         pk_a_layout: cute.Layout,
         pk_b_layout: cute.Layout,
         sf_a_layout: cute.Layout,
         sf_b_layout: cute.Layout,
         b16_layout: cute.ComposedLayout,
+        wa_layout: cute.Layout,
+        wb_layout: cute.Layout,
         tx_bytes: cutlass.Constexpr[int],
     ):
         tile_n = self.tile_n
@@ -186,6 +223,10 @@ class Sm90GemmNVFP4:
             cpasync.prefetch_descriptor(tma_b)
             cpasync.prefetch_descriptor(tma_sfa)
             cpasync.prefetch_descriptor(tma_sfb)
+            if const_expr(self.has_a_window):
+                cpasync.prefetch_descriptor(tma_wa)
+            if const_expr(self.has_b_window):
+                cpasync.prefetch_descriptor(tma_wb)
 
         smem = cutlass.memory.SmemAllocator()
         storage = smem.allocate(self.shared_storage)
@@ -203,6 +244,8 @@ class Sm90GemmNVFP4:
         sSFA = storage.sSFA.get_tensor(sf_a_layout)
         sSFB = storage.sSFB.get_tensor(sf_b_layout)
         sB16 = storage.sB16.get_tensor(b16_layout.outer, swizzle=b16_layout.inner)
+        sWA = storage.sWA.get_tensor(wa_layout)
+        sWB = storage.sWB.get_tensor(wb_layout)
 
         k_tiles = cute.size(cute.ceil_div(mA.shape[1], TILE_K // 2))
         m_tile = bidx
@@ -228,6 +271,17 @@ class Sm90GemmNVFP4:
                 tBsSF, tBgSF = cpasync.tma_partition(
                     tma_sfb, 0, cute.make_layout(1),
                     cute.group_modes(sSFB, 0, 2), cute.group_modes(gSFB, 0, 2))
+                tWsA = tWgA = tWsB = tWgB = None
+                if const_expr(self.has_a_window):
+                    gWA = cute.local_tile(mAWin, (TILE_M, 1), (None, None))
+                    tWsA, tWgA = cpasync.tma_partition(
+                        tma_wa, 0, cute.make_layout(1),
+                        cute.group_modes(sWA, 0, 2), cute.group_modes(gWA, 0, 2))
+                if const_expr(self.has_b_window):
+                    gWB = cute.local_tile(mBWin, (tile_n, 1), (None, None))
+                    tWsB, tWgB = cpasync.tma_partition(
+                        tma_wb, 0, cute.make_layout(1),
+                        cute.group_modes(sWB, 0, 2), cute.group_modes(gWB, 0, 2))
                 state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer,
                                                      self.stages)
                 for kt in cutlass.range(k_tiles, unroll=1):
@@ -244,6 +298,12 @@ class Sm90GemmNVFP4:
                             tBgSF[(None, (n_tile * (tile_n // 128) + h) * k_tiles + kt)],
                             tBsSF[(None, s * (tile_n // 128) + h)],
                             tma_bar_ptr=bar)
+                    if const_expr(self.has_a_window):
+                        cute.copy(tma_wa, tWgA[(None, m_tile, kt)], tWsA[(None, s)],
+                                  tma_bar_ptr=bar)
+                    if const_expr(self.has_b_window):
+                        cute.copy(tma_wb, tWgB[(None, n_tile, kt)], tWsB[(None, s)],
+                                  tma_bar_ptr=bar)
                     mainloop.producer_commit(state)
                     state.advance()
                 mainloop.producer_tail(state)
@@ -265,6 +325,14 @@ class Sm90GemmNVFP4:
             acc = cute.make_rmem_tensor(tCgD.shape, Float32)
             acc.fill(0.0)
             tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
+            # window64: the wgmmas of one k-tile (= one window) go to `part`
+            part = acc
+            tCcT = None
+            if const_expr(self.windowed):
+                part = cute.make_rmem_tensor(tCgD.shape, Float32)
+                part.fill(0.0)
+                tCcT = tiled_mma.get_slice(ctid).partition_C(
+                    cute.make_identity_tensor((TILE_M, tile_n)))
 
             # this thread's A fragment rows (wgmma m64 layout) and nibble pair
             t = ctid % 128
@@ -275,25 +343,36 @@ class Sm90GemmNVFP4:
                      sSFB.iterator.toint(), sB16.iterator.toint())
 
             state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+            # window64: the stage of k-tile kt is released after its window update
+            win_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer,
+                                                     self.stages)
             self.decode_stage(mainloop, state, ctid, bases, 0, rA0, a_row0, nib_shift)
             state.advance()
             self.sync_decoders()
 
             for kp in cutlass.range(cute.ceil_div(k_tiles, 2), unroll=1):
                 kt = kp * 2
-                self.mma_ktile(tiled_mma, acc, rA0, tCrB, 0)
+                self.mma_ktile(tiled_mma, part, rA0, tCrB, 0)
                 if kt + 1 < k_tiles:
                     self.decode_stage(mainloop, state, ctid, bases, 1, rA1, a_row0, nib_shift)
                     state.advance()
                 warpgroup.wait_group(0)
+                if const_expr(self.windowed):
+                    self.window_update(acc, part, tCcT, sWA, sWB, win_state.index)
+                    mainloop.consumer_release(win_state)
+                    win_state.advance()
                 self.sync_decoders()
                 if kt + 1 < k_tiles:
-                    self.mma_ktile(tiled_mma, acc, rA1, tCrB, 1)
+                    self.mma_ktile(tiled_mma, part, rA1, tCrB, 1)
                     if kt + 2 < k_tiles:
                         self.decode_stage(mainloop, state, ctid, bases, 0, rA0, a_row0,
                                           nib_shift)
                         state.advance()
                     warpgroup.wait_group(0)
+                    if const_expr(self.windowed):
+                        self.window_update(acc, part, tCcT, sWA, sWB, win_state.index)
+                        mainloop.consumer_release(win_state)
+                        win_state.advance()
                     self.sync_decoders()
 
             # the accumulator fragment is per thread: partition D by the consumer thread index
@@ -309,16 +388,33 @@ class Sm90GemmNVFP4:
 
     @cute.jit
     def mma_ktile(self, tiled_mma, acc, rA, tCrB, buf: cutlass.Constexpr[int]):
+        """The four k16 wgmmas of a k-tile, accumulating into `acc`."""
         warpgroup.fence()
         for kb in cutlass.range_constexpr(TILE_K // 16):
             cute.gemm(tiled_mma, acc, rA[(None, None, kb)], tCrB[(None, None, kb, buf)], acc)
         warpgroup.commit_group()
 
     @cute.jit
+    def window_update(self, acc, part, tCcT, sWA, sWB, s):
+        """acc += (wa[m] * wb[n]) * part with the window factors of pipeline stage `s`;
+        part = 0."""
+        for i in cutlass.range_constexpr(cute.size(acc)):
+            m, n = tCcT[i]
+            if const_expr(self.has_a_window and self.has_b_window):
+                f = sWA[m, 0, s] * sWB[n, 0, s]
+            elif const_expr(self.has_a_window):
+                f = sWA[m, 0, s]
+            else:
+                f = sWB[n, 0, s]
+            acc[i] = acc[i] + f * part[i]
+            part[i] = Float32(0.0)
+
+    @cute.jit
     def decode_stage(self, mainloop, state, ctid, bases, buf: cutlass.Constexpr[int], rA,
                      a_row0, nib_shift):
         """Decode pipeline stage `state`: B into BF16 smem buffer `buf`, this thread's A
-        fragment into the registers `rA`."""
+        fragment into the registers `rA`. Releases the stage unless windowed (its window
+        factors are read after the MMAs)."""
         tile_n = self.tile_n
         apk_base, bpk_base, sfa_base, sfb_base, b16_base = bases
         mainloop.consumer_wait(state)
@@ -353,7 +449,8 @@ class Sm90GemmNVFP4:
             sw = row & 7
             st_shared_v4(row_addr + (((blk * 2) ^ sw) << 4), p0, p1, p2, p3)
             st_shared_v4(row_addr + (((blk * 2 + 1) ^ sw) << 4), q0, q1, q2, q3)
-        mainloop.consumer_release(state)
+        if const_expr(not self.windowed):
+            mainloop.consumer_release(state)
 
     @cute.jit
     def epilogue(self, acc, thr_mma, mD, mAlpha, mRow, mCol, mBias, m_tile, n_tile):

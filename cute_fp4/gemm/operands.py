@@ -1,0 +1,56 @@
+"""Argument checks and layout preparation shared by the NVFP4 GEMM host wrappers (sm_90a
+`dispatch.gemm_nvfp4`, sm_100a `sm100_blockscaled.gemm_nvfp4_sm100`)."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from ..ref.swizzle import swizzle_scales, swizzled_shape
+
+
+def _check_operand(data: torch.Tensor, scales: torch.Tensor, name: str, swizzled: bool):
+    if data.dtype != torch.uint8 or data.dim() != 2:
+        raise TypeError(f"{name}_data must be a 2D uint8 tensor [rows, K/2], got "
+                        f"{data.dtype} {tuple(data.shape)}")
+    if not data.is_contiguous():
+        raise ValueError(f"{name}_data must be contiguous")
+    if scales.dtype not in (torch.float8_e4m3fn, torch.uint8):
+        raise TypeError(f"{name}_scales must be float8_e4m3fn, got {scales.dtype}")
+    rows, k = data.shape[0], data.shape[1] * 2
+    if k % 16:
+        raise ValueError(f"K must be a multiple of 16, got {k}")
+    if swizzled:
+        pr, pc = swizzled_shape(rows, k // 16)
+        if scales.numel() != pr * pc:
+            raise ValueError(f"swizzled {name}_scales for [{rows}, {k // 16}] need {pr * pc} "
+                             f"bytes ([{pr}, {pc}]), got {tuple(scales.shape)}")
+        return scales.contiguous().view(torch.uint8).reshape(-1)
+    if tuple(scales.shape) != (rows, k // 16):
+        raise ValueError(f"{name}_scales must be [{rows}, {k // 16}], got {tuple(scales.shape)}")
+    return swizzle_scales(scales.view(torch.uint8)).reshape(-1)
+
+
+def _prepare_data(data: torch.Tensor) -> torch.Tensor:
+    """TMA needs 16-byte aligned rows and base: pad K/2 to a multiple of 16 bytes with zero codes
+    (which contribute 0) and realign a misaligned view."""
+    kh = data.shape[1]
+    if kh % 16:
+        padded = torch.zeros((data.shape[0], -(-kh // 16) * 16), dtype=torch.uint8,
+                             device=data.device)
+        padded[:, :kh] = data
+        return padded
+    if data.data_ptr() % 16:
+        return data.clone()
+    return data
+
+
+def _vector(v: Optional[torch.Tensor], n: int, name: str, device) -> Optional[torch.Tensor]:
+    if v is None:
+        return None
+    if v.device != device:
+        raise ValueError(f"{name} must be on {device}, got {v.device}")
+    if v.numel() != n:
+        raise ValueError(f"{name} must have {n} elements, got shape {tuple(v.shape)}")
+    return v.reshape(-1).to(torch.float32).contiguous()
