@@ -1,0 +1,83 @@
+"""`python -m cute_fp4.perf gemm_w4a16`: the sm_90 W4A16 GEMM vs cuBLAS BF16 and
+dequantize-then-cuBLAS.
+
+Per shape (M x N x K), in one process: cuBLAS BF16 (torch.matmul, BF16 weights), dequantize-then-
+cuBLAS (cute_fp4.dequantize of the NVFP4 weights every call, then torch.matmul) and the W4A16
+kernel (gemm_w4a16_sm90, BF16 activations, swizzled scales, BF16 out), each eager and replayed
+from a CUDA graph. Reports microseconds, speedups over cuBLAS BF16 of the same mode and the
+W4A16 kernel's weight bandwidth (packed bytes + scales, GB/s).
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import List, Tuple
+
+import torch
+
+from .common import bench_graph_ms, bench_ms, progress, report
+
+DECODE_M = [1, 16, 64]
+DECODE_NK = [(8192, 8192), (28672, 8192)]
+PREFILL = [(512, 8192, 8192)]
+
+
+def bench_shape(m: int, n: int, k: int, graphs: bool, config=None) -> dict:
+    from ..gemm.sm90_w4a16 import gemm_w4a16_sm90
+    from ..ref.swizzle import swizzle_scales
+    from .gemm import _dequantize_fn
+
+    b = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, device="cuda")
+    sb_c = torch.exp2(torch.rand(n, k // 16, device="cuda") * 4 - 2).to(torch.float8_e4m3fn)
+    sb = swizzle_scales(sb_c)
+    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    b16 = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+    deq_b = _dequantize_fn(b, sb_c)
+    out = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
+    fns = {
+        "cublas_bf16": lambda: torch.matmul(a, b16.t()),
+        "dequant+cublas": lambda: torch.matmul(a, deq_b().t()),
+        "w4a16": lambda: gemm_w4a16_sm90(a, b, sb, scales_swizzled=True, out=out,
+                                         config=config),
+    }
+    weight_bytes = b.numel() + sb_c.numel()
+    row = {"M": m, "N": n, "K": k}
+    modes: List[Tuple[str, object]] = [("eager", bench_ms)]
+    if graphs:
+        modes.append(("graph", bench_graph_ms))
+    for mode, timer in modes:
+        ms = {name: timer(fn) for name, fn in fns.items()}
+        for name, t in ms.items():
+            row[f"{name} {mode} us"] = t * 1e3
+        row[f"w4a16/cublas {mode}"] = ms["cublas_bf16"] / ms["w4a16"]
+        row[f"w4a16/dequant+cublas {mode}"] = ms["dequant+cublas"] / ms["w4a16"]
+        row[f"w4a16 {mode} GB/s"] = weight_bytes / ms["w4a16"] / 1e6
+    del b16
+    return row
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m cute_fp4.perf gemm_w4a16", description=__doc__)
+    p.add_argument("--shapes", type=str, default=None,
+                   help="comma-separated MxNxK list instead of the default shapes")
+    p.add_argument("--no-prefill", action="store_true", help="decode shapes only")
+    p.add_argument("--no-graphs", action="store_true", help="eager timings only")
+    p.add_argument("--config", type=str, default=None,
+                   help="tile_m,row_tiles,k_warps,unroll for every shape (default: automatic)")
+    p.add_argument("--json", type=str, default=None, help="write the rows to this JSON file")
+    args = p.parse_args(argv)
+    if args.shapes:
+        shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
+    else:
+        shapes = [(m, n, k) for (n, k) in DECODE_NK for m in DECODE_M]
+        if not args.no_prefill:
+            shapes += PREFILL
+    config = tuple(int(x) for x in args.config.split(",")) if args.config else None
+    rows = []
+    for i, (m, n, k) in enumerate(shapes):
+        progress(i, len(shapes), f"{m}x{n}x{k}")
+        rows.append(bench_shape(m, n, k, graphs=not args.no_graphs, config=config))
+        torch.cuda.empty_cache()
+    progress(len(shapes), len(shapes), "done")
+    report(rows, f"W4A16 GEMM on {torch.cuda.get_device_name()}", args.json)
+    return 0
