@@ -10,8 +10,7 @@ import torch
 from . import ops, ref
 from .recipe import Recipe
 from .ref.formats import decode_scale
-from .ref.quantize import block_outer_amax, check_quantize_input
-from .ref.swizzle import unswizzle_scales
+from .ref.quantize import check_quantize_input
 from .tensor import NVFP4Tensor
 
 OUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -72,16 +71,22 @@ def mxfp8_dequantize(data: torch.Tensor, scales: torch.Tensor,
 
 
 def _operand(t: NVFP4Tensor, name: str):
-    """(scales or FP32 per-block factors, outer decode scale or None) of a GEMM operand."""
+    """(E4M3 scales, window amax or None, outer decode scale or None) of a GEMM operand."""
     if t.data is None:
         raise ValueError(f"{name} has no rowwise data: quantize it with rowwise=True, or pass "
                          f"{name}.t() to use its columnwise twin")
     if t.recipe.scaling == "window64":
-        # The per-window outer scale varies along K, so it is folded into the block factors.
-        s = unswizzle_scales(t.scales, t.rows, t.cols // 16) if t.recipe.swizzle else t.scales
-        s_dec = decode_scale(block_outer_amax(t.amax, "window64", t.rows), t.recipe.e4m3_max)
-        return s.to(torch.float32) * s_dec, None
-    return t.scales, decode_scale(t.amax, t.recipe.e4m3_max)
+        # The per-window outer scale varies along K: the GEMM folds it into the block factors.
+        return t.scales, t.amax, None
+    return t.scales, None, decode_scale(t.amax, t.recipe.e4m3_max)
+
+
+def _window_e4m3_max(a: Optional[NVFP4Tensor], b: Optional[NVFP4Tensor]) -> int:
+    """The E4M3_MAX of the window64 operands' outer scales (one value for both)."""
+    values = {t.recipe.e4m3_max for t in (a, b) if t is not None}
+    if len(values) > 1:
+        raise ValueError("window64 operands of one GEMM must share e4m3_max")
+    return values.pop() if values else 448
 
 
 def gemm(a: Union[NVFP4Tensor, torch.Tensor], b: NVFP4Tensor, *,
@@ -94,12 +99,12 @@ def gemm(a: Union[NVFP4Tensor, torch.Tensor], b: NVFP4Tensor, *,
         raise TypeError(f"b must be an NVFP4Tensor, got {type(b).__name__}")
     if out_dtype not in OUT_DTYPES:
         raise TypeError(f"out_dtype must be float32, bfloat16 or float16, got {out_dtype}")
-    b_scales, b_dec = _operand(b, "b")
+    b_scales, b_win, b_dec = _operand(b, "b")
     n, k = b.rows, b.cols
     if bias is not None and (bias.dim() != 1 or bias.shape[0] != n):
         raise ValueError(f"bias must be 1D of length N={n}, got shape {tuple(bias.shape)}")
     if isinstance(a, NVFP4Tensor):
-        a_scales, a_dec = _operand(a, "a")
+        a_scales, a_win, a_dec = _operand(a, "a")
         if a.cols != k:
             raise ValueError(f"K mismatch: a is [{a.rows}, {a.cols}], b is [{n}, {k}]")
         a_mat, a_swizzled, lead = a.data, a.recipe.swizzle, tuple(a.shape[:-1])
@@ -109,7 +114,7 @@ def gemm(a: Union[NVFP4Tensor, torch.Tensor], b: NVFP4Tensor, *,
         if a.shape[-1] != k:
             raise ValueError(f"K mismatch: a has last dimension {a.shape[-1]}, b has K={k}")
         _check_contiguous(a, "a")
-        a_scales = a_dec = None
+        a_scales = a_win = a_dec = None
         a_mat, a_swizzled, lead = a.reshape(-1, k), False, tuple(a.shape[:-1])
     else:
         raise TypeError(f"a must be an NVFP4Tensor or a torch.Tensor, got {type(a).__name__}")
@@ -128,6 +133,8 @@ def gemm(a: Union[NVFP4Tensor, torch.Tensor], b: NVFP4Tensor, *,
             row = dec
         else:
             col = dec
-    out = ops.gemm(a_mat, a_scales, b.data, b_scales, alpha, row, col, bias, out_dtype,
-                   a_swizzled, b.recipe.swizzle)
+    e4m3_max = _window_e4m3_max(a if a_win is not None else None,
+                                b if b_win is not None else None)
+    out = ops.gemm(a_mat, a_scales, a_win, b.data, b_scales, b_win, alpha, row, col, bias,
+                   out_dtype, a_swizzled, b.recipe.swizzle, e4m3_max)
     return out.view(lead + (n,))

@@ -16,6 +16,8 @@ from torch import Tensor
 
 from . import ref
 from .recipe import Recipe
+from .ref.formats import decode_scale
+from .ref.quantize import block_outer_amax
 from .ref.swizzle import swizzle_scales, swizzled_shape, unswizzle_scales
 from .tensor import NVFP4Tensor
 
@@ -140,50 +142,56 @@ def dequantize(t: NVFP4Tensor, dtype) -> Tensor:
     return out.view(t.shape)
 
 
-def gemm_impl(a: Tensor, a_scales: Optional[Tensor], b: Tensor, b_scales: Tensor,
+def gemm_impl(a: Tensor, a_scales: Optional[Tensor], a_window_amax: Optional[Tensor],
+              b: Tensor, b_scales: Tensor, b_window_amax: Optional[Tensor],
               alpha: Optional[Tensor], row: Optional[Tensor], col: Optional[Tensor],
               bias: Optional[Tensor], out_dtype: torch.dtype, a_swizzled: bool,
-              b_swizzled: bool) -> Tensor:
-    """One 2D GEMM. a: packed E2M1 [M, K/2] with E4M3 scales (compact or swizzled) or FP32
-    per-block factors [M, K/16] (window64 operands), or a dense bf16/fp16 [M, K] with a_scales
-    None (W4A16). b likewise, NVFP4 always."""
+              b_swizzled: bool, e4m3_max: int) -> Tensor:
+    """One 2D GEMM. a: packed E2M1 [M, K/2] with E4M3 scales (compact or swizzled), or a dense
+    bf16/fp16 [M, K] with a_scales None (W4A16); b: packed E2M1 [N, K/2] with E4M3 scales.
+    A window64 operand also passes its FP32 window amax [rows, K/64]: its per-window decode
+    scale multiplies each block (e4m3_max is that recipe's E4M3_MAX)."""
     n, k = b.shape[0], b.shape[1] * 2
     if a.is_cuda:
         from .gemm.dispatch import gemm_nvfp4, gemm_w4a16
 
-        if b_scales.dtype == torch.float32 or (a_scales is not None
-                                               and a_scales.dtype == torch.float32):
-            raise NotImplementedError("the CUDA GEMM does not take window64 operands yet")
         if a_scales is None:
+            if b_window_amax is not None:
+                raise NotImplementedError("the CUDA W4A16 GEMM does not take window64 weights")
             return gemm_w4a16(a, b, b_scales, alpha=alpha, col=col, bias=bias,
                               out_dtype=out_dtype, scales_swizzled=b_swizzled)
         if a_swizzled != b_swizzled:  # bring a's scales to b's layout
             a_scales = (swizzle_scales(a_scales) if b_swizzled
                         else unswizzle_scales(a_scales, a.shape[0], k // 16))
         return gemm_nvfp4(a, a_scales, b, b_scales, alpha=alpha, row=row, col=col, bias=bias,
-                          out_dtype=out_dtype, scales_swizzled=b_swizzled)
+                          out_dtype=out_dtype, scales_swizzled=b_swizzled,
+                          a_window_amax=a_window_amax, b_window_amax=b_window_amax,
+                          e4m3_max=e4m3_max)
 
-    def factors(data, scales, swizzled):
-        if scales.dtype == torch.float32 or not swizzled:
-            return scales
-        return unswizzle_scales(scales, data.shape[0], k // 16)
+    def factors(rows, scales, swizzled, window_amax):
+        f = (unswizzle_scales(scales, rows, k // 16) if swizzled else scales).to(torch.float32)
+        if window_amax is None:
+            return f
+        return f * decode_scale(block_outer_amax(window_amax, "window64", rows), e4m3_max)
 
-    a_factors = None if a_scales is None else factors(a, a_scales, a_swizzled)
-    return ref.gemm(a, a_factors, b, factors(b, b_scales, b_swizzled), alpha=alpha, row=row,
-                    col=col, bias=bias, out_dtype=out_dtype)
+    a_factors = None if a_scales is None else factors(a.shape[0], a_scales, a_swizzled,
+                                                      a_window_amax)
+    return ref.gemm(a, a_factors, b, factors(n, b_scales, b_swizzled, b_window_amax),
+                    alpha=alpha, row=row, col=col, bias=bias, out_dtype=out_dtype)
 
 
 @torch.library.custom_op("cute_fp4::gemm", mutates_args=())
-def gemm_op(a: Tensor, a_scales: Optional[Tensor], b: Tensor, b_scales: Tensor,
-            alpha: Optional[Tensor], row: Optional[Tensor], col: Optional[Tensor],
-            bias: Optional[Tensor], out_dtype: torch.dtype, a_swizzled: bool,
-            b_swizzled: bool) -> Tensor:
-    return gemm_impl(a, a_scales, b, b_scales, alpha, row, col, bias, out_dtype, a_swizzled,
-                     b_swizzled)
+def gemm_op(a: Tensor, a_scales: Optional[Tensor], a_window_amax: Optional[Tensor], b: Tensor,
+            b_scales: Tensor, b_window_amax: Optional[Tensor], alpha: Optional[Tensor],
+            row: Optional[Tensor], col: Optional[Tensor], bias: Optional[Tensor],
+            out_dtype: torch.dtype, a_swizzled: bool, b_swizzled: bool, e4m3_max: int) -> Tensor:
+    return gemm_impl(a, a_scales, a_window_amax, b, b_scales, b_window_amax, alpha, row, col,
+                     bias, out_dtype, a_swizzled, b_swizzled, e4m3_max)
 
 
 @gemm_op.register_fake
-def _(a, a_scales, b, b_scales, alpha, row, col, bias, out_dtype, a_swizzled, b_swizzled):
+def _(a, a_scales, a_window_amax, b, b_scales, b_window_amax, alpha, row, col, bias, out_dtype,
+      a_swizzled, b_swizzled, e4m3_max):
     return a.new_empty((a.shape[0], b.shape[0]), dtype=out_dtype)
 
 
