@@ -349,9 +349,10 @@ OUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 def pick_w4a16_config(m: int):
     """(tile_m, row_tiles, k_warps, unroll) for M tokens: the smallest token tile that holds M
-    (64 for larger M, one grid row per 64 tokens), 32 weight rows x 8 K-warps per CTA."""
+    (64 for larger M, one grid row per 64 tokens), 32 weight rows x 8 K-warps per CTA; two
+    chunks in flight for tile_m 8 only (H100 sweep, notes/gemm_w4a16.md)."""
     tile_m = next((tm for tm in (8, 16, 32) if m <= tm), 64)
-    unroll = 2 if tile_m <= 16 else 1
+    unroll = 2 if tile_m == 8 else 1
     return tile_m, 2, 8, unroll
 
 
