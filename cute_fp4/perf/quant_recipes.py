@@ -14,7 +14,7 @@ import argparse
 import torch
 
 from ..recipe import Recipe
-from .common import bench_ms, copy_bandwidth_gbs, progress, report
+from .common import bench_graph_ms, bench_ms, copy_bandwidth_gbs, progress, report
 
 
 def floor_bytes(m: int, k: int, elem: int, recipe: Recipe) -> int:
@@ -47,6 +47,8 @@ def main(argv=None):
     p.add_argument("--fast-math", action="store_true")
     p.add_argument("--grouped", type=int, default=0, help="N groups (uneven) vs one launch")
     p.add_argument("--rowwise-only", action="store_true")
+    p.add_argument("--modes", nargs="*", default=["graph", "eager"],
+                   help="graph: CUDA-graph replay (GPU time); eager: with host overhead")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
 
@@ -75,16 +77,17 @@ def main(argv=None):
                           lambda: quantize_grouped(x, sizes, recipe, seed=1)))
         else:
             cases.append(("recipe", recipe, lambda: quantize_recipe(x, recipe, seed=1)))
-        times = {}
-        for label, rec, fn in cases:
-            ms = bench_ms(fn)
-            times[label] = ms
-            floor_ms = floor_bytes(m, k, x.element_size(), rec) / copy_bw / 1e6
-            rows.append({"M": m, "K": k, "kernel": label, "time_us": ms * 1e3,
-                         "%floor": 100 * floor_ms / ms,
-                         "vs plain": ms / times["plain cast"],
-                         "vs 1 launch": (ms / times["recipe, 1 launch"]
-                                         if "recipe, 1 launch" in times else float("nan"))})
+        for mode in args.modes:
+            times = {}
+            for label, rec, fn in cases:
+                ms = bench_graph_ms(fn) if mode == "graph" else bench_ms(fn)
+                times[label] = ms
+                floor_ms = floor_bytes(m, k, x.element_size(), rec) / copy_bw / 1e6
+                rows.append({"M": m, "K": k, "mode": mode, "kernel": label, "time_us": ms * 1e3,
+                             "%floor": 100 * floor_ms / ms,
+                             "vs plain": ms / times["plain cast"],
+                             "vs 1 launch": (ms / times["recipe, 1 launch"]
+                                             if "recipe, 1 launch" in times else float("nan"))})
         del x
     title = (f"NVFP4 recipe quantize {recipe} ({args.dtype}), {torch.cuda.get_device_name()}, "
              f"copy bandwidth {copy_bw:.0f} GB/s")
