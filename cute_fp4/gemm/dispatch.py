@@ -184,9 +184,49 @@ def _gemm_sm100(a_data, sfa, b_data, sfb, alpha, row, col, bias, out_dtype, out,
     return out
 
 
+# Activations with more rows than this go to dequantize-then-cuBLAS: the W4A16 kernel streams
+# the weights once per 64 tokens, which loses to a dense GEMM at prefill sizes (see
+# notes/gemm_w4a16.md: 0.26x cuBLAS at M = 512).
+W4A16_MAX_DECODE_ROWS = 64
+# S_enc = 448 * 6 / 2688 = 1: the dequantize kernel then returns e2m1 * scale exactly.
+_UNIT_SCALE_AMAX = 2688.0
+
+
 def gemm_w4a16(a: torch.Tensor, b_data: torch.Tensor, b_scales: torch.Tensor, *,
                alpha: Optional[torch.Tensor] = None, col: Optional[torch.Tensor] = None,
                bias: Optional[torch.Tensor] = None, out_dtype: torch.dtype = torch.bfloat16,
                scales_swizzled: bool = False) -> torch.Tensor:
-    """BF16/FP16 activations [M, K] x NVFP4 weights [N, K/2]: not implemented on the GPU yet."""
-    raise NotImplementedError("the CUDA W4A16 GEMM is not implemented yet")
+    """BF16/FP16 activations [M, K] x NVFP4 weights [N, K/2] (E4M3 block scales, compact or
+    swizzled): D = cast(alpha * col[n] * sum_k a[m, k] * b[n, k] + bias[n]).
+
+    Decode sizes (M <= W4A16_MAX_DECODE_ROWS) on sm_90a run the weight-streaming W4A16 kernel
+    (`sm90_w4a16`). Larger M, and sm_100a, dequantize the weights once (exact e2m1 * scale, in
+    the activation dtype) and run cuBLAS, then apply the epilogue in FP32: the same sum up to
+    its rounding (the dense GEMM rounds its result to the activation dtype before the epilogue
+    when out_dtype is 16-bit; fp32 outputs use an FP32 GEMM)."""
+    from .sm90_w4a16 import gemm_w4a16_sm90
+
+    if a.dim() == 2 and a.shape[0] <= W4A16_MAX_DECODE_ROWS and a.is_cuda \
+            and device_arch(a.device) == "sm_90a":
+        return gemm_w4a16_sm90(a, b_data, b_scales, alpha=alpha, col=col, bias=bias,
+                               out_dtype=out_dtype, scales_swizzled=scales_swizzled)
+    from ..quant.dequantize import dequantize
+    from ..recipe import Recipe
+    from ..tensor import NVFP4Tensor
+
+    n, k = b_data.shape[0], b_data.shape[1] * 2
+    if a.dim() != 2 or a.shape[1] != k:
+        raise ValueError(f"a must be [M, {k}], got {tuple(a.shape)}")
+    gemm_dtype = a.dtype if out_dtype == a.dtype else torch.float32
+    unit = torch.full((1,), _UNIT_SCALE_AMAX, dtype=torch.float32, device=b_data.device)
+    weights = dequantize(NVFP4Tensor(b_data, b_scales, unit, None, None, None,
+                                     Recipe(swizzle=scales_swizzled), (n, k), gemm_dtype),
+                         gemm_dtype)
+    acc = (a.to(gemm_dtype) @ weights.t()).to(torch.float32)
+    if alpha is not None:
+        acc = acc * alpha.to(torch.float32).reshape(())
+    if col is not None:
+        acc = acc * col.to(torch.float32).view(1, n)
+    if bias is not None:
+        acc = acc + bias.to(torch.float32).view(1, n)
+    return acc.to(out_dtype)

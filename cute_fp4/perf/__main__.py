@@ -1,9 +1,9 @@
-"""`python -m cute_fp4.perf {quant,gemm,linear,dequant} [options]`: the benchmark sweeps."""
+"""`python -m cute_fp4.perf {quant,gemm,linear,dequant,gemm_w4a16,quant_recipes} [options]`: the benchmark sweeps."""
 
 import importlib
 import sys
 
-COMMANDS = ("quant", "gemm", "linear", "dequant")
+COMMANDS = ("quant", "gemm", "linear", "dequant", "gemm_w4a16", "quant_recipes")
 
 
 def main(argv=None):

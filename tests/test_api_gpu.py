@@ -1,0 +1,67 @@
+"""The public API on CUDA tensors end to end: GEMM dispatch (W4A4, W4A16 decode and prefill,
+window64 operands, twins) against the reference on the same quantized operands."""
+
+import pytest
+import torch
+
+import cute_fp4
+from cute_fp4 import Recipe, ref
+
+pytestmark = pytest.mark.gpu
+
+
+def _rel(got, want):
+    return ((got.double() - want.double()).norm() / want.double().norm()).item()
+
+
+# 16-bit outputs: the result is rounded once to bf16/fp16 (2^-9 / 2^-11 relative), the W4A16
+# prefill path rounds its dense GEMM once more; fp32 outputs differ only in summation order.
+TOL = {torch.bfloat16: 1e-2, torch.float16: 2e-3, torch.float32: 1e-5}
+
+
+@pytest.mark.parametrize("m", [1, 16, 64, 65, 300])
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("scaling", ["tensor", "token"])
+def test_w4a16_decode_and_prefill(m, out_dtype, scaling):
+    w = cute_fp4.quantize(torch.randn(256, 512, device="cuda"), Recipe(scaling=scaling))
+    a = torch.randn(m, 512, device="cuda", dtype=torch.bfloat16)
+    bias = torch.randn(256, device="cuda")
+    got = cute_fp4.gemm(a, w, bias=bias, out_dtype=out_dtype)
+    want = cute_fp4.gemm(a.cpu(), _cpu(w), bias=bias.cpu(), out_dtype=torch.float32)
+    assert got.shape == (m, 256) and got.dtype == out_dtype
+    assert _rel(got.cpu(), want) < TOL[out_dtype]
+
+
+def _cpu(t):
+    import dataclasses
+
+    return dataclasses.replace(t, **{f: getattr(t, f).cpu() for f in
+                                     ("data", "scales", "amax", "data_t", "scales_t", "amax_t")
+                                     if getattr(t, f) is not None})
+
+
+@pytest.mark.parametrize("a_scaling,b_scaling", [("tensor", "tensor"), ("token", "tensor"),
+                                                 ("window64", "tensor"), ("token", "window64"),
+                                                 ("window64", "window64")])
+@pytest.mark.parametrize("swizzle", [(False, False), (True, False), (True, True)])
+def test_w4a4_operand_kinds(a_scaling, b_scaling, swizzle):
+    x = torch.randn(192, 256, device="cuda") * torch.logspace(-2, 2, 192, device="cuda")[:, None]
+    a = cute_fp4.quantize(x, Recipe(scaling=a_scaling, swizzle=swizzle[0]))
+    b = cute_fp4.quantize(torch.randn(128, 256, device="cuda"),
+                          Recipe(scaling=b_scaling, swizzle=swizzle[1]))
+    got = cute_fp4.gemm(a, b, out_dtype=torch.float32)
+    want = cute_fp4.gemm(_cpu(a), _cpu(b), out_dtype=torch.float32)
+    assert _rel(got.cpu(), want) < TOL[torch.float32]
+
+
+def test_training_gemms_from_twins():
+    x = torch.randn(256, 512, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(128, 512, device="cuda", dtype=torch.bfloat16)
+    dy = torch.randn(256, 128, device="cuda", dtype=torch.bfloat16)
+    xq = cute_fp4.quantize(x, Recipe(scaling="token", columnwise=True))
+    wq = cute_fp4.quantize(w, Recipe(columnwise=True))
+    dyq = cute_fp4.quantize(dy, Recipe(scaling="token", columnwise=True))
+    for a, b in ((xq, wq), (dyq, wq.t()), (dyq.t(), xq.t())):
+        got = cute_fp4.gemm(a, b, out_dtype=torch.float32)
+        want = cute_fp4.gemm(_cpu(a), _cpu(b), out_dtype=torch.float32)
+        assert _rel(got.cpu(), want) < TOL[torch.float32]
