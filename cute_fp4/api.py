@@ -42,7 +42,7 @@ def quantize_grouped(x: torch.Tensor, split_sizes: Sequence[int], recipe: Recipe
     """Quantize the row groups of a [sum(M_i), K] tensor, each with its own outer scales."""
     _check_contiguous(x, "x")
     if x.is_cuda:
-        from .quant.dispatch import quantize_grouped as quantize_grouped_cuda
+        from .quant.recipes_dispatch import quantize_grouped as quantize_grouped_cuda
 
         return quantize_grouped_cuda(x, split_sizes, recipe, seed=seed, offset=offset)
     return ref.quantize_grouped(x, split_sizes, recipe, seed=seed, offset=offset)

@@ -39,10 +39,19 @@ def _or_empty(t: Optional[Tensor], like: Tensor, dtype) -> Tensor:
     return t if t is not None else like.new_empty((0,), dtype=dtype)
 
 
+def plain_cast(recipe: Recipe) -> bool:
+    """Recipes of the bandwidth-tuned cast (quant/cast.py); the others run the recipe kernels
+    (quant/cast_recipes.py: 16x16 blocks, RHT, stochastic rounding, 4over6, window64)."""
+    return (recipe.block == (1, 16) and recipe.scaling in ("tensor", "token")
+            and not (recipe.rht or recipe.stochastic_rounding or recipe.four_over_six))
+
+
 def quantize_impl(x2: Tensor, recipe: Recipe, seed: int, offset: int) -> NVFP4Tensor:
     if x2.is_cuda:
-        from .quant.dispatch import quantize as quantize_cuda
-
+        if plain_cast(recipe):
+            from .quant.dispatch import quantize as quantize_cuda
+        else:
+            from .quant.recipes_dispatch import quantize_recipe as quantize_cuda
         return quantize_cuda(x2, recipe, seed=seed, offset=offset)
     return ref.quantize(x2, recipe, seed=seed, offset=offset)
 
