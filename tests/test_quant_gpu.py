@@ -18,8 +18,8 @@ KINDS = ["normal", "outliers", "tiny", "huge", "special"]
 
 @pytest.fixture(autouse=True)
 def poison(monkeypatch):
-    def alloc(shape, device):
-        return torch.full(shape, 0xFF, dtype=torch.uint8, device=device)
+    def alloc(nbytes, device):
+        return torch.full((nbytes,), 0xFF, dtype=torch.uint8, device=device)
     monkeypatch.setattr(dispatch, "_alloc", alloc)
 
 

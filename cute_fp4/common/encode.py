@@ -213,6 +213,31 @@ _SW_ENCODE8 = _sw_encode8_ptx()
 _HW_ENCODE8 = _hw_encode8_ptx()
 
 
+def _sw_encode8_at_ptx():
+    """Software encode of 8 values; value i goes to the nibble at bit shift {$r(9+i)}."""
+    body = ["{\n", _SW_DECL, "mov.f32 e, {$r8};\nmov.b32 {$w0}, 0;\n"]
+    for i in range(8):
+        pack = "shl.b32 b, b, {$r%d};\nor.b32 {$w0}, {$w0}, b;\n" % (9 + i)
+        body.append(_SW_ELEM.replace("{x}", "{$r%d}" % i).replace("{pack}", pack))
+    body.append("}")
+    return "".join(body)
+
+
+def _hw_encode8_at_ptx():
+    lines = ["{\n.reg .b8 c;\n.reg .b32 w;\n.reg .f32 v0;\n.reg .f32 z;\n.reg .f32 e;\n",
+             "mov.f32 e, {$r8};\nmov.f32 z, 0f00000000;\nmov.b32 {$w0}, 0;\n"]
+    for i in range(8):
+        lines.append("mul.rn.f32 v0, {$r%d}, e;\nadd.rn.f32 v0, v0, 0f00000000;\n" % i)
+        lines.append("cvt.rn.satfinite.e2m1x2.f32 c, z, v0;\ncvt.u32.u8 w, c;\n")
+        lines.append("and.b32 w, w, 15;\nshl.b32 w, w, {$r%d};\nor.b32 {$w0}, {$w0}, w;\n" % (9 + i))
+    lines.append("}")
+    return "".join(lines)
+
+
+_SW_ENCODE8_AT = _sw_encode8_at_ptx()
+_HW_ENCODE8_AT = _hw_encode8_at_ptx()
+
+
 def encode8(xs, enc, block_nan, hw: bool):
     """Encode 8 FP32 values (a Python list) with the block's ``enc``: Uint32 of 8 nibbles,
     element i in bits [4i, 4i+4) (even element in the low nibble of each byte).
@@ -220,6 +245,20 @@ def encode8(xs, enc, block_nan, hw: bool):
     code = _HW_ENCODE8 if hw else _SW_ENCODE8
     w = cute.arch.inline_ptx(
         code, write_only_types=[Uint32], read_only_args=[Float32(x) for x in xs] + [Float32(enc)]
+    )
+    return _ptx1(
+        "{\n.reg .pred p;\nsetp.ne.u32 p, {$r1}, 0;\nselp.b32 {$w0}, 0, {$r0}, p;\n}",
+        Uint32, w, Uint32(block_nan),
+    )
+
+
+def encode8_at(xs, enc, block_nan, shifts, hw: bool):
+    """Like ``encode8``, but value i goes to the nibble at bit ``shifts[i]`` (run-time Uint32
+    shifts, multiples of 4 below 32, a permutation): for values read in a per-thread order."""
+    code = _HW_ENCODE8_AT if hw else _SW_ENCODE8_AT
+    w = cute.arch.inline_ptx(
+        code, write_only_types=[Uint32],
+        read_only_args=[Float32(x) for x in xs] + [Float32(enc)] + [Uint32(t) for t in shifts],
     )
     return _ptx1(
         "{\n.reg .pred p;\nsetp.ne.u32 p, {$r1}, 0;\nselp.b32 {$w0}, 0, {$r0}, p;\n}",
@@ -266,6 +305,10 @@ def ld_shared_v4(addr):
 
 def ld_shared_u16(addr):
     return _ptx1("{\n.reg .b16 h;\nld.shared.b16 h, [{$r0}];\ncvt.u32.u16 {$w0}, h;\n}", Uint32, Int32(addr))
+
+
+def st_shared_u32(addr, v):
+    cute.arch.inline_ptx("st.shared.b32 [{$r0}], {$r1};", read_only_args=[Int32(addr), Uint32(v)])
 
 
 def ld_shared_u32(addr):

@@ -2,9 +2,13 @@
 that produces the per-row AND per-column amax of [M, K] in one pass over the input.
 
 Values are |x| in FP32, NaN-propagating like ``torch.amax`` (``max.NaN``); a NaN result is
-written as torch's quiet NaN 0x7FC00000. Cross-CTA reduction: ``red.global.max.u32`` on the
-bit pattern (non-negative FP32 orders like its bits; NaN 0x7FC00000 is above +Inf), so the
-outputs must be zeroed before the launch (the host wrapper allocates them with torch.zeros).
+written as torch's quiet NaN 0x7FC00000.
+
+Per tensor: ``AmaxTensor`` writes one partial maximum per CTA to ``amax[1 + cta]`` (no atomics,
+so the buffer needs no zeroing); the cast kernel reduces the partials and writes ``amax[0]``.
+``tensor_partials`` gives the number of CTAs (the host sizes the buffer with it).
+Per token: cross-CTA reduction with ``red.global.max.u32`` on the bit pattern (non-negative FP32
+orders like its bits; NaN 0x7FC00000 is above +Inf), so those outputs are zeroed before the launch.
 
 Input reads are 16-byte vector loads (8 bf16/fp16 or 4 fp32 elements per thread), which needs
 K * element_size % 16 == 0 (checked by the dispatcher).
@@ -18,6 +22,13 @@ from cute_fp4.common import encode as E
 
 DTYPES = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16, "fp32": cutlass.Float32}
 THREADS = 256
+CTAS_PER_SM = 8
+
+
+def tensor_partials(m: int, k: int, esize: int, num_sms: int) -> int:
+    """Number of CTAs (= partial maxima) of AmaxTensor for an [m, k] input."""
+    nvec = m * (k * esize // 16)
+    return max(1, min((nvec + THREADS - 1) // THREADS, num_sms * CTAS_PER_SM))
 
 
 def _vec_abs_max(acc, words, dtype_name):
@@ -32,7 +43,7 @@ def _vec_abs_max(acc, words, dtype_name):
 
 
 class AmaxTensor:
-    """amax[0] = max |x| over the whole [M, K] tensor (amax zeroed beforehand)."""
+    """amax[1 + cta] = max |x| over the grid-stride share of CTA ``cta`` (see the module doc)."""
 
     def __init__(self, dtype: str, num_sms: int):
         if dtype not in DTYPES:
@@ -44,7 +55,8 @@ class AmaxTensor:
     @cute.jit
     def __call__(self, x: cute.Tensor, amax: cute.Tensor, stream):
         nvec = x.shape[0] * (x.shape[1] * self.esize // 16)
-        blocks = cutlass.min((nvec + THREADS - 1) // THREADS, self.num_sms * 8)
+        blocks = cutlass.max(cutlass.min((nvec + THREADS - 1) // THREADS,
+                                         self.num_sms * CTAS_PER_SM), 1)
         self.kernel(x, amax, nvec).launch(grid=(blocks, 1, 1), block=(THREADS, 1, 1), stream=stream)
 
     @cute.kernel
@@ -59,7 +71,7 @@ class AmaxTensor:
         for i in cutlass.range(start, nvec, step, unroll=2):
             acc = _vec_abs_max(acc, E.ld_global_nc_v4(base + Int64(i) * 16), self.dtype_name)
         acc = E.warp_max_nan(acc)
-        smem = cutlass.utils.SmemAllocator()
+        smem = cutlass.memory.SmemAllocator()
         red = smem.allocate_tensor(Float32, cute.make_layout(THREADS // 32))
         lane = tidx % 32
         warp = tidx // 32
@@ -72,7 +84,7 @@ class AmaxTensor:
                 v = red[lane]
             v = E.warp_max_nan(v)
             if lane == 0:
-                E.red_max_u32(amax.iterator.toint(), E.canonical_nan_bits(v))
+                E.st_global_u32(amax.iterator.toint() + Int64(1 + bidx) * 4, E.canonical_nan_bits(v))
 
 
 class AmaxToken:
@@ -135,7 +147,7 @@ class AmaxToken:
             rmax = E.warp_max_nan(rmax)
             if row_ok & (lane == 0):
                 E.red_max_u32(ar + Int64(r) * 4, E.canonical_nan_bits(rmax))
-        smem = cutlass.utils.SmemAllocator()
+        smem = cutlass.memory.SmemAllocator()
         red = smem.allocate_tensor(Float32, cute.make_layout((self.warps, self.cols_per_cta), stride=(self.cols_per_cta, 1)))
         for j in cutlass.range_constexpr(self.vec):
             red[warp, lane * self.vec + j] = cols[j]

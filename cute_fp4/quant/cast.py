@@ -4,15 +4,17 @@ One pass over the input writes any of
   * rowwise:    data [M, K/2] uint8 (even element in the low nibble), E4M3 scales [M, K/16];
   * columnwise: the transposed twin data [K, M/2], scales [K, M/16];
 scales either compact or directly in the 128x4 swizzled layout (padded, padding zeroed).
-The outer scale is per tensor (amax tensors of shape [1]) or per token (row amax [M] for
+The outer scale is per tensor (amax_r = amax_c = [1 + P]: the P AmaxTensor partials in [1:],
+reduced by every CTA at its start; CTA 0 writes the amax to [0]) or per token (row amax [M] for
 the rowwise output, column amax [K] for the twin); amaxes are read from device memory.
 
 Design: persistent grid; each CTA walks 128-row x 128-byte input tiles (128 x 64 for
 16-bit inputs, 128 x 32 for fp32). A producer warp streams tiles into a multi-stage smem ring
 with TMA (SWIZZLE_128B, PipelineTmaAsync = full/empty mbarriers); 8 consumer warps read each
-tile twice from smem: rowwise (thread = one row, 16-element blocks along K: 16-byte loads,
-conflict-free thanks to the swizzle) and columnwise (thread = one column, 16-element blocks
-along M). Packed bytes go out with 8-byte vector stores.
+tile twice from smem: rowwise (lanes on consecutive blocks of consecutive rows, 16-byte loads,
+conflict-free thanks to the swizzle) and columnwise (lane = (block row, 4-byte column word),
+16 conflict-free 4-byte loads per lane, see _col_offsets). Packed bytes go out with 8-byte
+vector stores that together cover whole sectors (32 bytes per row, 64 bytes per column).
 """
 
 import cutlass
@@ -57,8 +59,8 @@ class CastKernel:
         self.threads = 32 * (self.num_consumer_warps + 1)
         self.consumer_threads = 32 * self.num_consumer_warps
         # blocks per consumer thread in each pass
-        self.row_blocks_per_thread = (self.tile_m * self.tile_k // 16) // self.consumer_threads
-        self.col_blocks_per_thread = (self.tile_m * self.tile_k // 16) // self.consumer_threads
+        # rowwise pass: each warp step covers 32 // (tile_k / 16) rows
+        self.row_steps = self.tile_m // (32 // (self.tile_k // 16) * self.num_consumer_warps)
 
     # ------------------------------------------------------------------ host side
     @cute.jit
@@ -66,7 +68,7 @@ class CastKernel:
                  q: cute.Tensor, s: cute.Tensor, qt: cute.Tensor, st: cute.Tensor, stream):
         self.hw = E.has_hw_e2m1()
         smem_layout = sm90_utils.make_smem_layout_a(
-            utils.LayoutEnum.ROW_MAJOR, (self.tile_m, 8, self.tile_k), self.dtype, self.stages
+            cutlass.tensor_utils.LayoutEnum.ROW_MAJOR, (self.tile_m, 8, self.tile_k), self.dtype, self.stages
         )
         one_stage = cute.slice_(smem_layout, (None, None, 0))
         tma_atom, tma_x = cpasync.make_tiled_tma_atom(
@@ -82,6 +84,7 @@ class CastKernel:
         @cute.struct
         class Storage:
             bars: cute.struct.MemRange[cutlass.Int64, 2 * self.stages]
+            red: cute.struct.MemRange[Float32, self.num_consumer_warps]
             sx: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(smem_layout)], 1024]
 
         self.storage = Storage
@@ -93,8 +96,29 @@ class CastKernel:
     @cute.jit
     def _outer(self, amax_ptr_i64):
         """(S_enc * fp32(1/6), 1 / S_enc) from an amax in global memory."""
-        s_enc = E.encode_scale(E.ld_global_f32(amax_ptr_i64))
+        return self._outer_of(E.ld_global_f32(amax_ptr_i64))
+
+    @cute.jit
+    def _outer_of(self, amax):
+        s_enc = E.encode_scale(amax)
         return E.mul_rn(s_enc, Float32(ONE_SIXTH)), E.rcp_rn(s_enc)
+
+    @cute.jit
+    def _tensor_amax(self, ar_base, n_partials, tidx, bidx, red_addr):
+        """Per-tensor amax from the AmaxTensor partials amax[1:]; CTA 0 writes amax[0]."""
+        acc = Float32(0.0)
+        for i in cutlass.range(tidx, n_partials, self.consumer_threads, unroll=1):
+            acc = E.fmax_nan(acc, E.ld_global_f32(ar_base + Int64(1 + i) * 4))
+        acc = E.warp_max_nan(acc)
+        if tidx % 32 == 0:
+            E.st_shared_u32(red_addr + (tidx // 32) * 4, E.f32_bits(acc))
+        cute.arch.barrier(barrier_id=1, number_of_threads=self.consumer_threads)
+        amax = Float32(0.0)
+        for w in cutlass.range_constexpr(self.num_consumer_warps):
+            amax = E.fmax_nan(amax, E.bits_f32(E.ld_shared_u32(red_addr + w * 4)))
+        if (bidx == 0) & (tidx == 0):
+            E.st_global_u32(ar_base, E.canonical_nan_bits(amax))
+        return amax
 
     @cute.jit
     def _quantize16(self, xs, s6, sdec):
@@ -118,7 +142,7 @@ class CastKernel:
         gdim, _, _ = cute.arch.grid_dim()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
 
-        smem = utils.SmemAllocator()
+        smem = cutlass.memory.SmemAllocator()
         storage = smem.allocate(self.storage)
         sx = storage.sx.get_tensor(smem_layout.outer, swizzle=smem_layout.inner)
         sbase = storage.sx.data_ptr().toint()
@@ -172,9 +196,12 @@ class CastKernel:
             s6_c = Float32(0.0)
             sdec_c = Float32(0.0)
             if cutlass.const_expr(not self.per_token):
-                s6_r, sdec_r = self._outer(ar_base)
-                s6_c, sdec_c = self._outer(ac_base)
+                amax_t = self._tensor_amax(ar_base, amax_r.shape[0] - 1, tidx, bidx,
+                                           storage.red.data_ptr().toint())
+                s6_r, sdec_r = self._outer_of(amax_t)
+                s6_c, sdec_c = s6_r, sdec_r
 
+            offs, shifts = self._col_offsets(tidx)
             cstate = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
             for t in cutlass.range(bidx, n_tiles, gdim, unroll=1):
                 tm = t // n_tk
@@ -187,7 +214,7 @@ class CastKernel:
                                    q_base, s_base, ar_base, s6_r, sdec_r)
                 if cutlass.const_expr(self.columnwise):
                     self._col_pass(stage_addr, tidx, tm, tk, M, K, Ml, Kl, half_m, nsc_c, pad_c_c,
-                                   qt_base, st_base, ac_base, s6_c, sdec_c)
+                                   qt_base, st_base, ac_base, s6_c, sdec_c, offs, shifts)
 
                 cute.arch.sync_warp()
                 pipe.consumer_release(cstate)
@@ -201,18 +228,24 @@ class CastKernel:
     @cute.jit
     def _row_pass(self, stage_addr, tidx, tm, tk, M, K, Ml, Kl, half_k, nsc_r, pad_c_r,
                   q_base, s_base, ar_base, s6, sdec):
-        r = tidx % self.tile_m
-        part = tidx // self.tile_m
-        gr = tm * self.tile_m + r
-        grl = Int64(gr)
-        if cutlass.const_expr(self.per_token):
-            grc = cutlass.min(gr, M - 1)
-            s6, sdec = self._outer(ar_base + Int64(grc) * 4)
-        row_addr = stage_addr + r * self.tile_bytes
-        sw = r % 8
+        """Lanes of a warp take consecutive 16-element blocks of consecutive rows, so one warp
+        store covers whole 32-byte sectors (bpr blocks of 8 bytes per row)."""
+        bpr = self.tile_k // 16  # blocks per tile row
+        rows_per_step = 32 // bpr
+        warp = tidx // 32
+        lane = tidx % 32
+        b = lane % bpr
         chunks_per_block = self.esize * 16 // 16
-        for j in cutlass.range_constexpr(self.row_blocks_per_thread):
-            b = part * self.row_blocks_per_thread + j  # block within the tile row
+        gcol_blk = tk * bpr + b  # global scale column
+        for j in cutlass.range_constexpr(self.row_steps):
+            r = (warp * self.row_steps + j) * rows_per_step + lane // bpr
+            gr = tm * self.tile_m + r
+            grl = Int64(gr)
+            if cutlass.const_expr(self.per_token):
+                grc = cutlass.min(gr, M - 1)
+                s6, sdec = self._outer(ar_base + Int64(grc) * 4)
+            row_addr = stage_addr + r * self.tile_bytes
+            sw = r % 8
             xs = []
             for u in cutlass.range_constexpr(chunks_per_block):
                 ch = b * chunks_per_block + u
@@ -223,7 +256,6 @@ class CastKernel:
                     for v in (v0, v1, v2, v3):
                         xs += [E.unpack_lo(v, self.dtype_name), E.unpack_hi(v, self.dtype_name)]
             code, w0, w1 = self._quantize16(xs, s6, sdec)
-            gcol_blk = tk * (self.tile_k // 16) + b  # global scale column
             valid = (gr < M) & (gcol_blk * 16 < K)
             if valid:
                 E.st_global_v2(q_base + grl * half_k + Int64(gcol_blk) * 8, w0, w1)
@@ -237,30 +269,66 @@ class CastKernel:
 
     # ------------------------------------------------------------------ columnwise pass
     @cute.jit
+    def _col_offsets(self, tidx):
+        """Per-thread constants of the columnwise pass: smem byte offsets (within a stage) of the
+        thread's 4-byte word in block rows 0..7 of its step order, and the nibble shifts.
+
+        Warp w reads the 16-byte column chunk w of the tile; lane = (rb, cp): block row rb of 16
+        rows, 4-byte word cp of the chunk. At step i lane rb reads row rb*16 + (i ^ rb) (the same
+        XOR for i and i+8), so the 8 block rows hit 8 different swizzled chunks: conflict-free.
+        The value read at step i is element i ^ rb of the block, hence the nibble shifts."""
+        warp = tidx // 32
+        lane = tidx % 32
+        rb = lane // 4
+        cp = lane % 4
+        offs = []
+        shifts = []
+        for i in cutlass.range_constexpr(8):
+            ii = Int32(i) ^ rb
+            offs.append((rb * 16 + ii) * self.tile_bytes + ((warp ^ ii) * 16) + cp * 4)
+            shifts.append(Uint32(ii * 4))
+        return offs, shifts
+
+    @cute.jit
+    def _quantize16_at(self, xs, s6, sdec, shifts):
+        amax = Float32(0.0)
+        for i in cutlass.range_constexpr(16):
+            amax = E.abs_max_nan(amax, xs[i])
+        code, enc = E.block_scale(amax, s6, sdec)
+        nan = E.is_nan(enc)
+        w0 = E.encode8_at(xs[0:8], enc, nan, shifts, self.hw)
+        w1 = E.encode8_at(xs[8:16], enc, nan, shifts, self.hw)
+        return code, w0, w1
+
+    @cute.jit
     def _col_pass(self, stage_addr, tidx, tm, tk, M, K, Ml, Kl, half_m, nsc_c, pad_c_c,
-                  qt_base, st_base, ac_base, s6, sdec):
-        c = tidx % self.tile_k
-        rbp = tidx // self.tile_k
-        gk = tk * self.tile_k + c
-        gkl = Int64(gk)
-        if cutlass.const_expr(self.per_token):
-            gkc = cutlass.min(gk, K - 1)
-            s6, sdec = self._outer(ac_base + Int64(gkc) * 4)
-        cbyte = c * self.esize
-        chunk = cbyte // 16
-        within = cbyte % 16
-        for j in cutlass.range_constexpr(self.col_blocks_per_thread):
-            rb = rbp * self.col_blocks_per_thread + j
-            blk_addr = stage_addr + rb * 16 * self.tile_bytes + within
+                  qt_base, st_base, ac_base, s6, sdec, offs, shifts):
+        """Lanes with consecutive block rows store consecutive 8-byte pieces of one output row
+        (64 bytes per input column and tile)."""
+        warp = tidx // 32
+        lane = tidx % 32
+        rb = lane // 4
+        cols = 4 // self.esize  # input columns per 4-byte word
+        words = []
+        for i in cutlass.range_constexpr(16):
+            words.append(E.ld_shared_u32(stage_addr + offs[i % 8] + (i // 8) * 8 * self.tile_bytes))
+        gblk = tm * (self.tile_m // 16) + rb  # global block index along M
+        for cc in cutlass.range_constexpr(cols):
+            c = warp * (16 // self.esize) + (lane % 4) * cols + cc
+            gk = tk * self.tile_k + c
+            gkl = Int64(gk)
+            if cutlass.const_expr(self.per_token):
+                gkc = cutlass.min(gk, K - 1)
+                s6, sdec = self._outer(ac_base + Int64(gkc) * 4)
             xs = []
             for i in cutlass.range_constexpr(16):
-                a = blk_addr + i * self.tile_bytes + ((chunk ^ (i % 8)) * 16)
                 if cutlass.const_expr(self.esize == 4):
-                    xs.append(E.bits_f32(E.ld_shared_u32(a)))
+                    xs.append(E.bits_f32(words[i]))
+                elif cutlass.const_expr(cc == 0):
+                    xs.append(E.unpack_lo(words[i], self.dtype_name))
                 else:
-                    xs.append(E.half_to_f32(E.ld_shared_u16(a), self.dtype_name))
-            code, w0, w1 = self._quantize16(xs, s6, sdec)
-            gblk = tm * (self.tile_m // 16) + rb  # global block index along M
+                    xs.append(E.unpack_hi(words[i], self.dtype_name))
+            code, w0, w1 = self._quantize16_at(xs, s6, sdec, shifts)
             valid = (gk < K) & (gblk * 16 < M)
             if valid:
                 E.st_global_v2(qt_base + gkl * half_m + Int64(gblk) * 8, w0, w1)

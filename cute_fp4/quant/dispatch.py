@@ -1,5 +1,7 @@
 """CUDA quantize: amax kernel(s) then the K2 cast kernel, compiled once per configuration and
 called through TVM-FFI (torch tensors passed directly, launched on torch's current stream).
+All outputs (amax, data, scales and their twins) are views of ONE uint8 allocation laid out by
+a per-shape cached plan; per-tensor scaling needs no zero-fill (partial maxima, see amax.py).
 
 Supported: recipe.scaling in {"tensor", "token"}, block (1, 16), no rht / stochastic rounding /
 4over6 (NotImplementedError naming the option: later issues add them).
@@ -15,7 +17,7 @@ import torch
 from ..common.jit import KERNELS, compile_kernel, device_arch, dyn, env_stream, fake_tensor
 from ..recipe import Recipe
 from ..tensor import NVFP4Tensor
-from .amax import AmaxTensor, AmaxToken
+from .amax import AmaxTensor, AmaxToken, tensor_partials
 from .cast import CastKernel
 
 _DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
@@ -93,15 +95,59 @@ def _check(x: torch.Tensor, recipe: Recipe) -> torch.Tensor:
     return x2
 
 
-def _alloc(shape, device) -> torch.Tensor:
-    """Output allocation (uninitialised; tests replace it with a poisoning one)."""
-    return torch.empty(shape, dtype=torch.uint8, device=device)
+def _alloc(nbytes: int, device) -> torch.Tensor:
+    """The one output allocation of a call (uninitialised; tests replace it with a poisoning
+    one)."""
+    return torch.empty(nbytes, dtype=torch.uint8, device=device)
 
 
-def _scale_buffer(rows: int, cols: int, swizzle: bool, device) -> torch.Tensor:
+def _scale_shape(rows: int, cols: int, swizzle: bool):
     if swizzle:
-        return _alloc(((rows + 127) // 128 * 128, (cols // 16 + 3) // 4 * 4), device)
-    return _alloc((rows, cols // 16), device)
+        return ((rows + 127) // 128 * 128, (cols // 16 + 3) // 4 * 4)
+    return (rows, cols // 16)
+
+
+class _Plan:
+    """Per-(shape, dtype, recipe, device) constants of a call: compiled kernels and the byte
+    layout of the single output buffer. Pieces start on 256-byte boundaries: a misaligned
+    data piece splits every 32-byte row segment of a tile over two sectors (measured: the
+    per-tensor cast ran 2x slower with 16-byte alignment)."""
+
+    def __init__(self, m, k, name, row, col, swz, per_token, dev):
+        index = dev.index if dev.index is not None else torch.cuda.current_device()
+        arch = device_arch(dev)
+        sms = _num_sms(index)
+        esize = _CUTLASS[name].width // 8
+        self.per_token = per_token
+        if per_token:
+            self.amax = KERNELS.get(("amax_token", name, arch),
+                                    lambda: compile_kernel(*amax_token_kernel(name), arch=arch))
+            n_amax = m + k
+        else:
+            self.amax = KERNELS.get(("amax_tensor", name, sms, arch),
+                                    lambda: compile_kernel(*amax_tensor_kernel(name, sms), arch=arch))
+            n_amax = 1 + tensor_partials(m, k, esize, sms)
+        self.cast = KERNELS.get(("cast", name, row, col, swz, per_token, sms, arch),
+                                lambda: compile_kernel(*cast_kernel(name, row, col, swz, per_token, sms),
+                                                       arch=arch))
+        off = (4 * n_amax + 255) // 256 * 256
+        self.m, self.k, self.n_amax = m, k, n_amax
+        self.pieces = {}  # name -> (shape, byte offset)
+        shapes = {}
+        if row:
+            shapes["data"], shapes["scales"] = (m, k // 2), _scale_shape(m, k, swz)
+        if col:
+            shapes["data_t"], shapes["scales_t"] = (k, m // 2), _scale_shape(k, m, swz)
+        for key, shape in shapes.items():
+            self.pieces[key] = (shape, off)
+            off += (shape[0] * shape[1] + 255) // 256 * 256
+        self.nbytes = off
+        self.dummy = torch.empty((1, 1), dtype=torch.uint8, device=dev)
+
+
+@functools.lru_cache(maxsize=4096)
+def _plan(m, k, name, row, col, swz, per_token, dev) -> _Plan:
+    return _Plan(m, k, name, row, col, swz, per_token, dev)
 
 
 def quantize(x: torch.Tensor, recipe: Recipe = Recipe(), *, seed: int = 0,
@@ -110,48 +156,34 @@ def quantize(x: torch.Tensor, recipe: Recipe = Recipe(), *, seed: int = 0,
     seed/offset are accepted for API symmetry (stochastic rounding is not implemented)."""
     x2 = _check(x, recipe)
     m, k = x2.shape
-    dev = x2.device
-    name = _DTYPE_NAMES[x2.dtype]
-    arch = device_arch(dev)
-    sms = _num_sms(dev.index if dev.index is not None else torch.cuda.current_device())
-    per_token = recipe.scaling == "token"
-    row, col, swz = recipe.rowwise, recipe.columnwise, recipe.swizzle
-
-    data = scales = data_t = scales_t = None
-    dummy = torch.empty((1, 1), dtype=torch.uint8, device=dev)
     if m == 0 or k == 0:
         raise ValueError(f"x must be non-empty, got shape {tuple(x.shape)}")
+    row, col = recipe.rowwise, recipe.columnwise
+    per_token = recipe.scaling == "token"
+    plan = _plan(m, k, _DTYPE_NAMES[x2.dtype], row, col, recipe.swizzle, per_token, x2.device)
 
+    buf = _alloc(plan.nbytes, x2.device)
+    amax_all = buf[:4 * plan.n_amax].view(torch.float32)
+    views = {key: buf.as_strided(shape, (shape[1], 1), off)
+             for key, (shape, off) in plan.pieces.items()}
     if per_token:
-        amax_buf = torch.zeros(m + k, dtype=torch.float32, device=dev)
-        amax_r, amax_c = amax_buf[:m], amax_buf[m:]
-        fn = KERNELS.get(("amax_token", name, arch),
-                         lambda: compile_kernel(*amax_token_kernel(name), arch=arch))
-        fn(x2, amax_r, amax_c)
+        amax_all.zero_()
+        amax_r, amax_c = amax_all[:m], amax_all[m:]
+        plan.amax(x2, amax_r, amax_c)
     else:
-        amax_r = torch.zeros(1, dtype=torch.float32, device=dev)
-        amax_c = amax_r
-        fn = KERNELS.get(("amax_tensor", name, sms, arch),
-                         lambda: compile_kernel(*amax_tensor_kernel(name, sms), arch=arch))
-        fn(x2, amax_r)
-
-    if row:
-        data = _alloc((m, k // 2), dev)
-        scales = _scale_buffer(m, k, swz, dev)
-    if col:
-        data_t = _alloc((k, m // 2), dev)
-        scales_t = _scale_buffer(k, m, swz, dev)
-    key = ("cast", name, row, col, swz, per_token, sms, arch)
-    fn = KERNELS.get(key, lambda: compile_kernel(*cast_kernel(name, row, col, swz, per_token, sms),
-                                                 arch=arch))
-    fn(x2, amax_r, amax_c,
-       data if row else dummy, scales if row else dummy,
-       data_t if col else dummy, scales_t if col else dummy)
-
+        amax_r = amax_c = amax_all
+        plan.amax(x2, amax_all)
+    dummy = plan.dummy
+    plan.cast(x2, amax_r, amax_c, views.get("data", dummy), views.get("scales", dummy),
+              views.get("data_t", dummy), views.get("scales_t", dummy))
+    if not per_token:
+        amax_r = amax_c = amax_all[:1]
+    scales, scales_t = views.get("scales"), views.get("scales_t")
     return NVFP4Tensor(
-        data=data, scales=None if scales is None else scales.view(torch.float8_e4m3fn),
+        data=views.get("data"), scales=None if scales is None else scales.view(torch.float8_e4m3fn),
         amax=amax_r if row else None,
-        data_t=data_t, scales_t=None if scales_t is None else scales_t.view(torch.float8_e4m3fn),
+        data_t=views.get("data_t"),
+        scales_t=None if scales_t is None else scales_t.view(torch.float8_e4m3fn),
         amax_t=amax_c if col else None,
         recipe=recipe, shape=tuple(x.shape), dtype=x.dtype,
     )
