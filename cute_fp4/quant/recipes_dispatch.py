@@ -10,6 +10,7 @@ window64 amaxes come out of the cast itself).
 
 from __future__ import annotations
 
+import functools
 from typing import List, Sequence
 
 import cutlass
@@ -62,6 +63,15 @@ def _alloc(shape, device) -> torch.Tensor:
 def _alloc_f32(n: int, device) -> torch.Tensor:
     """Window64 amax outputs (written by the cast kernel; tests poison them)."""
     return torch.empty(n, dtype=torch.float32, device=device)
+
+
+@functools.lru_cache(maxsize=256)
+def _device_tables(ttab, gtab, atab, device):
+    """The host tables on the device, cached (no host-to-device copy on repeated calls, so the
+    call can be captured in a CUDA graph once warmed up)."""
+    return (torch.tensor(ttab, dtype=torch.int32, device=device),
+            torch.tensor(gtab, dtype=torch.int64, device=device),
+            torch.tensor(atab if atab else ((0, 0),), dtype=torch.int32, device=device))
 
 
 def _ceil(a: int, b: int) -> int:
@@ -155,15 +165,13 @@ def _run(x2: torch.Tensor, sizes: List[int], recipe: Recipe, seed: int, offset: 
 
     if ttab and k:
         dummy = torch.empty(1, dtype=torch.uint8, device=dev)
-        tt = torch.tensor(ttab, dtype=torch.int32).to(dev, non_blocking=True)
-        gt = torch.tensor(gtab, dtype=torch.int64).to(dev, non_blocking=True)
+        tt, gt, at = _device_tables(tuple(ttab), tuple(gtab), tuple(atab), dev)
         n_kt = _ceil(k, TILE)
         if swz and col:
             n_kt = 2 * _ceil(k, 128)
         if scaling != "window64" and atab:
             do_row = row or alias
             do_col = col and not alias
-            at = torch.tensor(atab, dtype=torch.int32).to(dev, non_blocking=True)
             akey = ("amax_recipe", name, scaling == "token", recipe.rht, do_row, do_col, arch)
             fn = KERNELS.get(akey, lambda: compile_kernel(
                 *amax_recipe_kernel(name, scaling == "token", recipe.rht, do_row, do_col),
