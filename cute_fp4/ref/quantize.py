@@ -18,6 +18,13 @@ FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 RHT_SIGNS = (1, 1, 1, -1, 1, -1, -1, -1, -1, -1, -1, 1, -1, 1, -1, -1)
 
 
+def true_div(t: torch.Tensor, value: float) -> torch.Tensor:
+    """t / value as an IEEE FP32 division on every device. (On CUDA, torch turns a division by
+    a Python number into a product with its FP32 reciprocal; a divisor tensor on t's device
+    keeps the true division, as TransformerEngine's reference has it.)"""
+    return t / torch.tensor(value, dtype=torch.float32, device=t.device)
+
+
 def rht(x: torch.Tensor) -> torch.Tensor:
     """16-point Random Hadamard Transform along the last dimension, in FP32:
     x @ (diag(RHT_SIGNS) @ H16) / 4, computed as sign flips, four Walsh-Hadamard butterfly
@@ -105,7 +112,7 @@ def quantize_blocks(
         return pack_fp4(encode_with(s)), s
 
     # 4over6: the map-to-6 and map-to-4 candidates, keep map-to-4 where strictly better.
-    base = (block_amax / E2M1_MAX) * s_enc
+    base = true_div(block_amax, E2M1_MAX) * s_enc
     s6, s4 = to_e4m3(base), to_e4m3(base * 1.5)
     q6, q4 = encode_with(s6), encode_with(s4)
     if fast_math:
@@ -116,8 +123,10 @@ def quantize_blocks(
         target = xf
         denom = E2M1_MAX * float(e4m3_max)
         g = g_amax.unsqueeze(-1)
-        cand6 = ((e2m1_decode(q6).view(m, nb, 16) * s6.to(torch.float32).unsqueeze(-1)) * g) / denom
-        cand4 = ((e2m1_decode(q4).view(m, nb, 16) * s4.to(torch.float32).unsqueeze(-1)) * g) / denom
+        cand6 = true_div((e2m1_decode(q6).view(m, nb, 16) * s6.to(torch.float32).unsqueeze(-1)) * g,
+                         denom)
+        cand4 = true_div((e2m1_decode(q4).view(m, nb, 16) * s4.to(torch.float32).unsqueeze(-1)) * g,
+                         denom)
     err6 = torch.zeros(m, nb, device=x.device)
     err4 = torch.zeros(m, nb, device=x.device)
     for i in range(16):  # sequential FP32 sum in element order
@@ -164,7 +173,8 @@ def _quantize_output(x: torch.Tensor, recipe: Recipe, seed: int, offset: int, st
     bits = None
     if recipe.stochastic_rounding:
         # Bits for element (r, c) are word r * cols + c of the stream, padding rows included.
-        bits = philox_bits((rows + pad) * cols, seed, offset, stream, x.device).view(-1, cols)
+        bits = philox_bits((rows + pad) * cols, seed, offset, stream, x.device).view(rows + pad,
+                                                                                    cols)
     data, scales = quantize_blocks(
         xq, per_block, recipe.block_rows, e4m3_max=recipe.e4m3_max,
         four_over_six=recipe.four_over_six, fast_math=recipe.fast_math, random_bits=bits,
