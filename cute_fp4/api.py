@@ -9,7 +9,6 @@ import torch
 
 from . import ops, ref
 from .recipe import Recipe
-from .ref.formats import decode_scale
 from .ref.quantize import check_quantize_input
 from .tensor import NVFP4Tensor
 
@@ -70,71 +69,46 @@ def mxfp8_dequantize(data: torch.Tensor, scales: torch.Tensor,
     return mxfp8_dequantize_any_device(data, scales, dtype, swizzled)
 
 
-def _operand(t: NVFP4Tensor, name: str):
-    """(E4M3 scales, window amax or None, outer decode scale or None) of a GEMM operand."""
+def _check_operand(t: NVFP4Tensor, name: str):
     if t.data is None:
         raise ValueError(f"{name} has no rowwise data: quantize it with rowwise=True, or pass "
                          f"{name}.t() to use its columnwise twin")
-    if t.recipe.scaling == "window64":
-        # The per-window outer scale varies along K: the GEMM folds it into the block factors.
-        return t.scales, t.amax, None
-    return t.scales, None, decode_scale(t.amax, t.recipe.e4m3_max)
-
-
-def _window_e4m3_max(a: Optional[NVFP4Tensor], b: Optional[NVFP4Tensor]) -> int:
-    """The E4M3_MAX of the window64 operands' outer scales (one value for both)."""
-    values = {t.recipe.e4m3_max for t in (a, b) if t is not None}
-    if len(values) > 1:
-        raise ValueError("window64 operands of one GEMM must share e4m3_max")
-    return values.pop() if values else 448
 
 
 def gemm(a: Union[NVFP4Tensor, torch.Tensor], b: NVFP4Tensor, *,
          bias: Optional[torch.Tensor] = None, out_dtype: torch.dtype = torch.bfloat16
          ) -> torch.Tensor:
     """D = a @ b.T with NVFP4 `b` [N, K] and NVFP4 (W4A4) or bf16/fp16 dense (W4A16) `a`
-    [..., K]; outer scales become the epilogue's alpha / per-row / per-column factors.
-    Returns [..., N] in out_dtype. Use `x.t()` to multiply by a columnwise twin."""
+    [..., K]; outer scales become the epilogue's alpha / per-row / per-column factors (window64
+    ones the per-block factors). Returns [..., N] in out_dtype. Use `x.t()` to multiply by a
+    columnwise twin."""
     if not isinstance(b, NVFP4Tensor):
         raise TypeError(f"b must be an NVFP4Tensor, got {type(b).__name__}")
     if out_dtype not in OUT_DTYPES:
         raise TypeError(f"out_dtype must be float32, bfloat16 or float16, got {out_dtype}")
-    b_scales, b_win, b_dec = _operand(b, "b")
+    _check_operand(b, "b")
     n, k = b.rows, b.cols
     if bias is not None and (bias.dim() != 1 or bias.shape[0] != n):
         raise ValueError(f"bias must be 1D of length N={n}, got shape {tuple(bias.shape)}")
     if isinstance(a, NVFP4Tensor):
-        a_scales, a_win, a_dec = _operand(a, "a")
+        _check_operand(a, "a")
         if a.cols != k:
             raise ValueError(f"K mismatch: a is [{a.rows}, {a.cols}], b is [{n}, {k}]")
-        a_mat, a_swizzled, lead = a.data, a.recipe.swizzle, tuple(a.shape[:-1])
+        a_args = (a.data, a.scales, a.amax, a.recipe.scaling, a.recipe.e4m3_max)
+        a_swizzled, lead = a.recipe.swizzle, tuple(a.shape[:-1])
     elif isinstance(a, torch.Tensor):
         if a.dtype not in (torch.bfloat16, torch.float16):
             raise TypeError(f"a dense activation must be bfloat16 or float16, got {a.dtype}")
         if a.shape[-1] != k:
             raise ValueError(f"K mismatch: a has last dimension {a.shape[-1]}, b has K={k}")
         _check_contiguous(a, "a")
-        a_scales = a_win = a_dec = None
-        a_mat, a_swizzled, lead = a.reshape(-1, k), False, tuple(a.shape[:-1])
+        a_args = (a.reshape(-1, k), None, None, "dense", 448)
+        a_swizzled, lead = False, tuple(a.shape[:-1])
     else:
         raise TypeError(f"a must be an NVFP4Tensor or a torch.Tensor, got {type(a).__name__}")
-    if a_mat.device != b.device or (bias is not None and bias.device != b.device):
-        raise ValueError(f"a, b and bias must be on one device (a: {a_mat.device}, "
+    if a_args[0].device != b.device or (bias is not None and bias.device != b.device):
+        raise ValueError(f"a, b and bias must be on one device (a: {a_args[0].device}, "
                          f"b: {b.device})")
-
-    # Per-tensor outer scales fold into alpha; per-token ones become row / col vectors.
-    alpha = row = col = None
-    for dec, is_a in ((a_dec, True), (b_dec, False)):
-        if dec is None:
-            continue
-        if dec.numel() == 1:
-            alpha = dec if alpha is None else alpha * dec
-        elif is_a:
-            row = dec
-        else:
-            col = dec
-    e4m3_max = _window_e4m3_max(a if a_win is not None else None,
-                                b if b_win is not None else None)
-    out = ops.gemm(a_mat, a_scales, a_win, b.data, b_scales, b_win, alpha, row, col, bias,
-                   out_dtype, a_swizzled, b.recipe.swizzle, e4m3_max)
+    out = ops.gemm(*a_args, b.data, b.scales, b.amax, b.recipe.scaling, b.recipe.e4m3_max,
+                   bias, out_dtype, a_swizzled, b.recipe.swizzle)
     return out.view(lead + (n,))

@@ -151,21 +151,47 @@ def dequantize(t: NVFP4Tensor, dtype) -> Tensor:
     return out.view(t.shape)
 
 
-def gemm_impl(a: Tensor, a_scales: Optional[Tensor], a_window_amax: Optional[Tensor],
-              b: Tensor, b_scales: Tensor, b_window_amax: Optional[Tensor],
-              alpha: Optional[Tensor], row: Optional[Tensor], col: Optional[Tensor],
-              bias: Optional[Tensor], out_dtype: torch.dtype, a_swizzled: bool,
-              b_swizzled: bool, e4m3_max: int) -> Tensor:
-    """One 2D GEMM. a: packed E2M1 [M, K/2] with E4M3 scales (compact or swizzled), or a dense
-    bf16/fp16 [M, K] with a_scales None (W4A16); b: packed E2M1 [N, K/2] with E4M3 scales.
-    A window64 operand also passes its FP32 window amax [rows, K/64]: its per-window decode
-    scale multiplies each block (e4m3_max is that recipe's E4M3_MAX)."""
+def epilogue_factors(a_scaling: str, a_amax: Optional[Tensor], a_e4m3_max: int,
+                     b_scaling: str, b_amax: Tensor, b_e4m3_max: int):
+    """(alpha, row, col, a_window_amax, b_window_amax) from the operands' outer amax.
+
+    Per-tensor decode scales 1/S_enc fold into alpha, per-token ones become the row (a) /
+    column (b) vectors; window64 amax go to the GEMM, which folds them per K block; a dense
+    (W4A16) `a` has scaling "dense" and no amax. Computed here, inside the custom op, so that
+    torch.compile cannot re-derive them with non-IEEE divisions."""
+    alpha = row = col = None
+    windows = {"a": None, "b": None}
+    for side, scaling, amax, e4m3_max in (("a", a_scaling, a_amax, a_e4m3_max),
+                                          ("b", b_scaling, b_amax, b_e4m3_max)):
+        if scaling == "window64":
+            windows[side] = amax
+        elif scaling == "tensor":
+            dec = decode_scale(amax, e4m3_max)
+            alpha = dec if alpha is None else alpha * dec
+        elif scaling == "token":
+            dec = decode_scale(amax, e4m3_max)
+            row, col = (dec, col) if side == "a" else (row, dec)
+    return alpha, row, col, windows["a"], windows["b"]
+
+
+def gemm_impl(a: Tensor, a_scales: Optional[Tensor], a_amax: Optional[Tensor], a_scaling: str,
+              a_e4m3_max: int, b: Tensor, b_scales: Tensor, b_amax: Tensor, b_scaling: str,
+              b_e4m3_max: int, bias: Optional[Tensor], out_dtype: torch.dtype,
+              a_swizzled: bool, b_swizzled: bool) -> Tensor:
+    """One 2D GEMM. a: packed E2M1 [M, K/2] with E4M3 scales (compact or swizzled) and its
+    outer amax, or a dense bf16/fp16 [M, K] (a_scaling "dense", no scales or amax; W4A16);
+    b: packed E2M1 [N, K/2] with E4M3 scales and its outer amax."""
     n, k = b.shape[0], b.shape[1] * 2
+    alpha, row, col, a_win, b_win = epilogue_factors(a_scaling, a_amax, a_e4m3_max, b_scaling,
+                                                     b_amax, b_e4m3_max)
+    if a_win is not None and b_win is not None and a_e4m3_max != b_e4m3_max:
+        raise ValueError("window64 operands of one GEMM must share e4m3_max")
+    win_e4m3_max = a_e4m3_max if a_win is not None else b_e4m3_max
     if a.is_cuda:
         from .gemm.dispatch import gemm_nvfp4, gemm_w4a16
 
         if a_scales is None:
-            if b_window_amax is not None:
+            if b_win is not None:
                 raise NotImplementedError("the CUDA W4A16 GEMM does not take window64 weights")
             return gemm_w4a16(a, b, b_scales, alpha=alpha, col=col, bias=bias,
                               out_dtype=out_dtype, scales_swizzled=b_swizzled)
@@ -174,33 +200,31 @@ def gemm_impl(a: Tensor, a_scales: Optional[Tensor], a_window_amax: Optional[Ten
                         else unswizzle_scales(a_scales, a.shape[0], k // 16))
         return gemm_nvfp4(a, a_scales, b, b_scales, alpha=alpha, row=row, col=col, bias=bias,
                           out_dtype=out_dtype, scales_swizzled=b_swizzled,
-                          a_window_amax=a_window_amax, b_window_amax=b_window_amax,
-                          e4m3_max=e4m3_max)
+                          a_window_amax=a_win, b_window_amax=b_win, e4m3_max=win_e4m3_max)
 
     def factors(rows, scales, swizzled, window_amax):
         f = (unswizzle_scales(scales, rows, k // 16) if swizzled else scales).to(torch.float32)
         if window_amax is None:
             return f
-        return f * decode_scale(block_outer_amax(window_amax, "window64", rows), e4m3_max)
+        return f * decode_scale(block_outer_amax(window_amax, "window64", rows), win_e4m3_max)
 
-    a_factors = None if a_scales is None else factors(a.shape[0], a_scales, a_swizzled,
-                                                      a_window_amax)
-    return ref.gemm(a, a_factors, b, factors(n, b_scales, b_swizzled, b_window_amax),
+    a_factors = None if a_scales is None else factors(a.shape[0], a_scales, a_swizzled, a_win)
+    return ref.gemm(a, a_factors, b, factors(n, b_scales, b_swizzled, b_win),
                     alpha=alpha, row=row, col=col, bias=bias, out_dtype=out_dtype)
 
 
 @torch.library.custom_op("cute_fp4::gemm", mutates_args=())
-def gemm_op(a: Tensor, a_scales: Optional[Tensor], a_window_amax: Optional[Tensor], b: Tensor,
-            b_scales: Tensor, b_window_amax: Optional[Tensor], alpha: Optional[Tensor],
-            row: Optional[Tensor], col: Optional[Tensor], bias: Optional[Tensor],
-            out_dtype: torch.dtype, a_swizzled: bool, b_swizzled: bool, e4m3_max: int) -> Tensor:
-    return gemm_impl(a, a_scales, a_window_amax, b, b_scales, b_window_amax, alpha, row, col,
-                     bias, out_dtype, a_swizzled, b_swizzled, e4m3_max)
+def gemm_op(a: Tensor, a_scales: Optional[Tensor], a_amax: Optional[Tensor], a_scaling: str,
+            a_e4m3_max: int, b: Tensor, b_scales: Tensor, b_amax: Tensor, b_scaling: str,
+            b_e4m3_max: int, bias: Optional[Tensor], out_dtype: torch.dtype, a_swizzled: bool,
+            b_swizzled: bool) -> Tensor:
+    return gemm_impl(a, a_scales, a_amax, a_scaling, a_e4m3_max, b, b_scales, b_amax,
+                     b_scaling, b_e4m3_max, bias, out_dtype, a_swizzled, b_swizzled)
 
 
 @gemm_op.register_fake
-def _(a, a_scales, a_window_amax, b, b_scales, b_window_amax, alpha, row, col, bias, out_dtype,
-      a_swizzled, b_swizzled, e4m3_max):
+def _(a, a_scales, a_amax, a_scaling, a_e4m3_max, b, b_scales, b_amax, b_scaling, b_e4m3_max,
+      bias, out_dtype, a_swizzled, b_swizzled):
     return a.new_empty((a.shape[0], b.shape[0]), dtype=out_dtype)
 
 
