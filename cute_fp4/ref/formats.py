@@ -95,8 +95,8 @@ def to_e4m3(v: torch.Tensor) -> torch.Tensor:
 def encode_scale(amax: torch.Tensor, e4m3_max: int = 448) -> torch.Tensor:
     """Outer encode scale S_enc = e4m3_max * 6 / amax, capped at FLT_MAX, 1 where amax is 0."""
     amax = amax.to(torch.float32)
-    s = torch.minimum(torch.tensor(float(e4m3_max) * E2M1_MAX, device=amax.device) / amax,
-                      torch.tensor(FLT_MAX, device=amax.device))
+    # Constants made on the device (no host copy: CUDA-graph capturable); clamp keeps NaN.
+    s = (torch.full_like(amax, float(e4m3_max) * E2M1_MAX) / amax).clamp(max=FLT_MAX)
     return torch.where((amax == 0) | (s == 0), torch.ones_like(s), s)
 
 

@@ -22,7 +22,7 @@ def true_div(t: torch.Tensor, value: float) -> torch.Tensor:
     """t / value as an IEEE FP32 division on every device. (On CUDA, torch turns a division by
     a Python number into a product with its FP32 reciprocal; a divisor tensor on t's device
     keeps the true division, as TransformerEngine's reference has it.)"""
-    return t / torch.tensor(value, dtype=torch.float32, device=t.device)
+    return t / torch.full((), value, dtype=torch.float32, device=t.device)
 
 
 def rht(x: torch.Tensor) -> torch.Tensor:
