@@ -9,7 +9,7 @@ import torch
 from ..common.jit import KERNELS, compile_kernel, device_arch, dyn, env_stream, fake_tensor, \
     torch_to_cutlass
 from ..ref.formats import decode_scale
-from .operands import _check_operand, _prepare_data, _vector
+from .operands import _bias, _check_operand, _prepare_data, _vector
 
 OUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -123,12 +123,7 @@ def gemm_nvfp4(a_data: torch.Tensor, a_scales: torch.Tensor, b_data: torch.Tenso
     alpha = _vector(alpha, 1, "alpha", device)
     row = _vector(row, m, "row", device)
     col = _vector(col, n, "col", device)
-    if bias is not None:
-        if bias.dtype not in (out_dtype, torch.float32):
-            raise TypeError(f"bias must be {out_dtype} or float32, got {bias.dtype}")
-        if bias.device != device or bias.numel() != n:
-            raise ValueError(f"bias must be [N={n}] on {device}, got {tuple(bias.shape)}")
-        bias = bias.reshape(-1).contiguous()
+    bias = _bias(bias, n, out_dtype, device)
     if out is not None and (out.dtype != out_dtype or tuple(out.shape) != (m, n)
                             or not out.is_contiguous()):
         raise ValueError(f"out must be a contiguous [{m}, {n}] {out_dtype} tensor")

@@ -47,10 +47,25 @@ def _prepare_data(data: torch.Tensor) -> torch.Tensor:
 
 
 def _vector(v: Optional[torch.Tensor], n: int, name: str, device) -> Optional[torch.Tensor]:
+    """An optional epilogue vector (alpha, row, col) as contiguous FP32 of n elements."""
     if v is None:
         return None
+    if not isinstance(v, torch.Tensor):
+        raise TypeError(f"{name} must be a tensor, got {type(v).__name__}")
     if v.device != device:
         raise ValueError(f"{name} must be on {device}, got {v.device}")
     if v.numel() != n:
         raise ValueError(f"{name} must have {n} elements, got shape {tuple(v.shape)}")
     return v.reshape(-1).to(torch.float32).contiguous()
+
+
+def _bias(bias: Optional[torch.Tensor], n: int, out_dtype: torch.dtype,
+          device) -> Optional[torch.Tensor]:
+    """An optional bias [N] of the output dtype or FP32, flattened and contiguous."""
+    if bias is None:
+        return None
+    if bias.dtype not in (out_dtype, torch.float32):
+        raise TypeError(f"bias must be {out_dtype} or float32, got {bias.dtype}")
+    if bias.device != device or bias.numel() != n:
+        raise ValueError(f"bias must be [N={n}] on {device}, got {tuple(bias.shape)}")
+    return bias.reshape(-1).contiguous()

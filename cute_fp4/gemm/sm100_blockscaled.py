@@ -596,7 +596,7 @@ def gemm_nvfp4_sm100(a_data: torch.Tensor, a_scales_swizzled: torch.Tensor,
     N must keep D's rows 16-byte aligned (a multiple of 8 for bf16/fp16 output, 4 for fp32).
     COMPILED FOR sm_100a BUT NEVER RUN (see the module docstring): its results are unverified
     until it runs on a Blackwell GPU."""
-    from .operands import _check_operand, _prepare_data, _vector
+    from .operands import _bias, _check_operand, _prepare_data, _vector
 
     if out_dtype not in OUT_DTYPES:
         raise TypeError(f"out_dtype must be float32, bfloat16 or float16, got {out_dtype}")
@@ -623,12 +623,7 @@ def gemm_nvfp4_sm100(a_data: torch.Tensor, a_scales_swizzled: torch.Tensor,
     alpha = _vector(alpha, 1, "alpha", device)
     row = _vector(row, m, "row", device)
     col = _vector(col, n, "col", device)
-    if bias is not None:
-        if bias.dtype not in (out_dtype, torch.float32):
-            raise TypeError(f"bias must be {out_dtype} or float32, got {bias.dtype}")
-        if bias.device != device or bias.numel() != n:
-            raise ValueError(f"bias must be [N={n}] on {device}, got {tuple(bias.shape)}")
-        bias = bias.reshape(-1).contiguous()
+    bias = _bias(bias, n, out_dtype, device)
     if tile_n is not None and tile_n not in TILE_NS:
         raise ValueError(f"tile_n must be one of {TILE_NS}, got {tile_n}")
     arch = device_arch(device)

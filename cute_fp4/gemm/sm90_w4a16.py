@@ -43,6 +43,7 @@ from ..common.decode import DECODE_EXP_SHIFT, decode_e2m1x8, e4m3_to_bf16x2_scal
 from ..common.jit import KERNELS, compile_kernel, device_arch, dyn, env_stream, fake_tensor, \
     torch_to_cutlass
 from ..ref.swizzle import swizzled_shape
+from .operands import _bias, _vector
 
 CHUNK_K = 128  # K values per warp step: 4 threads x 32
 FP16_DECODE_EXP_SHIFT = 14
@@ -387,18 +388,6 @@ def _aligned(t: torch.Tensor) -> torch.Tensor:
     return t if t.data_ptr() % 16 == 0 else t.clone()
 
 
-def _fp32_vector(v: Optional[torch.Tensor], n: int, name: str, device) -> Optional[torch.Tensor]:
-    if v is None:
-        return None
-    if not isinstance(v, torch.Tensor):
-        raise TypeError(f"{name} must be a tensor, got {type(v).__name__}")
-    if v.device != device:
-        raise ValueError(f"{name} must be on {device}, got {v.device}")
-    if v.numel() != n:
-        raise ValueError(f"{name} must have {n} elements, got shape {tuple(v.shape)}")
-    return v.reshape(-1).to(torch.float32).contiguous()
-
-
 def gemm_w4a16_sm90(a: torch.Tensor, b_data: torch.Tensor, b_scales: torch.Tensor, *,
                     alpha: Optional[torch.Tensor] = None, col: Optional[torch.Tensor] = None,
                     bias: Optional[torch.Tensor] = None, out_dtype: torch.dtype = torch.bfloat16,
@@ -444,14 +433,9 @@ def gemm_w4a16_sm90(a: torch.Tensor, b_data: torch.Tensor, b_scales: torch.Tenso
     sf = b_scales.contiguous().view(torch.uint8).reshape(-1)
     if alpha is not None and isinstance(alpha, torch.Tensor) and alpha.dtype != torch.float32:
         raise TypeError(f"alpha must be float32, got {alpha.dtype}")
-    alpha = _fp32_vector(alpha, 1, "alpha", device)
-    col = _fp32_vector(col, n, "col", device)
-    if bias is not None:
-        if bias.dtype not in (out_dtype, torch.float32):
-            raise TypeError(f"bias must be {out_dtype} or float32, got {bias.dtype}")
-        if bias.device != device or bias.numel() != n:
-            raise ValueError(f"bias must be [N={n}] on {device}, got {tuple(bias.shape)}")
-        bias = bias.reshape(-1).contiguous()
+    alpha = _vector(alpha, 1, "alpha", device)
+    col = _vector(col, n, "col", device)
+    bias = _bias(bias, n, out_dtype, device)
     if out is None:
         out = torch.empty((m, n), dtype=out_dtype, device=device)
     elif out.dtype != out_dtype or tuple(out.shape) != (m, n) or not out.is_contiguous():

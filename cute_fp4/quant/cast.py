@@ -20,7 +20,6 @@ vector stores that together cover whole sectors (32 bytes per row, 64 bytes per 
 import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
-import cutlass.utils as utils
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Float32, Int32, Int64, Uint32
 from cutlass.cute.nvgpu import cpasync
