@@ -42,7 +42,7 @@ def _time(module, x, g, backward: bool, graphs: bool):
         try:
             graph = bench_graph_ms(fn)
         except (RuntimeError, NotImplementedError) as e:
-            graph = f"n/a ({type(e).__name__})"
+            graph = f"n/a ({type(e).__name__}: {str(e)[:60]})"
     return eager, graph
 
 
@@ -69,8 +69,11 @@ def run(shapes, backward: bool, graphs: bool):
                 per_tensor_ms = eager
             elif per_tensor_ms is not None:
                 row[f"{name} / per-tensor"] = eager / per_tensor_ms
-            if graphs and isinstance(graph, float) and isinstance(bf16_graph, float):
-                row[f"{name} graph / bf16 graph"] = graph / bf16_graph
+            if graphs:  # a failed capture shows its reason instead of a ratio
+                both = isinstance(graph, float) and isinstance(bf16_graph, float)
+                row[f"{name} graph / bf16 graph"] = (graph / bf16_graph if both
+                                                     else graph if isinstance(graph, str)
+                                                     else bf16_graph)
         rows.append(row)
     return rows
 
