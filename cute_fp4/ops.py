@@ -21,6 +21,7 @@ from .ref.quantize import block_outer_amax
 from .ref.swizzle import swizzle_scales, swizzled_shape, unswizzle_scales
 from .tensor import NVFP4Tensor
 
+
 def recipe_args(recipe: Recipe) -> tuple:
     return (recipe.scaling, recipe.block[0], recipe.rht, recipe.stochastic_rounding,
             recipe.four_over_six or "", recipe.e4m3_max, recipe.fast_math, recipe.rowwise,
