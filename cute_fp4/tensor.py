@@ -65,6 +65,12 @@ class NVFP4Tensor:
             shape=(self.cols, self.rows), dtype=self.dtype,
         )
 
+    def to(self, device) -> "NVFP4Tensor":
+        """The same quantized tensor with every present field on `device`."""
+        fields = ("data", "scales", "amax", "data_t", "scales_t", "amax_t")
+        return dataclasses.replace(self, **{f: getattr(self, f).to(device) for f in fields
+                                            if getattr(self, f) is not None})
+
     def dequantize(self, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
         """The rowwise data back in high precision, in the original shape."""
         from .api import dequantize

@@ -376,3 +376,13 @@ def test_quantize_grouped_equals_per_group():
 def test_quantize_grouped_errors(x, sizes, exc, match):
     with pytest.raises(exc, match=match):
         cute_fp4.quantize_grouped(x, sizes)
+
+
+def test_nvfp4_tensor_to_moves_every_present_field():
+    t = cute_fp4.quantize(torch.randn(32, 64), Recipe(rowwise=False, columnwise=True))
+    moved = t.to("meta")
+    assert moved.data is None and moved.scales is None and moved.amax is None
+    for name in ("data_t", "scales_t", "amax_t"):
+        got, src = getattr(moved, name), getattr(t, name)
+        assert got.device.type == "meta" and got.shape == src.shape and got.dtype == src.dtype
+    assert moved.recipe == t.recipe and moved.shape == t.shape and src.device.type == "cpu"

@@ -197,12 +197,12 @@ def mxfp8_dequantize(data: torch.Tensor, scales: torch.Tensor, dtype: torch.dtyp
         raise ValueError(f"MXFP8 data must be 2D [M, K] with K % 32 == 0, got {tuple(data.shape)}")
     if not data.is_contiguous():
         raise ValueError("MXFP8 data must be contiguous")
-    rows, cols = data.shape
-    out = torch.empty((rows, cols), dtype=dtype, device=data.device)
     if not data.is_cuda:
         from ..ref import mxfp8_dequantize as mxfp8_dequantize_ref
 
         return mxfp8_dequantize_ref(data, scales, dtype, swizzled)
+    rows, cols = data.shape
+    out = torch.empty((rows, cols), dtype=dtype, device=data.device)
     if rows == 0:
         return out
     arch = device_arch(data.device)
