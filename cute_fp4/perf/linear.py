@@ -12,7 +12,8 @@ import argparse
 
 import torch
 
-from ..nn import Linear, LinearRecipe
+from .. import api
+from ..nn import Linear, LinearRecipe, _with_outputs
 from .common import bench_graph_ms, bench_ms, progress, report
 
 SEED_SHAPES = [(m, k, k) for m in (1024, 4096, 16384, 32768) for k in (2048, 4096, 8192)]
@@ -78,6 +79,43 @@ def run(shapes, backward: bool, graphs: bool):
     return rows
 
 
+def breakdown(m: int, k: int, n: int, recipe_name: str):
+    """Milliseconds of each step of one training step (eager), next to the BF16 GEMM of the
+    same role: where the time of `Linear` goes. The weight quantization is cached across steps
+    by `Linear` while the weight does not change; a real training step pays it once."""
+    recipe = RECIPES[recipe_name]()
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+    dy = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
+    rng = torch.tensor([0, 0], dtype=torch.int64)
+    x_recipe = _with_outputs(recipe.activation, True, True)
+    w_recipe = _with_outputs(recipe.weight, True, True)
+    dy_recipe = _with_outputs(recipe.grad, True, True)
+    xq, wq = api.quantize(x, x_recipe), api.quantize(w, w_recipe)
+    dyq = api.quantize(dy, dy_recipe, rng_state=rng)
+    steps = [
+        ("quantize x (row+col)", lambda: api.quantize(x, x_recipe), None),
+        ("quantize w (row+col)", lambda: api.quantize(w, w_recipe), None),
+        ("quantize dy (row+col)", lambda: api.quantize(dy, dy_recipe, rng_state=rng), None),
+        ("fprop x.wT", lambda: api.gemm(xq, wq, out_dtype=torch.bfloat16), lambda: x @ w.t()),
+        ("dgrad dy.w", lambda: api.gemm(dyq, wq.t(), out_dtype=torch.bfloat16), lambda: dy @ w),
+        ("wgrad dyT.x", lambda: api.gemm(dyq.t(), xq.t(), out_dtype=torch.bfloat16),
+         lambda: dy.t() @ x),
+    ]
+    rows = []
+    for name, ours, bf16 in steps:
+        row = {"step": name, f"{recipe_name} ms": bench_ms(ours)}
+        if bf16 is not None:
+            row["bf16 ms"] = bench_ms(bf16)
+            row["ratio"] = row[f"{recipe_name} ms"] / row["bf16 ms"]
+        rows.append(row)
+    total = sum(r[f"{recipe_name} ms"] for r in rows)
+    rows.append({"step": "sum", f"{recipe_name} ms": total,
+                 "bf16 ms": sum(r.get("bf16 ms", 0.0) for r in rows),
+                 "ratio": total / sum(r.get("bf16 ms", 0.0) for r in rows)})
+    return rows
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m cute_fp4.perf linear", description=__doc__)
     mode = p.add_mutually_exclusive_group()
@@ -86,6 +124,8 @@ def main(argv=None):
     p.add_argument("--shapes", choices=("seed", "deepseek", "all", "target"), default="target",
                    help="target: the SPEC 5 shape 16384x7168->2048 only")
     p.add_argument("--no-graphs", action="store_true", help="skip the CUDA-graph column")
+    p.add_argument("--breakdown", action="store_true",
+                   help="also time each quantize and GEMM of one step (eager)")
     p.add_argument("--json")
     args = p.parse_args(argv)
     shapes = {"seed": SEED_SHAPES, "deepseek": DEEPSEEK_SHAPES,
@@ -95,4 +135,10 @@ def main(argv=None):
     what = "forward + backward" if backward else "forward"
     report(rows, f"NVFP4 Linear vs BF16 nn.Linear, {what} ({torch.cuda.get_device_name()})",
            args.json)
+    if args.breakdown:
+        for m, k, n in shapes:
+            for name in RECIPES:
+                print()
+                report(breakdown(m, k, n, name),
+                       f"Where the time goes: {name}, {m}x{k} -> {n}, one training step")
     return 0
