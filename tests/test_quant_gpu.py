@@ -5,7 +5,7 @@ Outputs are poisoned (0xFF) before the launch."""
 import pytest
 import torch
 
-from cute_fp4 import Recipe, ref
+from cute_fp4 import NVFP4Tensor, Recipe, ref
 from cute_fp4.quant import dispatch
 
 pytestmark = pytest.mark.gpu
@@ -119,3 +119,38 @@ def test_bad_inputs():
                 dict(scaling="window64")]:
         with pytest.raises(NotImplementedError, match=next(iter(opt))):
             dispatch.quantize(torch.randn(64, 64, device="cuda"), Recipe(**opt))
+
+
+def reduced_reference(x, recipe, amax_reduce):
+    """The reference quantization of a rank's shard when the amaxes that span M (the per-tensor
+    amax, the per-token column amax) are replaced by amax_reduce's in-place result."""
+    out = {}
+    for name, mat, spans_m in (("", x, recipe.scaling == "tensor"), ("_t", x.t().contiguous(), True)):
+        if not (recipe.rowwise if name == "" else recipe.columnwise):
+            out.update({f"data{name}": None, f"scales{name}": None, f"amax{name}": None})
+            continue
+        outer = ref.outer_amax(mat, recipe.scaling)
+        if spans_m:
+            amax_reduce(outer)
+        data, scales = ref.quantize_blocks(mat, ref.block_outer_amax(outer, recipe.scaling,
+                                                                      mat.shape[0]))
+        out.update({f"data{name}": data, f"amax{name}": outer,
+                    f"scales{name}": ref.swizzle_scales(scales) if recipe.swizzle else scales})
+    return NVFP4Tensor(**out, recipe=recipe, shape=tuple(x.shape), dtype=x.dtype)
+
+
+@pytest.mark.parametrize("scaling", ["tensor", "token"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_amax_reduce(scaling, dtype, gen):
+    """A cross-rank amax reduction stand-in that raises the amax (x3, or a fixed larger value):
+    the outputs are the reference's with that amax; the per-row amaxes stay local."""
+    x = make_input((256, 1040), "outliers", dtype, gen)
+    big = float(x.float().abs().max()) * 3
+    for amax_reduce in (lambda t: t.copy_(t * 3), lambda t: t.fill_(big)):
+        for row, col in [(True, True), (True, False), (False, True)]:
+            for swizzle in (False, True):
+                recipe = Recipe(scaling=scaling, rowwise=row, columnwise=col, swizzle=swizzle)
+                got = dispatch.quantize(x, recipe, amax_reduce=amax_reduce)
+                check(got, reduced_reference(x, recipe, amax_reduce), recipe)
+                if scaling == "token" and row:
+                    assert same_amax(got.amax, ref.amax_per_token(x)[0])

@@ -10,6 +10,7 @@ Supported: recipe.scaling in {"tensor", "token"}, block (1, 16), no rht / stocha
 from __future__ import annotations
 
 import functools
+from typing import Callable, Optional
 
 import cutlass
 import torch
@@ -111,9 +112,13 @@ class _Plan:
     """Per-(shape, dtype, recipe, device) constants of a call: compiled kernels and the byte
     layout of the single output buffer. Pieces start on 256-byte boundaries: a misaligned
     data piece splits every 32-byte row segment of a tile over two sectors (measured: the
-    per-tensor cast ran 2x slower with 16-byte alignment)."""
+    per-tensor cast ran 2x slower with 16-byte alignment).
 
-    def __init__(self, m, k, name, row, col, swz, per_token, dev):
+    Per-tensor amax words: [amax, partial 1..P]; with a cross-rank reduction (``reduced``)
+    [amax, local amax, partial 1..P]: the local amax is reduced in place and the cast reads it
+    as its single partial."""
+
+    def __init__(self, m, k, name, row, col, swz, per_token, reduced, dev):
         index = dev.index if dev.index is not None else torch.cuda.current_device()
         arch = device_arch(dev)
         sms = _num_sms(index)
@@ -126,7 +131,7 @@ class _Plan:
         else:
             self.amax = KERNELS.get(("amax_tensor", name, sms, arch),
                                     lambda: compile_kernel(*amax_tensor_kernel(name, sms), arch=arch))
-            n_amax = 1 + tensor_partials(m, k, esize, sms)
+            n_amax = 1 + int(reduced) + tensor_partials(m, k, esize, sms)
         self.cast = KERNELS.get(("cast", name, row, col, swz, per_token, sms, arch),
                                 lambda: compile_kernel(*cast_kernel(name, row, col, swz, per_token, sms),
                                                        arch=arch))
@@ -146,21 +151,30 @@ class _Plan:
 
 
 @functools.lru_cache(maxsize=4096)
-def _plan(m, k, name, row, col, swz, per_token, dev) -> _Plan:
-    return _Plan(m, k, name, row, col, swz, per_token, dev)
+def _plan(m, k, name, row, col, swz, per_token, reduced, dev) -> _Plan:
+    return _Plan(m, k, name, row, col, swz, per_token, reduced, dev)
 
 
 def quantize(x: torch.Tensor, recipe: Recipe = Recipe(), *, seed: int = 0,
-             offset: int = 0) -> NVFP4Tensor:
+             offset: int = 0, amax_reduce: Optional[Callable[[torch.Tensor], None]] = None
+             ) -> NVFP4Tensor:
     """NVFP4 quantize of a CUDA tensor [..., K] (flattened to [M, K]); see the module doc.
-    seed/offset are accepted for API symmetry (stochastic rounding is not implemented)."""
+    seed/offset are accepted for API symmetry (stochastic rounding is not implemented).
+
+    amax_reduce (tensor / sequence parallelism, input sharded along M): called between the
+    amax kernel and the cast on the float32 amaxes that span M, which it must reduce in place
+    across ranks (e.g. ``lambda t: dist.all_reduce(t, op=dist.ReduceOp.MAX, group=g)``):
+    the one global amax [1] for per-tensor scaling, the column amax [K] for per-token (the
+    per-row amaxes are local). The cast then quantizes with the reduced values."""
     x2 = _check(x, recipe)
     m, k = x2.shape
     if m == 0 or k == 0:
         raise ValueError(f"x must be non-empty, got shape {tuple(x.shape)}")
     row, col = recipe.rowwise, recipe.columnwise
     per_token = recipe.scaling == "token"
-    plan = _plan(m, k, _DTYPE_NAMES[x2.dtype], row, col, recipe.swizzle, per_token, x2.device)
+    reduced = amax_reduce is not None
+    plan = _plan(m, k, _DTYPE_NAMES[x2.dtype], row, col, recipe.swizzle, per_token, reduced,
+                 x2.device)
 
     buf = _alloc(plan.nbytes, x2.device)
     amax_all = buf[:4 * plan.n_amax].view(torch.float32)
@@ -170,6 +184,13 @@ def quantize(x: torch.Tensor, recipe: Recipe = Recipe(), *, seed: int = 0,
         amax_all.zero_()
         amax_r, amax_c = amax_all[:m], amax_all[m:]
         plan.amax(x2, amax_r, amax_c)
+        if reduced:
+            amax_reduce(amax_c)
+    elif reduced:
+        plan.amax(x2, amax_all[1:])
+        torch.amax(amax_all[2:], dim=0, keepdim=True, out=amax_all[1:2])
+        amax_reduce(amax_all[1:2])
+        amax_r = amax_c = amax_all[:2]
     else:
         amax_r = amax_c = amax_all
         plan.amax(x2, amax_all)
