@@ -6,9 +6,10 @@ window amaxes) before the launch."""
 import pytest
 import torch
 
-from cute_fp4 import Recipe, ref
+from cute_fp4 import NVFP4Tensor, Recipe, ref
 from cute_fp4.quant import recipes_dispatch as rd
 from cute_fp4.ref.formats import e2m1_decode, unpack_fp4
+from cute_fp4.ref.swizzle import swizzle_scales
 
 pytestmark = pytest.mark.gpu
 
@@ -246,3 +247,66 @@ def test_bad_inputs():
         rd.quantize_recipe(x, Recipe(stochastic_rounding=True), seed=-1)
     with pytest.raises(TypeError):
         rd.quantize_recipe(x.double(), Recipe())
+
+
+def ref_amax_reduced(x, recipe, reduce):
+    """ref.quantize with the amaxes that span M (per-tensor: both; per-token: the twin's column
+    amax; window64: none) passed through `reduce`, from the reference's helpers."""
+    sides = {}
+    for side, on, xs in (("", recipe.rowwise, x), ("_t", recipe.columnwise, x.t().contiguous())):
+        if not on:
+            sides.update({"data" + side: None, "scales" + side: None, "amax" + side: None})
+            continue
+        if side and recipe.rht:
+            xs = ref.rht(xs)
+        outer = ref.outer_amax(xs, recipe.scaling)
+        if recipe.scaling == "tensor" or (recipe.scaling == "token" and side):
+            reduce(outer)
+        data, scales = ref.quantize_blocks(
+            xs, ref.block_outer_amax(outer, recipe.scaling, xs.shape[0]), recipe.block_rows,
+            e4m3_max=recipe.e4m3_max, four_over_six=recipe.four_over_six,
+            fast_math=recipe.fast_math)
+        if recipe.swizzle:
+            scales = swizzle_scales(scales)
+        sides.update({"data" + side: data, "scales" + side: scales, "amax" + side: outer})
+    return NVFP4Tensor(**sides, recipe=recipe, shape=tuple(x.shape), dtype=x.dtype)
+
+
+@pytest.mark.parametrize("recipe,calls", [
+    (Recipe(columnwise=True), [1]),  # rowwise amax = columnwise amax: one tensor
+    (Recipe(rht=True, columnwise=True), [1, 1]),  # rowwise and post-RHT columnwise amax
+    (Recipe(rht=True), [1]),
+    (Recipe(rowwise=False, columnwise=True, rht=True), [1]),
+    (Recipe(scaling="token", columnwise=True), [192]),  # the column amax only
+    (Recipe(scaling="token", rht=True, columnwise=True, swizzle=True), [192]),
+    (Recipe(scaling="token"), []),
+    (Recipe(block=(16, 16), columnwise=True, swizzle=True), [1]),
+    (Recipe(four_over_six="mse", rht=True, columnwise=True), [1, 1]),
+    (Recipe(scaling="window64", columnwise=True), []),  # windows are local to a shard
+])
+def test_amax_reduce(recipe, calls, gen):
+    """amax_reduce replaces the amaxes that span M by 4x their value (a larger "global" amax):
+    the outputs equal the reference quantized with those amaxes."""
+    x = make_input((128, 192), "outliers", torch.bfloat16, gen)
+    seen = []
+
+    def times4(t):
+        assert t.dtype == torch.float32 and t.is_cuda
+        seen.append(t.numel())
+        t.mul_(4.0)
+
+    got = rd.quantize_recipe(x, recipe, amax_reduce=times4)
+    assert seen == calls
+    want = ref_amax_reduced(x, recipe, lambda t: t.mul_(4.0))
+    check(got, want, recipe)
+    if calls:
+        plain = rd.quantize_recipe(x, recipe)
+        side = "_t" if recipe.scaling == "token" or not recipe.rowwise else ""
+        assert not torch.equal(getattr(got, "scales" + side).view(torch.uint8),
+                               getattr(plain, "scales" + side).view(torch.uint8))
+
+
+def test_amax_reduce_grouped_rejected():
+    x = torch.randn(64, 64, device="cuda")
+    with pytest.raises(ValueError, match="amax_reduce"):
+        rd.quantize_grouped(x, [32, 32], Recipe(), amax_reduce=lambda t: t)

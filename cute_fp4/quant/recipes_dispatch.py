@@ -1,17 +1,25 @@
 """CUDA quantize for every Recipe option (cast_recipes kernels), single tensors and groups.
 
-`quantize_recipe(x, recipe, seed=, offset=)` and `quantize_grouped(x, split_sizes, recipe,
-seed=, offset=)` are bit-exact to `ref.quantize` / `ref.quantize_grouped`. A single tensor is
-one group: the host builds the tile table (ttab), the group table (gtab) and, for scaling
-"tensor" / "token", the amax work table (atab); then at most two launches: RecipeAmax
-(outer amax, after the RHT for the columnwise twin) and RecipeCastKernel (both outputs;
-window64 amaxes come out of the cast itself).
+`quantize_recipe(x, recipe, seed=, offset=, amax_reduce=)` and `quantize_grouped(x,
+split_sizes, recipe, seed=, offset=)` are bit-exact to `ref.quantize` / `ref.quantize_grouped`.
+A single tensor is one group: the host builds the tile table (ttab), the group table (gtab) and,
+for scaling "tensor" / "token", the amax work table (atab); then at most two launches:
+RecipeAmax (outer amax, after the RHT for the columnwise twin) and RecipeCastKernel (both
+outputs; window64 amaxes come out of the cast itself).
+
+Tensor parallelism (input sharded along M, sequence parallel): `amax_reduce(t)` reduces a
+float32 CUDA amax tensor in place across ranks (e.g. an all-reduce MAX). It is called between
+the amax kernel and the cast on the amaxes that span M: scaling "tensor" -> the global amax
+(once when the rowwise and columnwise amaxes are one tensor, i.e. without RHT; else the rowwise
+amax and the post-RHT columnwise amax); scaling "token" -> the column amax [K] of the twin (the
+row amaxes are local). scaling "window64": nothing spans M (a window covers 64 rows of one
+shard), so it is never called. Every rank calls it, also with an empty shard.
 """
 
 from __future__ import annotations
 
 import functools
-from typing import List, Sequence
+from typing import Callable, List, Optional, Sequence
 
 import cutlass
 import torch
@@ -110,7 +118,7 @@ def _check_rows(m: int, recipe: Recipe, what: str):
 
 
 def _run(x2: torch.Tensor, sizes: List[int], recipe: Recipe, seed: int, offset: int,
-         shapes) -> List[NVFP4Tensor]:
+         shapes, amax_reduce=None) -> List[NVFP4Tensor]:
     check_seed_offset(seed, offset)
     dev = x2.device
     k = x2.shape[1]
@@ -163,7 +171,8 @@ def _run(x2: torch.Tensor, sizes: List[int], recipe: Recipe, seed: int, offset: 
         amax_r = torch.zeros(max(ar_len, 1), dtype=torch.float32, device=dev)
         amax_c = amax_r if alias else torch.zeros(max(ac_len, 1), dtype=torch.float32, device=dev)
 
-    if ttab and k:
+    launch = bool(ttab) and k > 0
+    if launch:
         dummy = torch.empty(1, dtype=torch.uint8, device=dev)
         tt, gt, at = _device_tables(tuple(ttab), tuple(gtab), tuple(atab), dev)
         n_kt = _ceil(k, TILE)
@@ -177,6 +186,9 @@ def _run(x2: torch.Tensor, sizes: List[int], recipe: Recipe, seed: int, offset: 
                 *amax_recipe_kernel(name, scaling == "token", recipe.rht, do_row, do_col),
                 arch=arch))
             fn(x2, tt, gt, at, amax_r, amax_c, _ceil(k, TILE))
+    if amax_reduce is not None:
+        _reduce_amaxes(amax_reduce, recipe, amax_r, amax_c, alias)
+    if launch:
         ckey = ("cast_recipe",) + _cast_config(name, recipe) + (arch,)
         fn = KERNELS.get(ckey, lambda: compile_kernel(*cast_recipe_kernel(name, recipe),
                                                       arch=arch))
@@ -209,18 +221,39 @@ def _run(x2: torch.Tensor, sizes: List[int], recipe: Recipe, seed: int, offset: 
     return out
 
 
+def _reduce_amaxes(amax_reduce, recipe: Recipe, amax_r: torch.Tensor, amax_c: torch.Tensor,
+                   alias: bool):
+    """Call `amax_reduce` on the amaxes that span M (single tensor; see the module doc)."""
+    if recipe.scaling == "tensor":
+        if recipe.rowwise or alias:
+            amax_reduce(amax_r)
+        if recipe.columnwise and not alias:
+            amax_reduce(amax_c)
+    elif recipe.scaling == "token" and recipe.columnwise:
+        amax_reduce(amax_c)
+
+
 def quantize_recipe(x: torch.Tensor, recipe: Recipe = Recipe(), *, seed: int = 0,
-                    offset: int = 0) -> NVFP4Tensor:
-    """NVFP4 quantize of a CUDA tensor [..., K] (flattened to [M, K]) with any Recipe."""
+                    offset: int = 0, amax_reduce: Optional[Callable[[torch.Tensor], object]] = None
+                    ) -> NVFP4Tensor:
+    """NVFP4 quantize of a CUDA tensor [..., K] (flattened to [M, K]) with any Recipe.
+    `amax_reduce`: in-place cross-rank reduction of the amaxes that span M (module doc)."""
     x2 = _check(x, recipe)
     _check_rows(x2.shape[0], recipe, "x: the flattened leading dimensions")
-    return _run(x2, [x2.shape[0]], recipe, int(seed), int(offset), [tuple(x.shape)])[0]
+    if amax_reduce is not None and not callable(amax_reduce):
+        raise TypeError("amax_reduce must be a callable reducing a float32 tensor in place")
+    return _run(x2, [x2.shape[0]], recipe, int(seed), int(offset), [tuple(x.shape)],
+                amax_reduce)[0]
 
 
 def quantize_grouped(x: torch.Tensor, split_sizes: Sequence[int], recipe: Recipe = Recipe(), *,
-                     seed: int = 0, offset: int = 0) -> List[NVFP4Tensor]:
+                     seed: int = 0, offset: int = 0, amax_reduce=None) -> List[NVFP4Tensor]:
     """Quantize the row groups of a CUDA [sum(M_i), K] tensor independently, in one launch
-    (plus one amax launch for scaling "tensor" / "token"); equals per-group `quantize`."""
+    (plus one amax launch for scaling "tensor" / "token"); equals per-group `quantize`.
+    Tensor-parallel amax reduction is not supported for grouped inputs (ValueError)."""
+    if amax_reduce is not None:
+        raise ValueError("quantize_grouped does not support amax_reduce (tensor-parallel amax "
+                         "reduction of grouped inputs)")
     if not isinstance(x, torch.Tensor) or x.dim() != 2:
         raise ValueError("quantize_grouped expects a 2D [sum(M_i), K] tensor")
     x2 = _check(x, recipe)
