@@ -1,10 +1,14 @@
-"""`python -m cute_fp4.perf.quant_recipes`: bandwidth of the recipe quantize kernels
-(cast_recipes) against the plain cast (quant.dispatch) measured in the same run.
+"""`python -m cute_fp4.perf quant_recipes` (also `python -m cute_fp4.perf quant --rht` etc.):
+bandwidth of the recipe quantize kernels (cast_recipes) against the plain cast
+(quant.dispatch) measured in the same run.
 
-Columns: time, % of the HBM floor (unavoidable bytes / copy bandwidth of this run: the input
-read twice when an outer amax pass is needed, once for window64; every output written once),
-and the ratio to the plain cast of the same shape and outputs (the plain cast uses the
-recipe's scaling where it supports it, else per-tensor).
+One recipe from the flags (--rht, --sr, --2d, --window64, --four-over-six {mae,mse}
+[--fast-math], --scaling token, --grouped N), or --suite: every recipe of issues 4 and 5 in one
+table. Columns: time, % of the HBM floor (unavoidable bytes / copy bandwidth of this run: the
+input read twice when an outer amax pass is needed, once for window64; every output written
+once), the ratio to the plain cast of the same shape and outputs (the plain cast uses the
+recipe's scaling where it supports it, else per-tensor) and, for grouped inputs, the ratio to
+one single-tensor launch of the same recipe and total size.
 """
 
 from __future__ import annotations
@@ -33,8 +37,43 @@ def _splits(total: int, n: int, unit: int):
     return sizes + [total - sum(sizes)]
 
 
+def _plain_recipe(recipe: Recipe) -> Recipe:
+    """The plain-cast baseline of a recipe: same outputs, its scaling where the plain cast has
+    it (tensor, token), else per-tensor."""
+    scaling = recipe.scaling if recipe.scaling in ("tensor", "token") else "tensor"
+    return Recipe(scaling=scaling, rowwise=recipe.rowwise, columnwise=recipe.columnwise)
+
+
+def cases(args):
+    """[(label, recipe, groups)]: groups 0 = one single-tensor launch."""
+    cw = not args.rowwise_only
+
+    def rec(**kw):
+        return Recipe(rowwise=True, columnwise=cw, **kw)
+
+    if args.suite:
+        out = [("recipe kernel, no option", rec(), 0), ("rht", rec(rht=True), 0),
+               ("token + rht", rec(scaling="token", rht=True), 0),
+               ("stochastic rounding", rec(stochastic_rounding=True), 0),
+               ("token + SR", rec(scaling="token", stochastic_rounding=True), 0),
+               ("2d (16, 16)", rec(block=(16, 16)), 0),
+               ("window64", rec(scaling="window64"), 0)]
+        out += [(f"4over6 {fos}{' fast_math' if fast else ''}",
+                 rec(four_over_six=fos, fast_math=fast), 0)
+                for fos in ("mae", "mse") for fast in (False, True)]
+        return out + [("grouped N=8 (uneven)", rec(), 8)]
+    recipe = rec(scaling="window64" if args.window64 else args.scaling,
+                 block=(16, 16) if args.block2d else (1, 16), rht=args.rht,
+                 stochastic_rounding=args.sr, four_over_six=args.four_over_six,
+                 fast_math=args.fast_math)
+    out = [("recipe", recipe, 0)]
+    if args.grouped:
+        out.append((f"grouped N={args.grouped} (uneven)", recipe, args.grouped))
+    return out
+
+
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="python -m cute_fp4.perf.quant_recipes")
+    p = argparse.ArgumentParser(prog="python -m cute_fp4.perf quant_recipes")
     p.add_argument("--m", type=int, nargs="*", default=[8192])
     p.add_argument("--k", type=int, nargs="*", default=[8192])
     p.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
@@ -46,6 +85,7 @@ def main(argv=None):
     p.add_argument("--four-over-six", choices=["mae", "mse"], default=None)
     p.add_argument("--fast-math", action="store_true")
     p.add_argument("--grouped", type=int, default=0, help="N groups (uneven) vs one launch")
+    p.add_argument("--suite", action="store_true", help="every recipe of issues 4 and 5")
     p.add_argument("--rowwise-only", action="store_true")
     p.add_argument("--modes", nargs="*", default=["graph", "eager"],
                    help="graph: CUDA-graph replay (GPU time); eager: with host overhead")
@@ -56,40 +96,41 @@ def main(argv=None):
     from ..quant.recipes_dispatch import quantize_grouped, quantize_recipe
 
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
-    cw = not args.rowwise_only
-    recipe = Recipe(scaling="window64" if args.window64 else args.scaling,
-                    block=(16, 16) if args.block2d else (1, 16), rht=args.rht,
-                    stochastic_rounding=args.sr, four_over_six=args.four_over_six,
-                    fast_math=args.fast_math, rowwise=True, columnwise=cw)
-    base = Recipe(scaling=args.scaling if not args.window64 else "tensor", rowwise=True,
-                  columnwise=cw)
+    todo = cases(args)
     copy_bw = copy_bandwidth_gbs()
     rows = []
     shapes = [(m, k) for m in args.m for k in args.k]
     for i, (m, k) in enumerate(shapes, 1):
         progress(i, len(shapes), f"M={m} K={k}")
         x = torch.randn(m, k, device="cuda", dtype=dtype)
-        cases = [("plain cast", base, lambda: plain(x, base))]
-        if args.grouped:
-            sizes = _splits(m, args.grouped, 64 if args.window64 else 16)
-            cases.append(("recipe, 1 launch", recipe, lambda: quantize_recipe(x, recipe, seed=1)))
-            cases.append((f"grouped N={args.grouped}", recipe,
-                          lambda: quantize_grouped(x, sizes, recipe, seed=1)))
-        else:
-            cases.append(("recipe", recipe, lambda: quantize_recipe(x, recipe, seed=1)))
         for mode in args.modes:
-            times = {}
-            for label, rec, fn in cases:
-                ms = bench_graph_ms(fn) if mode == "graph" else bench_ms(fn)
-                times[label] = ms
-                floor_ms = floor_bytes(m, k, x.element_size(), rec) / copy_bw / 1e6
-                rows.append({"M": m, "K": k, "mode": mode, "kernel": label, "time_us": ms * 1e3,
-                             "%floor": 100 * floor_ms / ms,
-                             "vs plain": ms / times["plain cast"],
-                             "vs 1 launch": (ms / times["recipe, 1 launch"]
-                                             if "recipe, 1 launch" in times else float("nan"))})
-        del x
-    title = (f"NVFP4 recipe quantize {recipe} ({args.dtype}), {torch.cuda.get_device_name()}, "
+            bench = bench_graph_ms if mode == "graph" else bench_ms
+            plain_ms, single_ms = {}, {}
+
+            def row(label, recipe, ms, vs_plain, vs_one):
+                floor_ms = floor_bytes(m, k, x.element_size(), recipe) / copy_bw / 1e6
+                rows.append({"M": m, "K": k, "mode": mode, "kernel": label,
+                             "time_us": ms * 1e3, "%floor": 100 * floor_ms / ms,
+                             "vs plain": vs_plain, "vs 1 launch": vs_one})
+
+            for label, recipe, groups in todo:
+                base = _plain_recipe(recipe)
+                if base not in plain_ms:
+                    plain_ms[base] = bench(lambda: plain(x, base))
+                    row(f"plain cast ({base.scaling})", base, plain_ms[base], 1.0, float("nan"))
+                if groups:
+                    if recipe not in single_ms:
+                        single_ms[recipe] = bench(lambda: quantize_recipe(x, recipe, seed=1))
+                    sizes = _splits(m, groups, 64 if recipe.scaling == "window64" else 16)
+                    ms = bench(lambda: quantize_grouped(x, sizes, recipe, seed=1))
+                    row(label, recipe, ms, ms / plain_ms[base], ms / single_ms[recipe])
+                else:
+                    ms = bench(lambda: quantize_recipe(x, recipe, seed=1))
+                    single_ms[recipe] = ms
+                    row(label, recipe, ms, ms / plain_ms[base], float("nan"))
+    what = "every recipe" if args.suite else str(todo[0][1])
+    title = (f"NVFP4 recipe quantize, {what} ({args.dtype}, "
+             f"{'row' if args.rowwise_only else 'row+col'}), {torch.cuda.get_device_name()}, "
              f"copy bandwidth {copy_bw:.0f} GB/s")
     report(rows, title, args.json)
     return 0
