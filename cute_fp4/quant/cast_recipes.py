@@ -31,7 +31,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64, Uint32
 
 from cute_fp4.common import encode as E
-from cute_fp4.common.philox import philox_words16
+from cute_fp4.common.philox import philox_words16, round_keys
 from cute_fp4.common.scales import (e2m1_to_f32, e4m3_to_f32, outer_encode_scale,
                                     swizzled_scale_offset)
 from cute_fp4.ref.quantize import RHT_SIGNS
@@ -87,34 +87,54 @@ def enc_from_code(code, s_dec):
         write_only_types=[Float32], read_only_args=[Uint32(code), Float32(s_dec)])
 
 
-# Stochastic E2M1 code of one element (ref.formats.e2m1_encode_stochastic after the clamp of
-# quantize_blocks): v = clamp(x * enc, -6, 6) (NaN kept); lower code and frac from the binade
-# of |v| (grid 0.5 below 2, 1 below 4, 2 up to 6; every step exact), up iff frac > u with
-# u = (bits >> 9) * 2^-23; NaN gives code 0, sign bit for v < 0.
-_SR_PTX = (
-    "{\n.reg .f32 v;\n.reg .f32 m;\n.reg .f32 t;\n.reg .f32 fl;\n.reg .f32 fr;\n.reg .f32 u;\n"
-    ".reg .pred p;\n.reg .b32 c;\n.reg .b32 ub;\n"
-    "mul.rn.f32 v, {$r0}, {$r1};\n"
-    "min.NaN.f32 v, v, 0f40C00000;\nmax.NaN.f32 v, v, 0fC0C00000;\n"
-    "abs.f32 m, v;\n"
-    "mul.rn.f32 t, m, 0f40000000;\ncvt.rmi.f32.f32 fl, t;\nsub.rn.f32 fr, t, fl;\n"
-    "cvt.rzi.u32.f32 c, fl;\n"
-    "setp.ge.f32 p, m, 0f40000000;\n"
-    "@p cvt.rmi.f32.f32 fl, m;\n@p sub.rn.f32 fr, m, fl;\n@p cvt.rzi.u32.f32 c, fl;\n"
-    "@p add.u32 c, c, 2;\n"
-    "setp.ge.f32 p, m, 0f40800000;\n"
-    "@p sub.rn.f32 fr, m, 0f40800000;\n@p mul.rn.f32 fr, fr, 0f3F000000;\n@p mov.b32 c, 6;\n"
-    "setp.ge.f32 p, m, 0f40C00000;\n@p mov.f32 fr, 0f00000000;\n@p mov.b32 c, 7;\n"
-    "shr.u32 ub, {$r2}, 9;\ncvt.rn.f32.u32 u, ub;\nmul.rn.f32 u, u, 0f34000000;\n"
-    "setp.gt.f32 p, fr, u;\n@p add.u32 c, c, 1;\n"
+# Stochastic E2M1 codes of 8 elements (ref.formats.e2m1_encode_stochastic after the clamp of
+# quantize_blocks), without conversion instructions: a = min(|x * enc|, 6); with
+# E = max(bits(a) & 0x7F800000, bits(1.0)) the magic M = E + (22 << 23) = 2^(22 + e) has the
+# E2M1 grid spacing of a's binade (0.5 below 2, 1 below 4, 2 up to 6) as its ulp, so
+# add.rz(a, M) - M is the grid value lo below a and bits(add.rz(a, M)) - bits(M) counts its grid
+# steps ((E >> 22) - 254 adds the binade's code offset). frac = (a - lo) * 2^(1 - e) is exact,
+# u = (bits >> 9) * 2^-23 = float(0x3F800000 | (bits >> 9)) - 1 is exact; up iff frac > u.
+# Sign 0x8 for x * enc < 0. A NaN product only occurs with a NaN enc (NaN block amax), and
+# sr_encode8's caller zeroes those words (code 0, as the reference).
+_SR_ELEM = (
+    "mul.rn.f32 v, {x}, e;\n"
+    "abs.f32 a, v;\nmin.f32 a, a, 0f40C00000;\n"
+    "mov.b32 b, a;\nand.b32 m, b, 0x7F800000;\nmax.u32 m, m, 0x3F800000;\n"
+    "add.u32 mm, m, 0x0B000000;\nmov.b32 mf, mm;\n"
+    "add.rz.f32 sg, a, mf;\nsub.rn.f32 lo, sg, mf;\nsub.rn.f32 fr, a, lo;\n"
+    "mov.b32 t, 0x7F800000;\nsub.u32 t, t, m;\nmov.b32 tf, t;\nmul.rn.f32 fr, fr, tf;\n"
+    "shr.u32 ub, {u}, 9;\nor.b32 ub, ub, 0x3F800000;\nmov.b32 uf, ub;\n"
+    "sub.rn.f32 uf, uf, 0f3F800000;\n"
+    "mov.b32 c, sg;\nsub.u32 c, c, mm;\nshr.u32 t, m, 22;\nadd.u32 c, c, t;\n"
+    "sub.u32 c, c, 254;\n"
+    "setp.gt.f32 p, fr, uf;\n@p add.u32 c, c, 1;\n"
     "setp.lt.f32 p, v, 0f00000000;\n@p or.b32 c, c, 8;\n"
-    "mov.b32 {$w0}, c;\n}"
+    "{pack}"
 )
 
 
-def sr_code(x, enc, bits):
-    return cute.arch.inline_ptx(_SR_PTX, write_only_types=[Uint32],
-                                read_only_args=[Float32(x), Float32(enc), Uint32(bits)])
+def _sr_encode8_ptx() -> str:
+    body = ["{\n.reg .f32 v, a, mf, sg, lo, fr, tf, uf, e;\n.reg .b32 b, m, mm, t, ub, c;\n"
+            ".reg .pred p;\nmov.f32 e, {$r8};\n"]
+    for i in range(8):
+        pack = "mov.b32 {$w0}, c;\n" if i == 0 else \
+            f"shl.b32 c, c, {4 * i};\nor.b32 {{$w0}}, {{$w0}}, c;\n"
+        body.append(_SR_ELEM.replace("{x}", "{$r%d}" % i).replace("{u}", "{$r%d}" % (9 + i))
+                    .replace("{pack}", pack))
+    body.append("}")
+    return "".join(body)
+
+
+_SR_ENCODE8 = _sr_encode8_ptx()
+
+
+def sr_encode8(xs, enc, bits):
+    """Stochastic codes of 8 values with the block's enc and their 8 random words: Uint32 of 8
+    nibbles (element i at bits 4i); 0 when enc is NaN."""
+    w = cute.arch.inline_ptx(
+        _SR_ENCODE8, write_only_types=[Uint32],
+        read_only_args=[Float32(x) for x in xs] + [Float32(enc)] + [Uint32(b) for b in bits])
+    return Uint32(cutlass.select_(E.is_nan(enc) != Uint32(0), Uint32(0), w))
 
 
 def fp16_products2(byte, scale_code):
@@ -235,16 +255,13 @@ class RecipeCastKernel(_TileLoader):
             grid=(n_kt, T, 1), block=(THREADS, 1, 1), stream=stream)
 
     # ------------------------------------------------------------ block numerics
-    def _encode16(self, xs, enc, idx0, stream, k0, k1, offset):
+    def _encode16(self, xs, enc, idx0, stream, keys, offset):
         """Codes of 16 values with the block's enc: two Uint32 words of 8 nibbles."""
         if cutlass.const_expr(not self.stochastic):
             nan = E.is_nan(enc)
             return E.encode8(xs[0:8], enc, nan, self.hw), E.encode8(xs[8:16], enc, nan, self.hw)
-        bits = philox_words16(idx0, offset, stream, k0, k1)
-        words = [Uint32(0), Uint32(0)]
-        for i in range(16):
-            words[i // 8] = words[i // 8] | (sr_code(xs[i], enc, bits[i]) << Uint32(4 * (i % 8)))
-        return words[0], words[1]
+        bits = philox_words16(idx0, offset, stream, keys)
+        return sr_encode8(xs[0:8], enc, bits[0:8]), sr_encode8(xs[8:16], enc, bits[8:16])
 
     def _error(self, xs, w0, w1, code, g_amax, s_enc):
         """4over6 error of one candidate: sequential sum over the 16 elements."""
@@ -275,19 +292,19 @@ class RecipeCastKernel(_TileLoader):
                 err = add_rn(err, fabs(d))
         return err
 
-    def _block(self, xs, eam, g_amax, idx0, stream, k0, k1, offset):
+    def _block(self, xs, eam, g_amax, idx0, stream, keys, offset):
         """Plain path: (scale code, w0, w1). 4over6: both candidates and their errors."""
         s_enc = outer_encode_scale(g_amax, self.e4m3_max)
         s_dec = E.rcp_rn(s_enc)
         if cutlass.const_expr(self.fos is None):
             code, enc = E.block_scale(eam, E.mul_rn(s_enc, Float32(ONE_SIXTH)), s_dec)
-            w0, w1 = self._encode16(xs, enc, idx0, stream, k0, k1, offset)
+            w0, w1 = self._encode16(xs, enc, idx0, stream, keys, offset)
             return code, w0, w1
         base = E.mul_rn(E.div_rn(eam, Float32(6.0)), s_enc)  # IEEE amax_b / 6, as ref.true_div
         c6 = e4m3_code(base)
         c4 = e4m3_code(E.mul_rn(base, Float32(1.5)))
-        a0, a1 = self._encode16(xs, enc_from_code(c6, s_dec), idx0, stream, k0, k1, offset)
-        b0, b1 = self._encode16(xs, enc_from_code(c4, s_dec), idx0, stream, k0, k1, offset)
+        a0, a1 = self._encode16(xs, enc_from_code(c6, s_dec), idx0, stream, keys, offset)
+        b0, b1 = self._encode16(xs, enc_from_code(c4, s_dec), idx0, stream, keys, offset)
         e6 = self._error(xs, a0, a1, c6, g_amax, s_enc)
         e4 = self._error(xs, b0, b1, c4, g_amax, s_enc)
         return c6, a0, a1, c4, b0, b1, e6, e4
@@ -334,20 +351,21 @@ class RecipeCastKernel(_TileLoader):
             cute.arch.barrier()
 
         seed = gtab[g, G_SEED]
-        k0 = Uint32(seed & 0xFFFFFFFF)
-        k1 = Uint32(seed >> 32)
+        keys = []
+        if cutlass.const_expr(self.stochastic):
+            keys = round_keys(Uint32(seed & 0xFFFFFFFF), Uint32(seed >> 32))
         offset = Uint32(gtab[g, G_OFFSET])
         if cutlass.const_expr(self.rowwise):
             self._row_pass(sx, stam, serr, tidx, g, lr0, nrows, Mg, kt, K, gtab, amax_r,
-                           q, s, k0, k1, offset)
+                           q, s, keys, offset)
         if cutlass.const_expr(self.columnwise):
             self._col_pass(sx, stam, serr, tidx, g, lr0, Mg, kt, K, gtab, amax_c,
-                           qt, st, k0, k1, offset)
+                           qt, st, keys, offset)
 
-    def _finish(self, xs, eam, g_amax, idx0, stream, k0, k1, offset, serr, tidx):
+    def _finish(self, xs, eam, g_amax, idx0, stream, keys, offset, serr, tidx):
         """(scale code, w0, w1) of this thread's block; 16x16 4over6 sums the errors of the
         tile's 16 blocks (thread slots 4 * j + (tidx % 4) + 64 * (tidx // 64)) in tree order."""
-        res = self._block(xs, eam, g_amax, idx0, stream, k0, k1, offset)
+        res = self._block(xs, eam, g_amax, idx0, stream, keys, offset)
         if cutlass.const_expr(self.fos is None):
             return res
         e6 = res[6]
@@ -370,7 +388,7 @@ class RecipeCastKernel(_TileLoader):
     # ------------------------------------------------------------ rowwise pass
     @cute.jit
     def _row_pass(self, sx, stam, serr, tidx, g, lr0, nrows, Mg, kt, K, gtab, amax_r,
-                  q, s, k0, k1, offset):
+                  q, s, keys, offset):
         r = tidx // 4
         b = tidx % 4
         lrow = lr0 + r
@@ -396,7 +414,7 @@ class RecipeCastKernel(_TileLoader):
         if cutlass.const_expr(self.block_rows == 16):
             eam = stam[(r // 16) * 4 + b]
         idx0 = Int64(lrow) * Int64(K) + Int64(col0)
-        code, w0, w1 = self._finish(xs, eam, g_amax, idx0, 0, k0, k1, offset, serr, tidx)
+        code, w0, w1 = self._finish(xs, eam, g_amax, idx0, 0, keys, offset, serr, tidx)
 
         if ok:
             E.st_global_v2(q.iterator.toint() + gtab[g, G_Q] + Int64(lrow) * Int64(K // 2)
@@ -416,7 +434,7 @@ class RecipeCastKernel(_TileLoader):
     # ------------------------------------------------------------ columnwise pass
     @cute.jit
     def _col_pass(self, sx, stam, serr, tidx, g, lr0, Mg, kt, K, gtab, amax_c,
-                  qt, st, k0, k1, offset):
+                  qt, st, keys, offset):
         c = tidx // 4
         rb = tidx % 4
         kc = kt * TILE + c
@@ -443,7 +461,7 @@ class RecipeCastKernel(_TileLoader):
         if cutlass.const_expr(self.block_rows == 16):
             eam = stam[rb * 4 + c // 16]
         idx0 = Int64(kc) * Int64(Mg) + Int64(lr0 + rb * 16)
-        code, w0, w1 = self._finish(xs, eam, g_amax, idx0, 1, k0, k1, offset, serr, tidx)
+        code, w0, w1 = self._finish(xs, eam, g_amax, idx0, 1, keys, offset, serr, tidx)
 
         if ok:
             E.st_global_v2(qt.iterator.toint() + gtab[g, G_QT] + Int64(kc) * Int64(Mg // 2)
