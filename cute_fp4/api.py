@@ -21,19 +21,31 @@ def _check_contiguous(x: torch.Tensor, name: str):
 
 
 def quantize(x: torch.Tensor, recipe: Recipe = Recipe(), *, seed: int = 0, offset: int = 0,
-             rng_state: Optional[torch.Tensor] = None) -> NVFP4Tensor:
+             rng_state: Optional[torch.Tensor] = None, amax_group=None) -> NVFP4Tensor:
     """Quantize `x` ([..., K], bf16/fp16/fp32) to NVFP4 per `recipe`.
 
     seed/offset key the Philox generator of stochastic rounding (ignored otherwise);
     rng_state, a CPU int64 tensor [seed, offset], replaces them (a module can advance it in
     place, which torch.compile traces).
+    amax_group: a `torch.distributed` process group whose ranks each hold a slice of the rows
+    of one tensor (sequence parallelism). The amaxes that span rows (per-tensor amaxes, the
+    per-token column amax of the twin) are MAX-all-reduced over it before use, so every rank
+    produces exactly its slice of the unsharded tensor's quantization (stochastic rounding
+    aside: its bits are indexed by local position). Per-row and per-window (window64; slices
+    of whole 64-row windows) amaxes are local and not reduced.
     """
     x2 = check_quantize_input(x, recipe)
     _check_contiguous(x, "x")
     if rng_state is not None and (rng_state.dtype != torch.int64 or rng_state.shape != (2,)
                                   or rng_state.is_cuda):
         raise ValueError("rng_state must be a CPU int64 tensor of shape [2] (seed, offset)")
-    return ops.quantize(x2, recipe, x.shape, x.dtype, seed, offset, rng_state)
+    if amax_group is not None:
+        import torch.distributed as dist
+
+        if not isinstance(amax_group, dist.ProcessGroup):
+            raise TypeError(f"amax_group must be a torch.distributed.ProcessGroup, got "
+                            f"{type(amax_group).__name__}")
+    return ops.quantize(x2, recipe, x.shape, x.dtype, seed, offset, rng_state, amax_group)
 
 
 def quantize_grouped(x: torch.Tensor, split_sizes: Sequence[int], recipe: Recipe = Recipe(), *,

@@ -88,7 +88,8 @@ class _LinearFunction(torch.autograd.Function):
     def forward(ctx, x, weight, bias, module, recipe: LinearRecipe):
         need_dgrad, need_wgrad = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         x2 = x.reshape(-1, x.shape[-1])
-        xq = api.quantize(x2, _with_outputs(recipe.activation, True, need_wgrad))
+        xq = api.quantize(x2, _with_outputs(recipe.activation, True, need_wgrad),
+                          amax_group=module.amax_group)
         wq = module.quantized_weight(columnwise=need_dgrad)
         y = api.gemm(xq, wq, bias=bias, out_dtype=x.dtype)
         ctx.recipe, ctx.module = recipe, module
@@ -104,7 +105,7 @@ class _LinearFunction(torch.autograd.Function):
         # Fresh stochastic-rounding bits every step: advance the module's Philox offset.
         ctx.module.rng_state.add_(_NEXT_OFFSET)
         dyq = api.quantize(dy2, _with_outputs(ctx.recipe.grad, need_dgrad, need_wgrad),
-                           rng_state=ctx.module.rng_state)
+                           rng_state=ctx.module.rng_state, amax_group=ctx.module.amax_group)
         dx = dw = db = None
         if need_dgrad:
             dx = api.gemm(dyq, ctx.w_twin, out_dtype=dy.dtype).view(ctx.shape)
@@ -123,23 +124,31 @@ class Linear(torch.nn.Linear):
     `torch.no_grad()` only the forward GEMM runs and no twins are made. Stochastic rounding
     of gradients uses Philox keyed by `rng_state` = [seed, offset] (a CPU tensor, not a
     buffer); each backward advances the offset.
+    amax_group: with sequence parallelism (each rank holds a slice of the tokens of x and dy),
+    the `torch.distributed` process group over which the amaxes spanning tokens are
+    MAX-all-reduced (see `cute_fp4.quantize`), so all ranks quantize with the scales of the
+    whole sequence. Its dgrad and wgrad are then the per-rank slice and the per-rank partial
+    sum, as for a BF16 Linear on the same shards.
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None,
-                 dtype=None, recipe: Optional[LinearRecipe] = None, seed: int = 0):
+                 dtype=None, recipe: Optional[LinearRecipe] = None, seed: int = 0,
+                 amax_group=None):
         super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
         if in_features % 16 or out_features % 16:
             raise ValueError(f"NVFP4 Linear needs in_features and out_features divisible by "
                              f"16, got {in_features} and {out_features}")
         self.recipe = recipe or LinearRecipe.per_tensor()
         self.rng_state = torch.tensor([seed, 0], dtype=torch.int64)
+        self.amax_group = amax_group
         self._weight_cache: Dict[tuple, NVFP4Tensor] = {}
 
     @classmethod
     def from_linear(cls, linear: torch.nn.Linear, recipe: Optional[LinearRecipe] = None,
-                    seed: int = 0) -> "Linear":
+                    seed: int = 0, amax_group=None) -> "Linear":
         new = cls(linear.in_features, linear.out_features, linear.bias is not None,
-                  device=linear.weight.device, dtype=linear.weight.dtype, recipe=recipe, seed=seed)
+                  device=linear.weight.device, dtype=linear.weight.dtype, recipe=recipe, seed=seed,
+                  amax_group=amax_group)
         with torch.no_grad():
             new.weight.copy_(linear.weight)
             if linear.bias is not None:

@@ -9,7 +9,7 @@ the same implementations directly, which keeps per-call host overhead low.
 
 from __future__ import annotations
 
-from typing import List, Optional, Tuple
+from typing import Callable, List, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -47,14 +47,34 @@ def plain_cast(recipe: Recipe) -> bool:
             and not (recipe.rht or recipe.stochastic_rounding or recipe.four_over_six))
 
 
-def quantize_impl(x2: Tensor, recipe: Recipe, seed: int, offset: int) -> NVFP4Tensor:
+def amax_reducer(group) -> Optional[Callable[[Tensor], object]]:
+    """The in-place MAX all-reduce over `group` (a ProcessGroup, or None for no reduction)
+    that the quantizers apply to the amaxes spanning a sequence-parallel input's rows."""
+    if group is None:
+        return None
+    import torch.distributed as dist
+
+    return lambda t: dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+
+
+def quantize_impl(x2: Tensor, recipe: Recipe, seed: int, offset: int,
+                  amax_group=None) -> NVFP4Tensor:
+    reduce = amax_reducer(amax_group)
     if x2.is_cuda:
         if plain_cast(recipe):
             from .quant.dispatch import quantize as quantize_cuda
         else:
             from .quant.recipes_dispatch import quantize_recipe as quantize_cuda
-        return quantize_cuda(x2, recipe, seed=seed, offset=offset)
-    return ref.quantize(x2, recipe, seed=seed, offset=offset)
+        return quantize_cuda(x2, recipe, seed=seed, offset=offset, amax_reduce=reduce)
+    return ref.quantize(x2, recipe, seed=seed, offset=offset, amax_reduce=reduce)
+
+
+def _group_from_name(name: str):
+    if not name:
+        return None
+    from torch.distributed.distributed_c10d import _resolve_process_group
+
+    return _resolve_process_group(name)
 
 
 def rng_ints(rng_state: Tensor):
@@ -66,11 +86,11 @@ def rng_ints(rng_state: Tensor):
 @torch.library.custom_op("cute_fp4::quantize", mutates_args=())
 def quantize_op(x: Tensor, scaling: str, block_rows: int, rht: bool, sr: bool,
                 four_over_six: str, e4m3_max: int, fast_math: bool, rowwise: bool,
-                columnwise: bool, swizzle: bool, rng_state: Tensor
+                columnwise: bool, swizzle: bool, rng_state: Tensor, amax_group: str
                 ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     recipe = recipe_from_args(scaling, block_rows, rht, sr, four_over_six, e4m3_max, fast_math,
                               rowwise, columnwise, swizzle)
-    t = quantize_impl(x, recipe, *rng_ints(rng_state))
+    t = quantize_impl(x, recipe, *rng_ints(rng_state), _group_from_name(amax_group))
     return (_or_empty(t.data, x, torch.uint8), _or_empty(t.scales, x, torch.float8_e4m3fn),
             _or_empty(t.amax, x, torch.float32), _or_empty(t.data_t, x, torch.uint8),
             _or_empty(t.scales_t, x, torch.float8_e4m3fn), _or_empty(t.amax_t, x, torch.float32))
@@ -84,7 +104,7 @@ def _output_shapes(rows: int, cols: int, recipe: Recipe):
 
 @quantize_op.register_fake
 def _(x, scaling, block_rows, rht, sr, four_over_six, e4m3_max, fast_math, rowwise, columnwise,
-      swizzle, rng_state):
+      swizzle, rng_state, amax_group):
     recipe = recipe_from_args(scaling, block_rows, rht, sr, four_over_six, e4m3_max, fast_math,
                               rowwise, columnwise, swizzle)
     m, k = x.shape
@@ -101,18 +121,20 @@ def _(x, scaling, block_rows, rht, sr, four_over_six, e4m3_max, fast_math, rowwi
 
 
 def quantize(x2: Tensor, recipe: Recipe, shape, dtype, seed: int, offset: int,
-             rng_state: Optional[Tensor] = None) -> NVFP4Tensor:
+             rng_state: Optional[Tensor] = None, amax_group=None) -> NVFP4Tensor:
     """Quantize a validated 2D input; through the custom op while torch.compile traces.
-    rng_state (CPU int64 [seed, offset]), when given, replaces seed and offset."""
+    rng_state (CPU int64 [seed, offset]), when given, replaces seed and offset; amax_group
+    (a ProcessGroup) all-reduces the amaxes that span the rows (sequence parallelism)."""
     if not torch.compiler.is_compiling():
         if rng_state is not None:
             seed, offset = rng_ints(rng_state)
-        t = quantize_impl(x2, recipe, seed, offset)
+        t = quantize_impl(x2, recipe, seed, offset, amax_group)
         t.shape, t.dtype = tuple(shape), dtype
         return t
     if rng_state is None:
         rng_state = torch.tensor([seed, offset], dtype=torch.int64)
-    outs = quantize_op(x2, *recipe_args(recipe), rng_state)
+    outs = quantize_op(x2, *recipe_args(recipe), rng_state,
+                       "" if amax_group is None else amax_group.group_name)
     present = (recipe.rowwise,) * 3 + (recipe.columnwise,) * 3
     data, scales, amax, data_t, scales_t, amax_t = (o if p else None
                                                      for o, p in zip(outs, present))

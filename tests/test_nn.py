@@ -198,7 +198,7 @@ def test_quantize_op_fake_shapes():
     recipe = Recipe(scaling="window64", columnwise=True, swizzle=True)
     with FakeTensorMode():
         x = torch.empty(192, 320, dtype=torch.bfloat16)
-        outs = quantize_op(x, *recipe_args(recipe), torch.tensor([0, 0]))
+        outs = quantize_op(x, *recipe_args(recipe), torch.tensor([0, 0]), "")
     real = ref.quantize(torch.randn(192, 320), recipe)
     for fake, got in zip(outs, (real.data, real.scales, real.amax, real.data_t, real.scales_t,
                                 real.amax_t)):

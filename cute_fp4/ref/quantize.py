@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import List, Optional, Sequence
+from typing import Callable, List, Optional, Sequence
 
 import torch
 
@@ -164,9 +164,17 @@ def block_outer_amax(outer: torch.Tensor, scaling: str, rows: int) -> torch.Tens
     return outer.repeat_interleave(4, dim=1)
 
 
-def _quantize_output(x: torch.Tensor, recipe: Recipe, seed: int, offset: int, stream: int):
+AmaxReduce = Callable[[torch.Tensor], object]
+
+
+def _quantize_output(x: torch.Tensor, recipe: Recipe, seed: int, offset: int, stream: int,
+                     reduce: Optional[AmaxReduce] = None):
+    """One output (rowwise data of x). `reduce`, when given, is applied in place to the outer
+    amax before it is used (the caller passes it only for amaxes that span sharded rows)."""
     rows, cols = x.shape
     outer = outer_amax(x, recipe.scaling)
+    if reduce is not None:
+        reduce(outer)
     per_block = block_outer_amax(outer, recipe.scaling, rows)
     pad = (-rows) % recipe.block_rows
     xq = torch.nn.functional.pad(x, (0, 0, 0, pad)) if pad else x
@@ -208,19 +216,29 @@ def check_quantize_input(x: torch.Tensor, recipe: Recipe, name: str = "x") -> to
 
 
 def quantize(x: torch.Tensor, recipe: Recipe = Recipe(), *, seed: int = 0,
-             offset: int = 0, stream: int = 0) -> NVFP4Tensor:
+             offset: int = 0, stream: int = 0,
+             amax_reduce: Optional[AmaxReduce] = None) -> NVFP4Tensor:
     """Quantize `x` ([..., K], flattened to [M, K]) per `recipe` (reference implementation).
     Stochastic rounding draws Philox stream `stream` for the rowwise data and `stream + 1`
-    for the twin (quantize_grouped gives group g the streams 2g and 2g + 1)."""
+    for the twin (quantize_grouped gives group g the streams 2g and 2g + 1).
+
+    amax_reduce: for inputs sharded along M over ranks (sequence parallelism), a function that
+    reduces an FP32 amax tensor in place across the ranks (a MAX all-reduce). It is applied to
+    the outer amaxes that span M, before they are used: the per-tensor amax of each output and
+    the per-token column amax of the twin. Per-row and per-window amaxes are local."""
     x2 = check_quantize_input(x, recipe)
     data = scales = outer = data_t = scales_t = outer_t = None
+    spans_m = recipe.scaling in ("tensor", "token")
     if recipe.rowwise:
-        data, scales, outer = _quantize_output(x2, recipe, seed, offset, stream)
+        data, scales, outer = _quantize_output(
+            x2, recipe, seed, offset, stream,
+            amax_reduce if recipe.scaling == "tensor" else None)
     if recipe.columnwise:
         xt = x2.t().contiguous()
         if recipe.rht:
             xt = rht(xt)
-        data_t, scales_t, outer_t = _quantize_output(xt, recipe, seed, offset, stream + 1)
+        data_t, scales_t, outer_t = _quantize_output(xt, recipe, seed, offset, stream + 1,
+                                                     amax_reduce if spans_m else None)
     return NVFP4Tensor(data=data, scales=scales, amax=outer, data_t=data_t, scales_t=scales_t,
                        amax_t=outer_t, recipe=recipe, shape=tuple(x.shape), dtype=x.dtype)
 
