@@ -137,6 +137,46 @@ def sr_encode8(xs, enc, bits):
     return Uint32(cutlass.select_(E.is_nan(enc) != Uint32(0), Uint32(0), w))
 
 
+# Round-to-nearest E2M1 codes of 8 elements (the software encoder of common/encode.py) that
+# also return each element's E2M1 value: the grid value add.rn(a, M) - M (exact), negated for
+# x * enc < 0; for the 4over6 error without decoding the codes again. NaN products (NaN enc)
+# give value 6 and a zeroed word; the NaN scale makes their candidate values NaN anyway.
+_RN_VAL_ELEM = (
+    "mul.rn.f32 v, {x}, e;\n"
+    "abs.f32 a, v;\nmin.f32 a, a, 0f40C00000;\n"
+    "mov.b32 b, a;\nand.b32 m, b, 0x7F800000;\nmax.u32 m, m, 0x3F800000;\n"
+    "shr.u32 t, m, 22;\nadd.u32 m, m, 0x0B000000;\nmov.b32 mf, m;\n"
+    "add.rn.f32 a, a, mf;\nsub.rn.f32 {val}, a, mf;\n"
+    "mov.b32 b, a;\nsub.u32 b, b, m;\nadd.u32 b, b, t;\nsub.u32 b, b, 254;\n"
+    "setp.lt.f32 p, v, 0f00000000;\n@p or.b32 b, b, 8;\n@p neg.f32 {val}, {val};\n"
+    "{pack}"
+)
+
+
+def _encode8_values_ptx() -> str:
+    body = ["{\n.reg .f32 v, a, mf, e;\n.reg .b32 b, m, t;\n.reg .pred p;\n"
+            "mov.f32 e, {$r8};\n"]
+    for i in range(8):
+        pack = "mov.b32 {$w0}, b;\n" if i == 0 else \
+            f"shl.b32 b, b, {4 * i};\nor.b32 {{$w0}}, {{$w0}}, b;\n"
+        body.append(_RN_VAL_ELEM.replace("{x}", "{$r%d}" % i).replace("{val}", "{$w%d}" % (1 + i))
+                    .replace("{pack}", pack))
+    body.append("}")
+    return "".join(body)
+
+
+_ENCODE8_VALUES = _encode8_values_ptx()
+
+
+def encode8_values(xs, enc):
+    """(Uint32 of 8 RN codes, 0 when enc is NaN; list of the 8 E2M1 values as Float32)."""
+    out = cute.arch.inline_ptx(
+        _ENCODE8_VALUES, write_only_types=[Uint32] + [Float32] * 8,
+        read_only_args=[Float32(x) for x in xs] + [Float32(enc)])
+    word = Uint32(cutlass.select_(E.is_nan(enc) != Uint32(0), Uint32(0), out[0]))
+    return word, list(out[1:])
+
+
 def fp16_products2(byte, scale_code):
     """sm_100a: the two E2M1 x E4M3 products of a byte of two codes, in FP16 (exact), as FP32
     (low nibble first), via cvt.rn.f16x2.e2m1x2 / cvt.rn.f16x2.e4m3x2 and mul.rn.f16x2."""
@@ -150,8 +190,9 @@ def fp16_products2(byte, scale_code):
         write_only_types=[Float32, Float32], read_only_args=[Uint32(byte), Uint32(scale_code)])
 
 
-def rht16(xs):
-    """ref.quantize.rht of 16 values: sign flips, butterflies at strides 1, 2, 4, 8, x 0.25."""
+def rht16(xs, scale: bool = True):
+    """ref.quantize.rht of 16 values: sign flips, butterflies at strides 1, 2, 4, 8, x 0.25
+    (scale=False leaves out the x 0.25: amax(|y| * 0.25) = amax(|y|) * 0.25, RN is monotone)."""
     ys = [neg(x) if s < 0 else x for x, s in zip(xs, RHT_SIGNS)]
     for h in (1, 2, 4, 8):
         nxt = list(ys)
@@ -160,6 +201,8 @@ def rht16(xs):
                 nxt[j] = add_rn(ys[j], ys[j + h])
                 nxt[j + h] = sub_rn(ys[j], ys[j + h])
         ys = nxt
+    if not scale:
+        return ys
     return [E.mul_rn(y, Float32(0.25)) for y in ys]
 
 
@@ -263,29 +306,35 @@ class RecipeCastKernel(_TileLoader):
         bits = philox_words16(idx0, offset, stream, keys)
         return sr_encode8(xs[0:8], enc, bits[0:8]), sr_encode8(xs[8:16], enc, bits[8:16])
 
-    def _error(self, xs, w0, w1, code, g_amax, s_enc):
+    def _candidates(self, xs, enc, code, g_amax):
+        """One 4over6 candidate: (w0, w1, its 16 values in the error's domain). sm_90: the
+        software encode also returns each element's E2M1 value; sm_100a: hardware encode, values
+        decoded from the codes (fast_math: FP16 products by cvt.rn.f16x2)."""
+        sf = e4m3_to_f32(code)
+        if cutlass.const_expr(self.hw):
+            w0, w1 = self._encode16(xs, enc, None, 0, None, None)
+            if cutlass.const_expr(self.fast_math):
+                prods = []
+                for p in range(8):
+                    byte = (Uint32(w0 if p < 4 else w1) >> Uint32(8 * (p % 4))) & Uint32(0xFF)
+                    prods += list(fp16_products2(byte, code))
+                return w0, w1, prods
+            vals = [e2m1_to_f32(nibble(w0, w1, i)) for i in range(16)]
+        else:
+            w0, vals = encode8_values(xs[0:8], enc)
+            w1, vals1 = encode8_values(xs[8:16], enc)
+            vals = vals + vals1
+        prods = [E.mul_rn(v, sf) for v in vals]  # E2M1 x E4M3: exact
+        if cutlass.const_expr(not self.fast_math):
+            # (value * s) * amax / (6 * e4m3_max), IEEE division as ref.true_div
+            prods = [E.div_rn(E.mul_rn(p, g_amax), Float32(6.0 * self.e4m3_max)) for p in prods]
+        return w0, w1, prods
+
+    def _error(self, targets, cands):
         """4over6 error of one candidate: sequential sum over the 16 elements."""
         err = Float32(0.0)
-        sf = e4m3_to_f32(code)
-        prods = []
-        if cutlass.const_expr(self.fast_math and self.hw):
-            for p in range(8):
-                w = w0 if p < 4 else w1
-                byte = (Uint32(w) >> Uint32(8 * (p % 4))) & Uint32(0xFF)
-                lo, hi = fp16_products2(byte, code)
-                prods += [lo, hi]
         for i in range(16):
-            if cutlass.const_expr(self.fast_math):
-                target = E.mul_rn(xs[i], s_enc)
-                if cutlass.const_expr(self.hw):
-                    cand = prods[i]
-                else:
-                    cand = E.mul_rn(e2m1_to_f32(nibble(w0, w1, i)), sf)
-            else:
-                target = xs[i]
-                cand = E.mul_rn(E.mul_rn(e2m1_to_f32(nibble(w0, w1, i)), sf), g_amax)
-                cand = E.div_rn(cand, Float32(6.0 * self.e4m3_max))  # IEEE, as ref.true_div
-            d = sub_rn(cand, target)
+            d = sub_rn(cands[i], targets[i])
             if cutlass.const_expr(self.fos == "mse"):
                 err = add_rn(err, E.mul_rn(d, d))
             else:
@@ -303,10 +352,13 @@ class RecipeCastKernel(_TileLoader):
         base = E.mul_rn(E.div_rn(eam, Float32(6.0)), s_enc)  # IEEE amax_b / 6, as ref.true_div
         c6 = e4m3_code(base)
         c4 = e4m3_code(E.mul_rn(base, Float32(1.5)))
-        a0, a1 = self._encode16(xs, enc_from_code(c6, s_dec), idx0, stream, keys, offset)
-        b0, b1 = self._encode16(xs, enc_from_code(c4, s_dec), idx0, stream, keys, offset)
-        e6 = self._error(xs, a0, a1, c6, g_amax, s_enc)
-        e4 = self._error(xs, b0, b1, c4, g_amax, s_enc)
+        a0, a1, cand6 = self._candidates(xs, enc_from_code(c6, s_dec), c6, g_amax)
+        b0, b1, cand4 = self._candidates(xs, enc_from_code(c4, s_dec), c4, g_amax)
+        targets = xs
+        if cutlass.const_expr(self.fast_math):
+            targets = [E.mul_rn(x, s_enc) for x in xs]
+        e6 = self._error(targets, cand6)
+        e4 = self._error(targets, cand4)
         return c6, a0, a1, c4, b0, b1, e6, e4
 
     def _pick(self, cands, e6, e4):
@@ -538,11 +590,13 @@ class RecipeAmax(_TileLoader):
                     for i in cutlass.range_constexpr(16):
                         xs.append(sx[(tidx % 4) * 16 + i, r])
                     if cutlass.const_expr(self.rht):
-                        xs = rht16(xs)
+                        bam = E.mul_rn(block_amax(rht16(xs, scale=False)), Float32(0.25))
+                    else:
+                        bam = block_amax(xs)
                     slot = 1
                     if cutlass.const_expr(self.per_token):
                         slot = 1 + ki
-                    acc[slot, tidx] = E.fmax_nan(acc[slot, tidx], block_amax(xs))
+                    acc[slot, tidx] = E.fmax_nan(acc[slot, tidx], bam)
                 cute.arch.barrier()
             if cutlass.const_expr(self.do_row):
                 if cutlass.const_expr(self.per_token):
