@@ -56,9 +56,12 @@ def test_linear_matches_manual_recipe(name):
 SNR_FLOOR_DB = {"y": 14.5, "dx": 13.0, "dw": 13.0}
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("name", list(RECIPES))
-def test_linear_gradients_close_to_high_precision(name):
-    lin, q, x, g = _setup(RECIPES[name], shape=(4, 64, 256), out=128)
+def test_linear_gradients_close_to_high_precision(name, device):
+    """Against autograd of the unquantized Linear (fp32 on CPU, BF16 on CUDA)."""
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    lin, q, x, g = _setup(RECIPES[name], device=device, dtype=dtype, shape=(4, 64, 256), out=128)
     x1, x2 = x.clone().requires_grad_(), x.clone().requires_grad_()
     y1, y2 = q(x1), lin(x2)
     y1.backward(g)
