@@ -1,8 +1,11 @@
 """Compile tests (CPU, no GPU needed) of the sm_90 W4A16 GEMM (cute_fp4.gemm.sm90_w4a16): the
 kernel builds for sm_90a and sm_100a in every variant and uses the instructions it relies on:
 mma.sync m16n8k16 with FP32 accumulation (BF16 or FP16 operands), 16-byte non-allocating weight
-loads (8-byte ones when K % 32 != 0), the BF16x2 / FP16x2 decode multiply (FP16: E4M3 scales
-through cvt.rn.f16x2.e4m3x2)."""
+loads (8-byte ones when K % 32 != 0), unpredicated in the main loop, the BF16x2 / FP16x2 decode
+multiply (FP16: E4M3 scales through cvt.rn.f16x2.e4m3x2), and the byte permutes of the K order
+(activations up to 16 tokens, weights beyond)."""
+
+import re
 
 import pytest
 import torch
@@ -11,20 +14,22 @@ from cute_fp4.common.compile_check import compile_ptx, missing_instructions, ptx
 from cute_fp4.gemm.sm90_w4a16 import w4a16_kernel
 
 CASES = [
-    # act, out, tile_m, unroll, wide, swizzled, flags, bias dtype
-    (torch.bfloat16, torch.bfloat16, 8, 2, True, False, (False, False, False), None),
-    (torch.bfloat16, torch.float32, 16, 2, True, True, (True, True, True), torch.float32),
-    (torch.float16, torch.float16, 32, 1, False, False, (True, False, True), torch.float16),
-    (torch.float16, torch.bfloat16, 64, 1, True, True, (False, True, False), None),
-    (torch.bfloat16, torch.float16, 64, 1, False, True, (True, True, False), None),
+    # act, out, tile_m, unroll, row_warps, wide, swizzled, flags, bias dtype
+    (torch.bfloat16, torch.bfloat16, 8, 2, 1, True, False, (False, False, False), None),
+    (torch.bfloat16, torch.float32, 16, 2, 2, True, True, (True, True, True), torch.float32),
+    (torch.float16, torch.float16, 32, 1, 1, False, False, (True, False, True), torch.float16),
+    (torch.float16, torch.bfloat16, 64, 1, 2, True, True, (False, True, False), None),
+    (torch.bfloat16, torch.float16, 64, 1, 1, False, True, (True, True, False), None),
+    (torch.float16, torch.float16, 8, 1, 1, True, True, (False, False, True), torch.float16),
 ]
 
 
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
-@pytest.mark.parametrize("act,out,tile_m,unroll,wide,swizzled,flags,bias_dtype", CASES)
-def test_w4a16_ptx(arch, act, out, tile_m, unroll, wide, swizzled, flags, bias_dtype):
-    op, args = w4a16_kernel(act, out, tile_m=tile_m, unroll=unroll, wide=wide,
-                            swizzled=swizzled, flags=flags, bias_dtype=bias_dtype)
+@pytest.mark.parametrize("act,out,tile_m,unroll,row_warps,wide,swizzled,flags,bias_dtype", CASES)
+def test_w4a16_ptx(arch, act, out, tile_m, unroll, row_warps, wide, swizzled, flags,
+                   bias_dtype):
+    op, args = w4a16_kernel(act, out, tile_m=tile_m, unroll=unroll, row_warps=row_warps,
+                            wide=wide, swizzled=swizzled, flags=flags, bias_dtype=bias_dtype)
     ptx = compile_ptx(op, *args, arch=arch)
     assert ptx_target(ptx) == arch
     ty = "f16" if act == torch.float16 else "bf16"
@@ -39,12 +44,21 @@ def test_w4a16_ptx(arch, act, out, tile_m, unroll, wide, swizzled, flags, bias_d
     ]) == []
     if act == torch.float16:  # the FP16 path converts scales with the E4M3 converter
         assert missing_instructions(ptx, [r"cvt\.rn\.f16x2\.e4m3x2"]) == []
-    # one MMA per (chunk in flight, 16-row tile, k16 step, 8-token tile)
-    assert ptx.count("mma.sync.aligned") == unroll * 2 * 8 * (tile_m // 8)
+    # complete stages load without predicates
+    assert missing_instructions(ptx, [r"(?m)^\s*" + weight_load]) == []
+    # the stage body is emitted three times (pipelined loop, last complete stage, masked tail):
+    # one MMA per (chunk of the stage, 16-row tile, k16 step, 8-token tile) in each
+    assert ptx.count("mma.sync.aligned") == 3 * unroll * 2 * 8 * (tile_m // 8)
+    # byte permutes of the K order: 4 per 8 activations of each token tile up to 16 tokens
+    # (the decode keeps (v_i, v_{i+4}) pairs), 4 per 8 weights beyond
+    per_chunk = 16 * (tile_m // 8) if tile_m <= 16 else 64
+    assert len(re.findall(r"prmt\.b32", ptx)) == 3 * unroll * per_chunk
 
 
 def test_config_errors():
     with pytest.raises(ValueError):
         w4a16_kernel(tile_m=12)
+    with pytest.raises(ValueError):
+        w4a16_kernel(k_warps=8, row_warps=8)
     with pytest.raises(TypeError):
         w4a16_kernel(torch.float32)

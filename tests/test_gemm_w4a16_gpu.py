@@ -83,7 +83,7 @@ def run(a, b, sb, *, alpha=None, col=None, bias=None, out_dtype=torch.bfloat16,
     return out
 
 
-NK = [(300, 512), (1000, 16), (129, 8192), (72, 176), (4100, 1056)]
+NK = [(300, 512), (1000, 16), (129, 8192), (72, 176), (4100, 1056), (200, 2064)]
 
 
 @pytest.mark.parametrize("n,k", NK)
@@ -153,10 +153,13 @@ def test_exact_small_sums(act_dtype, gen):
     assert torch.equal(out.double().cpu(), d64)
 
 
-@pytest.mark.parametrize("config", [(8, 1, 4, 1), (16, 4, 8, 2), (64, 2, 2, 1), (32, 1, 8, 3)])
+@pytest.mark.parametrize("config", [(8, 1, 4, 1, 1), (16, 4, 8, 2, 1), (64, 2, 2, 1, 1),
+                                    (32, 1, 8, 3, 1), (8, 2, 8, 2, 1), (16, 2, 4, 1, 2),
+                                    (64, 2, 4, 1, 2), (8, 1, 2, 2, 4)])
 def test_configs(config, gen):
-    """Other (tile_m, row_tiles, k_warps, unroll) configurations give the same sums."""
-    m, n, k = 40, 333, 1312
+    """Other (tile_m, row_tiles, k_warps, unroll, row_warps) configurations give the same
+    sums (K = 4160: several pipelined stages, then a partial one)."""
+    m, n, k = 40, 333, 4160
     a = rand_act(m, k, torch.bfloat16, gen)
     b, sb = rand_weights(n, k, gen)
     out = run(a, b, sb, out_dtype=torch.float32, config=config)

@@ -60,39 +60,63 @@ def _unpack(res, count, ty, loc, ip):
     return tuple(ty(llvm.extractvalue(mlir_ty, res, [j], loc=loc, ip=ip)) for j in range(count))
 
 
+def _ld_asm(op: str, outs: int, pred: Optional[Int32]) -> str:
+    """`op` writes $0..$(outs-1) from address $outs; with a predicate ($(outs+1)) the outputs
+    are zeroed first and the load runs only where it is nonzero."""
+    if pred is None:
+        return op
+    zero = "".join(f"mov.b32 ${j}, 0;\n\t" for j in range(outs))
+    return (f"{{\n\t.reg .pred p;\n\tsetp.ne.b32 p, ${outs + 1}, 0;\n\t{zero}"
+            f"@p {op}\n\t}}")
+
+
+def _ld_operands(addr, pred, loc, ip):
+    ops = [Int64(addr).ir_value(loc=loc, ip=ip)]
+    if pred is not None:
+        ops.append(Int32(pred).ir_value(loc=loc, ip=ip))
+    return ops
+
+
 @dsl_user_op
-def ld_global_v4(addr: Int64, pred: Int32, *, stream: bool, loc=None, ip=None):
-    """16 bytes (4 words) from a 16-byte aligned global address where pred != 0, else zeros.
-    `stream`: do not allocate in L1 (weights, read once)."""
+def ld_global_v4(addr: Int64, pred: Optional[Int32] = None, *, stream: bool, loc=None,
+                 ip=None):
+    """16 bytes (4 words) from a 16-byte aligned global address (with `pred`: where it is
+    nonzero, else zeros). `stream`: do not allocate in L1 (weights, read once)."""
     hint = ".L1::no_allocate" if stream else ""
-    asm = ("{\n\t.reg .pred p;\n\tsetp.ne.b32 p, $5, 0;\n\t"
-           "mov.b32 $0, 0;\n\tmov.b32 $1, 0;\n\tmov.b32 $2, 0;\n\tmov.b32 $3, 0;\n\t"
-           f"@p ld.global.nc{hint}.v4.u32 {{$0, $1, $2, $3}}, [$4];\n\t}}")
+    asm = _ld_asm(f"ld.global.nc{hint}.v4.u32 {{$0, $1, $2, $3}}, [$4];", 4, pred)
     res = _asm(ir.Type.parse("!llvm.struct<(i32, i32, i32, i32)>"),
-               [Int64(addr).ir_value(loc=loc, ip=ip), Int32(pred).ir_value(loc=loc, ip=ip)],
-               asm, "=r,=r,=r,=r,l,r", loc, ip)
+               _ld_operands(addr, pred, loc, ip), asm,
+               "=r,=r,=r,=r,l" + (",r" if pred is not None else ""), loc, ip)
     return _unpack(res, 4, Int32, loc, ip)
 
 
 @dsl_user_op
-def ld_global_v2(addr: Int64, pred: Int32, *, loc=None, ip=None):
-    """8 bytes (2 words) from an 8-byte aligned global address where pred != 0, else zeros."""
-    asm = ("{\n\t.reg .pred p;\n\tsetp.ne.b32 p, $3, 0;\n\tmov.b32 $0, 0;\n\tmov.b32 $1, 0;\n\t"
-           "@p ld.global.nc.L1::no_allocate.v2.u32 {$0, $1}, [$2];\n\t}")
-    res = _asm(ir.Type.parse("!llvm.struct<(i32, i32)>"),
-               [Int64(addr).ir_value(loc=loc, ip=ip), Int32(pred).ir_value(loc=loc, ip=ip)],
-               asm, "=r,=r,l,r", loc, ip)
+def ld_global_v2(addr: Int64, pred: Optional[Int32] = None, *, loc=None, ip=None):
+    """8 bytes (2 words) from an 8-byte aligned global address (with `pred`: where it is
+    nonzero, else zeros), not allocated in L1."""
+    asm = _ld_asm("ld.global.nc.L1::no_allocate.v2.u32 {$0, $1}, [$2];", 2, pred)
+    res = _asm(ir.Type.parse("!llvm.struct<(i32, i32)>"), _ld_operands(addr, pred, loc, ip),
+               asm, "=r,=r,l" + (",r" if pred is not None else ""), loc, ip)
     return _unpack(res, 2, Int32, loc, ip)
 
 
 @dsl_user_op
-def ld_global_small(addr: Int64, pred: Int32, *, bits: int, loc=None, ip=None) -> Int32:
-    """One zero-extended u8 / u16 from global memory where pred != 0, else 0."""
-    asm = ("{\n\t.reg .pred p;\n\tsetp.ne.b32 p, $2, 0;\n\tmov.b32 $0, 0;\n\t"
-           f"@p ld.global.nc.u{bits} $0, [$1];\n\t}}")
-    res = _asm(T.i32(), [Int64(addr).ir_value(loc=loc, ip=ip),
-                         Int32(pred).ir_value(loc=loc, ip=ip)], asm, "=r,l,r", loc, ip)
+def ld_global_small(addr: Int64, pred: Optional[Int32] = None, *, bits: int, loc=None,
+                    ip=None) -> Int32:
+    """One zero-extended u8 / u16 from global memory (with `pred`: where it is nonzero,
+    else 0)."""
+    asm = _ld_asm(f"ld.global.nc.u{bits} $0, [$1];", 1, pred)
+    res = _asm(T.i32(), _ld_operands(addr, pred, loc, ip), asm,
+               "=r,l" + (",r" if pred is not None else ""), loc, ip)
     return Int32(res)
+
+
+@dsl_user_op
+def prmt(a: Int32, b: Int32, *, sel: int, loc=None, ip=None) -> Int32:
+    """prmt.b32 with a constant selector: bytes of (a, b) picked by the 4 nibbles of sel."""
+    return Int32(_asm(T.i32(), [Int32(a).ir_value(loc=loc, ip=ip),
+                                Int32(b).ir_value(loc=loc, ip=ip)],
+                      f"prmt.b32 $0, $1, $2, 0x{sel:04X};", "=r,r,r", loc, ip))
 
 
 @dsl_user_op
@@ -118,64 +142,86 @@ def e4m3_to_f16x2_scale(sf_byte: Int32, *, loc=None, ip=None) -> Int32:
     return Int32(_asm(T.i32(), [Int32(sf_byte).ir_value(loc=loc, ip=ip)], asm, "=r,r", loc, ip))
 
 
-def _fp16_decode_asm() -> str:
+def _fp16_decode_asm(natural_order: bool) -> str:
     """Like common.decode's BF16 decode, for FP16: magnitude bits at [11:9] and the sign at
     bit 15 make e2m1 * 2**-14 (e = 0 codes are FP16 subnormals); one FP16x2 multiply by the
-    scale gives e2m1 * scale * 2**-14, exact (least bit >= 2**-24). Natural K order."""
+    scale gives e2m1 * scale * 2**-14, exact (least bit >= 2**-24). Pairs (v_i, v_{i+4}), or
+    natural K order with 4 byte permutes."""
     lines = ["{", ".reg .b32 a, b, t0, t1, t2, t3;"]
     for i in range(4):
         mag = 9 - 4 * i
         lines.append(f"shl.b32 a, $4, {mag};" if mag >= 0 else f"shr.u32 a, $4, {-mag};")
         lines.append(f"shl.b32 b, $4, {12 - 4 * i};" if i < 3 else "mov.b32 b, $4;")
         lines += ["and.b32 a, a, 0x0E000E00;", "and.b32 b, b, 0x80008000;", "or.b32 a, a, b;",
-                  f"mul.rn.f16x2 t{i}, a, $5;"]
-    lines += ["prmt.b32 $0, t0, t1, 0x5410;", "prmt.b32 $1, t2, t3, 0x5410;",
-              "prmt.b32 $2, t0, t1, 0x7632;", "prmt.b32 $3, t2, t3, 0x7632;", "}"]
+                  f"mul.rn.f16x2 {f't{i}' if natural_order else f'${i}'}, a, $5;"]
+    if natural_order:
+        lines += ["prmt.b32 $0, t0, t1, 0x5410;", "prmt.b32 $1, t2, t3, 0x5410;",
+                  "prmt.b32 $2, t0, t1, 0x7632;", "prmt.b32 $3, t2, t3, 0x7632;"]
+    lines.append("}")
     return "\n\t".join(lines)
 
 
-_FP16_DECODE_ASM = _fp16_decode_asm()
+_FP16_DECODE_ASM = {False: _fp16_decode_asm(False), True: _fp16_decode_asm(True)}
 
 
 @dsl_user_op
-def decode_e2m1x8_f16(w: Int32, scale2: Int32, *, loc=None, ip=None):
-    """8 packed E2M1 codes -> 4 FP16x2 registers (v0, v1), (v2, v3), ... of e2m1 * scale *
-    2**-14 (scale2 from `e4m3_to_f16x2_scale`)."""
+def decode_e2m1x8_f16(w: Int32, scale2: Int32, natural_order: bool, *, loc=None, ip=None):
+    """8 packed E2M1 codes -> 4 FP16x2 registers of e2m1 * scale * 2**-14 (scale2 from
+    `e4m3_to_f16x2_scale`), in the K order of `common.decode.decode_e2m1x8`."""
     res = _asm(ir.Type.parse("!llvm.struct<(i32, i32, i32, i32)>"),
                [Int32(w).ir_value(loc=loc, ip=ip), Int32(scale2).ir_value(loc=loc, ip=ip)],
-               _FP16_DECODE_ASM, "=r,=r,=r,=r,r,r", loc, ip)
+               _FP16_DECODE_ASM[bool(natural_order)], "=r,=r,=r,=r,r,r", loc, ip)
     return _unpack(res, 4, Int32, loc, ip)
 
 
 class Sm90GemmW4A16:
     """Compile-time config: activation and output dtypes, tile_m tokens per CTA (8/16/32/64),
-    row_tiles (16 weight rows each) per CTA, k_warps, unroll (chunks in flight per thread),
-    wide (K % 32 == 0: 16-byte weight loads and 2-byte scale loads; else per-block 8-byte /
-    1-byte loads), swizzled scales, which epilogue operands exist. `__call__` takes a [M, K],
-    packed b [N, K/2] uint8, scales as a flat uint8 tensor (compact [N, K/16] or swizzled),
-    d [M, N] and optional alpha [1], col [N], bias [N]."""
+    row_tiles (16 weight rows each) per warp, k_warps (warps splitting K), row_warps (warps
+    side by side along N: a CTA owns row_warps * row_tiles * 16 weight rows and reads each
+    activation chunk once for all of them), unroll (chunks per pipeline stage), wide (K % 32
+    == 0: 16-byte weight loads and 2-byte scale loads; else per-block 8-byte / 1-byte loads),
+    swizzled scales, which epilogue operands exist. `__call__` takes a [M, K], packed b
+    [N, K/2] uint8, scales as a flat uint8 tensor (compact [N, K/16] or swizzled), d [M, N]
+    and optional alpha [1], col [N], bias [N]."""
 
     def __init__(self, act_dtype: Type[cutlass.Numeric], out_dtype: Type[cutlass.Numeric], *,
-                 tile_m: int = 8, row_tiles: int = 2, k_warps: int = 8, unroll: int = 2,
-                 wide: bool = True, swizzled: bool = False, has_alpha: bool = False,
-                 has_col: bool = False, has_bias: bool = False):
+                 tile_m: int = 8, row_tiles: int = 2, k_warps: int = 8, unroll: int = 1,
+                 row_warps: int = 1, wide: bool = True, swizzled: bool = False,
+                 has_alpha: bool = False, has_col: bool = False, has_bias: bool = False):
         if act_dtype not in (cutlass.BFloat16, cutlass.Float16):
             raise TypeError(f"activations must be BFloat16 or Float16, got {act_dtype}")
         if tile_m not in (8, 16, 32, 64):
             raise ValueError(f"tile_m must be 8, 16, 32 or 64, got {tile_m}")
-        if row_tiles < 1 or k_warps < 1 or unroll < 1:
-            raise ValueError("row_tiles, k_warps and unroll must be positive")
+        if row_tiles < 1 or k_warps < 1 or unroll < 1 or row_warps < 1:
+            raise ValueError("row_tiles, k_warps, unroll and row_warps must be positive")
+        if k_warps * row_warps > 32:
+            raise ValueError(f"k_warps * row_warps must be at most 32 (1024 threads), got "
+                             f"{k_warps} * {row_warps}")
         self.fp16 = act_dtype is cutlass.Float16
         self.out_dtype = out_dtype
         self.tile_m = tile_m
         self.row_tiles = row_tiles
         self.k_warps = k_warps
+        self.row_warps = row_warps
         self.unroll = unroll
         self.wide = wide
         self.swizzled = swizzled
         self.has_alpha = has_alpha
         self.has_col = has_col
         self.has_bias = has_bias
+        # up to 16 tokens the decode keeps its cheap K order (v_i, v_{i+4}) and the
+        # activations are permuted to match (4 byte permutes per 8 activations of a token
+        # tile instead of 4 per 8 weights); beyond, permuting the weights is cheaper
+        self.natural_order = tile_m > 16
+        # Register budget: two CTAs per SM (ptxas keeps 65536 / (2 * threads) registers)
+        # where the accumulators are small; one where they are not (64 for tile_m 64).
+        threads = 32 * k_warps * row_warps
+        self.min_blocks = 2 if tile_m <= 16 and threads <= 512 else 1
+        red_bytes = row_warps * row_tiles * 16 * tile_m * k_warps * 4
+        # shared memory carveout (percent of the SM's 228 KiB) for min_blocks CTAs, the rest
+        # stays L1 for the activations
+        self.smem_carveout = min(
+            100, -(-100 * self.min_blocks * (red_bytes + 1024) // (228 * 1024)))
         shift = FP16_DECODE_EXP_SHIFT if self.fp16 else DECODE_EXP_SHIFT
         self.acc_unscale = float(2 ** shift)
 
@@ -183,7 +229,7 @@ class Sm90GemmW4A16:
     def __call__(self, mA: cute.Tensor, mB: cute.Tensor, mSF: cute.Tensor, mD: cute.Tensor,
                  mAlpha: Optional[cute.Tensor], mCol: Optional[cute.Tensor],
                  mBias: Optional[cute.Tensor], stream: cuda.CUstream):
-        rows = self.row_tiles * 16
+        rows = self.row_warps * self.row_tiles * 16
         red_layout = cute.make_layout((rows, self.tile_m, self.k_warps),
                                       stride=(1, rows, rows * self.tile_m))
 
@@ -194,7 +240,8 @@ class Sm90GemmW4A16:
         self.shared_storage = SharedStorage
         grid = (cute.ceil_div(mB.shape[0], rows), cute.ceil_div(mA.shape[0], self.tile_m), 1)
         self.kernel(mA, mB, mSF, mD, mAlpha, mCol, mBias, red_layout).launch(
-            grid=grid, block=[32 * self.k_warps, 1, 1], stream=stream)
+            grid=grid, block=[32 * self.k_warps * self.row_warps, 1, 1], stream=stream,
+            min_blocks_per_mp=self.min_blocks, preferred_smem_carveout=self.smem_carveout)
 
     @cute.kernel
     def kernel(self, mA: cute.Tensor, mB: cute.Tensor, mSF: cute.Tensor, mD: cute.Tensor,
@@ -207,6 +254,8 @@ class Sm90GemmW4A16:
         tidx, _, _ = cute.arch.thread_idx()
         bn, bm, _ = cute.arch.block_idx()
         warp = cute.arch.make_warp_uniform(tidx // 32)
+        wk = warp % KW
+        wr = warp // KW
         lane = tidx % 32
         g = lane // 4
         t = lane % 4
@@ -215,7 +264,8 @@ class Sm90GemmW4A16:
         n_rows = mB.shape[0]
         kh = k // 2
         ks = k // 16
-        n0 = bn * (RT * 16)
+        rows = self.row_warps * RT * 16
+        n0 = bn * rows + wr * (RT * 16)
         m0 = bm * self.tile_m
 
         # per-thread row / token base addresses (clamped rows and tokens: results dropped)
@@ -243,73 +293,25 @@ class Sm90GemmW4A16:
 
         acc = cute.make_rmem_tensor((4, NT, RT), Float32)
         acc.fill(0.0)
-        n_chunks = cute.ceil_div(k, CHUNK_K)
-        iters = cute.ceil_div(n_chunks, KW * UNR)
-        for it in cutlass.range(iters, unroll=1):
-            loaded = []
-            for u in cutlass.range_constexpr(UNR):
-                c = (it * UNR + u) * KW + warp
-                kk = c * CHUNK_K + t * 32  # this thread's first K index in the chunk
-                v0 = Int32(kk + 16 <= k)
-                v1 = Int32(kk + 32 <= k)
-                w = []
-                s = []
-                for i in cutlass.range_constexpr(RT * 2):
-                    off = Int64(c * (CHUNK_K // 2))
-                    if const_expr(self.wide):
-                        w.append(ld_global_v4(b_addr[i] + off, v0, stream=True))
-                    else:
-                        lo = ld_global_v2(b_addr[i] + off, v0)
-                        hi = ld_global_v2(b_addr[i] + off + Int64(8), v1)
-                        w.append((lo[0], lo[1], hi[0], hi[1]))
-                    kb = c * 8 + t * 2  # first of this thread's two blocks
-                    if const_expr(self.swizzled):
-                        sfo = sf_addr[i] + Int64((kb // 4) * 512 + kb % 4)
-                    else:
-                        sfo = sf_addr[i] + Int64(kb)
-                    if const_expr(self.wide):
-                        s.append(ld_global_small(sfo, v0, bits=16))
-                    else:
-                        s0 = ld_global_small(sfo, v0, bits=8)
-                        s1 = ld_global_small(sfo + Int64(1), v1, bits=8)
-                        s.append(s0 | (s1 << 8))
-                x = []
-                for nt in cutlass.range_constexpr(NT):
-                    base = a_addr[nt] + Int64(c * (CHUNK_K * 2))
-                    xs = []
-                    for q in cutlass.range_constexpr(4):
-                        xs += list(ld_global_v4(base + Int64(q * 16), v0 if q < 2 else v1,
-                                                stream=False))
-                    x.append(xs)
-                loaded.append((w, s, x))
-            for u in cutlass.range_constexpr(UNR):
-                w, s, x = loaded[u]
-                for rt in cutlass.range_constexpr(RT):
-                    dec = []
-                    for h in cutlass.range_constexpr(2):
-                        words = w[rt * 2 + h]
-                        sf = s[rt * 2 + h]
-                        pairs = []
-                        for blk in cutlass.range_constexpr(2):
-                            byte = (sf >> (8 * blk)) & 0xFF
-                            if const_expr(self.fp16):
-                                sc = e4m3_to_f16x2_scale(byte)
-                                pairs += list(decode_e2m1x8_f16(words[2 * blk], sc))
-                                pairs += list(decode_e2m1x8_f16(words[2 * blk + 1], sc))
-                            else:
-                                sc = e4m3_to_bf16x2_scale(byte)
-                                pairs += list(decode_e2m1x8(words[2 * blk], sc, True))
-                                pairs += list(decode_e2m1x8(words[2 * blk + 1], sc, True))
-                        dec.append(pairs)
-                    for j in cutlass.range_constexpr(8):
-                        a_frag = (dec[0][2 * j], dec[1][2 * j], dec[0][2 * j + 1],
-                                  dec[1][2 * j + 1])
-                        for nt in cutlass.range_constexpr(NT):
-                            b_frag = (x[nt][2 * j], x[nt][2 * j + 1])
-                            cur = (acc[0, nt, rt], acc[1, nt, rt], acc[2, nt, rt], acc[3, nt, rt])
-                            d = mma_16816(a_frag, b_frag, cur, fp16=self.fp16)
-                            for e in cutlass.range_constexpr(4):
-                                acc[e, nt, rt] = d[e]
+        # Stages of UNR chunks per warp (chunk c = (stage * UNR + u) * KW + wk). Stages whose
+        # chunks are all complete run unpredicated, with the next stage's weights and scales
+        # loaded before this one is decoded; the last, partial stage (if any) is masked.
+        words = 5 * 2 * RT  # 4 packed words + 1 scale pair per row half
+        stage_chunks = KW * UNR
+        full_stages = (k // CHUNK_K) // stage_chunks
+        buf = cute.make_rmem_tensor((words * UNR,), Int32)
+        if full_stages > 0:
+            self._load_stage(buf, b_addr, sf_addr, 0, wk, t, k, False)
+            for st in cutlass.range(full_stages - 1, unroll=1):
+                cur = [buf[i] for i in range(words * UNR)]
+                self._load_stage(buf, b_addr, sf_addr, st + 1, wk, t, k, False)
+                self._compute_stage(acc, cur, a_addr, st, wk, t, k, False)
+            cur = [buf[i] for i in range(words * UNR)]
+            self._compute_stage(acc, cur, a_addr, full_stages - 1, wk, t, k, False)
+        if full_stages * stage_chunks * CHUNK_K < k:
+            self._load_stage(buf, b_addr, sf_addr, full_stages, wk, t, k, True)
+            cur = [buf[i] for i in range(words * UNR)]
+            self._compute_stage(acc, cur, a_addr, full_stages, wk, t, k, True)
 
         # sum the k_warps partials in shared memory, then the epilogue
         smem = cutlass.memory.SmemAllocator()
@@ -318,18 +320,18 @@ class Sm90GemmW4A16:
         for rt in cutlass.range_constexpr(RT):
             for nt in cutlass.range_constexpr(NT):
                 for e in cutlass.range_constexpr(4):
-                    r = rt * 16 + g + 8 * (e // 2)
+                    r = wr * (RT * 16) + rt * 16 + g + 8 * (e // 2)
                     tok = nt * 8 + t * 2 + e % 2
-                    red[r, tok, warp] = acc[e, nt, rt]
+                    red[r, tok, wk] = acc[e, nt, rt]
         cute.arch.sync_threads()
         scale = Float32(self.acc_unscale)
         if const_expr(self.has_alpha):
             scale = scale * mAlpha[0].to(Float32)
-        rows = RT * 16
-        for idx in cutlass.range(tidx, rows * self.tile_m, KW * 32, unroll=1):
+        n_cta = bn * rows
+        for idx in cutlass.range(tidx, rows * self.tile_m, KW * self.row_warps * 32, unroll=1):
             r = idx % rows
             tok = idx // rows
-            n = n0 + r
+            n = n_cta + r
             m = m0 + tok
             if n < n_rows and m < m_rows:
                 v = red[r, tok, 0]
@@ -342,6 +344,107 @@ class Sm90GemmW4A16:
                     v = v + mBias[n].to(Float32)
                 mD[m, n] = v.to(self.out_dtype)
 
+    def _chunk_preds(self, c, t, k, predicated):
+        """(first 16, last 16) K-valid predicates of the 32 values of chunk c of quad
+        position t, or (None, None) for a complete chunk."""
+        if not predicated:
+            return None, None
+        kk = c * CHUNK_K + t * 32
+        return Int32(kk + 16 <= k), Int32(kk + 32 <= k)
+
+    def _load_stage(self, buf, b_addr, sf_addr, stage, wk, t, k, predicated):
+        """Weights and block-scale pairs of the stage's UNR chunks into buf (per chunk: 4
+        words per row half, then one scale pair per row half)."""
+        RT2 = 2 * self.row_tiles
+        words = 5 * RT2
+        for u in range(self.unroll):
+            c = (stage * self.unroll + u) * self.k_warps + wk
+            v0, v1 = self._chunk_preds(c, t, k, predicated)
+            kb = c * 8 + t * 2  # first of this thread's two blocks
+            for i in range(RT2):
+                off = Int64(c * (CHUNK_K // 2))
+                if const_expr(self.wide):
+                    w = ld_global_v4(b_addr[i] + off, v0, stream=True)
+                else:
+                    lo = ld_global_v2(b_addr[i] + off, v0)
+                    hi = ld_global_v2(b_addr[i] + off + Int64(8), v1)
+                    w = (lo[0], lo[1], hi[0], hi[1])
+                for q in range(4):
+                    buf[u * words + 4 * i + q] = w[q]
+                if const_expr(self.swizzled):
+                    sfo = sf_addr[i] + Int64((kb // 4) * 512 + kb % 4)
+                else:
+                    sfo = sf_addr[i] + Int64(kb)
+                if const_expr(self.wide):
+                    sf = ld_global_small(sfo, v0, bits=16)
+                else:
+                    sf = (ld_global_small(sfo, v0, bits=8)
+                          | (ld_global_small(sfo + Int64(1), v1, bits=8) << 8))
+                buf[u * words + 4 * RT2 + i] = sf
+
+    def _activations(self, a_addr, c, t, k, predicated):
+        """This thread's 16 activation words (K 32t .. 32t + 31 of chunk c) per token tile,
+        in the decode's K order: natural, or per 8 values (x0, x4), (x1, x5), (x2, x6),
+        (x3, x7)."""
+        v0, v1 = self._chunk_preds(c, t, k, predicated)
+        x = []
+        for nt in range(len(a_addr)):
+            base = a_addr[nt] + Int64(c * (CHUNK_K * 2))
+            xs = []
+            for q in range(4):
+                xs += list(ld_global_v4(base + Int64(q * 16), v0 if q < 2 else v1,
+                                        stream=False))
+            if const_expr(not self.natural_order):
+                perm = []
+                for q in range(4):
+                    perm += [prmt(xs[4 * q], xs[4 * q + 2], sel=0x5410),
+                             prmt(xs[4 * q], xs[4 * q + 2], sel=0x7632),
+                             prmt(xs[4 * q + 1], xs[4 * q + 3], sel=0x5410),
+                             prmt(xs[4 * q + 1], xs[4 * q + 3], sel=0x7632)]
+                xs = perm
+            x.append(xs)
+        return x
+
+    def _compute_stage(self, acc, cur, a_addr, stage, wk, t, k, predicated):
+        """Decode the stage's weights (from `cur`, the values `_load_stage` stored), load the
+        activations, and accumulate the MMAs."""
+        RT = self.row_tiles
+        RT2 = 2 * RT
+        words = 5 * RT2
+        for u in range(self.unroll):
+            c = (stage * self.unroll + u) * self.k_warps + wk
+            x = self._activations(a_addr, c, t, k, predicated)
+            for rt in range(RT):
+                dec = []
+                for h in range(2):
+                    i = rt * 2 + h
+                    w = cur[u * words + 4 * i:u * words + 4 * i + 4]
+                    sf = cur[u * words + 4 * RT2 + i]
+                    pairs = []
+                    for blk in range(2):
+                        byte = (sf >> (8 * blk)) & 0xFF
+                        if const_expr(self.fp16):
+                            sc = e4m3_to_f16x2_scale(byte)
+                            pairs += list(decode_e2m1x8_f16(w[2 * blk], sc,
+                                                            self.natural_order))
+                            pairs += list(decode_e2m1x8_f16(w[2 * blk + 1], sc,
+                                                            self.natural_order))
+                        else:
+                            sc = e4m3_to_bf16x2_scale(byte)
+                            pairs += list(decode_e2m1x8(w[2 * blk], sc, self.natural_order))
+                            pairs += list(decode_e2m1x8(w[2 * blk + 1], sc,
+                                                        self.natural_order))
+                    dec.append(pairs)
+                for j in range(8):
+                    a_frag = (dec[0][2 * j], dec[1][2 * j], dec[0][2 * j + 1],
+                              dec[1][2 * j + 1])
+                    for nt in range(len(a_addr)):
+                        b_frag = (x[nt][2 * j], x[nt][2 * j + 1])
+                        cur_acc = (acc[0, nt, rt], acc[1, nt, rt], acc[2, nt, rt],
+                                   acc[3, nt, rt])
+                        d = mma_16816(a_frag, b_frag, cur_acc, fp16=self.fp16)
+                        for e in range(4):
+                            acc[e, nt, rt] = d[e]
 
 
 ACT_DTYPES = (torch.bfloat16, torch.float16)
@@ -349,26 +452,25 @@ OUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def pick_w4a16_config(m: int):
-    """(tile_m, row_tiles, k_warps, unroll) for M tokens: the smallest token tile that holds M
-    (64 for larger M, one grid row per 64 tokens), 32 weight rows x 8 K-warps per CTA; two
-    chunks in flight for tile_m 8 only (H100 sweep, notes/gemm_w4a16.md)."""
+    """(tile_m, row_tiles, k_warps, unroll, row_warps) for M tokens: the smallest token tile
+    that holds M (64 for larger M, one grid row per 64 tokens), 32 weight rows x 8 K-warps
+    per CTA, one chunk per pipeline stage (notes/gemm_w4a16.md)."""
     tile_m = next((tm for tm in (8, 16, 32) if m <= tm), 64)
-    unroll = 2 if tile_m == 8 else 1
-    return tile_m, 2, 8, unroll
+    return tile_m, 2, 8, 1, 1
 
 
 def w4a16_kernel(act_dtype=torch.bfloat16, out_dtype=torch.bfloat16, *, tile_m=8, row_tiles=2,
-                 k_warps=8, unroll=2, wide=True, swizzled=False, flags=(False, False, False),
-                 bias_dtype=None):
+                 k_warps=8, unroll=1, row_warps=1, wide=True, swizzled=False,
+                 flags=(False, False, False), bias_dtype=None):
     """(op, *fake_args) of one W4A16 configuration, for compiling (host calls and tests).
     flags = (has_alpha, has_col, has_bias)."""
     import cutlass
 
     has_alpha, has_col, has_bias = flags
     op = Sm90GemmW4A16(torch_to_cutlass(act_dtype), torch_to_cutlass(out_dtype), tile_m=tile_m,
-                       row_tiles=row_tiles, k_warps=k_warps, unroll=unroll, wide=wide,
-                       swizzled=swizzled, has_alpha=has_alpha, has_col=has_col,
-                       has_bias=has_bias)
+                       row_tiles=row_tiles, k_warps=k_warps, unroll=unroll,
+                       row_warps=row_warps, wide=wide, swizzled=swizzled,
+                       has_alpha=has_alpha, has_col=has_col, has_bias=has_bias)
     m, n = dyn(), dyn()
     args = (
         fake_tensor(torch_to_cutlass(act_dtype), (m, dyn(32 if wide else 16))),
@@ -399,9 +501,10 @@ def gemm_w4a16_sm90(a: torch.Tensor, b_data: torch.Tensor, b_scales: torch.Tenso
     (even element in the low nibble), contiguous. b_scales: E4M3 block scales, compact
     [N, K/16] or swizzled (SPEC 1) when scales_swizzled. alpha: FP32 [1] device tensor; col:
     [N]; bias: [N] of out_dtype or float32. FP32 accumulation and epilogue. `out` (contiguous
-    [M, N] of out_dtype) receives the result; `config` = (tile_m, row_tiles, k_warps, unroll)
-    overrides `pick_w4a16_config` (benchmarks). Built for decode sizes (M <= 64); larger M
-    runs one grid row per 64 tokens, re-reading the weights for each (correct, not fast)."""
+    [M, N] of out_dtype) receives the result; `config` = (tile_m, row_tiles, k_warps, unroll,
+    row_warps) overrides `pick_w4a16_config` (benchmarks). Built for decode sizes (M <= 64);
+    larger M runs one grid row per 64 tokens, re-reading the weights for each (correct, not
+    fast)."""
     if not isinstance(a, torch.Tensor) or a.dtype not in ACT_DTYPES or a.dim() != 2:
         raise TypeError(f"a must be a 2D bfloat16/float16 tensor, got "
                         f"{getattr(a, 'dtype', type(a))} {tuple(getattr(a, 'shape', ()))}")
@@ -445,16 +548,17 @@ def gemm_w4a16_sm90(a: torch.Tensor, b_data: torch.Tensor, b_scales: torch.Tenso
     arch = device_arch(device)
     if arch != "sm_90a":
         raise NotImplementedError(f"gemm_w4a16_sm90 needs an sm_90a device (device is {arch})")
-    tile_m, row_tiles, k_warps, unroll = config or pick_w4a16_config(m)
+    tile_m, row_tiles, k_warps, unroll, row_warps = config or pick_w4a16_config(m)
     wide = k % 32 == 0
     flags = (alpha is not None, col is not None, bias is not None)
     bias_dtype = bias.dtype if bias is not None else None
-    key = ("gemm_w4a16_sm90", a.dtype, out_dtype, tile_m, row_tiles, k_warps, unroll, wide,
-           bool(scales_swizzled), flags, bias_dtype)
+    key = ("gemm_w4a16_sm90", a.dtype, out_dtype, tile_m, row_tiles, k_warps, unroll,
+           row_warps, wide, bool(scales_swizzled), flags, bias_dtype)
 
     def build():
         op, args = w4a16_kernel(a.dtype, out_dtype, tile_m=tile_m, row_tiles=row_tiles,
-                                k_warps=k_warps, unroll=unroll, wide=wide,
+                                k_warps=k_warps, unroll=unroll, row_warps=row_warps,
+                                wide=wide,
                                 swizzled=bool(scales_swizzled), flags=flags,
                                 bias_dtype=bias_dtype)
         return compile_kernel(op, *args, arch=arch)

@@ -22,7 +22,8 @@ DECODE_NK = [(8192, 8192), (28672, 8192)]
 PREFILL = [(512, 8192, 8192)]
 
 
-def bench_shape(m: int, n: int, k: int, graphs: bool, config=None) -> dict:
+def bench_configs(m: int, n: int, k: int, graphs: bool, configs) -> List[dict]:
+    """One row per W4A16 configuration (None: automatic), the baselines timed once."""
     from ..gemm.sm90_w4a16 import gemm_w4a16_sm90
     from ..ref.swizzle import swizzle_scales
     from .gemm import _dequantize_fn
@@ -34,26 +35,33 @@ def bench_shape(m: int, n: int, k: int, graphs: bool, config=None) -> dict:
     b16 = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
     deq_b = _dequantize_fn(b, sb_c)
     out = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
-    fns = {
+    base = {
         "cublas_bf16": lambda: torch.matmul(a, b16.t()),
         "dequant+cublas": lambda: torch.matmul(a, deq_b().t()),
-        "w4a16": lambda: gemm_w4a16_sm90(a, b, sb, scales_swizzled=True, out=out,
-                                         config=config),
     }
     weight_bytes = b.numel() + sb_c.numel()
-    row = {"M": m, "N": n, "K": k}
+    rows = []
+    for config in configs:
+        row = {"M": m, "N": n, "K": k}
+        if len(configs) > 1:
+            row["config"] = ",".join(map(str, config)) if config else "auto"
+        rows.append(row)
     modes: List[Tuple[str, object]] = [("eager", bench_ms)]
     if graphs:
         modes.append(("graph", bench_graph_ms))
     for mode, timer in modes:
-        ms = {name: timer(fn) for name, fn in fns.items()}
-        for name, t in ms.items():
-            row[f"{name} {mode} us"] = t * 1e3
-        row[f"w4a16/cublas {mode}"] = ms["cublas_bf16"] / ms["w4a16"]
-        row[f"w4a16/dequant+cublas {mode}"] = ms["dequant+cublas"] / ms["w4a16"]
-        row[f"w4a16 {mode} GB/s"] = weight_bytes / ms["w4a16"] / 1e6
+        base_ms = {name: timer(fn) for name, fn in base.items()}
+        for config, row in zip(configs, rows):
+            ms = dict(base_ms)
+            ms["w4a16"] = timer(lambda: gemm_w4a16_sm90(a, b, sb, scales_swizzled=True,
+                                                         out=out, config=config))
+            for name, t in ms.items():
+                row[f"{name} {mode} us"] = t * 1e3
+            row[f"w4a16/cublas {mode}"] = ms["cublas_bf16"] / ms["w4a16"]
+            row[f"w4a16/dequant+cublas {mode}"] = ms["dequant+cublas"] / ms["w4a16"]
+            row[f"w4a16 {mode} GB/s"] = weight_bytes / ms["w4a16"] / 1e6
     del b16
-    return row
+    return rows
 
 
 def main(argv=None) -> int:
@@ -63,7 +71,8 @@ def main(argv=None) -> int:
     p.add_argument("--no-prefill", action="store_true", help="decode shapes only")
     p.add_argument("--no-graphs", action="store_true", help="eager timings only")
     p.add_argument("--config", type=str, default=None,
-                   help="tile_m,row_tiles,k_warps,unroll for every shape (default: automatic)")
+                   help="tile_m,row_tiles,k_warps,unroll,row_warps for every shape (default: "
+                        "automatic); several separated by ';' give one row each (a sweep)")
     p.add_argument("--json", type=str, default=None, help="write the rows to this JSON file")
     args = p.parse_args(argv)
     if args.shapes:
@@ -72,11 +81,12 @@ def main(argv=None) -> int:
         shapes = [(m, n, k) for (n, k) in DECODE_NK for m in DECODE_M]
         if not args.no_prefill:
             shapes += PREFILL
-    config = tuple(int(x) for x in args.config.split(",")) if args.config else None
+    configs = ([tuple(int(x) for x in c.split(",")) for c in args.config.split(";")]
+               if args.config else [None])
     rows = []
     for i, (m, n, k) in enumerate(shapes):
         progress(i, len(shapes), f"{m}x{n}x{k}")
-        rows.append(bench_shape(m, n, k, graphs=not args.no_graphs, config=config))
+        rows += bench_configs(m, n, k, not args.no_graphs, configs)
         torch.cuda.empty_cache()
     progress(len(shapes), len(shapes), "done")
     report(rows, f"W4A16 GEMM on {torch.cuda.get_device_name()}", args.json)
