@@ -306,10 +306,10 @@ class RecipeCastKernel(_TileLoader):
         bits = philox_words16(idx0, offset, stream, keys)
         return sr_encode8(xs[0:8], enc, bits[0:8]), sr_encode8(xs[8:16], enc, bits[8:16])
 
-    def _candidates(self, xs, enc, code, g_amax):
-        """One 4over6 candidate: (w0, w1, its 16 values in the error's domain). sm_90: the
-        software encode also returns each element's E2M1 value; sm_100a: hardware encode, values
-        decoded from the codes (fast_math: FP16 products by cvt.rn.f16x2)."""
+    def _candidate(self, xs, enc, code, g_amax, s_enc):
+        """One 4over6 candidate: (w0, w1, its error). sm_90: the software encode also returns
+        each element's E2M1 value; sm_100a: hardware encode, values decoded from the codes
+        (fast_math: FP16 products by cvt.rn.f16x2)."""
         sf = e4m3_to_f32(code)
         if cutlass.const_expr(self.hw):
             w0, w1 = self._encode16(xs, enc, None, 0, None, None)
@@ -318,23 +318,29 @@ class RecipeCastKernel(_TileLoader):
                 for p in range(8):
                     byte = (Uint32(w0 if p < 4 else w1) >> Uint32(8 * (p % 4))) & Uint32(0xFF)
                     prods += list(fp16_products2(byte, code))
-                return w0, w1, prods
+                return w0, w1, self._error(xs, prods, None, g_amax, s_enc, Float32(0.0))
             vals = [e2m1_to_f32(nibble(w0, w1, i)) for i in range(16)]
-        else:
-            w0, vals = encode8_values(xs[0:8], enc)
-            w1, vals1 = encode8_values(xs[8:16], enc)
-            vals = vals + vals1
-        prods = [E.mul_rn(v, sf) for v in vals]  # E2M1 x E4M3: exact
-        if cutlass.const_expr(not self.fast_math):
-            # (value * s) * amax / (6 * e4m3_max), IEEE division as ref.true_div
-            prods = [E.div_rn(E.mul_rn(p, g_amax), Float32(6.0 * self.e4m3_max)) for p in prods]
-        return w0, w1, prods
+            return w0, w1, self._error(xs, vals, sf, g_amax, s_enc, Float32(0.0))
+        # eight elements at a time (fewer live registers), the sum stays in element order
+        w0, vals = encode8_values(xs[0:8], enc)
+        err = self._error(xs[0:8], vals, sf, g_amax, s_enc, Float32(0.0))
+        w1, vals = encode8_values(xs[8:16], enc)
+        return w0, w1, self._error(xs[8:16], vals, sf, g_amax, s_enc, err)
 
-    def _error(self, targets, cands):
-        """4over6 error of one candidate: sequential sum over the 16 elements."""
-        err = Float32(0.0)
-        for i in range(16):
-            d = sub_rn(cands[i], targets[i])
+    def _error(self, xs, vals, sf, g_amax, s_enc, err):
+        """4over6 error of one candidate: err plus a sequential sum over the elements of the
+        reference terms: fast_math (value * s) - x * S_enc; else (value * s) * amax /
+        (6 * e4m3_max) - x (IEEE division, as ref.true_div). sf None: vals are the FP16-domain
+        products already."""
+        for i in range(len(vals)):
+            cand = vals[i]
+            if sf is not None:
+                cand = E.mul_rn(cand, sf)  # E2M1 x E4M3: exact
+            if cutlass.const_expr(self.fast_math):
+                d = sub_rn(cand, E.mul_rn(xs[i], s_enc))
+            else:
+                cand = E.div_rn(E.mul_rn(cand, g_amax), Float32(6.0 * self.e4m3_max))
+                d = sub_rn(cand, xs[i])
             if cutlass.const_expr(self.fos == "mse"):
                 err = add_rn(err, E.mul_rn(d, d))
             else:
@@ -352,13 +358,8 @@ class RecipeCastKernel(_TileLoader):
         base = E.mul_rn(E.div_rn(eam, Float32(6.0)), s_enc)  # IEEE amax_b / 6, as ref.true_div
         c6 = e4m3_code(base)
         c4 = e4m3_code(E.mul_rn(base, Float32(1.5)))
-        a0, a1, cand6 = self._candidates(xs, enc_from_code(c6, s_dec), c6, g_amax)
-        b0, b1, cand4 = self._candidates(xs, enc_from_code(c4, s_dec), c4, g_amax)
-        targets = xs
-        if cutlass.const_expr(self.fast_math):
-            targets = [E.mul_rn(x, s_enc) for x in xs]
-        e6 = self._error(targets, cand6)
-        e4 = self._error(targets, cand4)
+        a0, a1, e6 = self._candidate(xs, enc_from_code(c6, s_dec), c6, g_amax, s_enc)
+        b0, b1, e4 = self._candidate(xs, enc_from_code(c4, s_dec), c4, g_amax, s_enc)
         return c6, a0, a1, c4, b0, b1, e6, e4
 
     def _pick(self, cands, e6, e4):
