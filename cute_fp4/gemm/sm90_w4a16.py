@@ -213,10 +213,11 @@ class Sm90GemmW4A16:
         # activations are permuted to match (4 byte permutes per 8 activations of a token
         # tile instead of 4 per 8 weights); beyond, permuting the weights is cheaper
         self.natural_order = tile_m > 16
-        # Register budget: two CTAs per SM (ptxas keeps 65536 / (2 * threads) registers)
-        # where the accumulators are small; one where they are not (64 for tile_m 64).
+        # Register budget: two CTAs of up to 256 threads per SM (ptxas then keeps at most 128
+        # registers) where the accumulators are small; otherwise ptxas chooses (tile_m 64
+        # needs 64 accumulator registers alone).
         threads = 32 * k_warps * row_warps
-        self.min_blocks = 2 if tile_m <= 16 and threads <= 512 else 1
+        self.min_blocks = 2 if tile_m <= 16 and threads <= 256 else 1
         red_bytes = row_warps * row_tiles * 16 * tile_m * k_warps * 4
         # shared memory carveout (percent of the SM's 228 KiB) for min_blocks CTAs, the rest
         # stays L1 for the activations
