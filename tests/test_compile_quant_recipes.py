@@ -1,6 +1,7 @@
 """Compile tests (CPU, no GPU needed): the recipe cast and amax kernels build for sm_90a and
 sm_100a with IEEE division/reciprocal only; Philox (mul.wide.u32) and a conversion-free
-stochastic encode with stochastic rounding; the 4over6 fast path uses cvt.rn.f16x2.e2m1x2 / e4m3x2 products on sm_100a only."""
+stochastic encode with stochastic rounding; the 4over6 fast path uses cvt.rn.f16x2.e2m1x2 /
+e4m3x2 products on sm_100a only."""
 
 import pytest
 
