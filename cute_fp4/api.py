@@ -25,8 +25,9 @@ def quantize(x: torch.Tensor, recipe: Recipe = Recipe(), *, seed: int = 0, offse
     """Quantize `x` ([..., K], bf16/fp16/fp32) to NVFP4 per `recipe`.
 
     seed/offset key the Philox generator of stochastic rounding (ignored otherwise);
-    rng_state, a CPU int64 tensor [seed, offset], replaces them (a module can advance it in
-    place, which torch.compile traces).
+    rng_state, an int64 tensor [seed, offset] on the CPU or on x's device, replaces them (a
+    module can advance it in place, which torch.compile traces). On x's CUDA device the kernel
+    reads it there: no host sync, and a CUDA graph replays with the values it holds then.
     amax_group: a `torch.distributed` process group whose ranks each hold a slice of the rows
     of one tensor (sequence parallelism). The amaxes that span rows (per-tensor amaxes, the
     per-token column amax of the twin) are MAX-all-reduced over it before use, so every rank
@@ -37,8 +38,9 @@ def quantize(x: torch.Tensor, recipe: Recipe = Recipe(), *, seed: int = 0, offse
     x2 = check_quantize_input(x, recipe)
     _check_contiguous(x, "x")
     if rng_state is not None and (rng_state.dtype != torch.int64 or rng_state.shape != (2,)
-                                  or rng_state.is_cuda):
-        raise ValueError("rng_state must be a CPU int64 tensor of shape [2] (seed, offset)")
+                                  or (rng_state.is_cuda and rng_state.device != x.device)):
+        raise ValueError(f"rng_state must be an int64 tensor of shape [2] (seed, offset) on "
+                         f"the CPU or on x's device ({x.device})")
     if amax_group is not None:
         import torch.distributed as dist
 

@@ -80,9 +80,6 @@ def _with_outputs(recipe: Recipe, rowwise: bool, columnwise: bool) -> Recipe:
     return recipe.replace(rowwise=rowwise, columnwise=columnwise, rht=recipe.rht and columnwise)
 
 
-_NEXT_OFFSET = torch.tensor([0, 1], dtype=torch.int64)
-
-
 class _LinearFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, module, recipe: LinearRecipe):
@@ -102,8 +99,9 @@ class _LinearFunction(torch.autograd.Function):
     def backward(ctx, dy):
         dy2 = dy.reshape(-1, dy.shape[-1]).contiguous()
         need_dgrad, need_wgrad = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        # Fresh stochastic-rounding bits every step: advance the module's Philox offset.
-        ctx.module.rng_state.add_(_NEXT_OFFSET)
+        # Fresh stochastic-rounding bits every step: advance the module's Philox offset (on
+        # the module's device, so a captured CUDA graph advances it at every replay).
+        ctx.module.rng_state[1:].add_(1)
         dyq = api.quantize(dy2, _with_outputs(ctx.recipe.grad, need_dgrad, need_wgrad),
                            rng_state=ctx.module.rng_state, amax_group=ctx.module.amax_group)
         dx = dw = db = None
@@ -122,8 +120,8 @@ class Linear(torch.nn.Linear):
     recipe: a `LinearRecipe` (default `LinearRecipe.per_tensor()`). The quantized weight and
     its twin are cached until the weight changes (its version counter moves). Under
     `torch.no_grad()` only the forward GEMM runs and no twins are made. Stochastic rounding
-    of gradients uses Philox keyed by `rng_state` = [seed, offset] (a CPU tensor, not a
-    buffer); each backward advances the offset.
+    of gradients uses Philox keyed by the buffer `rng_state` = [seed, offset] (int64, on the
+    module's device, not saved in the state dict); each backward advances the offset.
     amax_group: with sequence parallelism (each rank holds a slice of the tokens of x and dy),
     the `torch.distributed` process group over which the amaxes spanning tokens are
     MAX-all-reduced (see `cute_fp4.quantize`), so all ranks quantize with the scales of the
@@ -139,7 +137,8 @@ class Linear(torch.nn.Linear):
             raise ValueError(f"NVFP4 Linear needs in_features and out_features divisible by "
                              f"16, got {in_features} and {out_features}")
         self.recipe = recipe or LinearRecipe.per_tensor()
-        self.rng_state = torch.tensor([seed, 0], dtype=torch.int64)
+        self.register_buffer("rng_state", torch.tensor([seed, 0], dtype=torch.int64,
+                                                       device=device), persistent=False)
         self.amax_group = amax_group
         self._weight_cache: Dict[tuple, NVFP4Tensor] = {}
 

@@ -57,15 +57,20 @@ def amax_reducer(group) -> Optional[Callable[[Tensor], object]]:
     return lambda t: dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
 
 
-def quantize_impl(x2: Tensor, recipe: Recipe, seed: int, offset: int,
-                  amax_group=None) -> NVFP4Tensor:
+def quantize_impl(x2: Tensor, recipe: Recipe, seed: int, offset: int, amax_group=None,
+                  rng_device: Optional[Tensor] = None) -> NVFP4Tensor:
+    """rng_device: an int64 [seed, offset] on x2's CUDA device replacing seed / offset (read by
+    the kernel on the device: CUDA-graph safe)."""
     reduce = amax_reducer(amax_group)
     if x2.is_cuda:
         if plain_cast(recipe):
             from .quant.dispatch import quantize as quantize_cuda
-        else:
-            from .quant.recipes_dispatch import quantize_recipe as quantize_cuda
-        return quantize_cuda(x2, recipe, seed=seed, offset=offset, amax_reduce=reduce)
+
+            return quantize_cuda(x2, recipe, amax_reduce=reduce)
+        from .quant.recipes_dispatch import quantize_recipe
+
+        return quantize_recipe(x2, recipe, seed=seed, offset=offset, amax_reduce=reduce,
+                               rng_state=rng_device)
     return ref.quantize(x2, recipe, seed=seed, offset=offset, amax_reduce=reduce)
 
 
@@ -77,10 +82,13 @@ def _group_from_name(name: str):
     return _resolve_process_group(name)
 
 
-def rng_ints(rng_state: Tensor):
-    """(seed, offset) from a CPU int64 [seed, offset] tensor (offset taken mod 2**32)."""
+def rng_args(rng_state: Tensor):
+    """(seed, offset, rng_device) from an int64 [seed, offset] tensor: a CPU one is read on
+    the host (offset taken mod 2**32), a CUDA one goes to the kernel as it is."""
+    if rng_state.is_cuda:
+        return 0, 0, rng_state
     seed, offset = rng_state.tolist()
-    return seed, offset % 2**32
+    return seed, offset % 2**32, None
 
 
 @torch.library.custom_op("cute_fp4::quantize", mutates_args=())
@@ -90,7 +98,8 @@ def quantize_op(x: Tensor, scaling: str, block_rows: int, rht: bool, sr: bool,
                 ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     recipe = recipe_from_args(scaling, block_rows, rht, sr, four_over_six, e4m3_max, fast_math,
                               rowwise, columnwise, swizzle)
-    t = quantize_impl(x, recipe, *rng_ints(rng_state), _group_from_name(amax_group))
+    seed, offset, rng_device = rng_args(rng_state)
+    t = quantize_impl(x, recipe, seed, offset, _group_from_name(amax_group), rng_device)
     return (_or_empty(t.data, x, torch.uint8), _or_empty(t.scales, x, torch.float8_e4m3fn),
             _or_empty(t.amax, x, torch.float32), _or_empty(t.data_t, x, torch.uint8),
             _or_empty(t.scales_t, x, torch.float8_e4m3fn), _or_empty(t.amax_t, x, torch.float32))
@@ -123,12 +132,14 @@ def _(x, scaling, block_rows, rht, sr, four_over_six, e4m3_max, fast_math, rowwi
 def quantize(x2: Tensor, recipe: Recipe, shape, dtype, seed: int, offset: int,
              rng_state: Optional[Tensor] = None, amax_group=None) -> NVFP4Tensor:
     """Quantize a validated 2D input; through the custom op while torch.compile traces.
-    rng_state (CPU int64 [seed, offset]), when given, replaces seed and offset; amax_group
-    (a ProcessGroup) all-reduces the amaxes that span the rows (sequence parallelism)."""
+    rng_state (int64 [seed, offset], on the CPU or x's device), when given, replaces seed and
+    offset; amax_group (a ProcessGroup) all-reduces the amaxes that span the rows (sequence
+    parallelism)."""
     if not torch.compiler.is_compiling():
+        rng_device = None
         if rng_state is not None:
-            seed, offset = rng_ints(rng_state)
-        t = quantize_impl(x2, recipe, seed, offset, amax_group)
+            seed, offset, rng_device = rng_args(rng_state)
+        t = quantize_impl(x2, recipe, seed, offset, amax_group, rng_device)
         t.shape, t.dtype = tuple(shape), dtype
         return t
     if rng_state is None:

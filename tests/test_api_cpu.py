@@ -122,8 +122,8 @@ def test_quantize_columnwise_only_does_not_need_k_multiple_of_16():
     (dict(seed=2**64), r"seed must be in \[0, 2\*\*64\)"),
     (dict(offset=2**32), r"offset must be in \[0, 2\*\*32\)"),
     (dict(offset=-5), r"offset must be in \[0, 2\*\*32\)"),
-    (dict(rng_state=torch.tensor([1, 2], dtype=torch.int32)), r"rng_state must be a CPU int64"),
-    (dict(rng_state=torch.tensor([1, 2, 3])), r"rng_state must be a CPU int64 tensor of shape"),
+    (dict(rng_state=torch.tensor([1, 2], dtype=torch.int32)), r"rng_state must be an int64 tensor of shape"),
+    (dict(rng_state=torch.tensor([1, 2, 3])), r"rng_state must be an int64 tensor of shape"),
 ])
 def test_quantize_sr_seed_errors(kwargs, match):
     with pytest.raises(ValueError, match=match):

@@ -193,6 +193,24 @@ def test_torch_compile_fullgraph_cpu():
     assert torch.equal(xc.grad, xe.grad)
 
 
+def test_torch_compile_stochastic_rounding_advances_offset_cpu():
+    """The compiled step draws the same bits as eager and advances the module's offset."""
+    _, q, x, g = _setup(LinearRecipe.per_token(), bias=False)
+    xe = x.clone().requires_grad_()
+    q(xe).backward(g)
+    assert q.rng_state.tolist() == [7, 1]
+    q.rng_state.copy_(torch.tensor([7, 0]))
+    compiled = torch.compile(q, fullgraph=True, backend="aot_eager")
+    grads = []
+    for step in (1, 2):
+        xc = x.clone().requires_grad_()
+        compiled(xc).backward(g)
+        assert q.rng_state.tolist() == [7, step]
+        grads.append(xc.grad)
+    assert torch.equal(grads[0], xe.grad)
+    assert not torch.equal(grads[1], xe.grad)
+
+
 def test_quantize_op_fake_shapes():
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -291,3 +309,38 @@ def test_convert_transformer_block_gpu(weight_only):
     assert err < 2e-2, err
     # Measured (CPU references, 3 seeds): 27.4-27.6 dB W4A4, 30.2 dB W4A16 (with residuals).
     assert ref.snr_db(y_bf16, y_gpu) > (28.0 if weight_only else 25.0)
+
+
+@pytest.mark.gpu
+def test_linear_gpu_training_step_cuda_graph_with_stochastic_rounding():
+    """A whole fwd+bwd step (RHT + stochastic rounding) captured in a CUDA graph: each replay
+    advances the device-side Philox offset and equals the eager step at that offset."""
+    _, q, x, g = _setup(LinearRecipe.per_token(), device="cuda", dtype=torch.bfloat16,
+                        shape=(256, 256), out=128)
+    assert q.rng_state.is_cuda
+    static_x = x.clone().requires_grad_()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            static_x.grad, q.weight.grad, q.bias.grad = None, None, None
+            q(static_x).backward(g)
+    torch.cuda.current_stream().wait_stream(side)
+    static_x.grad, q.weight.grad, q.bias.grad = None, None, None
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        q(static_x).backward(g)
+    offset = q.rng_state[1].item()
+    results = []
+    for step in (1, 2):
+        graph.replay()
+        torch.cuda.synchronize()
+        assert q.rng_state.tolist() == [7, offset + step]
+        results.append((static_x.grad.clone(), q.weight.grad.clone()))
+    assert not torch.equal(results[0][0], results[1][0])  # fresh bits at every replay
+    for step, (dx, dw) in zip((1, 2), results):
+        q.rng_state[1] = offset + step - 1
+        xe = x.clone().requires_grad_()
+        q.weight.grad = None
+        q(xe).backward(g)
+        assert torch.equal(xe.grad, dx) and torch.equal(q.weight.grad, dw)

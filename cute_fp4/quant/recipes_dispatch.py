@@ -14,6 +14,12 @@ the amax kernel and the cast on the amaxes that span M: scaling "tensor" -> the 
 amax and the post-RHT columnwise amax); scaling "token" -> the column amax [K] of the twin (the
 row amaxes are local). scaling "window64": nothing spans M (a window covers 64 rows of one
 shard), so it is never called. Every rank calls it, also with an empty shard.
+
+Stochastic rounding reads the Philox seed and offset from the group table at run time. They come
+from `seed=` / `offset=` (host integers, baked into the cached table), or from `rng_state=`, an
+int64 [seed, offset] tensor on x's device copied into the table on the device: the call then
+makes no host-to-device copy, so a CUDA graph can capture it and each replay uses the values
+the tensor holds then (a module advances the offset on the device between steps).
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ from ..common.jit import KERNELS, compile_kernel, device_arch, dyn, env_stream, 
 from ..recipe import Recipe
 from ..ref.philox import check_seed_offset
 from ..tensor import NVFP4Tensor
-from .cast_recipes import GTAB_COLS, TILE, RecipeAmax, RecipeCastKernel
+from .cast_recipes import G_OFFSET, G_SEED, GTAB_COLS, TILE, RecipeAmax, RecipeCastKernel
 
 _DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 _CUTLASS = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16, "fp32": cutlass.Float32}
@@ -118,7 +124,8 @@ def _check_rows(m: int, recipe: Recipe, what: str):
 
 
 def _run(x2: torch.Tensor, sizes: List[int], recipe: Recipe, seed: int, offset: int,
-         shapes, amax_reduce=None) -> List[NVFP4Tensor]:
+         shapes, amax_reduce=None, rng_state: Optional[torch.Tensor] = None
+         ) -> List[NVFP4Tensor]:
     check_seed_offset(seed, offset)
     dev = x2.device
     k = x2.shape[1]
@@ -175,6 +182,9 @@ def _run(x2: torch.Tensor, sizes: List[int], recipe: Recipe, seed: int, offset: 
     if launch:
         dummy = torch.empty(1, dtype=torch.uint8, device=dev)
         tt, gt, at = _device_tables(tuple(ttab), tuple(gtab), tuple(atab), dev)
+        if rng_state is not None and recipe.stochastic_rounding:
+            gt = gt.clone()
+            gt[:, G_SEED:G_OFFSET + 1] = rng_state
         n_kt = _ceil(k, TILE)
         if swz and col:
             n_kt = 2 * _ceil(k, 128)
@@ -234,16 +244,22 @@ def _reduce_amaxes(amax_reduce, recipe: Recipe, amax_r: torch.Tensor, amax_c: to
 
 
 def quantize_recipe(x: torch.Tensor, recipe: Recipe = Recipe(), *, seed: int = 0,
-                    offset: int = 0, amax_reduce: Optional[Callable[[torch.Tensor], object]] = None
-                    ) -> NVFP4Tensor:
+                    offset: int = 0, amax_reduce: Optional[Callable[[torch.Tensor], object]] = None,
+                    rng_state: Optional[torch.Tensor] = None) -> NVFP4Tensor:
     """NVFP4 quantize of a CUDA tensor [..., K] (flattened to [M, K]) with any Recipe.
-    `amax_reduce`: in-place cross-rank reduction of the amaxes that span M (module doc)."""
+    `amax_reduce`: in-place cross-rank reduction of the amaxes that span M; `rng_state`: a
+    device int64 [seed, offset] replacing seed / offset (module doc)."""
     x2 = _check(x, recipe)
     _check_rows(x2.shape[0], recipe, "x: the flattened leading dimensions")
     if amax_reduce is not None and not callable(amax_reduce):
         raise TypeError("amax_reduce must be a callable reducing a float32 tensor in place")
+    if rng_state is not None and (rng_state.device != x.device or rng_state.dtype != torch.int64
+                                  or tuple(rng_state.shape) != (2,)):
+        raise ValueError(f"rng_state must be an int64 tensor [seed, offset] on {x.device}")
+    if rng_state is not None:
+        seed = offset = 0  # placeholders: the device values replace them in the table
     return _run(x2, [x2.shape[0]], recipe, int(seed), int(offset), [tuple(x.shape)],
-                amax_reduce)[0]
+                amax_reduce, rng_state)[0]
 
 
 def quantize_grouped(x: torch.Tensor, split_sizes: Sequence[int], recipe: Recipe = Recipe(), *,
