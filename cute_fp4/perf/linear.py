@@ -87,7 +87,7 @@ def breakdown(m: int, k: int, n: int, recipe_name: str):
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
     dy = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
-    rng = torch.tensor([0, 0], dtype=torch.int64)
+    rng = torch.tensor([0, 0], dtype=torch.int64, device="cuda")
     x_recipe = _with_outputs(recipe.activation, True, True)
     w_recipe = _with_outputs(recipe.weight, True, True)
     dy_recipe = _with_outputs(recipe.grad, True, True)
