@@ -6,7 +6,7 @@ fast-math contraction, no approximate reciprocal, no flush-to-zero):
 
 * outer scale: ``S_enc = min(2688 / amax, FLT_MAX)`` (1 where amax == 0 or the result is 0),
   ``S_dec = 1 / S_enc``;
-* block scale: ``s = e4m3(min(min(amax_b * (S_enc * fp32(1/6)), FLT_MAX), 448))``,
+* block scale: ``s = e4m3(min(amax_b * (S_enc * fp32(1/6)), 448))``,
   ``enc = min(1 / (float(s) * S_dec), FLT_MAX)``;
 * element code: ``e2m1(clamp(x * enc, -6, 6))``, RN ties-to-even, sign 0x8 only for
   strictly negative products; a NaN in the block (NaN block amax) gives code 0 everywhere.
@@ -69,6 +69,10 @@ def fmax_nan(a, b):
     return _ptx1("max.NaN.f32 {$w0}, {$r0}, {$r1};", Float32, Float32(a), Float32(b))
 
 
+def fabs(x):
+    return _ptx1("abs.f32 {$w0}, {$r0};", Float32, Float32(x))
+
+
 def abs_max_nan(acc, x):
     """max.NaN(acc, |x|): the running block/row amax, NaN-propagating like torch.amax."""
     return _ptx1(
@@ -117,22 +121,22 @@ def encode_scale(amax):
     )
 
 
-def block_scale(amax_b, s_enc_6, s_dec):
-    """One 16-element block: returns (E4M3 scale byte as Uint32, enc as Float32).
-
-    ``s_enc_6`` is ``S_enc * fp32(1/6)`` (one rounded product), ``s_dec`` is ``1 / S_enc``.
-    """
-    code = _ptx1(
+def e4m3_code(p):
+    """E4M3 code (Uint32) of min(p, 448), RN (min.NaN: +Inf saturates to 448, NaN -> 0x7F)."""
+    return _ptx1(
         "{\n.reg .f32 p;\n.reg .f32 z;\n.reg .b16 h;\n"
         "mov.f32 z, 0f00000000;\n"
-        "mul.rn.f32 p, {$r0}, {$r1};\n"
-        "min.NaN.f32 p, p, " + FLT_MAX_HEX + ";\n"
-        "min.NaN.f32 p, p, 0f43E00000;\n"
+        "min.NaN.f32 p, {$r0}, 0f43E00000;\n"
         "cvt.rn.satfinite.e4m3x2.f32 h, z, p;\n"
         "cvt.u32.u16 {$w0}, h;\n}",
-        Uint32, Float32(amax_b), Float32(s_enc_6),
+        Uint32, Float32(p),
     )
-    enc = _ptx1(
+
+
+def enc_from_code(code, s_dec):
+    """The block's element multiplier ``enc = min(1 / (float(s) * s_dec), FLT_MAX)`` for the
+    E4M3 scale byte ``code``."""
+    return _ptx1(
         "{\n.reg .b16 h;\n.reg .b32 w;\n.reg .f16 lo;\n.reg .f16 hi;\n.reg .f32 f;\n"
         "cvt.u16.u32 h, {$r0};\n"
         "cvt.rn.f16x2.e4m3x2 w, h;\n"
@@ -141,52 +145,66 @@ def block_scale(amax_b, s_enc_6, s_dec):
         "mul.rn.f32 f, f, {$r1};\n"
         "rcp.rn.f32 f, f;\n"
         "min.NaN.f32 {$w0}, f, " + FLT_MAX_HEX + ";\n}",
-        Float32, code, Float32(s_dec),
+        Float32, Uint32(code), Float32(s_dec),
     )
-    return code, enc
+
+
+def block_scale(amax_b, s_enc_6, s_dec):
+    """One 16-element block: returns (E4M3 scale byte as Uint32, enc as Float32).
+
+    ``s_enc_6`` is ``S_enc * fp32(1/6)`` (one rounded product), ``s_dec`` is ``1 / S_enc``.
+    """
+    code = e4m3_code(mul_rn(amax_b, s_enc_6))
+    return code, enc_from_code(code, s_dec)
 
 
 # ---------------------------------------------------------------- E2M1 encode
-# Software encoder, one element (PTX registers x: input, e: enc, r: packed word, s: shift).
-# a = min(|x*e|, 6); with E = max(bits(a) & 0x7F800000, bits(1.0)) the magic M = E + (22 << 23)
-# is 2^(22 + max(exp(a), 0)), so the RN FP32 add a + M rounds a onto the E2M1 grid of its
-# binade (spacing 0.5, 0.5, 1, 2 for [0,1), [1,2), [2,4), [4,6]); the integer difference
-# bits(a + M) - M counts grid steps, and (E >> 22) - 254 adds the binade's code offset.
-_SW_ELEM = (
-    "mul.rn.f32 v, {x}, e;\n"
-    "abs.f32 a, v;\n"
-    "min.f32 a, a, 0f40C00000;\n"
-    "mov.b32 b, a;\n"
-    "and.b32 m, b, 0x7F800000;\n"
-    "max.u32 m, m, 0x3F800000;\n"
-    "shr.u32 t, m, 22;\n"
-    "add.u32 m, m, 0x0B000000;\n"
-    "mov.b32 mf, m;\n"
-    "add.rn.f32 a, a, mf;\n"
-    "mov.b32 b, a;\n"
-    "sub.u32 b, b, m;\n"
-    "add.u32 b, b, t;\n"
-    "sub.u32 b, b, 254;\n"
-    "setp.lt.f32 p, v, 0f00000000;\n"
-    "@p or.b32 b, b, 8;\n"
-    "{pack}"
-)
-
+# Software encoder, one element i of a word (PTX registers x: input, e: enc, w: the word).
+# With a = min(|x*e|, 6), the E2M1 code (RN, ties to the even code) is
+#     min(rne(2a), rne(a) + 2, rne(a/2) + 4)
+# (rne(2a) on [0, 2): spacing 0.5; rne(a) + 2 on [2, 4): spacing 1; rne(a/2) + 4 on [4, 6]:
+# spacing 2; each term is the largest of the three outside its own range). Each rne is one
+# single-rounding FP32 add of the magic 2^23 (ulp 1): c = RN(k*a + 2^23 + offset) has bits
+# 0x4B000000 + term, and the FP32 min of the three is the min of the terms. Only FP32 adds,
+# FMAs and min (no integer exponent work): on sm_90 the ALU pipe (min/max, logic, compares)
+# runs at half rate and bounds the cast.
+# The word is built by additions (nibbles never overlap in the final sum, so carries of the
+# partial sums cancel modulo 2^32): w += bits(c) << 4i, the constants -0x4B000000 << 4i are added
+# once per word, and the sign adds 8 << 4i for strictly negative products (an exact -0
+# encodes as code 0).
 _SW_DECL = (
-    ".reg .f32 v;\n.reg .f32 a;\n.reg .f32 mf;\n.reg .b32 b;\n.reg .b32 m;\n.reg .b32 t;\n"
+    ".reg .f32 v;\n.reg .f32 a;\n.reg .f32 c;\n.reg .f32 d;\n.reg .b32 b;\n"
     ".reg .pred p;\n.reg .f32 e;\n"
 )
+_SW_CONST = (-0x4B000000 * 0x11111111) % 2**32
+
+
+def _sw_elem(i: int, x: str) -> str:
+    lines = [
+        f"mul.rn.f32 v, {x}, e;",
+        "abs.f32 a, v;",
+        "min.f32 a, a, 0f40C00000;",
+        "fma.rn.f32 c, a, 0f40000000, 0f4B000000;",
+        "add.rn.f32 d, a, 0f4B000002;",
+        "min.f32 c, c, d;",
+        "fma.rn.f32 d, a, 0f3F000000, 0f4B000004;",
+        "min.f32 c, c, d;",
+        "mov.b32 b, c;",
+    ]
+    if i == 0:
+        lines.append("mov.b32 {$w0}, b;")
+    else:
+        lines += [f"shl.b32 b, b, {4 * i};", "add.u32 {$w0}, {$w0}, b;"]
+    lines += ["setp.lt.f32 p, v, 0f00000000;",
+              f"@p add.u32 {{$w0}}, {{$w0}}, {8 << (4 * i)};"]
+    return "\n".join(lines) + "\n"
 
 
 def _sw_encode8_ptx():
     body = ["{\n", _SW_DECL, "mov.f32 e, {$r8};\n"]
     for i in range(8):
-        if i == 0:
-            pack = "mov.b32 {$w0}, b;\n"
-        else:
-            pack = f"shl.b32 b, b, {4 * i};\nor.b32 {{$w0}}, {{$w0}}, b;\n"
-        body.append(_SW_ELEM.replace("{x}", "{$r%d}" % i).replace("{pack}", pack))
-    body.append("}")
+        body.append(_sw_elem(i, "{$r%d}" % i))
+    body.append(f"add.u32 {{$w0}}, {{$w0}}, {_SW_CONST};\n}}")
     return "".join(body)
 
 
@@ -213,31 +231,6 @@ _SW_ENCODE8 = _sw_encode8_ptx()
 _HW_ENCODE8 = _hw_encode8_ptx()
 
 
-def _sw_encode8_at_ptx():
-    """Software encode of 8 values; value i goes to the nibble at bit shift {$r(9+i)}."""
-    body = ["{\n", _SW_DECL, "mov.f32 e, {$r8};\nmov.b32 {$w0}, 0;\n"]
-    for i in range(8):
-        pack = "shl.b32 b, b, {$r%d};\nor.b32 {$w0}, {$w0}, b;\n" % (9 + i)
-        body.append(_SW_ELEM.replace("{x}", "{$r%d}" % i).replace("{pack}", pack))
-    body.append("}")
-    return "".join(body)
-
-
-def _hw_encode8_at_ptx():
-    lines = ["{\n.reg .b8 c;\n.reg .b32 w;\n.reg .f32 v0;\n.reg .f32 z;\n.reg .f32 e;\n",
-             "mov.f32 e, {$r8};\nmov.f32 z, 0f00000000;\nmov.b32 {$w0}, 0;\n"]
-    for i in range(8):
-        lines.append("mul.rn.f32 v0, {$r%d}, e;\nadd.rn.f32 v0, v0, 0f00000000;\n" % i)
-        lines.append("cvt.rn.satfinite.e2m1x2.f32 c, z, v0;\ncvt.u32.u8 w, c;\n")
-        lines.append("and.b32 w, w, 15;\nshl.b32 w, w, {$r%d};\nor.b32 {$w0}, {$w0}, w;\n" % (9 + i))
-    lines.append("}")
-    return "".join(lines)
-
-
-_SW_ENCODE8_AT = _sw_encode8_at_ptx()
-_HW_ENCODE8_AT = _hw_encode8_at_ptx()
-
-
 def encode8(xs, enc, block_nan, hw: bool):
     """Encode 8 FP32 values (a Python list) with the block's ``enc``: Uint32 of 8 nibbles,
     element i in bits [4i, 4i+4) (even element in the low nibble of each byte).
@@ -252,17 +245,12 @@ def encode8(xs, enc, block_nan, hw: bool):
     )
 
 
-def encode8_at(xs, enc, block_nan, shifts, hw: bool):
-    """Like ``encode8``, but value i goes to the nibble at bit ``shifts[i]`` (run-time Uint32
-    shifts, multiples of 4 below 32, a permutation): for values read in a per-thread order."""
-    code = _HW_ENCODE8_AT if hw else _SW_ENCODE8_AT
-    w = cute.arch.inline_ptx(
-        code, write_only_types=[Uint32],
-        read_only_args=[Float32(x) for x in xs] + [Float32(enc)] + [Uint32(t) for t in shifts],
-    )
+def rotl_nibbles(w, n):
+    """Rotate a word of 8 nibbles left by ``n`` nibbles (run-time n in 0..7): nibble i moves to
+    nibble (i + n) % 8."""
     return _ptx1(
-        "{\n.reg .pred p;\nsetp.ne.u32 p, {$r1}, 0;\nselp.b32 {$w0}, 0, {$r0}, p;\n}",
-        Uint32, w, Uint32(block_nan),
+        "{\n.reg .b32 s;\nshl.b32 s, {$r1}, 2;\nshf.l.wrap.b32 {$w0}, {$r0}, {$r0}, s;\n}",
+        Uint32, Uint32(w), Uint32(n),
     )
 
 
@@ -309,6 +297,14 @@ def ld_shared_u16(addr):
 
 def st_shared_u32(addr, v):
     cute.arch.inline_ptx("st.shared.b32 [{$r0}], {$r1};", read_only_args=[Int32(addr), Uint32(v)])
+
+
+def ld_shared_f32(addr):
+    return _ptx1("ld.shared.f32 {$w0}, [{$r0}];", Float32, Int32(addr))
+
+
+def st_shared_f32(addr, v):
+    cute.arch.inline_ptx("st.shared.f32 [{$r0}], {$r1};", read_only_args=[Int32(addr), Float32(v)])
 
 
 def ld_shared_u32(addr):

@@ -84,6 +84,7 @@ class CastKernel:
         class Storage:
             bars: cute.struct.MemRange[cutlass.Int64, 2 * self.stages]
             red: cute.struct.MemRange[Float32, self.num_consumer_warps]
+            enc: cute.struct.MemRange[Float32, 256]
             sx: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(smem_layout)], 1024]
 
         self.storage = Storage
@@ -120,12 +121,23 @@ class CastKernel:
         return amax
 
     @cute.jit
-    def _quantize16(self, xs, s6, sdec):
+    def _fill_enc_table(self, tab_addr, tidx, sdec):
+        """Per-tensor scaling: enc of every scale byte, computed once per CTA (256 consumer
+        threads, one entry each), so a block looks its enc up instead of a reciprocal."""
+        E.st_shared_f32(tab_addr + tidx * 4, E.enc_from_code(Uint32(tidx), sdec))
+        cute.arch.barrier(barrier_id=1, number_of_threads=self.consumer_threads)
+
+    @cute.jit
+    def _quantize16(self, xs, s6, sdec, tab_addr):
         """16 FP32 values -> (scale byte, word0, word1)."""
-        amax = Float32(0.0)
-        for i in cutlass.range_constexpr(16):
+        amax = E.fabs(xs[0])
+        for i in cutlass.range_constexpr(1, 16):
             amax = E.abs_max_nan(amax, xs[i])
-        code, enc = E.block_scale(amax, s6, sdec)
+        code = E.e4m3_code(E.mul_rn(amax, s6))
+        if cutlass.const_expr(self.per_token):
+            enc = E.enc_from_code(code, sdec)
+        else:
+            enc = E.ld_shared_f32(tab_addr + Int32(code) * 4)
         nan = E.is_nan(enc)  # NaN block amax or NaN outer scale
         w0 = E.encode8(xs[0:8], enc, nan, self.hw)
         w1 = E.encode8(xs[8:16], enc, nan, self.hw)
@@ -159,6 +171,8 @@ class CastKernel:
         n_tm = (M + self.tile_m - 1) // self.tile_m
         n_tk = (K + self.tile_k - 1) // self.tile_k
         n_tiles = n_tm * n_tk
+        # tile t = tm * n_tk + tk; a CTA steps by gdim tiles: (step_m, step_k) without divisions
+        step_m, step_k = gdim // n_tk, gdim % n_tk
 
         if warp == self.num_consumer_warps:
             # ---------------- producer: TMA loads into the ring
@@ -167,12 +181,14 @@ class CastKernel:
                 tma_atom, 0, cute.make_layout(1), cute.group_modes(sx, 0, 2), cute.group_modes(gx, 0, 2)
             )
             pstate = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
+            tm, tk = bidx // n_tk, bidx % n_tk
             for t in cutlass.range(bidx, n_tiles, gdim, unroll=1):
                 pipe.producer_acquire(pstate)
-                cute.copy(tma_atom, tgx[(None, t // n_tk, t % n_tk)], tsx[(None, pstate.index)],
+                cute.copy(tma_atom, tgx[(None, tm, tk)], tsx[(None, pstate.index)],
                           tma_bar_ptr=pipe.producer_get_barrier(pstate))
                 pipe.producer_commit(pstate)
                 pstate.advance()
+                tm, tk = self._next_tile(tm, tk, step_m, step_k, n_tk)
         else:
             # ---------------- consumers
             Kl = Int64(K)
@@ -190,6 +206,7 @@ class CastKernel:
             ar_base = amax_r.iterator.toint()
             ac_base = amax_c.iterator.toint()
 
+            tab_addr = storage.enc.data_ptr().toint()
             s6_r = Float32(0.0)
             sdec_r = Float32(0.0)
             s6_c = Float32(0.0)
@@ -199,47 +216,75 @@ class CastKernel:
                                            storage.red.data_ptr().toint())
                 s6_r, sdec_r = self._outer_of(amax_t)
                 s6_c, sdec_c = s6_r, sdec_r
+                self._fill_enc_table(tab_addr, tidx, sdec_r)
 
-            offs, shifts = self._col_offsets(tidx)
+            offs = self._col_offsets(tidx)
+            row_thr = self._row_thread_offsets(tidx, half_k, nsc_r)
+            col_thr = self._col_thread_offsets(tidx, half_m, nsc_c)
             cstate = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+            tm, tk = bidx // n_tk, bidx % n_tk
             for t in cutlass.range(bidx, n_tiles, gdim, unroll=1):
-                tm = t // n_tk
-                tk = t % n_tk
                 pipe.consumer_wait(cstate)
                 stage_addr = sbase + cstate.index * stage_bytes
 
                 if cutlass.const_expr(self.rowwise):
-                    self._row_pass(stage_addr, tidx, tm, tk, M, K, Ml, Kl, half_k, nsc_r, pad_c_r,
-                                   q_base, s_base, ar_base, s6_r, sdec_r)
+                    self._row_pass(stage_addr, tidx, tm, tk, M, K, half_k, nsc_r, row_thr,
+                                   q_base, s_base, ar_base, s6_r, sdec_r, tab_addr)
                 if cutlass.const_expr(self.columnwise):
-                    self._col_pass(stage_addr, tidx, tm, tk, M, K, Ml, Kl, half_m, nsc_c, pad_c_c,
-                                   qt_base, st_base, ac_base, s6_c, sdec_c, offs, shifts)
+                    self._col_pass(stage_addr, tidx, tm, tk, M, K, half_m, nsc_c, pad_c_c, col_thr,
+                                   qt_base, st_base, ac_base, s6_c, sdec_c, offs, tab_addr)
 
                 cute.arch.sync_warp()
                 pipe.consumer_release(cstate)
                 cstate.advance()
+                tm, tk = self._next_tile(tm, tk, step_m, step_k, n_tk)
 
             if cutlass.const_expr(self.swizzle):
                 self._zero_padding(tidx, bidx, gdim, M, K, Ml, Kl, n_tk, nsc_r, pad_c_r, pad_c_c,
                                    s_base, st_base)
 
+    # ------------------------------------------------------------------ tile walk
+    @cute.jit
+    def _next_tile(self, tm, tk, step_m, step_k, n_tk):
+        """(tm, tk) of tile tm * n_tk + tk + gdim (gdim = step_m * n_tk + step_k)."""
+        tk = tk + step_k
+        wrap = tk >= n_tk
+        return (tm + step_m + cutlass.select_(wrap, Int32(1), Int32(0)),
+                cutlass.select_(wrap, tk - n_tk, tk))
+
     # ------------------------------------------------------------------ rowwise pass
     @cute.jit
-    def _row_pass(self, stage_addr, tidx, tm, tk, M, K, Ml, Kl, half_k, nsc_r, pad_c_r,
-                  q_base, s_base, ar_base, s6, sdec):
-        """Lanes of a warp take consecutive 16-element blocks of consecutive rows, so one warp
-        store covers whole 32-byte sectors (bpr blocks of 8 bytes per row)."""
+    def _row_thread_offsets(self, tidx, half_k, nsc_r):
+        """Per rowwise step j: (row r in the tile, data byte offset r * K/2 + b * 8, compact
+        scale offset r * K/16 + b) of the thread's block b; a tile adds a uniform base."""
         bpr = self.tile_k // 16  # blocks per tile row
         rows_per_step = 32 // bpr
         warp = tidx // 32
         lane = tidx % 32
         b = lane % bpr
-        chunks_per_block = self.esize * 16 // 16
-        gcol_blk = tk * bpr + b  # global scale column
+        out = []
         for j in cutlass.range_constexpr(self.row_steps):
             r = (warp * self.row_steps + j) * rows_per_step + lane // bpr
-            gr = tm * self.tile_m + r
-            grl = Int64(gr)
+            out.append((r, Int64(r) * half_k + Int64(b) * 8, Int64(r) * nsc_r + Int64(b)))
+        return out
+
+    @cute.jit
+    def _row_pass(self, stage_addr, tidx, tm, tk, M, K, half_k, nsc_r, row_thr,
+                  q_base, s_base, ar_base, s6, sdec, tab_addr):
+        """Lanes of a warp take consecutive 16-element blocks of consecutive rows, so one warp
+        store covers whole 32-byte sectors (bpr blocks of 8 bytes per row)."""
+        bpr = self.tile_k // 16  # blocks per tile row
+        lane = tidx % 32
+        b = lane % bpr
+        chunks_per_block = self.esize * 16 // 16
+        gcol_blk = tk * bpr + b  # global scale column
+        col_ok = gcol_blk * 16 < K
+        row0 = tm * self.tile_m
+        q_tile = q_base + Int64(row0) * half_k + Int64(tk * bpr) * 8
+        s_tile = s_base + Int64(row0) * nsc_r + Int64(tk * bpr)
+        for j in cutlass.range_constexpr(self.row_steps):
+            r, q_off, s_off = row_thr[j]
+            gr = row0 + r
             if cutlass.const_expr(self.per_token):
                 grc = cutlass.min(gr, M - 1)
                 s6, sdec = self._outer(ar_base + Int64(grc) * 4)
@@ -254,68 +299,73 @@ class CastKernel:
                 else:
                     for v in (v0, v1, v2, v3):
                         xs += [E.unpack_lo(v, self.dtype_name), E.unpack_hi(v, self.dtype_name)]
-            code, w0, w1 = self._quantize16(xs, s6, sdec)
-            valid = (gr < M) & (gcol_blk * 16 < K)
+            code, w0, w1 = self._quantize16(xs, s6, sdec, tab_addr)
+            valid = (gr < M) & col_ok
             if valid:
-                E.st_global_v2(q_base + grl * half_k + Int64(gcol_blk) * 8, w0, w1)
+                E.st_global_v2(q_tile + q_off, w0, w1)
             if cutlass.const_expr(self.swizzle):
                 # padding entries (rows >= M, blocks >= K/16) must be 0 whatever the outer scale
                 E.st_global_u8(s_base + Int64(swizzled_scale_offset(gr, gcol_blk, Int32(nsc_r))),
                                cutlass.select_(valid, code, Uint32(0)))
             else:
                 if valid:
-                    E.st_global_u8(s_base + grl * nsc_r + Int64(gcol_blk), code)
+                    E.st_global_u8(s_tile + s_off, code)
 
     # ------------------------------------------------------------------ columnwise pass
     @cute.jit
     def _col_offsets(self, tidx):
-        """Per-thread constants of the columnwise pass: smem byte offsets (within a stage) of the
-        thread's 4-byte word in block rows 0..7 of its step order, and the nibble shifts.
+        """Per-thread smem byte offsets (within a stage) of the columnwise pass: the thread's
+        4-byte word in block rows 0..7 of its step order.
 
         Warp w reads the 16-byte column chunk w of the tile; lane = (rb, cp): block row rb of 16
-        rows, 4-byte word cp of the chunk. At step i lane rb reads row rb*16 + (i ^ rb) (the same
-        XOR for i and i+8), so the 8 block rows hit 8 different swizzled chunks: conflict-free.
-        The value read at step i is element i ^ rb of the block, hence the nibble shifts."""
+        rows, 4-byte word cp of the chunk. At step i lane rb reads row rb*16 + ((i + rb) % 8)
+        (and + 8 for the second half), so the 8 block rows hit 8 different swizzled chunks:
+        conflict-free. The value read at step i is element (i + rb) % 8 of its half block: the
+        encoded word is rotated left by rb nibbles (_col_pass)."""
         warp = tidx // 32
         lane = tidx % 32
         rb = lane // 4
         cp = lane % 4
         offs = []
-        shifts = []
         for i in cutlass.range_constexpr(8):
-            ii = Int32(i) ^ rb
+            ii = (Int32(i) + rb) % 8
             offs.append((rb * 16 + ii) * self.tile_bytes + ((warp ^ ii) * 16) + cp * 4)
-            shifts.append(Uint32(ii * 4))
-        return offs, shifts
+        return offs
 
     @cute.jit
-    def _quantize16_at(self, xs, s6, sdec, shifts):
-        amax = Float32(0.0)
-        for i in cutlass.range_constexpr(16):
-            amax = E.abs_max_nan(amax, xs[i])
-        code, enc = E.block_scale(amax, s6, sdec)
-        nan = E.is_nan(enc)
-        w0 = E.encode8_at(xs[0:8], enc, nan, shifts, self.hw)
-        w1 = E.encode8_at(xs[8:16], enc, nan, shifts, self.hw)
-        return code, w0, w1
+    def _col_thread_offsets(self, tidx, half_m, nsc_c):
+        """Per input column cc of the thread's word: (column c in the tile, data byte offset
+        c * M/2 + rb * 8, compact scale offset c * M/16 + rb); a tile adds a uniform base."""
+        warp = tidx // 32
+        lane = tidx % 32
+        rb = lane // 4
+        cols = 4 // self.esize  # input columns per 4-byte word
+        out = []
+        for cc in cutlass.range_constexpr(cols):
+            c = warp * (16 // self.esize) + (lane % 4) * cols + cc
+            out.append((c, Int64(c) * half_m + Int64(rb) * 8, Int64(c) * nsc_c + Int64(rb)))
+        return out
 
     @cute.jit
-    def _col_pass(self, stage_addr, tidx, tm, tk, M, K, Ml, Kl, half_m, nsc_c, pad_c_c,
-                  qt_base, st_base, ac_base, s6, sdec, offs, shifts):
+    def _col_pass(self, stage_addr, tidx, tm, tk, M, K, half_m, nsc_c, pad_c_c, col_thr,
+                  qt_base, st_base, ac_base, s6, sdec, offs, tab_addr):
         """Lanes with consecutive block rows store consecutive 8-byte pieces of one output row
         (64 bytes per input column and tile)."""
-        warp = tidx // 32
         lane = tidx % 32
         rb = lane // 4
         cols = 4 // self.esize  # input columns per 4-byte word
         words = []
         for i in cutlass.range_constexpr(16):
             words.append(E.ld_shared_u32(stage_addr + offs[i % 8] + (i // 8) * 8 * self.tile_bytes))
-        gblk = tm * (self.tile_m // 16) + rb  # global block index along M
+        blk0 = tm * (self.tile_m // 16)
+        gblk = blk0 + rb  # global block index along M
+        row_ok = gblk * 16 < M
+        col0 = tk * self.tile_k
+        qt_tile = qt_base + Int64(col0) * half_m + Int64(blk0) * 8
+        st_tile = st_base + Int64(col0) * nsc_c + Int64(blk0)
         for cc in cutlass.range_constexpr(cols):
-            c = warp * (16 // self.esize) + (lane % 4) * cols + cc
-            gk = tk * self.tile_k + c
-            gkl = Int64(gk)
+            c, q_off, s_off = col_thr[cc]
+            gk = col0 + c
             if cutlass.const_expr(self.per_token):
                 gkc = cutlass.min(gk, K - 1)
                 s6, sdec = self._outer(ac_base + Int64(gkc) * 4)
@@ -327,17 +377,19 @@ class CastKernel:
                     xs.append(E.unpack_lo(words[i], self.dtype_name))
                 else:
                     xs.append(E.unpack_hi(words[i], self.dtype_name))
-            code, w0, w1 = self._quantize16_at(xs, s6, sdec, shifts)
-            valid = (gk < K) & (gblk * 16 < M)
+            code, w0, w1 = self._quantize16(xs, s6, sdec, tab_addr)
+            w0 = E.rotl_nibbles(w0, rb)
+            w1 = E.rotl_nibbles(w1, rb)
+            valid = (gk < K) & row_ok
             if valid:
-                E.st_global_v2(qt_base + gkl * half_m + Int64(gblk) * 8, w0, w1)
+                E.st_global_v2(qt_tile + q_off, w0, w1)
             if cutlass.const_expr(self.swizzle):
                 if Int64(gblk) < pad_c_c:
                     E.st_global_u8(st_base + Int64(swizzled_scale_offset(gk, gblk, Int32(nsc_c))),
                                    cutlass.select_(valid, code, Uint32(0)))
             else:
                 if valid:
-                    E.st_global_u8(st_base + gkl * nsc_c + Int64(gblk), code)
+                    E.st_global_u8(st_tile + s_off, code)
 
     # ------------------------------------------------------------------ swizzle padding
     @cute.jit
