@@ -1,12 +1,18 @@
 """Compile tests (CPU, no GPU needed): the recipe cast and amax kernels build for sm_90a and
 sm_100a with IEEE division/reciprocal only; Philox (mul.wide.u32) and a conversion-free
 stochastic encode with stochastic rounding; the 4over6 fast path uses cvt.rn.f16x2.e2m1x2 /
-e4m3x2 products on sm_100a only."""
+e4m3x2 products on sm_100a only. The exact 4over6 path's division by a constant
+(cast_recipes.div_const) is checked against IEEE FP32 division by an exact numpy emulation of
+its three operations (CUTE_FP4_EXHAUSTIVE_DIV=1: every FP32 bit pattern, ~4 min)."""
 
+import os
+
+import numpy as np
 import pytest
 
 from cute_fp4 import Recipe
 from cute_fp4.common.compile_check import compile_ptx, missing_instructions, ptx_target
+from cute_fp4.quant.cast_recipes import DIV_CONST, DIV_CONST_MIN_HEX
 from cute_fp4.quant.recipes_dispatch import amax_recipe_kernel, cast_recipe_kernel
 
 ARCHS = ["sm_90a", "sm_100a"]
@@ -60,3 +66,78 @@ def test_amax_recipe_ptx(arch, dtype, per_token, rht):
     assert missing_instructions(ptx, [r"red\..*global\.max\.u32", r"ld\.global\.nc\.v4",
                                       r"max\.NaN\.f32"]) == []
     _ieee_only(ptx)
+
+
+def _hex_f32(h: str) -> np.float32:
+    return np.array([int(h[2:], 16)], dtype=np.uint32).view(np.float32)[0]
+
+
+def div_const_emulated(x: np.ndarray, d: int) -> np.ndarray:
+    """cast_recipes.div_const on float32 x, exactly: q = RN(x * r), t = RN(q * d - x) (fma),
+    RN(q - t * r) (fma). Products of two FP32 numbers and q * d - x are exact in float64; the
+    last fma's sum is rounded once to float64 and the float64 TwoSum error decides the FP32
+    rounding where that sum sits exactly on an FP32 midpoint (no double rounding)."""
+    dh, rh = DIV_CONST[d]
+    r = np.float64(_hex_f32(rh))
+    xd = x.astype(np.float64)
+    q = (xd * r).astype(np.float32).astype(np.float64)
+    t = (q * np.float64(_hex_f32(dh)) - xd).astype(np.float32).astype(np.float64)
+    p = -t * r
+    s = q + p
+    bv = s - q
+    e = (q - (s - bv)) + (p - bv)
+    out = s.astype(np.float32)
+    lo = np.where(out.astype(np.float64) > s, np.nextafter(out, np.float32(-np.inf)), out)
+    hi = np.nextafter(lo, np.float32(np.inf))
+    mid = (s - lo.astype(np.float64)) == (hi.astype(np.float64) - s)
+    return np.where(mid & (e > 0), hi, np.where(mid & (e < 0), lo, out))
+
+
+def _div_const_mismatches(d: int, exponent: int) -> int:
+    bits = np.arange(1 << 23, dtype=np.uint32) | np.uint32(exponent << 23)
+    x = bits.view(np.float32)
+    with np.errstate(all="ignore"):
+        got = div_const_emulated(x, d)
+        want = x / np.float32(d)
+    return int((got.view(np.uint32) != want.view(np.uint32)).sum())
+
+
+@pytest.mark.parametrize("d", sorted(DIV_CONST))
+def test_div_const_constants(d):
+    dh, rh = DIV_CONST[d]
+    assert _hex_f32(dh) == np.float32(d)
+    assert _hex_f32(rh) == np.float32(1) / np.float32(d)
+    assert _hex_f32(DIV_CONST_MIN_HEX) == np.float32(2.0**-117)
+
+
+EXHAUSTIVE = os.environ.get("CUTE_FP4_EXHAUSTIVE_DIV") == "1"
+# exponent fields: the lowest exact one for either divisor (10 = 2^-117), unit, the top binade;
+# the exhaustive run covers 10..254 (every positive finite x >= 2^-117; RN is odd, so -x too)
+DIV_EXPONENTS = range(10, 255) if EXHAUSTIVE else [10, 127, 254]
+
+
+@pytest.mark.parametrize("d", sorted(DIV_CONST))
+@pytest.mark.parametrize("exponent", DIV_EXPONENTS)
+def test_div_const_is_ieee_division(d, exponent):
+    """Every significand of the binade: div_const(x, d) == fp32(x) / fp32(d) bit for bit."""
+    assert _div_const_mismatches(d, exponent) == 0
+
+
+@pytest.mark.parametrize("d,exponent", [(1536, 9), (2688, 7)])
+def test_div_const_fails_below_its_domain(d, exponent):
+    """Why the kernel keeps div.rn for |x| < 2^-117: the first failing binades."""
+    assert _div_const_mismatches(d, exponent) > 0
+
+
+@pytest.mark.parametrize("d", sorted(DIV_CONST))
+def test_div_const_zero_signs_and_specials(d):
+    x = np.array([0.0, -0.0, np.nan, np.finfo(np.float32).max, -2.0**-117], dtype=np.float32)
+    with np.errstate(all="ignore"):
+        got = div_const_emulated(x, d)
+        want = x / np.float32(d)
+    assert np.array_equal(np.signbit(got[:2]), [False, True])
+    assert np.isnan(got[2])
+    assert got[3:].view(np.uint32).tolist() == want[3:].view(np.uint32).tolist()
+    with np.errstate(invalid="ignore"):
+        inf = div_const_emulated(np.array([np.inf], dtype=np.float32), d)
+    assert np.isnan(inf[0])  # +-inf is outside the domain (div.rn path)

@@ -1,11 +1,12 @@
 """Philox4x32-10 in the CuTe DSL, bit-exact to `cute_fp4.ref.philox` (stochastic rounding).
 
-Element i of a stream gets word i % 4 of philox(counter, key) with
-counter = (lo32(i // 4), hi32(i // 4), offset, stream) and key = (lo32(seed), hi32(seed));
-stream 0 is the rowwise output, stream 1 the columnwise twin. The key schedule (the ten round
-keys) is computed once per thread (`round_keys`); the ten rounds are one inline PTX block of
-mul.wide.u32 (one IMAD.WIDE per 32x32 -> 64-bit product) and xor, called from `@cute.jit` /
-`@cute.kernel` code. One call gives the words of four consecutive elements.
+Eight random bits per element: element i of a stream gets byte i % 4 of word i // 4, and word
+j is output j % 4 of philox(counter, key) with counter = (lo32(j // 4), hi32(j // 4), offset,
+stream) and key = (lo32(seed), hi32(seed)); stream 0 is the rowwise output, stream 1 the
+columnwise twin. One call gives the bytes of 16 consecutive elements (one 1x16 block). The key
+schedule (the ten round keys) is computed once per thread (`round_keys`); the ten rounds are
+one inline PTX block of mul.wide.u32 (one IMAD.WIDE per 32x32 -> 64-bit product) and xor,
+called from `@cute.jit` / `@cute.kernel` code.
 """
 
 from cutlass import Int64, Uint32
@@ -50,13 +51,9 @@ def philox4x32(c0, c1, c2, c3, keys):
     )
 
 
-def philox_words16(idx0, offset, stream: int, keys):
-    """Random words for the 16 consecutive elements idx0 .. idx0 + 15 of a stream (idx0 an
-    Int64 multiple of 4): a Python list of 16 Uint32."""
-    group = Int64(idx0) // 4
-    words = []
-    for j in range(4):
-        g = group + j
-        words += list(philox4x32(Uint32(g & 0xFFFFFFFF), Uint32(g >> 32), offset, Uint32(stream),
-                                 keys))
-    return words
+def philox_block16(idx0, offset, stream: int, keys):
+    """The four random words of the 16 consecutive elements idx0 .. idx0 + 15 of a stream
+    (idx0 an Int64 multiple of 16): word j holds the bytes of elements idx0 + 4j .. 4j + 3."""
+    call = Int64(idx0) // 16
+    return list(philox4x32(Uint32(call & 0xFFFFFFFF), Uint32(call >> 32), offset, Uint32(stream),
+                           keys))

@@ -31,7 +31,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64, Uint32
 
 from cute_fp4.common import encode as E
-from cute_fp4.common.philox import philox_words16, round_keys
+from cute_fp4.common.philox import philox_block16, round_keys
 from cute_fp4.common.scales import (e2m1_to_f32, e4m3_to_f32, outer_encode_scale,
                                     swizzled_scale_offset)
 from cute_fp4.ref.quantize import RHT_SIGNS
@@ -88,52 +88,59 @@ def enc_from_code(code, s_dec):
 
 
 # Stochastic E2M1 codes of 8 elements (ref.formats.e2m1_encode_stochastic after the clamp of
-# quantize_blocks), without conversion instructions: a = min(|x * enc|, 6); with
-# E = max(bits(a) & 0x7F800000, bits(1.0)) the magic M = E + (22 << 23) = 2^(22 + e) has the
-# E2M1 grid spacing of a's binade (0.5 below 2, 1 below 4, 2 up to 6) as its ulp, so
-# add.rz(a, M) - M is the grid value lo below a and bits(add.rz(a, M)) - bits(M) counts its grid
-# steps ((E >> 22) - 254 adds the binade's code offset). frac = (a - lo) * 2^(1 - e) is exact,
-# u = (bits >> 9) * 2^-23 = float(0x3F800000 | (bits >> 9)) - 1 is exact; up iff frac > u.
-# Sign 0x8 for x * enc < 0. A NaN product only occurs with a NaN enc (NaN block amax), and
+# quantize_blocks): with a = min(|x * enc|, 6) and the element's random byte b, the code is the
+# E2M1 grid value at or below a + (b + 1/2) / 256 of the grid gap, i.e. the magnitude rounds up
+# iff frac >= (511 - 2b) / 512. F = float(0x3F804000 | b << 15) = 1 + y, y = (2b + 1) / 512
+# (exact, no conversion instruction); the gap-scaled offsets c = g * y for the gaps g = 0.5, 1, 2
+# are exact FMAs of F. Like common/encode.py's RN encoder, the code is the FP32 min of one term
+# per gap: floor(2 (a + y / 2)), floor(a + y) + 2, floor((a + 2y) / 2) + 4, each
+# add.rz(a, c) (its floor onto the gap's grid is that of the exact sum: grid points are FP32
+# numbers and RZ is monotone) then an rz add / FMA with the magic 2^23 (ulp 1) holding
+# 0x4B000000 + term; the word sums bits << 4i, the constants -0x4B000000 << 4i once per word,
+# and 8 << 4i for x * enc < 0. A NaN product only occurs with a NaN enc (NaN block amax), and
 # sr_encode8's caller zeroes those words (code 0, as the reference).
 _SR_ELEM = (
     "mul.rn.f32 v, {x}, e;\n"
     "abs.f32 a, v;\nmin.f32 a, a, 0f40C00000;\n"
-    "mov.b32 b, a;\nand.b32 m, b, 0x7F800000;\nmax.u32 m, m, 0x3F800000;\n"
-    "add.u32 mm, m, 0x0B000000;\nmov.b32 mf, mm;\n"
-    "add.rz.f32 sg, a, mf;\nsub.rn.f32 lo, sg, mf;\nsub.rn.f32 fr, a, lo;\n"
-    "mov.b32 t, 0x7F800000;\nsub.u32 t, t, m;\nmov.b32 tf, t;\nmul.rn.f32 fr, fr, tf;\n"
-    "shr.u32 ub, {u}, 9;\nor.b32 ub, ub, 0x3F800000;\nmov.b32 uf, ub;\n"
-    "sub.rn.f32 uf, uf, 0f3F800000;\n"
-    "mov.b32 c, sg;\nsub.u32 c, c, mm;\nshr.u32 t, m, 22;\nadd.u32 c, c, t;\n"
-    "sub.u32 c, c, 254;\n"
-    "setp.gt.f32 p, fr, uf;\n@p add.u32 c, c, 1;\n"
-    "setp.lt.f32 p, v, 0f00000000;\n@p or.b32 c, c, 8;\n"
-    "{pack}"
+    "{byte}and.b32 b, b, 0x007F8000;\nor.b32 b, b, 0x3F804000;\nmov.b32 f, b;\n"
+    "fma.rn.f32 c, f, 0f3F000000, 0fBF000000;\nadd.rz.f32 t, a, c;\n"
+    "fma.rz.f32 k, t, 0f40000000, 0f4B000000;\n"
+    "sub.rn.f32 c, f, 0f3F800000;\nadd.rz.f32 t, a, c;\nadd.rz.f32 t, t, 0f4B000002;\n"
+    "min.f32 k, k, t;\n"
+    "fma.rn.f32 c, f, 0f40000000, 0fC0000000;\nadd.rz.f32 t, a, c;\n"
+    "fma.rz.f32 t, t, 0f3F000000, 0f4B000004;\nmin.f32 k, k, t;\n"
+    "mov.b32 b, k;\n{pack}"
+    "setp.lt.f32 p, v, 0f00000000;\n@p add.u32 {$w0}, {$w0}, {sign};\n"
 )
+# byte k of a random word to bits 15..22
+_SR_BYTE = ("shl.b32 b, {w}, 15;\n", "shl.b32 b, {w}, 7;\n", "shr.b32 b, {w}, 1;\n",
+            "shr.b32 b, {w}, 9;\n")
+_SR_CONST = (-0x4B000000 * 0x11111111) % 2**32
 
 
 def _sr_encode8_ptx() -> str:
-    body = ["{\n.reg .f32 v, a, mf, sg, lo, fr, tf, uf, e;\n.reg .b32 b, m, mm, t, ub, c;\n"
-            ".reg .pred p;\nmov.f32 e, {$r8};\n"]
+    body = ["{\n.reg .f32 v, a, f, c, t, k, e;\n.reg .b32 b;\n.reg .pred p;\n"
+            "mov.f32 e, {$r8};\n"]
     for i in range(8):
-        pack = "mov.b32 {$w0}, c;\n" if i == 0 else \
-            f"shl.b32 c, c, {4 * i};\nor.b32 {{$w0}}, {{$w0}}, c;\n"
-        body.append(_SR_ELEM.replace("{x}", "{$r%d}" % i).replace("{u}", "{$r%d}" % (9 + i))
-                    .replace("{pack}", pack))
-    body.append("}")
+        pack = "mov.b32 {$w0}, b;\n" if i == 0 else \
+            f"shl.b32 b, b, {4 * i};\nadd.u32 {{$w0}}, {{$w0}}, b;\n"
+        body.append(_SR_ELEM.replace("{x}", "{$r%d}" % i)
+                    .replace("{byte}", _SR_BYTE[i % 4].replace("{w}", "{$r%d}" % (9 + i // 4)))
+                    .replace("{pack}", pack).replace("{sign}", str(8 << (4 * i))))
+    body.append(f"add.u32 {{$w0}}, {{$w0}}, {_SR_CONST};\n}}")
     return "".join(body)
 
 
 _SR_ENCODE8 = _sr_encode8_ptx()
 
 
-def sr_encode8(xs, enc, bits):
-    """Stochastic codes of 8 values with the block's enc and their 8 random words: Uint32 of 8
-    nibbles (element i at bits 4i); 0 when enc is NaN."""
+def sr_encode8(xs, enc, words):
+    """Stochastic codes of 8 values with the block's enc and their 2 random words (element i:
+    byte i % 4 of words[i // 4]): Uint32 of 8 nibbles (element i at bits 4i); 0 when enc is
+    NaN."""
     w = cute.arch.inline_ptx(
         _SR_ENCODE8, write_only_types=[Uint32],
-        read_only_args=[Float32(x) for x in xs] + [Float32(enc)] + [Uint32(b) for b in bits])
+        read_only_args=[Float32(x) for x in xs] + [Float32(enc)] + [Uint32(b) for b in words])
     return Uint32(cutlass.select_(E.is_nan(enc) != Uint32(0), Uint32(0), w))
 
 
@@ -175,6 +182,44 @@ def encode8_values(xs, enc):
         read_only_args=[Float32(x) for x in xs] + [Float32(enc)])
     word = Uint32(cutlass.select_(E.is_nan(enc) != Uint32(0), Uint32(0), out[0]))
     return word, list(out[1:])
+
+
+# Correctly rounded division by the 4over6 error denominators d = 6 * e4m3_max (2688, 1536)
+# without div.rn (MUFU.RCP, Newton steps, FCHK and a slow-path branch per element): with
+# r = fp32(1/d), q = RN(x * r), t = fma(q, d, -x), x / d = fma(-t, r, q). Verified against IEEE
+# FP32 division for every FP32 x of exponent field >= 8 (d = 2688) / >= 10 (d = 1536), i.e. for
+# all 2^-117 <= |x| <= FLT_MAX, and for +-0 (sign kept); it fails for some smaller x (quotients
+# near the subnormal range) and for +-inf (NaN), where the callers keep div.rn
+# (tests/test_compile_quant_recipes.py emulates it exactly; notes/quant_recipes.md: the
+# exhaustive run). The fma form t = q * d - x keeps the sign of a zero quotient.
+# d -> (fp32 d, fp32(1/d)) as PTX hex literals
+DIV_CONST = {2688: ("0f45280000", "0f39C30C31"), 1536: ("0f44C00000", "0f3A2AAAAB")}
+DIV_CONST_MIN_HEX = "0f05000000"  # 2^-117
+
+
+def div_const(x, d: int):
+    """RN(x / d) for d in DIV_CONST and x = +-0, NaN or 2^-117 <= |x| <= FLT_MAX."""
+    dh, rh = DIV_CONST[d]
+    return _f("{\n.reg .f32 q, t;\n"
+              f"mul.rn.f32 q, {{$r0}}, {rh};\nneg.f32 t, {{$r0}};\n"
+              f"fma.rn.f32 t, q, {dh}, t;\nneg.f32 t, t;\n"
+              f"fma.rn.f32 {{$w0}}, t, {rh}, q;\n}}", x)
+
+
+def div_const_safe(sf, g_amax):
+    """1 when every candidate value x = (v * sf) * g_amax of a block (v an E2M1 value, |v| in
+    [0.5, 6], or 0) is in div_const's exact domain: RN(6 * sf * g_amax) finite and
+    RN(0.5 * sf * g_amax) >= 2^-117 (RN is monotone; v * sf is exact), or sf * g_amax == 0
+    exactly (every x is +-0). NaN scale or amax: 0."""
+    return cute.arch.inline_ptx(
+        "{\n.reg .f32 a;\n.reg .pred p, q;\n"
+        "mul.rn.f32 a, {$r0}, 0f40C00000;\nmul.rn.f32 a, a, {$r1};\n"
+        "setp.lt.f32 p, a, 0f7F800000;\n"
+        "mul.rn.f32 a, {$r0}, 0f3F000000;\nmul.rn.f32 a, a, {$r1};\n"
+        f"setp.ge.f32 q, a, {DIV_CONST_MIN_HEX};\n"
+        "setp.eq.or.f32 q, {$r0}, 0f00000000, q;\nsetp.eq.or.f32 q, {$r1}, 0f00000000, q;\n"
+        "and.pred p, p, q;\nselp.u32 {$w0}, 1, 0, p;\n}",
+        write_only_types=[Uint32], read_only_args=[Float32(sf), Float32(g_amax)])
 
 
 def fp16_products2(byte, scale_code):
@@ -303,14 +348,17 @@ class RecipeCastKernel(_TileLoader):
         if cutlass.const_expr(not self.stochastic):
             nan = E.is_nan(enc)
             return E.encode8(xs[0:8], enc, nan, self.hw), E.encode8(xs[8:16], enc, nan, self.hw)
-        bits = philox_words16(idx0, offset, stream, keys)
-        return sr_encode8(xs[0:8], enc, bits[0:8]), sr_encode8(xs[8:16], enc, bits[8:16])
+        words = philox_block16(idx0, offset, stream, keys)
+        return sr_encode8(xs[0:8], enc, words[0:2]), sr_encode8(xs[8:16], enc, words[2:4])
 
     def _candidate(self, xs, enc, code, g_amax, s_enc):
         """One 4over6 candidate: (w0, w1, its error). sm_90: the software encode also returns
         each element's E2M1 value; sm_100a: hardware encode, values decoded from the codes
         (fast_math: FP16 products by cvt.rn.f16x2)."""
         sf = e4m3_to_f32(code)
+        safe = Uint32(1)
+        if cutlass.const_expr(not self.fast_math):
+            safe = div_const_safe(sf, g_amax)
         if cutlass.const_expr(self.hw):
             w0, w1 = self._encode16(xs, enc, None, 0, None, None)
             if cutlass.const_expr(self.fast_math):
@@ -318,20 +366,31 @@ class RecipeCastKernel(_TileLoader):
                 for p in range(8):
                     byte = (Uint32(w0 if p < 4 else w1) >> Uint32(8 * (p % 4))) & Uint32(0xFF)
                     prods += list(fp16_products2(byte, code))
-                return w0, w1, self._error(xs, prods, None, g_amax, s_enc, Float32(0.0))
+                return w0, w1, self._error(xs, prods, None, g_amax, s_enc, Float32(0.0), safe)
             vals = [e2m1_to_f32(nibble(w0, w1, i)) for i in range(16)]
-            return w0, w1, self._error(xs, vals, sf, g_amax, s_enc, Float32(0.0))
+            return w0, w1, self._error(xs, vals, sf, g_amax, s_enc, Float32(0.0), safe)
         # eight elements at a time (fewer live registers), the sum stays in element order
         w0, vals = encode8_values(xs[0:8], enc)
-        err = self._error(xs[0:8], vals, sf, g_amax, s_enc, Float32(0.0))
+        err = self._error(xs[0:8], vals, sf, g_amax, s_enc, Float32(0.0), safe)
         w1, vals = encode8_values(xs[8:16], enc)
-        return w0, w1, self._error(xs[8:16], vals, sf, g_amax, s_enc, err)
+        return w0, w1, self._error(xs[8:16], vals, sf, g_amax, s_enc, err, safe)
 
-    def _error(self, xs, vals, sf, g_amax, s_enc, err):
+    @cute.jit
+    def _error(self, xs, vals, sf, g_amax, s_enc, err, safe):
         """4over6 error of one candidate: err plus a sequential sum over the elements of the
         reference terms: fast_math (value * s) - x * S_enc; else (value * s) * amax /
-        (6 * e4m3_max) - x (IEEE division, as ref.true_div). sf None: vals are the FP16-domain
-        products already."""
+        (6 * e4m3_max) - x, the IEEE division by div_const where the block is in its exact
+        domain (safe != 0), else by div.rn. sf None: vals are the FP16-domain products."""
+        if cutlass.const_expr(self.fast_math):
+            err = self._error_terms(xs, vals, sf, g_amax, s_enc, err, False)
+        else:
+            if safe != Uint32(0):
+                err = self._error_terms(xs, vals, sf, g_amax, s_enc, err, True)
+            else:
+                err = self._error_terms(xs, vals, sf, g_amax, s_enc, err, False)
+        return err
+
+    def _error_terms(self, xs, vals, sf, g_amax, s_enc, err, by_const: bool):
         for i in range(len(vals)):
             cand = vals[i]
             if sf is not None:
@@ -339,7 +398,11 @@ class RecipeCastKernel(_TileLoader):
             if cutlass.const_expr(self.fast_math):
                 d = sub_rn(cand, E.mul_rn(xs[i], s_enc))
             else:
-                cand = E.div_rn(E.mul_rn(cand, g_amax), Float32(6.0 * self.e4m3_max))
+                cand = E.mul_rn(cand, g_amax)
+                if by_const:
+                    cand = div_const(cand, 6 * self.e4m3_max)
+                else:
+                    cand = E.div_rn(cand, Float32(6.0 * self.e4m3_max))
                 d = sub_rn(cand, xs[i])
             if cutlass.const_expr(self.fos == "mse"):
                 err = add_rn(err, E.mul_rn(d, d))

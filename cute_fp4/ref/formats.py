@@ -43,13 +43,17 @@ def e2m1_encode(v: torch.Tensor) -> torch.Tensor:
 
 
 def e2m1_encode_stochastic(v: torch.Tensor, bits: torch.Tensor) -> torch.Tensor:
-    """FP32 values -> E2M1 codes, rounding up with probability equal to the fractional position.
+    """FP32 values -> E2M1 codes, rounding up with probability equal to the fractional position,
+    quantised to 1/256.
 
-    `bits` holds one uniform 32-bit random word per element (int64 tensor, values in
-    [0, 2**32)); its top 23 bits give u = (bits >> 9) * 2**-23 in [0, 1), and a magnitude
-    rounds up to the next code iff frac > u, with frac = (|v| - lo) / (hi - lo) (exact in FP32:
-    the code gaps are powers of two). Saturates at 6; exact codes never move; sign and NaN as
-    in `e2m1_encode`.
+    `bits` holds one random byte b per element (int64 tensor, values in [0, 256)). With
+    frac = (|v| - lo) / (hi - lo) (exact in FP32: the code gaps are powers of two), a magnitude
+    rounds up to the next code iff frac >= (511 - 2b) / 512, i.e. iff adding (b + 1/2) / 256 of
+    the gap reaches the next code (the magnitude plus a random offset, rounded toward zero).
+    With b uniform, P(up) = #{b : 2b >= 511 - 512 frac} / 256 differs from frac by at most
+    1/512 (exactly frac when 256 frac is an integer), so the bias of a rounded value is at most
+    gap / 512 (gap = 0.5, 1 or 2 before the block scale). Saturates at 6; exact codes never move
+    (frac = 0 never rounds up); sign and NaN as in `e2m1_encode`.
     """
     if v.dtype != torch.float32:
         raise TypeError(f"e2m1_encode_stochastic expects float32 values, got {v.dtype}")
@@ -63,8 +67,8 @@ def e2m1_encode_stochastic(v: torch.Tensor, bits: torch.Tensor) -> torch.Tensor:
     lo = table[lower]
     gap = table[(lower + 1).clamp(max=7)] - lo
     frac = torch.where(gap > 0, (mag - lo) / torch.where(gap > 0, gap, 1.0), 0.0)
-    u = (bits >> 9).to(torch.float32) * 2.0**-23
-    code = (lower + (frac > u).to(torch.int64)).to(torch.uint8)
+    threshold = (511 - 2 * bits).to(torch.float32) / 512  # exact
+    code = (lower + (frac >= threshold).to(torch.int64)).to(torch.uint8)
     return code | ((v < 0).to(torch.uint8) << 3)
 
 

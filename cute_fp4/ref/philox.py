@@ -1,7 +1,10 @@
 """Philox4x32-10 (Salmon et al., Random123) in int64 torch arithmetic, for stochastic rounding.
 
-Element i of a stream gets word i % 4 of philox(counter, key) with
-counter = (lo32(i // 4), hi32(i // 4), offset, stream) and key = (lo32(seed), hi32(seed)).
+Eight random bits per element: element i of a stream gets byte i % 4 (bits 8 * (i % 4) and up)
+of word j = i // 4, and word j is output word j % 4 of philox(counter, key) with
+counter = (lo32(j // 4), hi32(j // 4), offset, stream) and key = (lo32(seed), hi32(seed)).
+So one Philox call serves 16 consecutive elements (one 1x16 block of a row), and each 32-bit
+word 4 consecutive elements (what Blackwell's cvt.rs ... e2m1x4 takes as rbits).
 Stream 0 is the rowwise output, stream 1 the columnwise twin.
 """
 
@@ -42,10 +45,12 @@ def check_seed_offset(seed: int, offset: int):
 
 
 def philox_bits(numel: int, seed: int, offset: int, stream: int, device=None) -> torch.Tensor:
-    """`numel` random 32-bit words (int64 tensor) for elements 0..numel-1 of a stream."""
+    """The random bytes (int64 tensor, values in [0, 256)) of elements 0..numel-1 of a stream."""
     check_seed_offset(seed, offset)
-    group = torch.arange(-(-numel // 4), dtype=torch.int64, device=device)
-    c2 = torch.full_like(group, int(offset) & MASK32)
-    c3 = torch.full_like(group, int(stream) & MASK32)
-    words = philox4x32(group & MASK32, group >> 32, c2, c3, int(seed) & MASK32, int(seed) >> 32)
-    return torch.stack(words, dim=-1).flatten()[:numel]
+    call = torch.arange(-(-numel // 16), dtype=torch.int64, device=device)
+    c2 = torch.full_like(call, int(offset) & MASK32)
+    c3 = torch.full_like(call, int(stream) & MASK32)
+    words = philox4x32(call & MASK32, call >> 32, c2, c3, int(seed) & MASK32, int(seed) >> 32)
+    words = torch.stack(words, dim=-1).flatten()
+    shifts = torch.arange(0, 32, 8, dtype=torch.int64, device=device)
+    return ((words.unsqueeze(-1) >> shifts) & 0xFF).flatten()[:numel]

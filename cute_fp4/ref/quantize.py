@@ -86,7 +86,7 @@ def quantize_blocks(
     block_amax_outer: the outer (global) amax each 1x16 block uses, broadcastable to
         [m, n / 16] (a scalar for per-tensor, [m, 1] per-token, [m, n / 16] per-window).
     block_rows: 1 for 1x16 blocks, 16 for 16x16 tiles (block amax over the tile).
-    random_bits: int64 [m, n] words for stochastic rounding, or None for round-to-nearest.
+    random_bits: int64 [m, n] random bytes for stochastic rounding, or None for round-to-nearest.
     Returns (packed data uint8 [m, n / 2], scales float8_e4m3fn [m, n / 16]).
     """
     m, n = x.shape
@@ -180,7 +180,8 @@ def _quantize_output(x: torch.Tensor, recipe: Recipe, seed: int, offset: int, st
     xq = torch.nn.functional.pad(x, (0, 0, 0, pad)) if pad else x
     bits = None
     if recipe.stochastic_rounding:
-        # Bits for element (r, c) are word r * cols + c of the stream, padding rows included.
+        # Element (r, c) takes random byte r * cols + c of the stream (byte c % 4 of word
+        # (r * cols + c) // 4), padding rows included.
         bits = philox_bits((rows + pad) * cols, seed, offset, stream, x.device).view(rows + pad,
                                                                                     cols)
     data, scales = quantize_blocks(
