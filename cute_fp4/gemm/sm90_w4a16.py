@@ -213,6 +213,10 @@ class Sm90GemmW4A16:
         # activations are permuted to match (4 byte permutes per 8 activations of a token
         # tile instead of 4 per 8 weights); beyond, permuting the weights is cheaper
         self.natural_order = tile_m > 16
+        # Loading the next stage's weights before decoding the current one holds 10 more
+        # registers per 16 rows and chunk: a gain at tile_m 8, a loss (spills, fewer resident
+        # warps) with the larger activation fragments (H100 sweep, notes/gemm_w4a16.md).
+        self.prefetch = tile_m == 8
         # Register budget: two CTAs of up to 256 threads per SM (ptxas then keeps at most 128
         # registers) where the accumulators are small; otherwise ptxas chooses (tile_m 64
         # needs 64 accumulator registers alone).
@@ -295,20 +299,27 @@ class Sm90GemmW4A16:
         acc = cute.make_rmem_tensor((4, NT, RT), Float32)
         acc.fill(0.0)
         # Stages of UNR chunks per warp (chunk c = (stage * UNR + u) * KW + wk). Stages whose
-        # chunks are all complete run unpredicated, with the next stage's weights and scales
-        # loaded before this one is decoded; the last, partial stage (if any) is masked.
+        # chunks are all complete run unpredicated (with `prefetch`, the next stage's weights
+        # and scales are loaded before this one is decoded); the last, partial stage (if any)
+        # is masked.
         words = 5 * 2 * RT  # 4 packed words + 1 scale pair per row half
         stage_chunks = KW * UNR
         full_stages = (k // CHUNK_K) // stage_chunks
         buf = cute.make_rmem_tensor((words * UNR,), Int32)
-        if full_stages > 0:
-            self._load_stage(buf, b_addr, sf_addr, 0, wk, t, k, False)
-            for st in cutlass.range(full_stages - 1, unroll=1):
+        if const_expr(self.prefetch):
+            if full_stages > 0:
+                self._load_stage(buf, b_addr, sf_addr, 0, wk, t, k, False)
+                for st in cutlass.range(full_stages - 1, unroll=1):
+                    cur = [buf[i] for i in range(words * UNR)]
+                    self._load_stage(buf, b_addr, sf_addr, st + 1, wk, t, k, False)
+                    self._compute_stage(acc, cur, a_addr, st, wk, t, k, False)
                 cur = [buf[i] for i in range(words * UNR)]
-                self._load_stage(buf, b_addr, sf_addr, st + 1, wk, t, k, False)
+                self._compute_stage(acc, cur, a_addr, full_stages - 1, wk, t, k, False)
+        else:
+            for st in cutlass.range(full_stages, unroll=1):
+                self._load_stage(buf, b_addr, sf_addr, st, wk, t, k, False)
+                cur = [buf[i] for i in range(words * UNR)]
                 self._compute_stage(acc, cur, a_addr, st, wk, t, k, False)
-            cur = [buf[i] for i in range(words * UNR)]
-            self._compute_stage(acc, cur, a_addr, full_stages - 1, wk, t, k, False)
         if full_stages * stage_chunks * CHUNK_K < k:
             self._load_stage(buf, b_addr, sf_addr, full_stages, wk, t, k, True)
             cur = [buf[i] for i in range(words * UNR)]
@@ -452,11 +463,14 @@ ACT_DTYPES = (torch.bfloat16, torch.float16)
 OUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
-def pick_w4a16_config(m: int):
-    """(tile_m, row_tiles, k_warps, unroll, row_warps) for M tokens: the smallest token tile
-    that holds M (64 for larger M, one grid row per 64 tokens), 32 weight rows x 8 K-warps
-    per CTA, one chunk per pipeline stage (notes/gemm_w4a16.md)."""
+def pick_w4a16_config(m: int, n: int):
+    """(tile_m, row_tiles, k_warps, unroll, row_warps) for M tokens and N weight rows: the
+    smallest token tile that holds M (64 for larger M, one grid row per 64 tokens), 32 weight
+    rows x 8 K-warps per CTA, one chunk per stage; up to 8 tokens and N > 16384, 16 rows and
+    two chunks per stage (H100 sweep, notes/gemm_w4a16.md)."""
     tile_m = next((tm for tm in (8, 16, 32) if m <= tm), 64)
+    if tile_m == 8 and n > 16384:
+        return tile_m, 1, 8, 2, 1
     return tile_m, 2, 8, 1, 1
 
 
@@ -549,7 +563,7 @@ def gemm_w4a16_sm90(a: torch.Tensor, b_data: torch.Tensor, b_scales: torch.Tenso
     arch = device_arch(device)
     if arch != "sm_90a":
         raise NotImplementedError(f"gemm_w4a16_sm90 needs an sm_90a device (device is {arch})")
-    tile_m, row_tiles, k_warps, unroll, row_warps = config or pick_w4a16_config(m)
+    tile_m, row_tiles, k_warps, unroll, row_warps = config or pick_w4a16_config(m, n)
     wide = k % 32 == 0
     flags = (alpha is not None, col is not None, bias is not None)
     bias_dtype = bias.dtype if bias is not None else None
