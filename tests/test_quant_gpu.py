@@ -154,3 +154,14 @@ def test_amax_reduce(scaling, dtype, gen):
                 check(got, reduced_reference(x, recipe, amax_reduce), recipe)
                 if scaling == "token" and row:
                     assert same_amax(got.amax, ref.amax_per_token(x)[0])
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_subnormal_blocks(dtype, gen):
+    """Blocks made only of subnormal 16-bit values (the packed block amax keeps them)."""
+    tiny = 1e-39 if dtype == torch.bfloat16 else 3e-6
+    x = (torch.randn(64, 128, generator=gen) * tiny).to(dtype).cuda()
+    assert bool((x != 0).any())
+    for scaling in ("tensor", "token"):
+        recipe = Recipe(scaling=scaling, rowwise=True, columnwise=True)
+        check(dispatch.quantize(x, recipe), ref.quantize(x, recipe), recipe)

@@ -254,6 +254,39 @@ def rotl_nibbles(w, n):
     )
 
 
+# ---------------------------------------------------------------- packed 16-bit amax
+def _amax_pairs_ptx(n: int, dtype_name: str) -> str:
+    """max.NaN of |.| over n packed 16-bit pairs: one pair (register {$w0}) of two maxima."""
+    ty = "bf16x2" if dtype_name == "bf16" else "f16x2"
+    lines = ["{\n.reg .b32 a;\n", f"abs.{ty} {{$w0}}, {{$r0}};\n"]
+    for i in range(1, n):
+        lines.append(f"abs.{ty} a, {{$r{i}}};\nmax.NaN.{ty} {{$w0}}, {{$w0}}, a;\n")
+    lines.append("}")
+    return "".join(lines)
+
+
+def amax_pairs(words, dtype_name: str):
+    """NaN-propagating max of |x| over packed bf16/fp16 words, per half: one Uint32 with the
+    maximum of the low halves in its low half and of the high halves in its high half (the
+    packed min/max pipe instead of one FP32 max per element)."""
+    return cute.arch.inline_ptx(_amax_pairs_ptx(len(words), dtype_name),
+                                write_only_types=[Uint32],
+                                read_only_args=[Uint32(w) for w in words])
+
+
+def amax_fold(pair, dtype_name: str):
+    """FP32 max.NaN of the two halves of an amax_pairs result (exact)."""
+    if dtype_name == "bf16":
+        return _ptx1(
+            "{\n.reg .b16 l;\n.reg .b16 h;\n.reg .b16 m;\n.reg .b16 z;\nmov.b32 {l, h}, {$r0};\n"
+            "max.NaN.bf16 m, l, h;\nmov.b16 z, 0;\nmov.b32 {$w0}, {z, m};\n}",
+            Float32, Uint32(pair))
+    return _ptx1(
+        "{\n.reg .b16 l;\n.reg .b16 h;\n.reg .b16 m;\nmov.b32 {l, h}, {$r0};\n"
+        "max.NaN.f16 m, l, h;\ncvt.f32.f16 {$w0}, m;\n}",
+        Float32, Uint32(pair))
+
+
 # ---------------------------------------------------------------- bf16/fp16 unpack
 def unpack_lo(word, dtype_name: str):
     """Low 16-bit element of a 32-bit word as FP32 (exact)."""
@@ -297,14 +330,6 @@ def ld_shared_u16(addr):
 
 def st_shared_u32(addr, v):
     cute.arch.inline_ptx("st.shared.b32 [{$r0}], {$r1};", read_only_args=[Int32(addr), Uint32(v)])
-
-
-def ld_shared_f32(addr):
-    return _ptx1("ld.shared.f32 {$w0}, [{$r0}];", Float32, Int32(addr))
-
-
-def st_shared_f32(addr, v):
-    cute.arch.inline_ptx("st.shared.f32 [{$r0}], {$r1};", read_only_args=[Int32(addr), Float32(v)])
 
 
 def ld_shared_u32(addr):

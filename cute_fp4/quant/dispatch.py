@@ -34,6 +34,10 @@ def _u8_2d():
     return fake_tensor(cutlass.Uint8, (None, None), align=1)
 
 
+def _f8_2d():
+    return fake_tensor(cutlass.Float8E4M3FN, (None, None), align=1)
+
+
 def cast_kernel(dtype: str, rowwise: bool, columnwise: bool, swizzle: bool, per_token: bool,
                 num_sms: int = 132):
     """(kernel, *fake compile arguments) of the K2 cast for a configuration."""
@@ -43,7 +47,7 @@ def cast_kernel(dtype: str, rowwise: bool, columnwise: bool, swizzle: bool, per_
     return (op, fake_tensor(_CUTLASS[dtype], (m, k)),
             fake_tensor(cutlass.Float32, (None,), align=4),
             fake_tensor(cutlass.Float32, (None,), align=4),
-            _u8_2d(), _u8_2d(), _u8_2d(), _u8_2d(), env_stream())
+            _u8_2d(), _f8_2d(), _u8_2d(), _f8_2d(), env_stream())
 
 
 def amax_tensor_kernel(dtype: str, num_sms: int = 132):
@@ -59,7 +63,7 @@ def amax_token_kernel(dtype: str):
             fake_tensor(cutlass.Float32, (None,), align=4), env_stream())
 
 
-def _check(x: torch.Tensor, recipe: Recipe) -> torch.Tensor:
+def _check_recipe(recipe: Recipe):
     if recipe.rht:
         raise NotImplementedError("cute_fp4 CUDA quantize: Recipe.rht is not implemented yet")
     if recipe.stochastic_rounding:
@@ -74,26 +78,18 @@ def _check(x: torch.Tensor, recipe: Recipe) -> torch.Tensor:
     if recipe.scaling not in ("tensor", "token"):
         raise NotImplementedError(
             f"cute_fp4 CUDA quantize: Recipe.scaling={recipe.scaling!r} is not implemented yet")
-    if not x.is_cuda:
-        raise ValueError("cute_fp4.quant.dispatch.quantize needs a CUDA tensor")
-    if x.dtype not in _DTYPE_NAMES:
-        raise TypeError(f"x must be float32, bfloat16 or float16, got {x.dtype}")
-    if x.dim() < 2:
-        raise ValueError(f"x must have at least 2 dimensions, got shape {tuple(x.shape)}")
-    if not x.is_contiguous():
-        raise ValueError("x must be contiguous (call .contiguous() first)")
-    x2 = x.reshape(-1, x.shape[-1])
-    m, k = x2.shape
+
+
+def _check_shape(m: int, k: int, esize: int, recipe: Recipe):
+    if m == 0 or k == 0:
+        raise ValueError(f"x must be non-empty, got the 2D shape {(m, k)}")
     if recipe.rowwise and k % 16:
         raise ValueError(f"x: the last dimension ({k}) must be a multiple of 16 for rowwise output")
     if recipe.columnwise and m % 16:
         raise ValueError(f"x: the flattened leading dimensions ({m}) must be a multiple of 16 "
                          "for the columnwise twin")
-    if (k * x.element_size()) % 16:
+    if (k * esize) % 16:
         raise ValueError(f"x: rows of {k} elements are not a multiple of 16 bytes (TMA needs it)")
-    if x.data_ptr() % 16:
-        raise ValueError("x must be 16-byte aligned")
-    return x2
 
 
 def _alloc(nbytes: int, device) -> torch.Tensor:
@@ -109,21 +105,27 @@ def _scale_shape(rows: int, cols: int, swizzle: bool):
 
 
 class _Plan:
-    """Per-(shape, dtype, recipe, device) constants of a call: compiled kernels and the byte
-    layout of the single output buffer. Pieces start on 256-byte boundaries: a misaligned
-    data piece splits every 32-byte row segment of a tile over two sectors (measured: the
-    per-tensor cast ran 2x slower with 16-byte alignment).
+    """Per-(shape, dtype, recipe, device) constants of a call, validated once: compiled kernels
+    and the byte layout of the single output buffer. Pieces start on 256-byte boundaries: a
+    misaligned data piece splits every 32-byte row segment of a tile over two sectors
+    (measured: the per-tensor cast ran 2x slower with 16-byte alignment).
 
     Per-tensor amax words: [amax, partial 1..P]; with a cross-rank reduction (``reduced``)
     [amax, local amax, partial 1..P]: the local amax is reduced in place and the cast reads it
-    as its single partial."""
+    as its single partial. Per token: [row amax (M), column amax (K)], zeroed per call (the
+    token amax kernel reduces across CTAs with atomics)."""
 
-    def __init__(self, m, k, name, row, col, swz, per_token, reduced, dev):
+    def __init__(self, m, k, name, recipe, reduced, dev):
+        _check_recipe(recipe)
+        esize = _CUTLASS[name].width // 8
+        _check_shape(m, k, esize, recipe)
         index = dev.index if dev.index is not None else torch.cuda.current_device()
         arch = device_arch(dev)
         sms = _num_sms(index)
-        esize = _CUTLASS[name].width // 8
-        self.per_token = per_token
+        row, col, swz = recipe.rowwise, recipe.columnwise, recipe.swizzle
+        self.per_token = per_token = recipe.scaling == "token"
+        self.reduced = reduced
+        self.row, self.col = row, col
         if per_token:
             self.amax = KERNELS.get(("amax_token", name, arch),
                                     lambda: compile_kernel(*amax_token_kernel(name), arch=arch))
@@ -137,22 +139,24 @@ class _Plan:
                                                        arch=arch))
         off = (4 * n_amax + 255) // 256 * 256
         self.m, self.k, self.n_amax = m, k, n_amax
-        self.pieces = {}  # name -> (shape, byte offset)
+        # (shape, strides, byte offset) of each present output; absent ones are None
+        self.data = self.scales = self.data_t = self.scales_t = None
         shapes = {}
         if row:
             shapes["data"], shapes["scales"] = (m, k // 2), _scale_shape(m, k, swz)
         if col:
             shapes["data_t"], shapes["scales_t"] = (k, m // 2), _scale_shape(k, m, swz)
         for key, shape in shapes.items():
-            self.pieces[key] = (shape, off)
+            setattr(self, key, (shape, (shape[1], 1), off))
             off += (shape[0] * shape[1] + 255) // 256 * 256
         self.nbytes = off
         self.dummy = torch.empty((1, 1), dtype=torch.uint8, device=dev)
+        self.dummy_f8 = self.dummy.view(torch.float8_e4m3fn)
 
 
 @functools.lru_cache(maxsize=4096)
-def _plan(m, k, name, row, col, swz, per_token, reduced, dev) -> _Plan:
-    return _Plan(m, k, name, row, col, swz, per_token, reduced, dev)
+def _plan(m, k, name, recipe, reduced, dev) -> _Plan:
+    return _Plan(m, k, name, recipe, reduced, dev)
 
 
 def quantize(x: torch.Tensor, recipe: Recipe = Recipe(), *, seed: int = 0,
@@ -165,46 +169,59 @@ def quantize(x: torch.Tensor, recipe: Recipe = Recipe(), *, seed: int = 0,
     amax kernel and the cast on the float32 amaxes that span M, which it must reduce in place
     across ranks (e.g. ``lambda t: dist.all_reduce(t, op=dist.ReduceOp.MAX, group=g)``):
     the one global amax [1] for per-tensor scaling, the column amax [K] for per-token (the
-    per-row amaxes are local). The cast then quantizes with the reduced values."""
-    x2 = _check(x, recipe)
-    m, k = x2.shape
-    if m == 0 or k == 0:
-        raise ValueError(f"x must be non-empty, got shape {tuple(x.shape)}")
-    row, col = recipe.rowwise, recipe.columnwise
-    per_token = recipe.scaling == "token"
-    reduced = amax_reduce is not None
-    plan = _plan(m, k, _DTYPE_NAMES[x2.dtype], row, col, recipe.swizzle, per_token, reduced,
-                 x2.device)
+    per-row amaxes are local). The cast then quantizes with the reduced values.
 
-    buf = _alloc(plan.nbytes, x2.device)
-    amax_all = buf[:4 * plan.n_amax].view(torch.float32)
-    views = {key: buf.as_strided(shape, (shape[1], 1), off)
-             for key, (shape, off) in plan.pieces.items()}
-    if per_token:
+    Per call (the plan holds everything else): one allocation, the views of the outputs, the
+    amax kernel (per token after a zero-fill of the amax words) and the cast."""
+    if not x.is_cuda:
+        raise ValueError("cute_fp4.quant.dispatch.quantize needs a CUDA tensor")
+    shape = tuple(x.shape)
+    name = _DTYPE_NAMES.get(x.dtype)
+    if name is None:
+        raise TypeError(f"x must be float32, bfloat16 or float16, got {x.dtype}")
+    if x.dim() != 2:
+        if x.dim() < 2:
+            raise ValueError(f"x must have at least 2 dimensions, got shape {tuple(x.shape)}")
+        x = x.reshape(-1, x.shape[-1])
+    if not x.is_contiguous():
+        raise ValueError("x must be contiguous (call .contiguous() first)")
+    if x.data_ptr() % 16:
+        raise ValueError("x must be 16-byte aligned")
+    m, k = x.shape
+    reduced = amax_reduce is not None
+    plan = _plan(m, k, name, recipe, reduced, x.device)
+
+    buf = _alloc(plan.nbytes, x.device)
+    words = buf.view(torch.float32)
+    f8 = buf.view(torch.float8_e4m3fn) if plan.scales or plan.scales_t else None
+    data = None if plan.data is None else buf.as_strided(*plan.data)
+    scales = None if plan.scales is None else f8.as_strided(*plan.scales)
+    data_t = None if plan.data_t is None else buf.as_strided(*plan.data_t)
+    scales_t = None if plan.scales_t is None else f8.as_strided(*plan.scales_t)
+    if plan.per_token:
+        amax_all = words[:m + k]
         amax_all.zero_()
         amax_r, amax_c = amax_all[:m], amax_all[m:]
-        plan.amax(x2, amax_r, amax_c)
+        plan.amax(x, amax_r, amax_c)
         if reduced:
             amax_reduce(amax_c)
-    elif reduced:
-        plan.amax(x2, amax_all[1:])
-        torch.amax(amax_all[2:], dim=0, keepdim=True, out=amax_all[1:2])
-        amax_reduce(amax_all[1:2])
-        amax_r = amax_c = amax_all[:2]
+        amax_out_r, amax_out_c = amax_r, amax_c
     else:
-        amax_r = amax_c = amax_all
-        plan.amax(x2, amax_all)
-    dummy = plan.dummy
-    plan.cast(x2, amax_r, amax_c, views.get("data", dummy), views.get("scales", dummy),
-              views.get("data_t", dummy), views.get("scales_t", dummy))
-    if not per_token:
-        amax_r = amax_c = amax_all[:1]
-    scales, scales_t = views.get("scales"), views.get("scales_t")
+        amax_r = amax_c = words[:plan.n_amax]
+        if reduced:
+            plan.amax(x, amax_r[1:])
+            torch.amax(amax_r[2:], dim=0, keepdim=True, out=amax_r[1:2])
+            amax_reduce(amax_r[1:2])
+            amax_r = amax_c = amax_r[:2]
+        else:
+            plan.amax(x, amax_r)
+        amax_out_r = amax_out_c = words[:1]
+    dummy, dummy_f8 = plan.dummy, plan.dummy_f8
+    plan.cast(x, amax_r, amax_c, dummy if data is None else data,
+              dummy_f8 if scales is None else scales, dummy if data_t is None else data_t,
+              dummy_f8 if scales_t is None else scales_t)
     return NVFP4Tensor(
-        data=views.get("data"), scales=None if scales is None else scales.view(torch.float8_e4m3fn),
-        amax=amax_r if row else None,
-        data_t=views.get("data_t"),
-        scales_t=None if scales_t is None else scales_t.view(torch.float8_e4m3fn),
-        amax_t=amax_c if col else None,
-        recipe=recipe, shape=tuple(x.shape), dtype=x.dtype,
+        data=data, scales=scales, amax=amax_out_r if plan.row else None,
+        data_t=data_t, scales_t=scales_t, amax_t=amax_out_c if plan.col else None,
+        recipe=recipe, shape=shape, dtype=x.dtype,
     )
