@@ -120,38 +120,6 @@ def decode_e2m1x8(
     return tuple(Int32(llvm.extractvalue(i32, res, [j], loc=loc, ip=ip)) for j in range(4))
 
 
-_PAIR_ASM = (
-    "{\n\t.reg .b32 a, b, w;\n\t"
-    "shr.u32 w, $1, $2;\n\t"
-    "shl.b32 a, w, 6;\n\t"
-    "shl.b32 b, w, 12;\n\t"
-    "and.b32 a, a, 0x01C001C0;\n\t"
-    "and.b32 b, b, 0x80008000;\n\t"
-    "or.b32 a, a, b;\n\t"
-    "mul.rn.bf16x2 $0, a, $3;\n\t}"
-)
-
-
-@dsl_user_op
-def decode_e2m1_pair(w: Int32, nibble_shift: Int32, scale2: Int32, *, loc=None,
-                     ip=None) -> Int32:
-    """Pair i of `decode_e2m1x8` (values v_i, v_{i+4} of `w`) with i = nibble_shift / 4 known
-    only at run time: one BF16x2 register, scaled like `decode_e2m1x8`."""
-    res = llvm.inline_asm(
-        T.i32(),
-        [Int32(w).ir_value(loc=loc, ip=ip), Int32(nibble_shift).ir_value(loc=loc, ip=ip),
-         Int32(scale2).ir_value(loc=loc, ip=ip)],
-        _PAIR_ASM,
-        "=r,r,r,r",
-        has_side_effects=False,
-        is_align_stack=False,
-        asm_dialect=llvm.AsmDialect.AD_ATT,
-        loc=loc,
-        ip=ip,
-    )
-    return Int32(res)
-
-
 def kperm8():
     """The K order of `decode_e2m1x8` (fast form) as a list: position p holds value kperm8()[p]."""
     return [0, 4, 1, 5, 2, 6, 3, 7]

@@ -3,25 +3,33 @@
 D[m, n] = cast(alpha * row[m] * col[n] * sum_k a[m, k] * b[n, k] + bias[n]), a and b the
 E2M1 * E4M3 block values (SPEC section 3).
 
-Per CTA (tile 128 x tile_n, K in steps of 64 = 4 NVFP4 blocks), 3 warpgroups:
-- warpgroup 0, warp 0: TMA producer. Each pipeline stage holds the packed FP4 bytes of A
-  [128, 32] and B [tile_n, 32] and their swizzled scale tiles (512 bytes per 128 rows x 4
-  blocks: one tile of the SPEC 1 layout, contiguous in memory).
-- warpgroups 1-2 (256 threads): decode and MMA. While the wgmmas of k-tile i run on BF16
-  buffer i % 2, the same threads decode k-tile i + 1 (both operands, scale folded in, exact)
-  into buffer (i + 1) % 2 (the 128B-swizzled K-major layout wgmma reads). One named barrier
-  per k-tile orders "both warpgroups wrote buffer j" and "both warpgroups' wgmmas on the
-  other buffer finished".
-The decode permutes K inside each group of 8 identically for A and B (see
-cute_fp4.common.decode), which leaves every dot product unchanged. Decoded values carry a
-factor 2**-7 each, removed exactly in the FP32 epilogue (2**14).
+Per CTA (tile 128 x tile_n, K in steps of 64 = 4 NVFP4 blocks), 3 warpgroups that advance
+one k-tile per step in lockstep (one named barrier over all 384 threads per step):
+- warpgroup 0: warp 0 issues the TMA loads (`PipelineTmaAsync`, `stages` deep; each stage holds
+  the packed FP4 bytes of A [128, 32] and B [tile_n, 32] and their swizzled scale tiles, 512
+  bytes per 128 rows x 4 blocks: one tile of the SPEC 1 layout, contiguous in memory); all
+  four warps decode B into BF16 (their share below).
+- warpgroups 1-2 (256 threads): RS wgmma (A from registers, B from the BF16 smem buffer). While
+  the wgmmas of k-tile i run on buffer i % 3, these threads decode the A fragment of k-tile
+  i + 1 into registers and, with tile_n 256, half of its B rows; warpgroup 0 decodes the rest
+  of B into buffer (i + 1) % 3. The wgmmas of k-tile i stay in flight across the barrier (wait
+  depth 1), so the tensor cores do not drain between k-tiles; three buffers make the buffer
+  being decoded one that no running wgmma reads.
+K order: inside a k-tile each packed row is 8 words of 8 codes (word j = k 8j..8j+7, block
+j // 2). Word j contributes the pairs (v_i, v_i+4), i = 0..3, of `decode_e2m1x8`; pair i of
+word j sits at k16 step i, positions 8 (j // 4) + 2 (j % 4) + {0, 1}. So a wgmma A-fragment
+thread (lane % 4 = c) needs words c and 4 + c of its two rows, and a 16-byte half h of a B row
+(words 4h..4h+3) fills the 16-byte chunks 2i + h of its BF16 row. A and B share the
+permutation, which leaves every dot product unchanged. Decoded values carry a factor 2**-7
+each, removed exactly in the FP32 epilogue (2**14).
 Epilogue: FP32 alpha, row, col, bias, then the cast and predicated global stores (any M, N).
 
 1x64 local-encode operands (window64): each k-tile of 64 is one window, so the per-window
 FP32 decode factors (S_dec of A per row, of B per column; [rows, K/64], delivered by TMA with
 the k-tile as [rows] vectors) scale whole k-tiles: the wgmmas of a k-tile accumulate into a
 second register tile `part` (zeroed after each use), then acc += (wa[m] * wb[n]) * part.
-The stage holding the factors is released after that update. Register budget: tile_n 128.
+The MMA warpgroups release the stage holding the factors after that update (wait depth 0
+here). Register budget: tile_n 128.
 """
 
 from __future__ import annotations
@@ -38,13 +46,13 @@ from cutlass import Float32, Int32, const_expr
 from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.tensor_utils import LayoutEnum
 
-from ..common.decode import (DECODE_EXP_SHIFT, decode_e2m1_pair, decode_e2m1x8,
-                             e4m3_to_bf16x2_scale)
-from .smem import ld_shared_u8, ld_shared_v2, st_shared_v4
+from ..common.decode import DECODE_EXP_SHIFT, decode_e2m1x8, e4m3_to_bf16x2_scale
+from .smem import ld_shared_u32, ld_shared_v4, st_shared_v4
 
 TILE_M = 128
 TILE_K = 64  # elements per k-tile: 4 NVFP4 blocks, 32 packed bytes, 128 BF16 bytes per row
 SF_TILE_BYTES = 512  # one 128-row x 4-block tile of swizzled scales
+BUFFERS = 3  # decoded k-tiles: one in the wgmmas still running, one in the next, one decoding
 ACC_UNSCALE = float(2 ** (2 * DECODE_EXP_SHIFT))
 
 
@@ -82,9 +90,11 @@ class Sm90GemmNVFP4:
         self.has_a_window = has_a_window
         self.has_b_window = has_b_window
         self.threads = 384
-        self.producer_regs = 40
-        self.consumer_regs = 232
-        self.bar_decode = 1  # named barrier id among the 256 consumer threads
+        # setmaxnreg only moves registers inside the CTA's launch allocation (168 per thread
+        # at 384 threads): 72 * 128 + 216 * 256 <= 168 * 384, or the increase never returns
+        self.producer_regs = 72
+        self.consumer_regs = 216
+        self.bar_decode = 1  # named barrier id of the per-k-tile step (all threads)
 
     @cute.jit
     def __call__(
@@ -126,7 +136,7 @@ class Sm90GemmNVFP4:
                                        stride=(1, 128, SF_TILE_BYTES))
         mma_tiler = (TILE_M, tile_n, TILE_K)
         b16_layout = sm90_utils.make_smem_layout_b(
-            LayoutEnum.ROW_MAJOR, mma_tiler, cutlass.BFloat16, 2)
+            LayoutEnum.ROW_MAJOR, mma_tiler, cutlass.BFloat16, BUFFERS)
 
         g2s = cpasync.CopyBulkTensorTileG2SOp()
         tma_a, tma_mA = cpasync.make_tiled_tma_atom(
@@ -234,7 +244,7 @@ class Sm90GemmNVFP4:
             barrier_storage=storage.mbar.data_ptr(),
             num_stages=self.stages,
             producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
-            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 8),
+            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.threads // 32),
             tx_count=tx_bytes,
             cta_layout_vmnk=cute.make_layout((1, 1, 1, 1)),
         )
@@ -251,62 +261,67 @@ class Sm90GemmNVFP4:
         m_tile = bidx
         n_tile = bidy
 
+        bases = (sApk.iterator.toint(), sBpk.iterator.toint(), sSFA.iterator.toint(),
+                 sSFB.iterator.toint(), sB16.iterator.toint())
         if wg_idx == 0:
+            # TMA producer (warp 0) and B decoder (all four warps), in step with the MMA
+            # warpgroups: the load of k-tile kt + stages - 1 is issued while k-tile kt runs,
+            # into the stage that k-tile kt - 1 released one step earlier (never blocks)
             cute.arch.setmaxregister_decrease(self.producer_regs)
+            gA = cute.local_tile(mA, (TILE_M, TILE_K // 2), (None, None))
+            gB = cute.local_tile(mB, (tile_n, TILE_K // 2), (None, None))
+            gSFA = cute.local_tile(mSFA, (128, 4), (0, None))
+            gSFB = cute.local_tile(mSFB, (128, 4), (0, None))
+            one = cute.make_layout(1)
+            tAsA, tAgA = cpasync.tma_partition(tma_a, 0, one, cute.group_modes(sApk, 0, 2),
+                                               cute.group_modes(gA, 0, 2))
+            tBsB, tBgB = cpasync.tma_partition(tma_b, 0, one, cute.group_modes(sBpk, 0, 2),
+                                               cute.group_modes(gB, 0, 2))
+            tAsSF, tAgSF = cpasync.tma_partition(tma_sfa, 0, one, cute.group_modes(sSFA, 0, 2),
+                                                 cute.group_modes(gSFA, 0, 2))
+            tBsSF, tBgSF = cpasync.tma_partition(tma_sfb, 0, one, cute.group_modes(sSFB, 0, 2),
+                                                 cute.group_modes(gSFB, 0, 2))
+            tWsA = tWgA = tWsB = tWgB = None
+            if const_expr(self.has_a_window):
+                gWA = cute.local_tile(mAWin, (TILE_M, 1), (None, None))
+                tWsA, tWgA = cpasync.tma_partition(tma_wa, 0, one, cute.group_modes(sWA, 0, 2),
+                                                   cute.group_modes(gWA, 0, 2))
+            if const_expr(self.has_b_window):
+                gWB = cute.local_tile(mBWin, (tile_n, 1), (None, None))
+                tWsB, tWgB = cpasync.tma_partition(tma_wb, 0, one, cute.group_modes(sWB, 0, 2),
+                                                   cute.group_modes(gWB, 0, 2))
+            loads = (tma_a, tAgA, tAsA, tma_b, tBgB, tBsB, tma_sfa, tAgSF, tAsSF, tma_sfb,
+                     tBgSF, tBsSF, tma_wa, tWgA, tWsA, tma_wb, tWgB, tWsB)
             if warp_idx == 0:
-                # (TILE_M, 32, Mt, Kt) and friends
-                gA = cute.local_tile(mA, (TILE_M, TILE_K // 2), (None, None))
-                gB = cute.local_tile(mB, (tile_n, TILE_K // 2), (None, None))
-                gSFA = cute.local_tile(mSFA, (128, 4), (0, None))
-                gSFB = cute.local_tile(mSFB, (128, 4), (0, None))
-                tAsA, tAgA = cpasync.tma_partition(
-                    tma_a, 0, cute.make_layout(1),
-                    cute.group_modes(sApk, 0, 2), cute.group_modes(gA, 0, 2))
-                tBsB, tBgB = cpasync.tma_partition(
-                    tma_b, 0, cute.make_layout(1),
-                    cute.group_modes(sBpk, 0, 2), cute.group_modes(gB, 0, 2))
-                tAsSF, tAgSF = cpasync.tma_partition(
-                    tma_sfa, 0, cute.make_layout(1),
-                    cute.group_modes(sSFA, 0, 2), cute.group_modes(gSFA, 0, 2))
-                tBsSF, tBgSF = cpasync.tma_partition(
-                    tma_sfb, 0, cute.make_layout(1),
-                    cute.group_modes(sSFB, 0, 2), cute.group_modes(gSFB, 0, 2))
-                tWsA = tWgA = tWsB = tWgB = None
-                if const_expr(self.has_a_window):
-                    gWA = cute.local_tile(mAWin, (TILE_M, 1), (None, None))
-                    tWsA, tWgA = cpasync.tma_partition(
-                        tma_wa, 0, cute.make_layout(1),
-                        cute.group_modes(sWA, 0, 2), cute.group_modes(gWA, 0, 2))
-                if const_expr(self.has_b_window):
-                    gWB = cute.local_tile(mBWin, (tile_n, 1), (None, None))
-                    tWsB, tWgB = cpasync.tma_partition(
-                        tma_wb, 0, cute.make_layout(1),
-                        cute.group_modes(sWB, 0, 2), cute.group_modes(gWB, 0, 2))
-                state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer,
-                                                     self.stages)
-                for kt in cutlass.range(k_tiles, unroll=1):
-                    mainloop.producer_acquire(state)
-                    bar = mainloop.producer_get_barrier(state)
-                    s = state.index
-                    cute.copy(tma_a, tAgA[(None, m_tile, kt)], tAsA[(None, s)], tma_bar_ptr=bar)
-                    cute.copy(tma_b, tBgB[(None, n_tile, kt)], tBsB[(None, s)], tma_bar_ptr=bar)
-                    cute.copy(tma_sfa, tAgSF[(None, m_tile * k_tiles + kt)], tAsSF[(None, s)],
-                              tma_bar_ptr=bar)
-                    for h in cutlass.range_constexpr(tile_n // 128):
-                        cute.copy(
-                            tma_sfb,
-                            tBgSF[(None, (n_tile * (tile_n // 128) + h) * k_tiles + kt)],
-                            tBsSF[(None, s * (tile_n // 128) + h)],
-                            tma_bar_ptr=bar)
-                    if const_expr(self.has_a_window):
-                        cute.copy(tma_wa, tWgA[(None, m_tile, kt)], tWsA[(None, s)],
-                                  tma_bar_ptr=bar)
-                    if const_expr(self.has_b_window):
-                        cute.copy(tma_wb, tWgB[(None, n_tile, kt)], tWsB[(None, s)],
-                                  tma_bar_ptr=bar)
-                    mainloop.producer_commit(state)
-                    state.advance()
-                mainloop.producer_tail(state)
+                for kt in cutlass.range_constexpr(self.stages - 1):
+                    if kt < k_tiles:
+                        self.load_tile(mainloop, loads, Int32(kt), m_tile, n_tile, k_tiles)
+            # this thread's B units: the other half of each of its rows (tile_n 256: rows
+            # tidx and tidx + 128, the MMA threads decode the first halves); tile_n 128: both
+            # halves of row tidx
+            units = []
+            for i in cutlass.range_constexpr(tile_n // 128):
+                row = tidx + 128 * i
+                first = (row >> 2) & 1
+                halves = [first ^ 1] if tile_n == 256 else [first, first ^ 1]
+                units.append((row, halves))
+            self.decode_b(mainloop, self.consumer_state(0), bases, 0, units)
+            mainloop.consumer_release(self.consumer_state(0))
+            self.sync_decoders()
+            for kq in cutlass.range(cute.ceil_div(k_tiles, BUFFERS), unroll=1):
+                for j in cutlass.range_constexpr(BUFFERS):
+                    kt = kq * BUFFERS + j
+                    if kt < k_tiles:
+                        if warp_idx == 0:
+                            if kt + self.stages - 1 < k_tiles:
+                                self.load_tile(mainloop, loads, kt + self.stages - 1, m_tile,
+                                               n_tile, k_tiles)
+                        if kt + 1 < k_tiles:
+                            nxt_state = self.consumer_state(kt + 1)
+                            self.decode_b(mainloop, nxt_state, bases, (j + 1) % BUFFERS,
+                                          units)
+                            mainloop.consumer_release(nxt_state)
+                        self.sync_decoders()
         else:
             cute.arch.setmaxregister_increase(self.consumer_regs)
             ctid = tidx - 128
@@ -314,11 +329,11 @@ class Sm90GemmNVFP4:
             thr_mma = tiled_mma.get_slice(mma_wg * 128)
             tCsB = thr_mma.partition_B(sB16)
             tCrB = tiled_mma.make_fragment_B(tCsB)
-            # A lives in registers (RS wgmma): two k-tile buffers, selected statically
+            # A lives in registers (RS wgmma): one k-tile buffer per B buffer, selected
+            # statically
             a_shape = tiled_mma.get_slice(ctid).partition_A(
                 cute.make_identity_tensor((TILE_M, TILE_K))).shape
-            rA0 = cute.make_rmem_tensor(a_shape, cutlass.BFloat16)
-            rA1 = cute.make_rmem_tensor(a_shape, cutlass.BFloat16)
+            rA = [cute.make_rmem_tensor(a_shape, cutlass.BFloat16) for _ in range(BUFFERS)]
 
             gD = cute.local_tile(mD, (TILE_M, tile_n), (m_tile, n_tile))
             tCgD = thr_mma.partition_C(gD)
@@ -334,46 +349,42 @@ class Sm90GemmNVFP4:
                 tCcT = tiled_mma.get_slice(ctid).partition_C(
                     cute.make_identity_tensor((TILE_M, tile_n)))
 
-            # this thread's A fragment rows (wgmma m64 layout) and nibble pair
+            # this thread's A fragment: rows a_row0, a_row0 + 8 (wgmma m64 layout), words c
+            # and 4 + c of each; its B unit (tile_n 256): the first half of row ctid, where
+            # the first half alternates every 4 rows so that a warp's 16-byte loads are
+            # conflict-free
             t = ctid % 128
             lane = t % 32
+            c = lane % 4
             a_row0 = mma_wg * 64 + (t // 32) * 16 + lane // 4
-            nib_shift = (lane % 4) * 4
-            bases = (sApk.iterator.toint(), sBpk.iterator.toint(), sSFA.iterator.toint(),
-                     sSFB.iterator.toint(), sB16.iterator.toint())
+            a_offs = (a_row0 * (TILE_K // 2) + c * 4, (a_row0 & 31) * 16 + (a_row0 >> 5) * 4,
+                      (c >> 1) * 8)
+            units = []
+            if const_expr(tile_n == 256):
+                units.append((ctid, [(ctid >> 2) & 1]))
 
-            state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
-            # window64: the stage of k-tile kt is released after its window update
-            win_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer,
-                                                     self.stages)
-            self.decode_stage(mainloop, state, ctid, bases, 0, rA0, a_row0, nib_shift)
-            state.advance()
+            self.decode_stage(mainloop, 0, bases, 0, rA[0], a_offs, units)
             self.sync_decoders()
-
-            for kp in cutlass.range(cute.ceil_div(k_tiles, 2), unroll=1):
-                kt = kp * 2
-                self.mma_ktile(tiled_mma, part, rA0, tCrB, 0)
-                if kt + 1 < k_tiles:
-                    self.decode_stage(mainloop, state, ctid, bases, 1, rA1, a_row0, nib_shift)
-                    state.advance()
-                warpgroup.wait_group(0)
-                if const_expr(self.windowed):
-                    self.window_update(acc, part, tCcT, sWA, sWB, win_state.index)
-                    mainloop.consumer_release(win_state)
-                    win_state.advance()
-                self.sync_decoders()
-                if kt + 1 < k_tiles:
-                    self.mma_ktile(tiled_mma, part, rA1, tCrB, 1)
-                    if kt + 2 < k_tiles:
-                        self.decode_stage(mainloop, state, ctid, bases, 0, rA0, a_row0,
-                                          nib_shift)
-                        state.advance()
-                    warpgroup.wait_group(0)
-                    if const_expr(self.windowed):
-                        self.window_update(acc, part, tCcT, sWA, sWB, win_state.index)
-                        mainloop.consumer_release(win_state)
-                        win_state.advance()
-                    self.sync_decoders()
+            # k-tile kt uses buffer kt % 3; its wgmmas stay in flight while k-tile kt + 1 is
+            # decoded into the next buffer and, with window64 operands, until its window update
+            for kq in cutlass.range(cute.ceil_div(k_tiles, BUFFERS), unroll=1):
+                for j in cutlass.range_constexpr(BUFFERS):
+                    kt = kq * BUFFERS + j
+                    if kt < k_tiles:
+                        self.mma_ktile(tiled_mma, part, rA[j], tCrB, j)
+                        if kt + 1 < k_tiles:
+                            nxt = (j + 1) % BUFFERS
+                            self.decode_stage(mainloop, kt + 1, bases, nxt, rA[nxt], a_offs,
+                                              units)
+                        if const_expr(self.windowed):
+                            warpgroup.wait_group(0)
+                            win_state = self.consumer_state(kt)
+                            self.window_update(acc, part, tCcT, sWA, sWB, win_state.index)
+                            mainloop.consumer_release(win_state)
+                        else:
+                            warpgroup.wait_group(1)
+                        self.sync_decoders()
+            warpgroup.wait_group(0)
 
             # the accumulator fragment is per thread: partition D by the consumer thread index
             self.epilogue(acc, tiled_mma.get_slice(ctid), mD, mAlpha, mRow, mCol, mBias, m_tile,
@@ -384,7 +395,7 @@ class Sm90GemmNVFP4:
         """Decoded BF16 stores -> visible to wgmma (async proxy), across both consumer
         warpgroups."""
         cute.arch.fence_proxy("async.shared", space="cta")
-        cute.arch.barrier(barrier_id=self.bar_decode, number_of_threads=256)
+        cute.arch.barrier(barrier_id=self.bar_decode, number_of_threads=self.threads)
 
     @cute.jit
     def mma_ktile(self, tiled_mma, acc, rA, tCrB, buf: cutlass.Constexpr[int]):
@@ -409,48 +420,95 @@ class Sm90GemmNVFP4:
             acc[i] = acc[i] + f * part[i]
             part[i] = Float32(0.0)
 
+    def consumer_state(self, kt):
+        """The mainloop pipeline's consumer state of k-tile kt."""
+        kt = Int32(kt)
+        return pipeline.PipelineState(self.stages, kt, kt % self.stages,
+                                      (kt // self.stages) & 1)
+
     @cute.jit
-    def decode_stage(self, mainloop, state, ctid, bases, buf: cutlass.Constexpr[int], rA,
-                     a_row0, nib_shift):
-        """Decode pipeline stage `state`: B into BF16 smem buffer `buf`, this thread's A
-        fragment into the registers `rA`. Releases the stage unless windowed (its window
-        factors are read after the MMAs)."""
+    def load_tile(self, mainloop, loads, kt, m_tile, n_tile, k_tiles):
+        """TMA loads of k-tile kt (packed A, B, their scale tiles, window factors) into its
+        pipeline stage."""
         tile_n = self.tile_n
+        (tma_a, tAgA, tAsA, tma_b, tBgB, tBsB, tma_sfa, tAgSF, tAsSF, tma_sfb, tBgSF, tBsSF,
+         tma_wa, tWgA, tWsA, tma_wb, tWgB, tWsB) = loads
+        state = pipeline.PipelineState(self.stages, kt, kt % self.stages,
+                                       ((kt // self.stages) & 1) ^ 1)
+        mainloop.producer_acquire(state)
+        bar = mainloop.producer_get_barrier(state)
+        s = state.index
+        cute.copy(tma_a, tAgA[(None, m_tile, kt)], tAsA[(None, s)], tma_bar_ptr=bar)
+        cute.copy(tma_b, tBgB[(None, n_tile, kt)], tBsB[(None, s)], tma_bar_ptr=bar)
+        cute.copy(tma_sfa, tAgSF[(None, m_tile * k_tiles + kt)], tAsSF[(None, s)],
+                  tma_bar_ptr=bar)
+        for h in cutlass.range_constexpr(tile_n // 128):
+            cute.copy(tma_sfb, tBgSF[(None, (n_tile * (tile_n // 128) + h) * k_tiles + kt)],
+                      tBsSF[(None, s * (tile_n // 128) + h)], tma_bar_ptr=bar)
+        if const_expr(self.has_a_window):
+            cute.copy(tma_wa, tWgA[(None, m_tile, kt)], tWsA[(None, s)], tma_bar_ptr=bar)
+        if const_expr(self.has_b_window):
+            cute.copy(tma_wb, tWgB[(None, n_tile, kt)], tWsB[(None, s)], tma_bar_ptr=bar)
+        mainloop.producer_commit(state)
+
+    @cute.jit
+    def decode_stage(self, mainloop, kt, bases, buf: cutlass.Constexpr[int], rA, a_offs,
+                     units):
+        """MMA threads: decode k-tile kt's A fragment of this thread into the registers `rA`
+        (K order: see the module docstring) and its B units into BF16 buffer `buf`. Releases
+        the stage unless windowed (its window factors are read after the MMAs)."""
         apk_base, bpk_base, sfa_base, sfb_base, b16_base = bases
+        a_pk_off, a_sf_off, a_sf_shift = a_offs
+        state = self.consumer_state(kt)
         mainloop.consumer_wait(state)
         s = state.index
-        # A: per k16 block, rows a_row0 and a_row0 + 8, nibble pair (lane % 4) of both words
+        # rows a_row0 + 8h; words c (block c / 2) and 4 + c (block 2 + c / 2)
         rA32 = cute.recast_tensor(rA, Int32)
-        a_pk = apk_base + s * (TILE_M * TILE_K // 2)
-        a_sf = sfa_base + s * SF_TILE_BYTES
-        for kb in cutlass.range_constexpr(TILE_K // 16):
-            for h in cutlass.range_constexpr(2):
-                row = a_row0 + 8 * h
-                w0, w1 = ld_shared_v2(a_pk + row * (TILE_K // 2) + kb * 8)
-                sf = ld_shared_u8(a_sf + (row & 31) * 16 + (row >> 5) * 4 + kb)
-                scale2 = e4m3_to_bf16x2_scale(sf)
-                rA32[kb * 4 + h] = decode_e2m1_pair(w0, nib_shift, scale2)
-                rA32[kb * 4 + 2 + h] = decode_e2m1_pair(w1, nib_shift, scale2)
-        # B: (row, block) units of 16 values spread over the 256 consumer threads
-        for i in cutlass.range_constexpr(tile_n * 4 // 256):
-            u = ctid + 256 * i
-            row = u >> 2
-            blk = u & 3
-            r = row & 127
-            pk_addr = bpk_base + s * (tile_n * TILE_K // 2)
-            sf_addr = sfb_base + (s * (tile_n // 128) + (row >> 7)) * SF_TILE_BYTES
-            w0, w1 = ld_shared_v2(pk_addr + row * (TILE_K // 2) + blk * 8)
-            sf = ld_shared_u8(sf_addr + (r & 31) * 16 + (r >> 5) * 4 + blk)
-            scale2 = e4m3_to_bf16x2_scale(sf)
-            p0, p1, p2, p3 = decode_e2m1x8(w0, scale2)
-            q0, q1, q2, q3 = decode_e2m1x8(w1, scale2)
-            # 128B-swizzled K-major row: 16-byte chunk c of row `row` at chunk c ^ (row % 8)
-            row_addr = b16_base + buf * (tile_n * TILE_K * 2) + row * (TILE_K * 2)
-            sw = row & 7
-            st_shared_v4(row_addr + (((blk * 2) ^ sw) << 4), p0, p1, p2, p3)
-            st_shared_v4(row_addr + (((blk * 2 + 1) ^ sw) << 4), q0, q1, q2, q3)
+        a_pk = apk_base + s * (TILE_M * TILE_K // 2) + a_pk_off
+        a_sf = sfa_base + s * SF_TILE_BYTES + a_sf_off
+        for h in cutlass.range_constexpr(2):
+            w_lo = ld_shared_u32(a_pk + h * 8 * (TILE_K // 2))
+            w_hi = ld_shared_u32(a_pk + h * 8 * (TILE_K // 2) + 16)
+            sf = ld_shared_u32(a_sf + h * 8 * 16)
+            p = decode_e2m1x8(w_lo, e4m3_to_bf16x2_scale(sf >> a_sf_shift))
+            q = decode_e2m1x8(w_hi, e4m3_to_bf16x2_scale(sf >> (a_sf_shift + 16)))
+            for kb in cutlass.range_constexpr(TILE_K // 16):
+                rA32[kb * 4 + h] = p[kb]
+                rA32[kb * 4 + 2 + h] = q[kb]
+        self.decode_b(mainloop, state, bases, buf, units)
         if const_expr(not self.windowed):
             mainloop.consumer_release(state)
+
+    @cute.jit
+    def decode_b(self, mainloop, state, bases, buf: cutlass.Constexpr[int], units):
+        """Decode B units (row, [16-byte halves]) of pipeline stage `state` into BF16 buffer
+        `buf` (waits for the stage; does not release it). A half h is words 4h..4h+3
+        (blocks 2h, 2h + 1) and goes to the 16-byte chunks 2kb + h of the 128B-swizzled
+        K-major BF16 row."""
+        tile_n = self.tile_n
+        apk_base, bpk_base, sfa_base, sfb_base, b16_base = bases
+        if const_expr(len(units) > 0):
+            mainloop.consumer_wait(state)
+        s = state.index
+        for row, halves in units:
+            r = row & 127
+            sf = ld_shared_u32(sfb_base + (s * (tile_n // 128) + (row >> 7)) * SF_TILE_BYTES
+                               + (r & 31) * 16 + (r >> 5) * 4)
+            pk_addr = bpk_base + s * (tile_n * TILE_K // 2) + row * (TILE_K // 2)
+            row_addr = b16_base + buf * (tile_n * TILE_K * 2) + row * (TILE_K * 2)
+            sw = row & 7
+            for half in halves:
+                w0, w1, w2, w3 = ld_shared_v4(pk_addr + half * 16)
+                sf_half = sf >> (half * 16)
+                s0 = e4m3_to_bf16x2_scale(sf_half)
+                s1 = e4m3_to_bf16x2_scale(sf_half >> 8)
+                p0 = decode_e2m1x8(w0, s0)
+                p1 = decode_e2m1x8(w1, s0)
+                p2 = decode_e2m1x8(w2, s1)
+                p3 = decode_e2m1x8(w3, s1)
+                for kb in cutlass.range_constexpr(TILE_K // 16):
+                    st_shared_v4(row_addr + (((kb * 2 + half) ^ sw) << 4), p0[kb], p1[kb],
+                                 p2[kb], p3[kb])
 
     @cute.jit
     def epilogue(self, acc, thr_mma, mD, mAlpha, mRow, mCol, mBias, m_tile, n_tile):

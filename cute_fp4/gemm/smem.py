@@ -25,27 +25,27 @@ def _asm(res_ty, operands, asm, constraints, side_effects, loc, ip):
 
 
 @dsl_user_op
-def ld_shared_v2(addr: Int32, *, loc=None, ip=None) -> Tuple[Int32, Int32]:
-    """Two 32-bit words from an 8-byte aligned shared address."""
-    ty = ir.Type.parse("!llvm.struct<(i32, i32)>")
-    res = _asm(ty, [Int32(addr).ir_value(loc=loc, ip=ip)],
-               "ld.shared.v2.b32 {$0, $1}, [$2];", "=r,=r,r,~{memory}", True, loc, ip)
-    i32 = T.i32()
-    return (Int32(llvm.extractvalue(i32, res, [0], loc=loc, ip=ip)),
-            Int32(llvm.extractvalue(i32, res, [1], loc=loc, ip=ip)))
-
-
-@dsl_user_op
-def ld_shared_u8(addr: Int32, *, loc=None, ip=None) -> Int32:
-    """One byte (zero-extended) from a shared address."""
-    res = _asm(T.i32(), [Int32(addr).ir_value(loc=loc, ip=ip)],
-               "ld.shared.u8 $0, [$1];", "=r,r,~{memory}", True, loc, ip)
-    return Int32(res)
-
-
-@dsl_user_op
 def st_shared_v4(addr: Int32, a: Int32, b: Int32, c: Int32, d: Int32, *, loc=None, ip=None):
     """Four 32-bit words to a 16-byte aligned shared address."""
     ops = [Int32(x).ir_value(loc=loc, ip=ip) for x in (addr, a, b, c, d)]
     _asm(None, ops, "st.shared.v4.b32 [$0], {$1, $2, $3, $4};", "r,r,r,r,r,~{memory}", True,
          loc, ip)
+
+
+@dsl_user_op
+def ld_shared_u32(addr: Int32, *, loc=None, ip=None) -> Int32:
+    """One 32-bit word from a 4-byte aligned shared address."""
+    res = _asm(T.i32(), [Int32(addr).ir_value(loc=loc, ip=ip)],
+               "ld.shared.b32 $0, [$1];", "=r,r,~{memory}", True, loc, ip)
+    return Int32(res)
+
+
+@dsl_user_op
+def ld_shared_v4(addr: Int32, *, loc=None, ip=None) -> Tuple[Int32, Int32, Int32, Int32]:
+    """Four 32-bit words from a 16-byte aligned shared address."""
+    ty = ir.Type.parse("!llvm.struct<(i32, i32, i32, i32)>")
+    res = _asm(ty, [Int32(addr).ir_value(loc=loc, ip=ip)],
+               "ld.shared.v4.b32 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,r,~{memory}", True,
+               loc, ip)
+    i32 = T.i32()
+    return tuple(Int32(llvm.extractvalue(i32, res, [j], loc=loc, ip=ip)) for j in range(4))
