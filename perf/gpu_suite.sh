@@ -17,8 +17,23 @@ export PYTHONUNBUFFERED=1
 status=0
 python3 -c "import torch; p = torch.cuda.get_device_properties(0); print(p.name, p.multi_processor_count, 'SMs')"
 if [ "$mode" = tests ] || [ "$mode" = all ]; then
-    python3 -m pytest -q -m gpu -p no:cacheprovider tests 2>&1 | tee "$out/gpu_tests.log"
-    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+    # One pytest per group of files, in parallel: the time is mostly kernel compilation
+    # (CPU-bound, one core each); the GPU work of the tests is small.
+    shards=("tests/test_quant_gpu.py" "tests/test_quant_recipes_gpu.py"
+            "tests/test_gemm_gpu.py" "tests/test_gemm_w4a16_gpu.py"
+            "tests/test_dequantize_gpu.py tests/test_api_gpu.py tests/test_nn.py tests/test_cli.py")
+    pids=()
+    for i in "${!shards[@]}"; do
+        python3 -m pytest -q -m gpu -p no:cacheprovider ${shards[$i]} > "$out/shard$i.log" 2>&1 &
+        pids+=($!)
+    done
+    : > "$out/gpu_tests.log"
+    for i in "${!shards[@]}"; do
+        wait "${pids[$i]}" || status=1
+        { echo "== ${shards[$i]}"; grep -vE "Warning|warn|^  |^$" "$out/shard$i.log" | tail -n 30; } \
+            | tee -a "$out/gpu_tests.log"
+        rm -f "$out/shard$i.log"
+    done
 fi
 if [ "$mode" = bench ] || [ "$mode" = all ]; then
     : > "$out/bench.md"
