@@ -30,7 +30,7 @@ if [ "$mode" = tests ] || [ "$mode" = all ]; then
     : > "$out/gpu_tests.log"
     for i in "${!shards[@]}"; do
         wait "${pids[$i]}" || status=1
-        { echo "== ${shards[$i]}"; grep -vE "Warning|warn|^  |^$" "$out/shard$i.log" | tail -n 30; } \
+        { echo "== ${shards[$i]}"; grep -E "^(FAILED|ERROR)|[0-9]+ (passed|failed)" "$out/shard$i.log"; } \
             | tee -a "$out/gpu_tests.log"
         rm -f "$out/shard$i.log"
     done
