@@ -9,6 +9,7 @@ the same implementations directly, which keeps per-call host overhead low.
 
 from __future__ import annotations
 
+import functools
 from typing import Callable, List, Optional, Tuple
 
 import torch
@@ -57,6 +58,21 @@ def amax_reducer(group) -> Optional[Callable[[Tensor], object]]:
     return lambda t: dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
 
 
+@functools.lru_cache(maxsize=None)
+def _cuda():
+    """The CUDA entry points, imported on first CUDA use (the DSL is heavy to import) and then
+    looked up without the import machinery's per-call cost (~1 us each)."""
+    from types import SimpleNamespace
+
+    from .gemm.dispatch import gemm_nvfp4, gemm_w4a16
+    from .quant.dequantize import dequantize
+    from .quant.dispatch import quantize
+    from .quant.recipes_dispatch import quantize_recipe
+
+    return SimpleNamespace(quantize=quantize, quantize_recipe=quantize_recipe,
+                           dequantize=dequantize, gemm_nvfp4=gemm_nvfp4, gemm_w4a16=gemm_w4a16)
+
+
 def quantize_impl(x2: Tensor, recipe: Recipe, seed: int, offset: int, amax_group=None,
                   rng_device: Optional[Tensor] = None) -> NVFP4Tensor:
     """rng_device: an int64 [seed, offset] on x2's CUDA device replacing seed / offset (read by
@@ -64,13 +80,9 @@ def quantize_impl(x2: Tensor, recipe: Recipe, seed: int, offset: int, amax_group
     reduce = amax_reducer(amax_group)
     if x2.is_cuda:
         if plain_cast(recipe):
-            from .quant.dispatch import quantize as quantize_cuda
-
-            return quantize_cuda(x2, recipe, amax_reduce=reduce)
-        from .quant.recipes_dispatch import quantize_recipe
-
-        return quantize_recipe(x2, recipe, seed=seed, offset=offset, amax_reduce=reduce,
-                               rng_state=rng_device)
+            return _cuda().quantize(x2, recipe, amax_reduce=reduce)
+        return _cuda().quantize_recipe(x2, recipe, seed=seed, offset=offset, amax_reduce=reduce,
+                                       rng_state=rng_device)
     return ref.quantize(x2, recipe, seed=seed, offset=offset, amax_reduce=reduce)
 
 
@@ -154,9 +166,7 @@ def quantize(x2: Tensor, recipe: Recipe, shape, dtype, seed: int, offset: int,
 
 def dequantize_impl(t: NVFP4Tensor, dtype) -> Tensor:
     if t.data.is_cuda and t.data.numel():
-        from .quant.dequantize import dequantize as dequantize_cuda
-
-        return dequantize_cuda(t, dtype)
+        return _cuda().dequantize(t, dtype)
     return ref.dequantize(t, dtype)
 
 
@@ -222,8 +232,7 @@ def gemm_impl(a: Tensor, a_scales: Optional[Tensor], a_amax: Optional[Tensor], a
         raise ValueError("window64 operands of one GEMM must share e4m3_max")
     win_e4m3_max = a_e4m3_max if a_win is not None else b_e4m3_max
     if a.is_cuda:
-        from .gemm.dispatch import gemm_nvfp4, gemm_w4a16
-
+        gemm_nvfp4, gemm_w4a16 = _cuda().gemm_nvfp4, _cuda().gemm_w4a16
         if a_scales is None:
             if b_win is not None:
                 raise NotImplementedError("the CUDA W4A16 GEMM does not take window64 weights")
