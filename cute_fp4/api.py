@@ -9,10 +9,10 @@ import torch
 
 from . import ops, ref
 from .recipe import Recipe
+from .ref.formats import FLOAT_DTYPES as OUT_DTYPES
 from .ref.quantize import check_quantize_input
 from .tensor import NVFP4Tensor
 
-OUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def _check_contiguous(x: torch.Tensor, name: str):

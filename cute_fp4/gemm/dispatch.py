@@ -9,9 +9,8 @@ import torch
 from ..common.jit import KERNELS, compile_kernel, device_arch, dyn, env_stream, fake_tensor, \
     torch_to_cutlass
 from ..ref.formats import decode_scale
-from .operands import _bias, _check_operand, _prepare_data, _vector
+from .operands import _bias, _check_operands, _prepare_data, _vector
 
-OUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def _w4a4_kernel(out_dtype, tile_n, stages, flags, bias_dtype, windows=(False, False)):
@@ -101,17 +100,8 @@ def gemm_nvfp4(a_data: torch.Tensor, a_scales: torch.Tensor, b_data: torch.Tenso
     `out` (optional, contiguous [M, N] of out_dtype) receives the result; tile_n / stages
     override the kernel configuration (benchmarks). sm_100a devices run
     `sm100_blockscaled.gemm_nvfp4_sm100` (no window64 operands there yet)."""
-    if out_dtype not in OUT_DTYPES:
-        raise TypeError(f"out_dtype must be float32, bfloat16 or float16, got {out_dtype}")
-    sfa = _check_operand(a_data, a_scales, "a", scales_swizzled)
-    sfb = _check_operand(b_data, b_scales, "b", scales_swizzled)
-    if a_data.shape[1] != b_data.shape[1]:
-        raise ValueError(f"K mismatch: a_data is {tuple(a_data.shape)}, b_data is "
-                         f"{tuple(b_data.shape)}")
-    device = a_data.device
-    if device.type != "cuda" or b_data.device != device:
-        raise ValueError("gemm_nvfp4 needs a_data and b_data on one CUDA device")
-    m, n, k = a_data.shape[0], b_data.shape[0], a_data.shape[1] * 2
+    sfa, sfb, m, n, k, device = _check_operands(a_data, a_scales, b_data, b_scales,
+                                                scales_swizzled, out_dtype, "gemm_nvfp4")
     windowed = a_window_amax is not None or b_window_amax is not None
     if windowed:
         if k % 64:

@@ -7,6 +7,7 @@ from typing import Optional
 
 import torch
 
+from ..ref.formats import FLOAT_DTYPES as OUT_DTYPES
 from ..ref.swizzle import swizzle_scales, swizzled_shape
 
 
@@ -30,6 +31,23 @@ def _check_operand(data: torch.Tensor, scales: torch.Tensor, name: str, swizzled
     if tuple(scales.shape) != (rows, k // 16):
         raise ValueError(f"{name}_scales must be [{rows}, {k // 16}], got {tuple(scales.shape)}")
     return swizzle_scales(scales.view(torch.uint8)).reshape(-1)
+
+
+def _check_operands(a_data: torch.Tensor, a_scales: torch.Tensor, b_data: torch.Tensor,
+                    b_scales: torch.Tensor, swizzled: bool, out_dtype: torch.dtype, who: str):
+    """The checks both W4A4 wrappers share: output dtype, each operand, matching K and one
+    CUDA device. Returns (flat swizzled uint8 scales of a and b, m, n, k, device)."""
+    if out_dtype not in OUT_DTYPES:
+        raise TypeError(f"out_dtype must be float32, bfloat16 or float16, got {out_dtype}")
+    sfa = _check_operand(a_data, a_scales, "a", swizzled)
+    sfb = _check_operand(b_data, b_scales, "b", swizzled)
+    if a_data.shape[1] != b_data.shape[1]:
+        raise ValueError(f"K mismatch: a_data is {tuple(a_data.shape)}, b_data is "
+                         f"{tuple(b_data.shape)}")
+    device = a_data.device
+    if device.type != "cuda" or b_data.device != device:
+        raise ValueError(f"{who} needs a_data and b_data on one CUDA device")
+    return sfa, sfb, a_data.shape[0], b_data.shape[0], a_data.shape[1] * 2, device
 
 
 def _prepare_data(data: torch.Tensor) -> torch.Tensor:

@@ -47,6 +47,7 @@ from cutlass.tensor_utils import LayoutEnum
 
 from ..common.jit import KERNELS, compile_kernel, device_arch, dyn, env_stream, fake_tensor, \
     torch_to_cutlass
+from ..ref.formats import FLOAT_DTYPES as OUT_DTYPES
 
 ARCH = "sm_100a"
 TILE_M = 128
@@ -54,7 +55,6 @@ TILE_NS = (128, 256)
 MMA_K = 64  # K of one block-scaled tcgen05.mma with FP4 operands
 K_TILE = 4 * MMA_K  # K per pipeline stage
 SF_VEC = 16  # NVFP4: one E4M3 scale per 16 elements
-OUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 BIAS_DTYPES = OUT_DTYPES
 DEFAULT_SM_COUNT = 148  # B200; the host wrapper passes the device's count
 
@@ -596,19 +596,11 @@ def gemm_nvfp4_sm100(a_data: torch.Tensor, a_scales_swizzled: torch.Tensor,
     N must keep D's rows 16-byte aligned (a multiple of 8 for bf16/fp16 output, 4 for fp32).
     COMPILED FOR sm_100a BUT NEVER RUN (see the module docstring): its results are unverified
     until it runs on a Blackwell GPU."""
-    from .operands import _bias, _check_operand, _prepare_data, _vector
+    from .operands import _bias, _check_operands, _prepare_data, _vector
 
-    if out_dtype not in OUT_DTYPES:
-        raise TypeError(f"out_dtype must be float32, bfloat16 or float16, got {out_dtype}")
-    sfa = _check_operand(a_data, a_scales_swizzled, "a", True)
-    sfb = _check_operand(b_data, b_scales_swizzled, "b", True)
-    if a_data.shape[1] != b_data.shape[1]:
-        raise ValueError(f"K mismatch: a_data is {tuple(a_data.shape)}, b_data is "
-                         f"{tuple(b_data.shape)}")
-    device = a_data.device
-    if device.type != "cuda" or b_data.device != device:
-        raise ValueError("gemm_nvfp4_sm100 needs a_data and b_data on one CUDA device")
-    m, n, k = a_data.shape[0], b_data.shape[0], a_data.shape[1] * 2
+    sfa, sfb, m, n, k, device = _check_operands(a_data, a_scales_swizzled, b_data,
+                                                b_scales_swizzled, True, out_dtype,
+                                                "gemm_nvfp4_sm100")
     if k == 0:
         raise ValueError("K must be positive")
     # TMA reads the scale buffers from 16-byte aligned addresses: realign a misaligned view.

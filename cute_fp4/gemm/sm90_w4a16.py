@@ -42,6 +42,7 @@ from cutlass.cutlass_dsl import T, dsl_user_op
 from ..common.decode import DECODE_EXP_SHIFT, decode_e2m1x8, e4m3_to_bf16x2_scale
 from ..common.jit import KERNELS, compile_kernel, device_arch, dyn, env_stream, fake_tensor, \
     torch_to_cutlass
+from ..ref.formats import FLOAT_DTYPES as OUT_DTYPES
 from ..ref.swizzle import swizzled_shape
 from .operands import _bias, _vector
 
@@ -460,7 +461,6 @@ class Sm90GemmW4A16:
 
 
 ACT_DTYPES = (torch.bfloat16, torch.float16)
-OUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def pick_w4a16_config(m: int, n: int):

@@ -5,11 +5,11 @@ from __future__ import annotations
 import torch
 
 from ..tensor import NVFP4Tensor
+from .formats import FLOAT_DTYPES as OUT_DTYPES
 from .formats import e2m1_decode, encode_scale, unpack_fp4
 from .quantize import block_outer_amax
 from .swizzle import swizzle_scales, unswizzle_scales
 
-OUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 MXFP8_DTYPES = {torch.float8_e4m3fn: 448.0, torch.float8_e5m2: 57344.0}
 
 

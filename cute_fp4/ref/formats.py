@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import torch
 
+# The float dtypes of quantize inputs and of dense (dequantized / GEMM) outputs.
+FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 E2M1_MAX = 6.0
 E4M3_MAX = 448.0
 FLT_MAX = torch.finfo(torch.float32).max

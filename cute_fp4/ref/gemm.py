@@ -6,9 +6,9 @@ from typing import Optional
 
 import torch
 
+from .formats import FLOAT_DTYPES as OUT_DTYPES
 from .formats import e2m1_decode, unpack_fp4
 
-OUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def block_values(data: torch.Tensor, factors: torch.Tensor) -> torch.Tensor:

@@ -9,12 +9,11 @@ import torch
 
 from ..recipe import Recipe
 from ..tensor import NVFP4Tensor
-from .formats import (E2M1_MAX, FLT_MAX, RCP_E2M1_MAX, e2m1_decode, e2m1_encode,
+from .formats import (E2M1_MAX, FLOAT_DTYPES, FLT_MAX, RCP_E2M1_MAX, e2m1_decode, e2m1_encode,
                       e2m1_encode_stochastic, encode_scale, pack_fp4, to_e4m3)
 from .philox import philox_bits
 from .swizzle import swizzle_scales
 
-FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 RHT_SIGNS = (1, 1, 1, -1, 1, -1, -1, -1, -1, -1, -1, 1, -1, 1, -1, -1)
 
 
