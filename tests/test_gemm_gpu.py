@@ -13,54 +13,15 @@ import pytest
 import torch
 
 from cute_fp4 import ref
-from cute_fp4.ref.formats import e2m1_decode, unpack_fp4
 from cute_fp4.ref.swizzle import swizzle_scales
+
+from gemm_bounds import rand_fp4, values64, expected64, check
 
 pytestmark = pytest.mark.gpu
 
-EPS = {torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11, torch.float32: 2.0**-24}
-
-
-def rand_operand(rows, k, gen, lo=-4.0, hi=2.0):
-    """Random packed FP4 bytes and positive E4M3 scales 2**U(lo, hi) (CPU)."""
-    data = torch.randint(0, 256, (rows, k // 2), dtype=torch.uint8, generator=gen)
-    e = torch.rand(rows, k // 16, generator=gen) * (hi - lo) + lo
-    scales = torch.exp2(e).to(torch.float8_e4m3fn)
-    return data, scales
-
-
-def values64(data, scales):
-    rows = data.shape[0]
-    v = e2m1_decode(unpack_fp4(data)).to(torch.float64).view(rows, -1, 16)
-    return (v * scales.to(torch.float64).unsqueeze(-1)).view(rows, -1)
-
 
 def expected(a, sa, b, sb, alpha, row, col, bias):
-    va, vb = values64(a, sa), values64(b, sb)
-    d = va @ vb.t()
-    mag = va.abs() @ vb.abs().t()
-    f = torch.ones_like(d)
-    if alpha is not None:
-        f = f * alpha.double().reshape(())
-    if row is not None:
-        f = f * row.double().view(-1, 1)
-    if col is not None:
-        f = f * col.double().view(1, -1)
-    d = d * f
-    mag = mag * f.abs()
-    if bias is not None:
-        d = d + bias.double().view(1, -1)
-    return d, mag
-
-
-def check(out, d64, mag, k, out_dtype):
-    assert not torch.isnan(out).any()
-    got = out.double().cpu()
-    tol = 2 * EPS[out_dtype] * d64.abs() + k * 2.0**-22 * mag + 1e-30
-    err = (got - d64).abs()
-    bad = err > tol
-    assert not bad.any(), (f"{int(bad.sum())} of {bad.numel()} outside the bound; worst "
-                           f"err/tol {float((err / tol).max()):.3g}")
+    return expected64(values64(a, sa), values64(b, sb), alpha, row, col, bias)
 
 
 def run(a, sa, b, sb, *, alpha=None, row=None, col=None, bias=None,
@@ -87,8 +48,8 @@ SHAPES = [(1, 256, 128), (200, 300, 512), (128, 256, 16), (130, 64, 4096), (257,
 
 @pytest.mark.parametrize("m,n,k", SHAPES)
 def test_shapes_vs_float64(m, n, k, gen):
-    a, sa = rand_operand(m, k, gen)
-    b, sb = rand_operand(n, k, gen)
+    a, sa = rand_fp4(m, k, gen)
+    b, sb = rand_fp4(n, k, gen)
     out = run(a, sa, b, sb)
     d64, mag = expected(a, sa, b, sb, None, None, None, None)
     check(out, d64, mag, k, torch.bfloat16)
@@ -97,8 +58,8 @@ def test_shapes_vs_float64(m, n, k, gen):
 @pytest.mark.parametrize("tile_n", [128, 256])
 def test_tile_configs(tile_n, gen):
     m, n, k = 384, 640, 1024
-    a, sa = rand_operand(m, k, gen)
-    b, sb = rand_operand(n, k, gen)
+    a, sa = rand_fp4(m, k, gen)
+    b, sb = rand_fp4(n, k, gen)
     out = run(a, sa, b, sb, tile_n=tile_n, out_dtype=torch.float32)
     d64, mag = expected(a, sa, b, sb, None, None, None, None)
     check(out, d64, mag, k, torch.float32)
@@ -109,8 +70,8 @@ def test_tile_configs(tile_n, gen):
 def test_epilogue(flags, out_dtype, gen):
     has_alpha, has_row, has_col, has_bias = flags
     m, n, k = 160, 272, 320
-    a, sa = rand_operand(m, k, gen)
-    b, sb = rand_operand(n, k, gen)
+    a, sa = rand_fp4(m, k, gen)
+    b, sb = rand_fp4(n, k, gen)
     alpha = torch.rand(1, generator=gen) * 0.5 + 0.25 if has_alpha else None
     row = torch.rand(m, generator=gen) + 0.5 if has_row else None
     col = torch.rand(n, generator=gen) + 0.5 if has_col else None
@@ -129,8 +90,8 @@ def test_epilogue(flags, out_dtype, gen):
 def test_full_scale_range(gen):
     """E4M3 scales over the whole positive range, subnormals included, FP32 output."""
     m, n, k = 256, 384, 2048
-    a, sa = rand_operand(m, k, gen, lo=-9.0, hi=8.8)
-    b, sb = rand_operand(n, k, gen, lo=-9.0, hi=8.8)
+    a, sa = rand_fp4(m, k, gen, lo=-9.0, hi=8.8)
+    b, sb = rand_fp4(n, k, gen, lo=-9.0, hi=8.8)
     out = run(a, sa, b, sb, out_dtype=torch.float32)
     d64, mag = expected(a, sa, b, sb, None, None, None, None)
     check(out, d64, mag, k, torch.float32)
@@ -138,8 +99,8 @@ def test_full_scale_range(gen):
 
 @pytest.mark.parametrize("m,n,k", [(200, 300, 512), (1, 256, 128), (333, 520, 176)])
 def test_swizzled_equals_compact(m, n, k, gen):
-    a, sa = rand_operand(m, k, gen)
-    b, sb = rand_operand(n, k, gen)
+    a, sa = rand_fp4(m, k, gen)
+    b, sb = rand_fp4(n, k, gen)
     c = run(a, sa, b, sb, out_dtype=torch.float32)
     s = run(a, sa, b, sb, out_dtype=torch.float32, swizzled=True)
     assert torch.equal(c, s)
@@ -148,8 +109,8 @@ def test_swizzled_equals_compact(m, n, k, gen):
 def test_exact_small_sums(gen):
     """Integers small enough that FP32 sums are exact: the result must be bit-exact."""
     m, n, k = 192, 320, 256
-    a, _ = rand_operand(m, k, gen)
-    b, _ = rand_operand(n, k, gen)
+    a, _ = rand_fp4(m, k, gen)
+    b, _ = rand_fp4(n, k, gen)
     sa = torch.ones(m, k // 16).to(torch.float8_e4m3fn)
     sb = torch.full((n, k // 16), 2.0).to(torch.float8_e4m3fn)
     out = run(a, sa, b, sb, out_dtype=torch.float32)
@@ -188,8 +149,8 @@ def run_windowed(a, sa, b, sb, a_amax, b_amax, e4m3_max, **kw):
 @pytest.mark.parametrize("m,n,k,e4m3_max", [(200, 300, 512, 448), (130, 136, 1024, 256),
                                             (1, 64, 64, 448), (384, 520, 2048, 448)])
 def test_window64_vs_float64_and_ref(which, m, n, k, e4m3_max, gen):
-    a, sa = rand_operand(m, k, gen)
-    b, sb = rand_operand(n, k, gen)
+    a, sa = rand_fp4(m, k, gen)
+    b, sb = rand_fp4(n, k, gen)
     a_amax = window_amax(m, k, gen) if which in ("a", "both") else None
     b_amax = window_amax(n, k, gen) if which in ("b", "both") else None
     fa = sa.to(torch.float32) if a_amax is None else window_factors(sa, a_amax, e4m3_max)
@@ -206,8 +167,8 @@ def test_window64_vs_float64_and_ref(which, m, n, k, e4m3_max, gen):
 def test_window64_epilogue_and_swizzled(gen):
     """window64 with alpha / row / col / bias, BF16 out, swizzled scales."""
     m, n, k = 160, 272, 512
-    a, sa = rand_operand(m, k, gen)
-    b, sb = rand_operand(n, k, gen)
+    a, sa = rand_fp4(m, k, gen)
+    b, sb = rand_fp4(n, k, gen)
     a_amax, b_amax = window_amax(m, k, gen), window_amax(n, k, gen)
     alpha = torch.rand(1, generator=gen) + 0.5
     row = torch.rand(m, generator=gen) + 0.5
@@ -224,8 +185,8 @@ def test_window64_exact_small_sums(gen):
     """Power-of-two window factors (amax = 2688 * 2**j -> S_dec = 2**j) and small integer
     values: every FP32 sum is exact, so the result is bit-exact."""
     m, n, k = 192, 320, 512
-    a, _ = rand_operand(m, k, gen)
-    b, _ = rand_operand(n, k, gen)
+    a, _ = rand_fp4(m, k, gen)
+    b, _ = rand_fp4(n, k, gen)
     sa = torch.ones(m, k // 16).to(torch.float8_e4m3fn)
     sb = torch.full((n, k // 16), 2.0).to(torch.float8_e4m3fn)
     a_amax = 2688.0 * torch.exp2(torch.randint(-2, 3, (m, k // 64), generator=gen).float())
@@ -239,11 +200,11 @@ def test_window64_exact_small_sums(gen):
 def test_window64_argument_errors(gen):
     from cute_fp4.gemm.dispatch import gemm_nvfp4
 
-    a, sa = rand_operand(64, 96, gen)
+    a, sa = rand_fp4(64, 96, gen)
     with pytest.raises(ValueError, match="K % 64"):
         gemm_nvfp4(a.cuda(), sa.cuda(), a.cuda(), sa.cuda(),
                    a_window_amax=torch.ones(64, 1, device="cuda"))
-    a, sa = rand_operand(64, 128, gen)
+    a, sa = rand_fp4(64, 128, gen)
     with pytest.raises(ValueError, match="a_window_amax must be float32"):
         gemm_nvfp4(a.cuda(), sa.cuda(), a.cuda(), sa.cuda(),
                    a_window_amax=torch.ones(64, 3, device="cuda"))

@@ -15,54 +15,19 @@ import pytest
 import torch
 
 from cute_fp4 import ref
-from cute_fp4.ref.formats import e2m1_decode, unpack_fp4
 from cute_fp4.ref.swizzle import swizzle_scales
 
+from gemm_bounds import rand_fp4, values64, expected64, check
+
 pytestmark = pytest.mark.gpu
-
-EPS = {torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11, torch.float32: 2.0**-24}
-
-
-def rand_weights(rows, k, gen, lo=-4.0, hi=2.0):
-    """Random packed FP4 bytes and positive E4M3 scales 2**U(lo, hi) (CPU)."""
-    data = torch.randint(0, 256, (rows, k // 2), dtype=torch.uint8, generator=gen)
-    e = torch.rand(rows, k // 16, generator=gen) * (hi - lo) + lo
-    return data, torch.exp2(e).to(torch.float8_e4m3fn)
 
 
 def rand_act(m, k, dtype, gen):
     return (torch.randn(m, k, generator=gen) * 2).to(dtype)
 
 
-def weights64(data, scales):
-    rows = data.shape[0]
-    v = e2m1_decode(unpack_fp4(data)).to(torch.float64).view(rows, -1, 16)
-    return (v * scales.to(torch.float64).unsqueeze(-1)).view(rows, -1)
-
-
 def expected(a, b, sb, alpha=None, col=None, bias=None):
-    va, vb = a.double(), weights64(b, sb)
-    d = va @ vb.t()
-    mag = va.abs() @ vb.abs().t()
-    f = torch.ones_like(d)
-    if alpha is not None:
-        f = f * alpha.double().reshape(())
-    if col is not None:
-        f = f * col.double().view(1, -1)
-    d, mag = d * f, mag * f.abs()
-    if bias is not None:
-        d = d + bias.double().view(1, -1)
-    return d, mag
-
-
-def check(out, d64, mag, k, out_dtype):
-    assert not torch.isnan(out).any()
-    got = out.double().cpu()
-    tol = 2 * EPS[out_dtype] * d64.abs() + k * 2.0**-22 * mag + 1e-30
-    err = (got - d64).abs()
-    bad = err > tol
-    assert not bad.any(), (f"{int(bad.sum())} of {bad.numel()} outside the bound; worst "
-                           f"err/tol {float((err / tol).max()):.3g}")
+    return expected64(a.double(), values64(b, sb), alpha, None, col, bias)
 
 
 def run(a, b, sb, *, alpha=None, col=None, bias=None, out_dtype=torch.bfloat16,
@@ -90,7 +55,7 @@ NK = [(300, 512), (1000, 16), (129, 8192), (72, 176), (4100, 1056), (200, 2064)]
 @pytest.mark.parametrize("m", [1, 3, 16, 64, 200])
 def test_shapes_vs_float64(m, n, k, gen):
     a = rand_act(m, k, torch.bfloat16, gen)
-    b, sb = rand_weights(n, k, gen)
+    b, sb = rand_fp4(n, k, gen)
     out = run(a, b, sb)
     d64, mag = expected(a, b, sb)
     check(out, d64, mag, k, torch.bfloat16)
@@ -103,7 +68,7 @@ def test_epilogue(flags, out_dtype, act_dtype, gen):
     has_alpha, has_col, has_bias = flags
     m, n, k = 5, 136, 320
     a = rand_act(m, k, act_dtype, gen)
-    b, sb = rand_weights(n, k, gen)
+    b, sb = rand_fp4(n, k, gen)
     alpha = torch.rand(1, generator=gen) * 0.5 + 0.25 if has_alpha else None
     col = torch.rand(n, generator=gen) + 0.5 if has_col else None
     bias = None
@@ -124,7 +89,7 @@ def test_full_scale_range(m, act_dtype, gen):
     """E4M3 scales over the whole positive range, subnormals included, FP32 output."""
     n, k = 384, 2048
     a = rand_act(m, k, act_dtype, gen)
-    b, sb = rand_weights(n, k, gen, lo=-9.0, hi=8.8)
+    b, sb = rand_fp4(n, k, gen, lo=-9.0, hi=8.8)
     out = run(a, b, sb, out_dtype=torch.float32)
     d64, mag = expected(a, b, sb)
     check(out, d64, mag, k, torch.float32)
@@ -135,7 +100,7 @@ def test_full_scale_range(m, act_dtype, gen):
 @pytest.mark.parametrize("act_dtype", [torch.bfloat16, torch.float16])
 def test_swizzled_equals_compact(m, n, k, act_dtype, gen):
     a = rand_act(m, k, act_dtype, gen)
-    b, sb = rand_weights(n, k, gen)
+    b, sb = rand_fp4(n, k, gen)
     c = run(a, b, sb, out_dtype=torch.float32)
     s = run(a, b, sb, out_dtype=torch.float32, swizzled=True)
     assert torch.equal(c, s)
@@ -146,7 +111,7 @@ def test_exact_small_sums(act_dtype, gen):
     """Small-integer activations, scale 2: FP32 sums are exact, so the result is bit-exact."""
     m, n, k = 17, 200, 512
     a = torch.randint(-8, 9, (m, k), generator=gen).to(act_dtype)
-    b, _ = rand_weights(n, k, gen)
+    b, _ = rand_fp4(n, k, gen)
     sb = torch.full((n, k // 16), 2.0).to(torch.float8_e4m3fn)
     out = run(a, b, sb, out_dtype=torch.float32)
     d64, _ = expected(a, b, sb)
@@ -161,7 +126,7 @@ def test_configs(config, gen):
     sums (K = 4160: several pipelined stages, then a partial one)."""
     m, n, k = 40, 333, 4160
     a = rand_act(m, k, torch.bfloat16, gen)
-    b, sb = rand_weights(n, k, gen)
+    b, sb = rand_fp4(n, k, gen)
     out = run(a, b, sb, out_dtype=torch.float32, config=config)
     d64, mag = expected(a, b, sb)
     check(out, d64, mag, k, torch.float32)
@@ -171,7 +136,7 @@ def test_argument_errors(gen):
     from cute_fp4.gemm.sm90_w4a16 import gemm_w4a16_sm90
 
     a = rand_act(4, 64, torch.bfloat16, gen).cuda()
-    b, sb = (t.cuda() for t in rand_weights(32, 64, gen))
+    b, sb = (t.cuda() for t in rand_fp4(32, 64, gen))
     with pytest.raises(TypeError):
         gemm_w4a16_sm90(a.float(), b, sb)
     with pytest.raises(TypeError):

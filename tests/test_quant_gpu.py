@@ -5,8 +5,10 @@ Outputs are poisoned (0xFF) before the launch."""
 import pytest
 import torch
 
-from cute_fp4 import NVFP4Tensor, Recipe, ref
+from cute_fp4 import Recipe, ref
 from cute_fp4.quant import dispatch
+
+from quant_checks import check, make_input, same_amax
 
 pytestmark = pytest.mark.gpu
 
@@ -21,54 +23,6 @@ def poison(monkeypatch):
     def alloc(nbytes, device):
         return torch.full((nbytes,), 0xFF, dtype=torch.uint8, device=device)
     monkeypatch.setattr(dispatch, "_alloc", alloc)
-
-
-def make_input(shape, kind, dtype, gen):
-    m, k = shape
-    x = torch.randn(shape, generator=gen) * 2
-    if kind == "outliers":
-        x = x * torch.randn(shape, generator=gen).exp()  # heavy-tailed
-        x[torch.rand(m, generator=gen) < 0.05] *= 1000.0            # outlier rows
-        x[:, torch.rand(k, generator=gen) < 0.05] *= 300.0          # outlier columns
-        x[:16, :16] = 0.0                                           # all-zero blocks
-        x[-16:, -16:] = -0.0
-    elif kind == "tiny":
-        x = x * 1e-30
-        x[0, :8] = torch.tensor([1e-45, -1e-45, 3e-40, -2e-39, 0.0, -0.0, 1e-38, -1e-38])
-    elif kind == "huge":
-        x = x * (1e30 if dtype == torch.float32 else 1e4)
-    elif kind == "special":
-        x[0, 1] = float("inf")
-        x[m // 2, k // 2] = float("-inf")
-        x[-1, -1] = float("nan")
-        x[m // 3, :16] = 0.0
-    return x.to(dtype).cuda()
-
-
-def _u8(t):
-    return t.view(torch.uint8)
-
-
-def same_amax(a, b):
-    """Bitwise equal, except that any NaN matches any NaN (torch's NaN payload on CUDA may
-    differ from the canonical 0x7FC00000 the kernels write)."""
-    both_nan = torch.isnan(a) & torch.isnan(b)
-    return bool(((a.view(torch.int32) == b.view(torch.int32)) | both_nan).all())
-
-
-def check(got, want, recipe):
-    if recipe.rowwise:
-        assert torch.equal(got.data, want.data), "rowwise data"
-        assert torch.equal(_u8(got.scales), _u8(want.scales)), "rowwise scales"
-        assert same_amax(got.amax, want.amax), "amax"
-    else:
-        assert got.data is None
-    if recipe.columnwise:
-        assert torch.equal(got.data_t, want.data_t), "columnwise data"
-        assert torch.equal(_u8(got.scales_t), _u8(want.scales_t)), "columnwise scales"
-        assert same_amax(got.amax_t, want.amax_t), "amax_t"
-    else:
-        assert got.data_t is None
 
 
 @pytest.mark.parametrize("shape", SHAPES)
@@ -121,24 +75,6 @@ def test_bad_inputs():
             dispatch.quantize(torch.randn(64, 64, device="cuda"), Recipe(**opt))
 
 
-def reduced_reference(x, recipe, amax_reduce):
-    """The reference quantization of a rank's shard when the amaxes that span M (the per-tensor
-    amax, the per-token column amax) are replaced by amax_reduce's in-place result."""
-    out = {}
-    for name, mat, spans_m in (("", x, recipe.scaling == "tensor"), ("_t", x.t().contiguous(), True)):
-        if not (recipe.rowwise if name == "" else recipe.columnwise):
-            out.update({f"data{name}": None, f"scales{name}": None, f"amax{name}": None})
-            continue
-        outer = ref.outer_amax(mat, recipe.scaling)
-        if spans_m:
-            amax_reduce(outer)
-        data, scales = ref.quantize_blocks(mat, ref.block_outer_amax(outer, recipe.scaling,
-                                                                      mat.shape[0]))
-        out.update({f"data{name}": data, f"amax{name}": outer,
-                    f"scales{name}": ref.swizzle_scales(scales) if recipe.swizzle else scales})
-    return NVFP4Tensor(**out, recipe=recipe, shape=tuple(x.shape), dtype=x.dtype)
-
-
 @pytest.mark.parametrize("scaling", ["tensor", "token"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_amax_reduce(scaling, dtype, gen):
@@ -151,7 +87,7 @@ def test_amax_reduce(scaling, dtype, gen):
             for swizzle in (False, True):
                 recipe = Recipe(scaling=scaling, rowwise=row, columnwise=col, swizzle=swizzle)
                 got = dispatch.quantize(x, recipe, amax_reduce=amax_reduce)
-                check(got, reduced_reference(x, recipe, amax_reduce), recipe)
+                check(got, ref.quantize(x, recipe, amax_reduce=amax_reduce), recipe)
                 if scaling == "token" and row:
                     assert same_amax(got.amax, ref.amax_per_token(x)[0])
 

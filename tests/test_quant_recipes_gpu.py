@@ -3,15 +3,19 @@ and amax for 16x16 blocks, RHT, stochastic rounding, window64, 4over6 (mae/mse, 
 exact/fast) and grouped inputs, alone and combined. Outputs are poisoned (0xFF bytes, 12345.0
 window amaxes) before the launch."""
 
+import functools
+
 import pytest
 import torch
 
-from cute_fp4 import NVFP4Tensor, Recipe, ref
+import quant_checks
+from cute_fp4 import Recipe, ref
 from cute_fp4.quant import recipes_dispatch as rd
 from cute_fp4.ref.formats import e2m1_decode, unpack_fp4
-from cute_fp4.ref.swizzle import swizzle_scales
+from quant_checks import check
 
 pytestmark = pytest.mark.gpu
+make_input = functools.partial(quant_checks.make_input, window_outlier=True)
 
 KINDS = ["normal", "outliers", "special"]
 
@@ -22,48 +26,6 @@ def poison(monkeypatch):
         (shape,) if isinstance(shape, int) else shape, 0xFF, dtype=torch.uint8, device=device))
     monkeypatch.setattr(rd, "_alloc_f32", lambda n, device: torch.full(
         (n,), 12345.0, dtype=torch.float32, device=device))
-
-
-def make_input(shape, kind, dtype, gen):
-    m, k = shape
-    x = torch.randn(shape, generator=gen) * 2
-    if kind == "outliers":
-        x = x * torch.randn(shape, generator=gen).exp()
-        x[torch.rand(m, generator=gen) < 0.05] *= 1000.0
-        x[:, torch.rand(k, generator=gen) < 0.05] *= 300.0
-        x[:16, :16] = 0.0
-        x[-16:, -16:] = -0.0
-        if k >= 64:  # one outlier window per 64-column window row band
-            x[m // 2, 3] = 5e4
-    elif kind == "special":
-        x[0, 1] = float("inf")
-        x[m // 2, k // 2] = float("-inf")
-        x[-1, -1] = float("nan")
-        x[m // 3, :16] = 0.0
-    return x.to(dtype).cuda()
-
-
-def _u8(t):
-    return t.view(torch.uint8)
-
-
-def same_amax(a, b):
-    both_nan = torch.isnan(a) & torch.isnan(b)
-    return a.shape == b.shape and bool(((a.view(torch.int32) == b.view(torch.int32)) | both_nan).all())
-
-
-def check(got, want, recipe):
-    for side in ("", "_t"):
-        on = recipe.rowwise if side == "" else recipe.columnwise
-        data, scales, amax = (getattr(got, n + side) for n in ("data", "scales", "amax"))
-        if not on:
-            assert data is None and scales is None and amax is None
-            continue
-        wdata, wscales, wamax = (getattr(want, n + side) for n in ("data", "scales", "amax"))
-        assert torch.equal(data, wdata), "data" + side
-        assert torch.equal(_u8(scales), _u8(wscales)), "scales" + side
-        assert same_amax(amax, wamax), "amax" + side
-    assert got.shape == want.shape
 
 
 OUTPUTS = [(True, True), (True, False), (False, True)]
@@ -249,29 +211,6 @@ def test_bad_inputs():
         rd.quantize_recipe(x.double(), Recipe())
 
 
-def ref_amax_reduced(x, recipe, reduce):
-    """ref.quantize with the amaxes that span M (per-tensor: both; per-token: the twin's column
-    amax; window64: none) passed through `reduce`, from the reference's helpers."""
-    sides = {}
-    for side, on, xs in (("", recipe.rowwise, x), ("_t", recipe.columnwise, x.t().contiguous())):
-        if not on:
-            sides.update({"data" + side: None, "scales" + side: None, "amax" + side: None})
-            continue
-        if side and recipe.rht:
-            xs = ref.rht(xs)
-        outer = ref.outer_amax(xs, recipe.scaling)
-        if recipe.scaling == "tensor" or (recipe.scaling == "token" and side):
-            reduce(outer)
-        data, scales = ref.quantize_blocks(
-            xs, ref.block_outer_amax(outer, recipe.scaling, xs.shape[0]), recipe.block_rows,
-            e4m3_max=recipe.e4m3_max, four_over_six=recipe.four_over_six,
-            fast_math=recipe.fast_math)
-        if recipe.swizzle:
-            scales = swizzle_scales(scales)
-        sides.update({"data" + side: data, "scales" + side: scales, "amax" + side: outer})
-    return NVFP4Tensor(**sides, recipe=recipe, shape=tuple(x.shape), dtype=x.dtype)
-
-
 @pytest.mark.parametrize("recipe,calls", [
     (Recipe(columnwise=True), [1]),  # rowwise amax = columnwise amax: one tensor
     (Recipe(rht=True, columnwise=True), [1, 1]),  # rowwise and post-RHT columnwise amax
@@ -297,7 +236,7 @@ def test_amax_reduce(recipe, calls, gen):
 
     got = rd.quantize_recipe(x, recipe, amax_reduce=times4)
     assert seen == calls
-    want = ref_amax_reduced(x, recipe, lambda t: t.mul_(4.0))
+    want = ref.quantize(x, recipe, amax_reduce=lambda t: t.mul_(4.0))
     check(got, want, recipe)
     if calls:
         plain = rd.quantize_recipe(x, recipe)
