@@ -110,9 +110,9 @@ def breakdown(m: int, k: int, n: int, recipe_name: str):
             row["ratio"] = row[f"{recipe_name} ms"] / row["bf16 ms"]
         rows.append(row)
     total = sum(r[f"{recipe_name} ms"] for r in rows)
-    rows.append({"step": "sum", f"{recipe_name} ms": total,
-                 "bf16 ms": sum(r.get("bf16 ms", 0.0) for r in rows),
-                 "ratio": total / sum(r.get("bf16 ms", 0.0) for r in rows)})
+    bf16_total = sum(r.get("bf16 ms", 0.0) for r in rows)
+    rows.append({"step": "sum", f"{recipe_name} ms": total, "bf16 ms": bf16_total,
+                 "ratio": total / bf16_total})
     return rows
 
 

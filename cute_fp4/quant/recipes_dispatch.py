@@ -123,6 +123,16 @@ def _check_rows(m: int, recipe: Recipe, what: str):
                          f"{recipe.scaling!r} twin")
 
 
+def _amax_offsets(scaling: str, g: int, row0: int, k: int):
+    """Float offsets of group g's row and column amaxes (its first row is row0): one amax per
+    group (tensor), per row and per column (token), per 64-wide window of rows / columns."""
+    if scaling == "tensor":
+        return g, g
+    if scaling == "token":
+        return row0, g * k
+    return row0 * (k // 64), k * row0 // 64
+
+
 def _run(x2: torch.Tensor, sizes: List[int], recipe: Recipe, seed: int, offset: int,
          shapes, amax_reduce=None, rng_state: Optional[torch.Tensor] = None
          ) -> List[NVFP4Tensor]:
@@ -137,7 +147,7 @@ def _run(x2: torch.Tensor, sizes: List[int], recipe: Recipe, seed: int, offset: 
 
     # ---- tables and flat output layout
     ttab, atab, gtab = [], [], []
-    q_len = s_len = qt_len = st_len = ar_len = ac_len = 0
+    q_len = s_len = qt_len = st_len = 0
     row0 = 0
     seed_i64 = seed - (1 << 64) if seed >= 1 << 63 else seed
     for g, mg in enumerate(sizes):
@@ -147,25 +157,14 @@ def _run(x2: torch.Tensor, sizes: List[int], recipe: Recipe, seed: int, offset: 
         ttab += [(g, TILE * i) for i in range(tiles)]
         atab += [(base + i, min(AMAX_TILES_PER_CTA, real - i))
                  for i in range(0, real, AMAX_TILES_PER_CTA)]
-        if scaling == "tensor":
-            ar, ac = g, g
-        elif scaling == "token":
-            ar, ac = row0, g * k
-        else:
-            ar, ac = row0 * (k // 64), k * row0 // 64
+        ar, ac = _amax_offsets(scaling, g, row0, k)
         gtab.append((row0, mg, q_len, s_len, qt_len, st_len, ar, ac, seed_i64, offset))
         q_len += mg * k // 2
         s_len += _ceil(mg, 128) * 128 * _ceil(nsc, 4) * 4 if swz else mg * nsc
         qt_len += k * mg // 2
         st_len += _ceil(k, 128) * 128 * _ceil(mg // 16, 4) * 4 if swz else k * (mg // 16)
         row0 += mg
-    m_total = row0
-    if scaling == "tensor":
-        ar_len, ac_len = n_groups, n_groups
-    elif scaling == "token":
-        ar_len, ac_len = m_total, n_groups * k
-    else:
-        ar_len, ac_len = m_total * (k // 64), k * m_total // 64
+    ar_len, ac_len = _amax_offsets(scaling, n_groups, row0, k)  # the offsets past the last group
 
     q = _alloc(max(q_len, 1), dev) if row else None
     s = _alloc(max(s_len, 1), dev) if row else None
