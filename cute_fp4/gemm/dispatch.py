@@ -9,7 +9,7 @@ import torch
 from ..common.jit import KERNELS, compile_kernel, device_arch, dyn, env_stream, fake_tensor, \
     torch_to_cutlass
 from ..ref.formats import decode_scale
-from .operands import _bias, _check_operands, _prepare_data, _vector
+from .operands import _check_operands, _epilogue, _prepare_data
 
 
 
@@ -108,12 +108,7 @@ def gemm_nvfp4(a_data: torch.Tensor, a_scales: torch.Tensor, b_data: torch.Tenso
             raise ValueError(f"window64 operands need K % 64 == 0, got K={k}")
         if e4m3_max not in (448, 256):
             raise ValueError(f"e4m3_max must be 448 or 256, got {e4m3_max}")
-    if alpha is not None and alpha.numel() != 1:
-        raise ValueError(f"alpha must have one element, got shape {tuple(alpha.shape)}")
-    alpha = _vector(alpha, 1, "alpha", device)
-    row = _vector(row, m, "row", device)
-    col = _vector(col, n, "col", device)
-    bias = _bias(bias, n, out_dtype, device)
+    alpha, row, col, bias = _epilogue(alpha, row, col, bias, m, n, out_dtype, device)
     if out is not None and (out.dtype != out_dtype or tuple(out.shape) != (m, n)
                             or not out.is_contiguous()):
         raise ValueError(f"out must be a contiguous [{m}, {n}] {out_dtype} tensor")

@@ -87,3 +87,10 @@ def _bias(bias: Optional[torch.Tensor], n: int, out_dtype: torch.dtype,
     if bias.device != device or bias.numel() != n:
         raise ValueError(f"bias must be [N={n}] on {device}, got {tuple(bias.shape)}")
     return bias.reshape(-1).contiguous()
+
+
+def _epilogue(alpha, row, col, bias, m: int, n: int, out_dtype: torch.dtype, device):
+    """The optional epilogue operands as the kernels take them: alpha [1], row [M] and col [N]
+    as contiguous FP32, bias [N] of the output dtype or FP32."""
+    return (_vector(alpha, 1, "alpha", device), _vector(row, m, "row", device),
+            _vector(col, n, "col", device), _bias(bias, n, out_dtype, device))

@@ -596,7 +596,7 @@ def gemm_nvfp4_sm100(a_data: torch.Tensor, a_scales_swizzled: torch.Tensor,
     N must keep D's rows 16-byte aligned (a multiple of 8 for bf16/fp16 output, 4 for fp32).
     COMPILED FOR sm_100a BUT NEVER RUN (see the module docstring): its results are unverified
     until it runs on a Blackwell GPU."""
-    from .operands import _bias, _check_operands, _prepare_data, _vector
+    from .operands import _check_operands, _epilogue, _prepare_data
 
     sfa, sfb, m, n, k, device = _check_operands(a_data, a_scales_swizzled, b_data,
                                                 b_scales_swizzled, True, out_dtype,
@@ -610,12 +610,7 @@ def gemm_nvfp4_sm100(a_data: torch.Tensor, a_scales_swizzled: torch.Tensor,
     if (n * elem) % 16:
         raise ValueError(f"N={n} must make output rows a multiple of 16 bytes "
                          f"(N % {16 // elem} == 0 for {out_dtype})")
-    if alpha is not None and alpha.numel() != 1:
-        raise ValueError(f"alpha must have one element, got shape {tuple(alpha.shape)}")
-    alpha = _vector(alpha, 1, "alpha", device)
-    row = _vector(row, m, "row", device)
-    col = _vector(col, n, "col", device)
-    bias = _bias(bias, n, out_dtype, device)
+    alpha, row, col, bias = _epilogue(alpha, row, col, bias, m, n, out_dtype, device)
     if tile_n is not None and tile_n not in TILE_NS:
         raise ValueError(f"tile_n must be one of {TILE_NS}, got {tile_n}")
     arch = device_arch(device)

@@ -44,7 +44,7 @@ from ..common.jit import KERNELS, compile_kernel, device_arch, dyn, env_stream, 
     torch_to_cutlass
 from ..ref.formats import FLOAT_DTYPES as OUT_DTYPES
 from ..ref.swizzle import swizzled_shape
-from .operands import _bias, _vector
+from .operands import _epilogue
 
 CHUNK_K = 128  # K values per warp step: 4 threads x 32
 FP16_DECODE_EXP_SHIFT = 14
@@ -551,9 +551,7 @@ def gemm_w4a16_sm90(a: torch.Tensor, b_data: torch.Tensor, b_scales: torch.Tenso
     sf = b_scales.contiguous().view(torch.uint8).reshape(-1)
     if alpha is not None and isinstance(alpha, torch.Tensor) and alpha.dtype != torch.float32:
         raise TypeError(f"alpha must be float32, got {alpha.dtype}")
-    alpha = _vector(alpha, 1, "alpha", device)
-    col = _vector(col, n, "col", device)
-    bias = _bias(bias, n, out_dtype, device)
+    alpha, _, col, bias = _epilogue(alpha, None, col, bias, m, n, out_dtype, device)
     if out is None:
         out = torch.empty((m, n), dtype=out_dtype, device=device)
     elif out.dtype != out_dtype or tuple(out.shape) != (m, n) or not out.is_contiguous():
