@@ -118,16 +118,24 @@ def test_exact_small_sums(act_dtype, gen):
     assert torch.equal(out.double().cpu(), d64)
 
 
-@pytest.mark.parametrize("config", [(8, 1, 4, 1, 1), (16, 4, 8, 2, 1), (64, 2, 2, 1, 1),
-                                    (32, 1, 8, 3, 1), (8, 2, 8, 2, 1), (16, 2, 4, 1, 2),
-                                    (64, 2, 4, 1, 2), (8, 1, 2, 2, 4)])
-def test_configs(config, gen):
-    """Other (tile_m, row_tiles, k_warps, unroll, row_warps) configurations give the same
-    sums (K = 4160: several pipelined stages, then a partial one)."""
+CONFIGS = [(8, 1, 4, 1, 1, 0), (16, 4, 8, 2, 1, 0), (64, 2, 2, 1, 1, 0), (32, 1, 8, 3, 1, 0),
+           (8, 2, 8, 2, 1, 0), (16, 2, 4, 1, 2, 0), (64, 2, 4, 1, 2, 0), (8, 1, 2, 2, 4, 0)]
+# L2 prefetch distances: fewer, as many and more stages than K holds, 64 rows per CTA over 32
+# threads (two prefetching rows per thread), 128-row CTAs
+L2_CONFIGS = [(8, 2, 8, 1, 1, 3), (8, 1, 8, 2, 1, 2), (16, 2, 8, 1, 1, 4), (16, 2, 4, 1, 2, 9),
+              (8, 4, 1, 1, 1, 2), (32, 2, 4, 1, 4, 1)]
+
+
+@pytest.mark.parametrize("swizzled", [False, True])
+@pytest.mark.parametrize("config", CONFIGS + L2_CONFIGS)
+def test_configs(config, swizzled, gen):
+    """Other (tile_m, row_tiles, k_warps, unroll, row_warps, l2_ahead) configurations give the
+    same sums (K = 4160: several pipelined stages, then a partial one; N = 333 rows: a partial
+    row block at the end), compact and swizzled scales."""
     m, n, k = 40, 333, 4160
     a = rand_act(m, k, torch.bfloat16, gen)
     b, sb = rand_fp4(n, k, gen)
-    out = run(a, b, sb, out_dtype=torch.float32, config=config)
+    out = run(a, b, sb, out_dtype=torch.float32, config=config, swizzled=swizzled)
     d64, mag = expected(a, b, sb)
     check(out, d64, mag, k, torch.float32)
 
