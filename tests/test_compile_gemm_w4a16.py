@@ -45,6 +45,8 @@ def test_w4a16_ptx(arch, act, out, tile_m, unroll, row_warps, l2_ahead, wide, sw
         r"ld\.global\.nc\.v4\.u32",
         rf"mul\.rn\.{ty}x2",
         r"prmt\.b32",
+        r"griddepcontrol\.wait",
+        r"griddepcontrol\.launch_dependents",
     ]) == []
     if act == torch.float16:  # the FP16 path converts scales with the E4M3 converter
         assert missing_instructions(ptx, [r"cvt\.rn\.f16x2\.e4m3x2"]) == []

@@ -205,14 +205,16 @@ class Sm90GemmW4A16:
     activation chunk once for all of them), unroll (chunks per pipeline stage), l2_ahead
     (stages whose weights and scales are prefetched into L2 ahead of the register loads, 0:
     none; needs wide), wide (K % 32 == 0: 16-byte weight loads and 2-byte scale loads; else
-    per-block 8-byte / 1-byte loads), swizzled scales, which epilogue operands exist. `__call__` takes a [M, K], packed b
+    per-block 8-byte / 1-byte loads), swizzled scales, which epilogue operands exist, pdl
+    (programmatic dependent launch, see `kernel`). `__call__` takes a [M, K], packed b
     [N, K/2] uint8, scales as a flat uint8 tensor (compact [N, K/16] or swizzled), d [M, N]
     and optional alpha [1], col [N], bias [N]."""
 
     def __init__(self, act_dtype: Type[cutlass.Numeric], out_dtype: Type[cutlass.Numeric], *,
                  tile_m: int = 8, row_tiles: int = 2, k_warps: int = 8, unroll: int = 1,
-                 row_warps: int = 1, l2_ahead: int = 0, wide: bool = True, swizzled: bool = False,
-                 has_alpha: bool = False, has_col: bool = False, has_bias: bool = False):
+                 row_warps: int = 1, l2_ahead: int = 0, wide: bool = True,
+                 swizzled: bool = False, has_alpha: bool = False, has_col: bool = False,
+                 has_bias: bool = False, pdl: bool = True):
         if act_dtype not in (cutlass.BFloat16, cutlass.Float16):
             raise TypeError(f"activations must be BFloat16 or Float16, got {act_dtype}")
         if tile_m not in (8, 16, 32, 64):
@@ -240,6 +242,7 @@ class Sm90GemmW4A16:
         self.has_alpha = has_alpha
         self.has_col = has_col
         self.has_bias = has_bias
+        self.pdl = pdl
         # up to 16 tokens the decode keeps its cheap K order (v_i, v_{i+4}) and the
         # activations are permuted to match (4 byte permutes per 8 activations of a token
         # tile instead of 4 per 8 weights); beyond, permuting the weights is cheaper
@@ -277,7 +280,8 @@ class Sm90GemmW4A16:
         grid = (cute.ceil_div(mB.shape[0], rows), cute.ceil_div(mA.shape[0], self.tile_m), 1)
         self.kernel(mA, mB, mSF, mD, mAlpha, mCol, mBias, red_layout).launch(
             grid=grid, block=[32 * self.k_warps * self.row_warps, 1, 1], stream=stream,
-            min_blocks_per_mp=self.min_blocks, preferred_smem_carveout=self.smem_carveout)
+            min_blocks_per_mp=self.min_blocks, preferred_smem_carveout=self.smem_carveout,
+            use_pdl=self.pdl)
 
     @cute.kernel
     def kernel(self, mA: cute.Tensor, mB: cute.Tensor, mSF: cute.Tensor, mD: cute.Tensor,
@@ -287,6 +291,13 @@ class Sm90GemmW4A16:
         NT = self.tile_m // 8
         KW = self.k_warps
         UNR = self.unroll
+        if const_expr(self.pdl):
+            # Launched with programmatic stream serialization: wait for the previous kernel
+            # (its outputs may be our inputs, or it may still read our output) before any
+            # global access, then let the next kernel launch, so that its launch overlaps
+            # this kernel instead of following it.
+            cute.arch.griddepcontrol_wait()
+            cute.arch.griddepcontrol_launch_dependents()
         tidx, _, _ = cute.arch.thread_idx()
         bn, bm, _ = cute.arch.block_idx()
         warp = cute.arch.make_warp_uniform(tidx // 32)
@@ -550,16 +561,16 @@ def pick_w4a16_config(m: int, n: int):
 
 def w4a16_kernel(act_dtype=torch.bfloat16, out_dtype=torch.bfloat16, *, tile_m=8, row_tiles=2,
                  k_warps=8, unroll=1, row_warps=1, l2_ahead=0, wide=True, swizzled=False,
-                 flags=(False, False, False), bias_dtype=None):
+                 flags=(False, False, False), bias_dtype=None, pdl=True):
     """(op, *fake_args) of one W4A16 configuration, for compiling (host calls and tests).
-    flags = (has_alpha, has_col, has_bias)."""
+    flags = (has_alpha, has_col, has_bias); pdl: launch with programmatic dependent launch."""
     import cutlass
 
     has_alpha, has_col, has_bias = flags
     op = Sm90GemmW4A16(torch_to_cutlass(act_dtype), torch_to_cutlass(out_dtype), tile_m=tile_m,
                        row_tiles=row_tiles, k_warps=k_warps, unroll=unroll,
                        row_warps=row_warps, l2_ahead=l2_ahead, wide=wide, swizzled=swizzled,
-                       has_alpha=has_alpha, has_col=has_col, has_bias=has_bias)
+                       has_alpha=has_alpha, has_col=has_col, has_bias=has_bias, pdl=pdl)
     m, n = dyn(), dyn()
     args = (
         fake_tensor(torch_to_cutlass(act_dtype), (m, dyn(32 if wide else 16))),
@@ -591,9 +602,10 @@ def gemm_w4a16_sm90(a: torch.Tensor, b_data: torch.Tensor, b_scales: torch.Tenso
     [N, K/16] or swizzled (SPEC 1) when scales_swizzled. alpha: FP32 [1] device tensor; col:
     [N]; bias: [N] of out_dtype or float32. FP32 accumulation and epilogue. `out` (contiguous
     [M, N] of out_dtype) receives the result; `config` = (tile_m, row_tiles, k_warps, unroll,
-    row_warps, l2_ahead) overrides `pick_w4a16_config` (benchmarks). Built for decode sizes (M <= 64);
-    larger M runs one grid row per 64 tokens, re-reading the weights for each (correct, not
-    fast)."""
+    row_warps, l2_ahead) overrides `pick_w4a16_config` (benchmarks). Built for decode sizes
+    (M <= 64); larger M runs one grid row per 64 tokens, re-reading the weights for each
+    (correct, not fast). Launched with programmatic dependent launch: a following kernel that
+    uses it too launches while this one runs."""
     if not isinstance(a, torch.Tensor) or a.dtype not in ACT_DTYPES or a.dim() != 2:
         raise TypeError(f"a must be a 2D bfloat16/float16 tensor, got "
                         f"{getattr(a, 'dtype', type(a))} {tuple(getattr(a, 'shape', ()))}")
