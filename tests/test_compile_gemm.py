@@ -60,3 +60,54 @@ def test_window64_needs_tile_n_128():
 
     with pytest.raises(ValueError, match="tile_n 128"):
         Sm90GemmNVFP4(cutlass.BFloat16, tile_n=256, has_a_window=True)
+
+
+@pytest.mark.parametrize("tile_n,transposed", [(256, False), (128, True)])
+def test_mixed_sm90_ptx(tile_n, transposed):
+    """The predecode path's GEMM: RS wgmma (A from registers) on a TMA-loaded BF16 stage, no
+    thread writes shared memory, no per-k-tile barrier."""
+    from cute_fp4.gemm.sm90_mixed import UNSCALE_W4A4, mixed_kernel
+
+    op, args = mixed_kernel(torch.bfloat16, tile_n, 4, (True, True, True, True), torch.float32,
+                            transposed, UNSCALE_W4A4)
+    ptx = compile_ptx(op, *args, arch="sm_90a")
+    assert ptx_target(ptx) == "sm_90a"
+    assert missing_instructions(ptx, [
+        rf"wgmma\.mma_async\.sync\.aligned\.m64n{tile_n}k16\.f32\.bf16\.bf16",
+        r"cp\.async\.bulk\.tensor\.2d\.shared::\w+\.global",
+        r"mul\.rn\.bf16x2",
+        r"setmaxnreg\.inc",
+    ]) == []
+    assert "st.shared" not in ptx
+    # the only CTA barrier is the one after the mbarrier initialisation
+    assert len(re.findall(r"\bbar(rier)?\.sync", ptx)) == 1
+    # x, its scales and y: one TMA load site
+    assert len(re.findall(r"cp\.async\.bulk\.tensor\.2d", ptx)) == 3
+    # two unrolled k-tile sites of four k16 wgmmas
+    assert len(re.findall(r"wgmma\.mma_async", ptx)) == 8
+    dec = int(re.search(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+(\d+);", ptx).group(1))
+    inc = int(re.search(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+(\d+);", ptx).group(1))
+    assert dec * 128 + inc * 256 <= 168 * 384
+
+
+def test_predecode_sm90_ptx():
+    """The pre-pass: 16-byte global loads and stores, the BF16x2 decode multiplies."""
+    from cute_fp4.gemm.sm90_mixed import predecode_kernel
+
+    op, args = predecode_kernel()
+    ptx = compile_ptx(op, *args, arch="sm_90a")
+    assert ptx_target(ptx) == "sm_90a"
+    assert len(re.findall(r"ld\.global\.v4\.b32", ptx)) == 1
+    assert len(re.findall(r"st\.global\.v4\.b32", ptx)) == 4
+    # 4 words x 4 pairs, plus two multiplies per scale conversion
+    assert len(re.findall(r"mul\.rn\.bf16x2", ptx)) == 16 + 2 * 2
+
+
+def test_mixed_config_errors():
+    import cutlass
+    from cute_fp4.gemm.sm90_mixed import Sm90GemmMixed
+
+    with pytest.raises(ValueError, match="tile_n"):
+        Sm90GemmMixed(cutlass.BFloat16, tile_n=64)
+    with pytest.raises(ValueError, match="stages"):
+        Sm90GemmMixed(cutlass.BFloat16, tile_n=256, stages=7)

@@ -1,5 +1,7 @@
-"""GPU tests of the NVFP4 GEMM (cute_fp4.gemm.dispatch.gemm_nvfp4) against a float64
-dequantize-and-matmul and against cute_fp4.ref.gemm.
+"""GPU tests of the NVFP4 GEMM (cute_fp4.gemm.dispatch.gemm_nvfp4, both sm_90a paths:
+"predecode" = sm90_mixed with the smaller operand predecoded, roles swapped when M < N;
+"decode_both" = sm90_w4a4) and of the mixed-input W4A16 entry (sm90_mixed.gemm_mixed_sm90)
+against a float64 dequantize-and-matmul and against cute_fp4.ref.gemm.
 
 Error bound. Every product a*b is exact (BF16 wgmma inputs hold e2m1 * e4m3 exactly); the
 only differences are FP32 summation order/rounding inside the tensor cores and the final cast:
@@ -46,30 +48,39 @@ SHAPES = [(1, 256, 128), (200, 300, 512), (128, 256, 16), (130, 64, 4096), (257,
           (77, 520, 176), (1024, 512, 1024), (300, 129, 8192)]
 
 
+SHAPES = SHAPES + [(n, m, k) for m, n, k in SHAPES if m != n] + [(256, 1, 64), (1, 1, 16)]
+
+
+@pytest.mark.parametrize("path", ["predecode", "decode_both"])
 @pytest.mark.parametrize("m,n,k", SHAPES)
-def test_shapes_vs_float64(m, n, k, gen):
+def test_shapes_vs_float64(m, n, k, path, gen):
     a, sa = rand_fp4(m, k, gen)
     b, sb = rand_fp4(n, k, gen)
-    out = run(a, sa, b, sb)
+    out = run(a, sa, b, sb, path=path)
     d64, mag = expected(a, sa, b, sb, None, None, None, None)
     check(out, d64, mag, k, torch.bfloat16)
 
 
+@pytest.mark.parametrize("path", ["predecode", "decode_both"])
+@pytest.mark.parametrize("m,n", [(384, 640), (640, 384)])
 @pytest.mark.parametrize("tile_n", [128, 256])
-def test_tile_configs(tile_n, gen):
-    m, n, k = 384, 640, 1024
+def test_tile_configs(tile_n, m, n, path, gen):
+    k = 1024
     a, sa = rand_fp4(m, k, gen)
     b, sb = rand_fp4(n, k, gen)
-    out = run(a, sa, b, sb, tile_n=tile_n, out_dtype=torch.float32)
+    out = run(a, sa, b, sb, tile_n=tile_n, out_dtype=torch.float32, path=path)
     d64, mag = expected(a, sa, b, sb, None, None, None, None)
     check(out, d64, mag, k, torch.float32)
 
 
+@pytest.mark.parametrize("m,n", [(160, 272), (272, 160)])
 @pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize("flags", list(itertools.product([False, True], repeat=4)))
-def test_epilogue(flags, out_dtype, gen):
+def test_epilogue(flags, out_dtype, m, n, gen):
+    """Every epilogue combination, with B predecoded (M > N) and with the roles swapped
+    (M < N: the kernel computes D^T, row/col/bias swap axes)."""
     has_alpha, has_row, has_col, has_bias = flags
-    m, n, k = 160, 272, 320
+    k = 320
     a, sa = rand_fp4(m, k, gen)
     b, sb = rand_fp4(n, k, gen)
     alpha = torch.rand(1, generator=gen) * 0.5 + 0.25 if has_alpha else None
@@ -87,17 +98,20 @@ def test_epilogue(flags, out_dtype, gen):
     check(r, d64, mag, k, out_dtype)
 
 
-def test_full_scale_range(gen):
+@pytest.mark.parametrize("path", ["predecode", "decode_both"])
+@pytest.mark.parametrize("m,n", [(256, 384), (384, 256)])
+def test_full_scale_range(m, n, path, gen):
     """E4M3 scales over the whole positive range, subnormals included, FP32 output."""
-    m, n, k = 256, 384, 2048
+    k = 2048
     a, sa = rand_fp4(m, k, gen, lo=-9.0, hi=8.8)
     b, sb = rand_fp4(n, k, gen, lo=-9.0, hi=8.8)
-    out = run(a, sa, b, sb, out_dtype=torch.float32)
+    out = run(a, sa, b, sb, out_dtype=torch.float32, path=path)
     d64, mag = expected(a, sa, b, sb, None, None, None, None)
     check(out, d64, mag, k, torch.float32)
 
 
-@pytest.mark.parametrize("m,n,k", [(200, 300, 512), (1, 256, 128), (333, 520, 176)])
+@pytest.mark.parametrize("m,n,k", [(200, 300, 512), (1, 256, 128), (333, 520, 176),
+                                   (520, 333, 176)])
 def test_swizzled_equals_compact(m, n, k, gen):
     a, sa = rand_fp4(m, k, gen)
     b, sb = rand_fp4(n, k, gen)
@@ -106,16 +120,58 @@ def test_swizzled_equals_compact(m, n, k, gen):
     assert torch.equal(c, s)
 
 
-def test_exact_small_sums(gen):
+@pytest.mark.parametrize("path", ["predecode", "decode_both"])
+@pytest.mark.parametrize("m,n", [(192, 320), (320, 192)])
+def test_exact_small_sums(m, n, path, gen):
     """Integers small enough that FP32 sums are exact: the result must be bit-exact."""
-    m, n, k = 192, 320, 256
+    k = 256
     a, _ = rand_fp4(m, k, gen)
     b, _ = rand_fp4(n, k, gen)
     sa = torch.ones(m, k // 16).to(torch.float8_e4m3fn)
     sb = torch.full((n, k // 16), 2.0).to(torch.float8_e4m3fn)
-    out = run(a, sa, b, sb, out_dtype=torch.float32)
+    out = run(a, sa, b, sb, out_dtype=torch.float32, path=path)
     d64, _ = expected(a, sa, b, sb, None, None, None, None)
     assert torch.equal(out.double().cpu(), d64)
+
+
+@pytest.mark.parametrize("rows,k", [(1, 16), (200, 96), (300, 4096), (129, 176)])
+def test_predecode_bit_exact(rows, k, gen):
+    """The pre-pass: e2m1 * scale * 2**-7 in the kernel's K order (sm90_mixed.kperm64),
+    zero-padded to whole k-tiles, byte-equal to a torch decode."""
+    from cute_fp4.gemm.operands import _check_operand
+    from cute_fp4.gemm.sm90_mixed import k_pad, kperm64, predecode_nvfp4
+
+    data, sc = rand_fp4(rows, k, gen, lo=-9.0, hi=8.8)
+    flat = _check_operand(data.cuda(), sc.cuda(), "b", False)
+    got = predecode_nvfp4(data.cuda(), flat, "sm_90a").cpu()
+    kp = k_pad(data.shape[1])
+    want = torch.zeros(rows, kp, dtype=torch.float64)
+    want[:, :k] = values64(data, sc) * 2.0**-7
+    idx = (torch.arange(0, kp, 64).view(-1, 1) + kperm64().view(1, -1)).view(-1)
+    assert torch.equal(got, want[:, idx].to(torch.bfloat16))
+
+
+@pytest.mark.parametrize("m,n,k", [(1, 256, 64), (200, 300, 512), (512, 1024, 2048),
+                                   (77, 130, 176)])
+@pytest.mark.parametrize("swizzled", [False, True])
+def test_mixed_w4a16(m, n, k, swizzled, gen):
+    """gemm_mixed_sm90 (W4A16 for any M): BF16 activations x NVFP4 weights, epilogue, FP32
+    out. a * w products are exact in FP32, so the GEMM bound holds."""
+    from cute_fp4.gemm.sm90_mixed import gemm_mixed_sm90
+
+    a = torch.randn(m, k, generator=gen).to(torch.bfloat16)
+    w, sw = rand_fp4(n, k, gen)
+    alpha = torch.rand(1, generator=gen) + 0.5
+    col = torch.rand(n, generator=gen) + 0.5
+    bias = torch.randn(n, generator=gen)
+    out = torch.full((m, n), float("nan"), device="cuda")
+    ws = swizzle_scales(sw) if swizzled else sw
+    res = gemm_mixed_sm90(w.cuda(), ws.cuda(), a.cuda(), alpha=alpha.cuda(), col=col.cuda(),
+                          bias=bias.cuda(), out_dtype=torch.float32, scales_swizzled=swizzled,
+                          out=out)
+    assert res.data_ptr() == out.data_ptr()
+    d64, mag = expected64(a.double(), values64(w, sw), alpha, None, col, bias)
+    check(out, d64, mag, k, torch.float32)
 
 
 # ---- 1x64 local-encode (window64) operands ----

@@ -86,7 +86,8 @@ def gemm_nvfp4(a_data: torch.Tensor, a_scales: torch.Tensor, b_data: torch.Tenso
                scales_swizzled: bool = False, out: Optional[torch.Tensor] = None,
                a_window_amax: Optional[torch.Tensor] = None,
                b_window_amax: Optional[torch.Tensor] = None, e4m3_max: int = 448,
-               tile_n: Optional[int] = None, stages: Optional[int] = None) -> torch.Tensor:
+               tile_n: Optional[int] = None, stages: Optional[int] = None,
+               path: str = "auto") -> torch.Tensor:
     """D[M, N] = cast(alpha * row[m] * col[n] * sum_k a[m, k] * b[n, k] + bias[n]) for NVFP4
     operands: packed E2M1 uint8 [rows, K/2] (even element in the low nibble) with E4M3 block
     scales, compact [rows, K/16] or swizzled (SPEC 1). FP32 accumulation and epilogue.
@@ -98,7 +99,14 @@ def gemm_nvfp4(a_data: torch.Tensor, a_scales: torch.Tensor, b_data: torch.Tenso
     factors = scale * S_dec_window up to FP32 summation order. Their scales stay the E4M3
     block scales (not FP32 factors).
     `out` (optional, contiguous [M, N] of out_dtype) receives the result; tile_n / stages
-    override the kernel configuration (benchmarks). sm_100a devices run
+    override the kernel configuration (benchmarks).
+
+    sm_90a kernels (`path`): "predecode" (the "auto" choice without window64 operands) decodes
+    the smaller operand (B on ties) once to BF16 (`sm90_mixed.predecode_nvfp4`, a temporary of
+    min(M, N) x K BF16 per call) and runs `sm90_mixed.Sm90GemmMixed` with the other operand
+    decoded in registers (D^T = B A^T when A is the smaller); "decode_both" (the "auto" choice
+    with window64 operands, whose FP32 window factors are not exact in a BF16 operand) runs
+    `sm90_w4a4.Sm90GemmNVFP4`, which decodes both operands per k-tile. sm_100a devices run
     `sm100_blockscaled.gemm_nvfp4_sm100` (no window64 operands there yet)."""
     sfa, sfb, m, n, k, device = _check_operands(a_data, a_scales, b_data, b_scales,
                                                 scales_swizzled, out_dtype, "gemm_nvfp4")
@@ -124,6 +132,13 @@ def gemm_nvfp4(a_data: torch.Tensor, a_scales: torch.Tensor, b_data: torch.Tenso
         return out
     if arch != "sm_90a":
         raise NotImplementedError(f"gemm_nvfp4 runs on sm_90a and sm_100a (device is {arch})")
+    if path not in ("auto", "predecode", "decode_both"):
+        raise ValueError(f"path must be 'auto', 'predecode' or 'decode_both', got {path!r}")
+    if path == "predecode" and windowed:
+        raise NotImplementedError("window64 operands need path 'decode_both'")
+    if path == "predecode" or (path == "auto" and not windowed):
+        return _gemm_predecode(a_data, sfa, b_data, sfb, alpha, row, col, bias, out, arch,
+                               tile_n, stages)
     a_win = _window_factors(a_window_amax, m, k, e4m3_max, "a", device)
     b_win = _window_factors(b_window_amax, n, k, e4m3_max, "b", device)
     auto_tile_n, auto_stages = pick_w4a4_config(m, n, k, windowed)
@@ -142,6 +157,20 @@ def gemm_nvfp4(a_data: torch.Tensor, a_scales: torch.Tensor, b_data: torch.Tenso
     fn(_prepare_data(a_data), _prepare_data(b_data), sfa, sfb, out, alpha, row, col, bias,
        a_win, b_win)
     return out
+
+
+def _gemm_predecode(a_data, sfa, b_data, sfb, alpha, row, col, bias, out, arch, tile_n,
+                    stages):
+    """The predecode path of gemm_nvfp4 on sm_90a: the smaller operand (B on ties) to BF16
+    once, the larger one decoded in the kernel's registers; D^T = B A^T when A is smaller."""
+    from .sm90_mixed import UNSCALE_W4A4, launch_mixed, predecode_nvfp4
+
+    swap = a_data.shape[0] < b_data.shape[0]
+    x_data, sfx, y_data, sfy = (b_data, sfb, a_data, sfa) if swap else (a_data, sfa, b_data, sfb)
+    y = predecode_nvfp4(y_data, sfy, arch)
+    return launch_mixed(_prepare_data(x_data), sfx, y, out, alpha, row, col, bias,
+                        transposed=swap, unscale_exp=UNSCALE_W4A4, arch=arch, tile_n=tile_n,
+                        stages=stages)
 
 
 def _gemm_sm100(a_data, sfa, b_data, sfb, alpha, row, col, bias, out_dtype, out, windowed,

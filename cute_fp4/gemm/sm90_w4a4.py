@@ -22,7 +22,8 @@ thread (lane % 4 = c) needs words c and 4 + c of its two rows, and a 16-byte hal
 (words 4h..4h+3) fills the 16-byte chunks 2i + h of its BF16 row. A and B share the
 permutation, which leaves every dot product unchanged. Decoded values carry a factor 2**-7
 each, removed exactly in the FP32 epilogue (2**14).
-Epilogue: FP32 alpha, row, col, bias, then the cast and predicated global stores (any M, N).
+Epilogue (`sm90_mixed.Sm90Epilogue`): FP32 alpha, row, col, bias, then the cast and predicated
+global stores (any M, N).
 
 1x64 local-encode operands (window64): each k-tile of 64 is one window, so the per-window
 FP32 decode factors (S_dec of A per row, of B per column; [rows, K/64], delivered by TMA with
@@ -47,16 +48,14 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.tensor_utils import LayoutEnum
 
 from ..common.decode import DECODE_EXP_SHIFT, decode_e2m1x8, e4m3_to_bf16x2_scale
+from .sm90_mixed import SF_TILE_BYTES, TILE_K, TILE_M, Sm90Epilogue, a_fragment_offsets, \
+    decode_a_fragment
 from .smem import ld_shared_u32, ld_shared_v4, st_shared_v4
 
-TILE_M = 128
-TILE_K = 64  # elements per k-tile: 4 NVFP4 blocks, 32 packed bytes, 128 BF16 bytes per row
-SF_TILE_BYTES = 512  # one 128-row x 4-block tile of swizzled scales
 BUFFERS = 3  # decoded k-tiles: one in the wgmmas still running, one in the next, one decoding
-ACC_UNSCALE = float(2 ** (2 * DECODE_EXP_SHIFT))
 
 
-class Sm90GemmNVFP4:
+class Sm90GemmNVFP4(Sm90Epilogue):
     """Compile-time config: tile_n (128 or 256), pipeline stages, output dtype and which epilogue
     operands exist. `__call__` takes packed A [M, K/2], B [N, K/2] (uint8), swizzled scales of A
     and B as flat uint8 tensors, D [M, N] and the optional alpha [1], row [M], col [N],
@@ -89,6 +88,8 @@ class Sm90GemmNVFP4:
         self.has_bias = has_bias
         self.has_a_window = has_a_window
         self.has_b_window = has_b_window
+        self.transposed = False
+        self.unscale_exp = 2 * DECODE_EXP_SHIFT
         self.threads = 384
         # setmaxnreg only moves registers inside the CTA's launch allocation (168 per thread
         # at 384 threads): 72 * 128 + 216 * 256 <= 168 * 384, or the increase never returns
@@ -349,16 +350,10 @@ class Sm90GemmNVFP4:
                 tCcT = tiled_mma.get_slice(ctid).partition_C(
                     cute.make_identity_tensor((TILE_M, tile_n)))
 
-            # this thread's A fragment: rows a_row0, a_row0 + 8 (wgmma m64 layout), words c
-            # and 4 + c of each; its B unit (tile_n 256): the first half of row ctid, where
-            # the first half alternates every 4 rows so that a warp's 16-byte loads are
-            # conflict-free
-            t = ctid % 128
-            lane = t % 32
-            c = lane % 4
-            a_row0 = mma_wg * 64 + (t // 32) * 16 + lane // 4
-            a_offs = (a_row0 * (TILE_K // 2) + c * 4, (a_row0 & 31) * 16 + (a_row0 >> 5) * 4,
-                      (c >> 1) * 8)
+            # this thread's A fragment (a_fragment_offsets); its B unit (tile_n 256): the
+            # first half of row ctid, where the first half alternates every 4 rows so that a
+            # warp's 16-byte loads are conflict-free
+            a_offs = a_fragment_offsets(ctid)
             units = []
             if const_expr(tile_n == 256):
                 units.append((ctid, [(ctid >> 2) & 1]))
@@ -462,19 +457,8 @@ class Sm90GemmNVFP4:
         state = self.consumer_state(kt)
         mainloop.consumer_wait(state)
         s = state.index
-        # rows a_row0 + 8h; words c (block c / 2) and 4 + c (block 2 + c / 2)
-        rA32 = cute.recast_tensor(rA, Int32)
-        a_pk = apk_base + s * (TILE_M * TILE_K // 2) + a_pk_off
-        a_sf = sfa_base + s * SF_TILE_BYTES + a_sf_off
-        for h in cutlass.range_constexpr(2):
-            w_lo = ld_shared_u32(a_pk + h * 8 * (TILE_K // 2))
-            w_hi = ld_shared_u32(a_pk + h * 8 * (TILE_K // 2) + 16)
-            sf = ld_shared_u32(a_sf + h * 8 * 16)
-            p = decode_e2m1x8(w_lo, e4m3_to_bf16x2_scale(sf >> a_sf_shift))
-            q = decode_e2m1x8(w_hi, e4m3_to_bf16x2_scale(sf >> (a_sf_shift + 16)))
-            for kb in cutlass.range_constexpr(TILE_K // 16):
-                rA32[kb * 4 + h] = p[kb]
-                rA32[kb * 4 + 2 + h] = q[kb]
+        decode_a_fragment(rA, apk_base + s * (TILE_M * TILE_K // 2) + a_pk_off,
+                          sfa_base + s * SF_TILE_BYTES + a_sf_off, a_sf_shift)
         self.decode_b(mainloop, state, bases, buf, units)
         if const_expr(not self.windowed):
             mainloop.consumer_release(state)
@@ -509,25 +493,3 @@ class Sm90GemmNVFP4:
                 for kb in cutlass.range_constexpr(TILE_K // 16):
                     st_shared_v4(row_addr + (((kb * 2 + half) ^ sw) << 4), p0[kb], p1[kb],
                                  p2[kb], p3[kb])
-
-    @cute.jit
-    def epilogue(self, acc, thr_mma, mD, mAlpha, mRow, mCol, mBias, m_tile, n_tile):
-        tile_n = self.tile_n
-        m_rows, n_cols = mD.shape
-        cD = cute.make_identity_tensor(mD.shape)
-        tCcD = thr_mma.partition_C(cute.local_tile(cD, (TILE_M, tile_n), (m_tile, n_tile)))
-        tCgD = thr_mma.partition_C(cute.local_tile(mD, (TILE_M, tile_n), (m_tile, n_tile)))
-        scale = Float32(ACC_UNSCALE)
-        if const_expr(self.has_alpha):
-            scale = scale * mAlpha[0].to(Float32)
-        for i in cutlass.range_constexpr(cute.size(acc)):
-            m, n = tCcD[i]
-            if m < m_rows and n < n_cols:
-                v = acc[i] * scale
-                if const_expr(self.has_row):
-                    v = v * mRow[m].to(Float32)
-                if const_expr(self.has_col):
-                    v = v * mCol[n].to(Float32)
-                if const_expr(self.has_bias):
-                    v = v + mBias[n].to(Float32)
-                tCgD[i] = v.to(self.out_dtype)

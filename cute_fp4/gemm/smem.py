@@ -1,10 +1,11 @@
-"""Raw shared-memory accessors (32-bit shared-window addresses) for the decode stages."""
+"""Raw memory accessors for the decode stages: shared memory by 32-bit shared-window address,
+global memory by 64-bit generic address (16-byte vectors)."""
 
 from __future__ import annotations
 
 from typing import Tuple
 
-from cutlass import Int32
+from cutlass import Int32, Int64
 from cutlass._mlir import ir
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
@@ -49,3 +50,22 @@ def ld_shared_v4(addr: Int32, *, loc=None, ip=None) -> Tuple[Int32, Int32, Int32
                loc, ip)
     i32 = T.i32()
     return tuple(Int32(llvm.extractvalue(i32, res, [j], loc=loc, ip=ip)) for j in range(4))
+
+
+@dsl_user_op
+def ld_global_v4(addr: Int64, *, loc=None, ip=None) -> Tuple[Int32, Int32, Int32, Int32]:
+    """Four 32-bit words from a 16-byte aligned global address."""
+    ty = ir.Type.parse("!llvm.struct<(i32, i32, i32, i32)>")
+    res = _asm(ty, [Int64(addr).ir_value(loc=loc, ip=ip)],
+               "ld.global.v4.b32 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,l", False, loc, ip)
+    i32 = T.i32()
+    return tuple(Int32(llvm.extractvalue(i32, res, [j], loc=loc, ip=ip)) for j in range(4))
+
+
+@dsl_user_op
+def st_global_v4(addr: Int64, a: Int32, b: Int32, c: Int32, d: Int32, *, loc=None, ip=None):
+    """Four 32-bit words to a 16-byte aligned global address."""
+    ops = [Int64(addr).ir_value(loc=loc, ip=ip)] + [Int32(x).ir_value(loc=loc, ip=ip)
+                                                     for x in (a, b, c, d)]
+    _asm(None, ops, "st.global.v4.b32 [$0], {$1, $2, $3, $4};", "l,r,r,r,r,~{memory}", True,
+         loc, ip)

@@ -2,7 +2,9 @@
 
 Per shape (M x N x K), in one process: cuBLAS BF16 (torch.matmul on BF16 operands),
 dequantize-then-cuBLAS (cute_fp4.dequantize of both NVFP4 operands, then torch.matmul) and the
-NVFP4 kernel (gemm_nvfp4, swizzled scales, BF16 out), each eager and replayed from a CUDA graph.
+NVFP4 kernel (gemm_nvfp4, swizzled scales, BF16 out: the "predecode" path), each eager and
+replayed from a CUDA graph. `--variants` adds the "decode_both" kernel (sm90_w4a4) and the
+predecode path's GEMM kernel alone (its predecoded BF16 operand made once, outside the timing).
 TFLOP/s count 2*M*N*K; ratios are against cuBLAS BF16 of the same mode.
 """
 
@@ -46,7 +48,21 @@ def _dequantize_fn(data, scales):
     return lambda: dequantize(t, torch.bfloat16)
 
 
-def bench_shape(m: int, n: int, k: int, graphs: bool) -> dict:
+def _kernel_only_fn(a, sa, b, sb, out):
+    """The predecode path's GEMM kernel with its BF16 operand decoded once in advance."""
+    from ..common.jit import device_arch
+    from ..gemm.sm90_mixed import UNSCALE_W4A4, launch_mixed, predecode_nvfp4
+
+    arch = device_arch(a.device)
+    swap = a.shape[0] < b.shape[0]
+    x, sx, y, sy = (b, sb, a, sa) if swap else (a, sa, b, sb)
+    y16 = predecode_nvfp4(y, sy.view(torch.uint8).reshape(-1), arch)
+    sx = sx.view(torch.uint8).reshape(-1)
+    return lambda: launch_mixed(x, sx, y16, out, None, None, None, None, transposed=swap,
+                                unscale_exp=UNSCALE_W4A4, arch=arch)
+
+
+def bench_shape(m: int, n: int, k: int, graphs: bool, variants: bool = False) -> dict:
     from ..gemm.dispatch import gemm_nvfp4
 
     (a, sa_c, sa), (b, sb_c, sb) = _operands(m, n, k)
@@ -60,6 +76,10 @@ def bench_shape(m: int, n: int, k: int, graphs: bool) -> dict:
         "dequant+cublas": lambda: torch.matmul(deq_a(), deq_b().t()),
         "nvfp4": lambda: gemm_nvfp4(a, sa, b, sb, scales_swizzled=True, out=out),
     }
+    if variants:
+        fns["decode_both"] = lambda: gemm_nvfp4(a, sa, b, sb, scales_swizzled=True, out=out,
+                                                path="decode_both")
+        fns["kernel_only"] = _kernel_only_fn(a, sa, b, sb, out)
     flop = 2.0 * m * n * k
     row = {"M": m, "N": n, "K": k}
     modes: List[Tuple[str, object]] = [("eager", bench_ms)]
@@ -81,6 +101,8 @@ def main(argv=None) -> int:
     p.add_argument("--shapes", type=str, default=None,
                    help="comma-separated MxNxK list instead of the default shapes")
     p.add_argument("--no-graphs", action="store_true", help="eager timings only")
+    p.add_argument("--variants", action="store_true",
+                   help="also time the decode_both kernel and the predecode GEMM kernel alone")
     p.add_argument("--json", type=str, default=None, help="write the rows to this JSON file")
     args = p.parse_args(argv)
     if args.shapes:
@@ -92,7 +114,7 @@ def main(argv=None) -> int:
     rows = []
     for i, (m, n, k) in enumerate(shapes):
         progress(i, len(shapes), f"{m}x{n}x{k}")
-        rows.append(bench_shape(m, n, k, graphs=not args.no_graphs))
+        rows.append(bench_shape(m, n, k, graphs=not args.no_graphs, variants=args.variants))
         torch.cuda.empty_cache()
     progress(len(shapes), len(shapes), "done")
     report(rows, f"NVFP4 GEMM on {torch.cuda.get_device_name()}", args.json)

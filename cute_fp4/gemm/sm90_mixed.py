@@ -1,0 +1,568 @@
+"""sm_90a mixed-input GEMM: an NVFP4 operand decoded into wgmma A-fragment registers x a BF16
+operand loaded by TMA into the 128B-swizzled K-major smem stage the wgmma reads.
+
+C[p, q] = sum_k x[p, k] * y[q, k], x = e2m1 * e4m3 (NVFP4, packed [P, K/2] + swizzled scales),
+y BF16 [Q, K] in the kernel's K order (below). D [M, N] receives
+cast(alpha * row[m] * col[n] * C * 2**unscale_exp + bias[n]) with (m, n) = (p, q), or
+(m, n) = (q, p) when `transposed` (D^T = Y X^T: the W4A4 dispatch uses that to keep the larger
+operand in registers, W4A16 prefill to keep the weights there).
+
+Two users:
+- W4A4 (`dispatch.gemm_nvfp4`): the smaller NVFP4 operand is decoded once by
+  `Sm90PredecodeNVFP4` into BF16 (e2m1 * scale * 2**-7, the K order below), the larger one is
+  decoded per k-tile in the kernel: one third of the in-kernel decode of the both-decode kernel
+  (`sm90_w4a4`) per 128 x 256 tile, and no thread writes shared memory. unscale_exp 14.
+- W4A16 prefill (`gemm_mixed_sm90`): weights as x, activations as y (a K-permuted copy,
+  `permute_k`), unscale_exp 7.
+
+K order (shared with `sm90_w4a4`): inside a k-tile of 64 each packed row is 8 words of 8 codes
+(word j = k 8j..8j+7); `decode_e2m1x8` gives the pairs (v_i, v_{i+4}), and pair i of word j sits
+at k16 step i, positions 8 (j // 4) + 2 (j % 4) + {0, 1}. So position 16 i + 8 (j // 4) +
+2 (j % 4) + t of a k-tile holds k = 8 j + i + 4 t. A wgmma A-fragment thread (lane % 4 = c)
+then needs exactly words c and 4 + c of its two rows.
+
+Per CTA (tile 128 x tile_n x 64): warpgroup 0 warp 0 issues the TMA loads (`PipelineTmaAsync`,
+`stages` deep: packed x [128, 32] bytes, its 512-byte swizzled scale tile, y [tile_n, 64] BF16);
+warpgroups 1-2 each own 64 rows: the wgmmas of k-tile i run while the thread decodes the
+A fragment of k-tile i + 1 into the other of two register buffers (wait depth 1). No named
+barrier: each consumer thread only reads smem and its own registers.
+Epilogue: FP32 scale, row, col, bias (the order of `ref.gemm`), cast, predicated stores.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Type
+
+import cuda.bindings.driver as cuda
+import torch
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass import Float32, Int32, const_expr
+from cutlass.cute.nvgpu import cpasync, warpgroup
+from cutlass.tensor_utils import LayoutEnum
+
+from ..common.decode import DECODE_EXP_SHIFT, decode_e2m1x8, e4m3_to_bf16x2_scale
+from ..common.jit import KERNELS, compile_kernel, dyn, env_stream, fake_tensor, torch_to_cutlass
+from .smem import ld_global_v4, ld_shared_u32, st_global_v4
+
+TILE_M = 128
+TILE_K = 64  # elements per k-tile: 4 NVFP4 blocks, 32 packed bytes, 128 BF16 bytes per row
+SF_TILE_BYTES = 512  # one 128-row x 4-block tile of swizzled scales
+# NVFP4 x predecoded NVFP4: both carry 2**-7; NVFP4 x raw BF16: one factor
+UNSCALE_W4A4 = 2 * DECODE_EXP_SHIFT
+UNSCALE_W4A16 = DECODE_EXP_SHIFT
+
+
+def kperm64() -> torch.Tensor:
+    """The kernel's K order inside a k-tile of 64: position p holds k = kperm64()[p]."""
+    perm = torch.empty(TILE_K, dtype=torch.long)
+    for j in range(8):
+        for i in range(4):
+            for t in range(2):
+                perm[16 * i + 8 * (j // 4) + 2 * (j % 4) + t] = 8 * j + i + 4 * t
+    return perm
+
+
+def permute_k(y: torch.Tensor, k_pad: int) -> torch.Tensor:
+    """A copy of y [Q, K] (K % 16 == 0) in the kernel's K order, zero-padded to k_pad columns
+    (a multiple of 64 >= K): the BF16 operand of `gemm_mixed_sm90` for natural-order data."""
+    q, k = y.shape
+    padded = torch.zeros((q, k_pad), dtype=y.dtype, device=y.device)
+    padded[:, :k] = y
+    idx = (torch.arange(0, k_pad, TILE_K).view(-1, 1) + kperm64().view(1, -1)).view(-1)
+    return padded[:, idx.to(y.device)]
+
+
+@cute.jit
+def a_fragment_offsets(ctid: Int32):
+    """Byte offsets inside one pipeline stage of the packed A rows and the swizzled scales an
+    A-fragment thread (consumer thread index `ctid`, 0..255) decodes, and the bit shift of its
+    blocks inside the scale word: rows a_row0 and a_row0 + 8 (wgmma m64 layout), words c and
+    4 + c of each."""
+    mma_wg = ctid // 128
+    t = ctid % 128
+    lane = t % 32
+    c = lane % 4
+    a_row0 = mma_wg * 64 + (t // 32) * 16 + lane // 4
+    return (a_row0 * (TILE_K // 2) + c * 4, (a_row0 & 31) * 16 + (a_row0 >> 5) * 4,
+            (c >> 1) * 8)
+
+
+@cute.jit
+def decode_a_fragment(rA: cute.Tensor, a_pk: Int32, a_sf: Int32, a_sf_shift: Int32):
+    """Decode this thread's wgmma A fragment of one k-tile into the registers `rA` from the
+    packed rows at shared address `a_pk` and their scales at `a_sf` (see a_fragment_offsets)."""
+    rA32 = cute.recast_tensor(rA, Int32)
+    for h in cutlass.range_constexpr(2):
+        w_lo = ld_shared_u32(a_pk + h * 8 * (TILE_K // 2))
+        w_hi = ld_shared_u32(a_pk + h * 8 * (TILE_K // 2) + 16)
+        sf = ld_shared_u32(a_sf + h * 8 * 16)
+        p = decode_e2m1x8(w_lo, e4m3_to_bf16x2_scale(sf >> a_sf_shift))
+        q = decode_e2m1x8(w_hi, e4m3_to_bf16x2_scale(sf >> (a_sf_shift + 16)))
+        for kb in cutlass.range_constexpr(TILE_K // 16):
+            rA32[kb * 4 + h] = p[kb]
+            rA32[kb * 4 + 2 + h] = q[kb]
+
+
+class Sm90Epilogue:
+    """The FP32 epilogue of the sm_90 GEMMs: D[m, n] = cast(acc * 2**unscale_exp * alpha *
+    row[m] * col[n] + bias[n]), predicated stores. Needs tile_n, out_dtype, unscale_exp,
+    transposed and the has_* flags on self."""
+
+    @cute.jit
+    def epilogue(self, acc, thr_mma, mD, mAlpha, mRow, mCol, mBias, p_tile, q_tile):
+        tile_n = self.tile_n
+        # the kernel's (p, q) coordinate space: D itself or its transposed view
+        gD = mD
+        if const_expr(self.transposed):
+            gD = cute.make_tensor(mD.iterator, cute.select(mD.layout, mode=[1, 0]))
+        p_rows, q_cols = gD.shape
+        cD = cute.make_identity_tensor(gD.shape)
+        tCcD = thr_mma.partition_C(cute.local_tile(cD, (TILE_M, tile_n), (p_tile, q_tile)))
+        tCgD = thr_mma.partition_C(cute.local_tile(gD, (TILE_M, tile_n), (p_tile, q_tile)))
+        scale = Float32(float(2 ** self.unscale_exp))
+        if const_expr(self.has_alpha):
+            scale = scale * mAlpha[0].to(Float32)
+        for i in cutlass.range_constexpr(cute.size(acc)):
+            p, q = tCcD[i]
+            m, n = p, q
+            if const_expr(self.transposed):
+                m, n = q, p
+            if p < p_rows and q < q_cols:
+                v = acc[i] * scale
+                if const_expr(self.has_row):
+                    v = v * mRow[m].to(Float32)
+                if const_expr(self.has_col):
+                    v = v * mCol[n].to(Float32)
+                if const_expr(self.has_bias):
+                    v = v + mBias[n].to(Float32)
+                tCgD[i] = v.to(self.out_dtype)
+
+
+class Sm90GemmMixed(Sm90Epilogue):
+    """Compile-time config: tile_n (128 or 256), pipeline stages, output dtype, the epilogue
+    operands present, `transposed` (D[q, p]) and unscale_exp. `__call__` takes packed x
+    [P, K/2] (uint8, K/2 a multiple of 16), its swizzled scales (flat uint8), y [Q, >= K] BF16
+    (row pitch a multiple of 16 bytes), D [M, N] and the optional alpha [1], row [M], col [N],
+    bias [N]."""
+
+    def __init__(
+        self,
+        out_dtype: Type[cutlass.Numeric],
+        *,
+        tile_n: int = 256,
+        stages: int = 5,
+        has_alpha: bool = False,
+        has_row: bool = False,
+        has_col: bool = False,
+        has_bias: bool = False,
+        transposed: bool = False,
+        unscale_exp: int = UNSCALE_W4A4,
+    ):
+        if tile_n not in (128, 256):
+            raise ValueError(f"tile_n must be 128 or 256, got {tile_n}")
+        stage_bytes = tile_n * TILE_K * 2 + TILE_M * TILE_K // 2 + SF_TILE_BYTES
+        if stages < 2 or stages * stage_bytes > 220 * 1024:
+            raise ValueError(f"stages must be 2..{220 * 1024 // stage_bytes} for tile_n "
+                             f"{tile_n}, got {stages}")
+        self.out_dtype = out_dtype
+        self.tile_n = tile_n
+        self.stages = stages
+        self.has_alpha = has_alpha
+        self.has_row = has_row
+        self.has_col = has_col
+        self.has_bias = has_bias
+        self.transposed = transposed
+        self.unscale_exp = unscale_exp
+        self.threads = 384
+        self.consumer_warps = 8
+        # setmaxnreg only moves registers inside the launch allocation (168 per thread at
+        # 384 threads): 40 * 128 + 232 * 256 = 168 * 384
+        self.producer_regs = 40
+        self.consumer_regs = 232
+
+    @cute.jit
+    def __call__(
+        self,
+        mX: cute.Tensor,
+        mSFX: cute.Tensor,
+        mY: cute.Tensor,
+        mD: cute.Tensor,
+        mAlpha: Optional[cute.Tensor],
+        mRow: Optional[cute.Tensor],
+        mCol: Optional[cute.Tensor],
+        mBias: Optional[cute.Tensor],
+        stream: cuda.CUstream,
+    ):
+        tile_n = self.tile_n
+        p_rows = mX.shape[0]
+        q_rows = mY.shape[0]
+        k_tiles = cute.ceil_div(mX.shape[1], TILE_K // 2)
+        # swizzled scales: one 512-byte tile per (128 rows, k-tile), row-tile major; one TMA
+        # box (128, 4) of this [128, 4 * tiles] view is one tile
+        sfx = cute.make_tensor(
+            mSFX.iterator,
+            cute.make_layout((128, 4 * k_tiles * cute.ceil_div(p_rows, 128)), stride=(1, 128)),
+        )
+        pk_layout = cute.make_layout((TILE_M, TILE_K // 2, self.stages),
+                                     stride=(TILE_K // 2, 1, TILE_M * TILE_K // 2))
+        sf_layout = cute.make_layout((128, 4, self.stages), stride=(1, 128, SF_TILE_BYTES))
+        y_layout = sm90_utils.make_smem_layout_b(
+            LayoutEnum.ROW_MAJOR, (TILE_M, tile_n, TILE_K), cutlass.BFloat16, self.stages)
+
+        g2s = cpasync.CopyBulkTensorTileG2SOp()
+        tma_x, tma_mX = cpasync.make_tiled_tma_atom(
+            g2s, mX, cute.select(pk_layout, mode=[0, 1]), (TILE_M, TILE_K // 2))
+        tma_sf, tma_mSF = cpasync.make_tiled_tma_atom(
+            g2s, sfx, cute.select(sf_layout, mode=[0, 1]), (128, 4))
+        tma_y, tma_mY = cpasync.make_tiled_tma_atom(
+            g2s, mY, cute.slice_(y_layout, (None, None, 0)), (tile_n, TILE_K))
+        tx_bytes = TILE_M * TILE_K // 2 + SF_TILE_BYTES + tile_n * TILE_K * 2
+
+        tiled_mma = sm90_utils.make_trivial_tiled_mma(
+            cutlass.BFloat16, cutlass.BFloat16,
+            LayoutEnum.ROW_MAJOR.sm90_mma_major_mode(),
+            LayoutEnum.ROW_MAJOR.sm90_mma_major_mode(),
+            Float32, (2, 1, 1), tiler_mn=(64, tile_n), a_source=warpgroup.OperandSource.RMEM)
+
+        stages = self.stages
+
+        @cute.struct
+        class SharedStorage:
+            mbar: cute.struct.MemRange[cutlass.Int64, stages * 2]
+            sY: cute.struct.Align[
+                cute.struct.MemRange[cutlass.BFloat16, cute.cosize(y_layout)], 1024]
+            sX: cute.struct.Align[cute.struct.MemRange[cutlass.Uint8, cute.cosize(pk_layout)], 128]
+            sSF: cute.struct.Align[cute.struct.MemRange[cutlass.Uint8, cute.cosize(sf_layout)], 128]
+
+        self.shared_storage = SharedStorage
+
+        grid = (cute.ceil_div(p_rows, TILE_M), cute.ceil_div(q_rows, tile_n), 1)
+        self.kernel(
+            tma_x, tma_mX, tma_sf, tma_mSF, tma_y, tma_mY, mD, mAlpha, mRow, mCol, mBias,
+            tiled_mma, pk_layout, sf_layout, y_layout, tx_bytes,
+        ).launch(grid=grid, block=[self.threads, 1, 1], stream=stream)
+
+    @cute.kernel
+    def kernel(
+        self,
+        tma_x: cute.CopyAtom,
+        mX: cute.Tensor,
+        tma_sf: cute.CopyAtom,
+        mSF: cute.Tensor,
+        tma_y: cute.CopyAtom,
+        mY: cute.Tensor,
+        mD: cute.Tensor,
+        mAlpha: Optional[cute.Tensor],
+        mRow: Optional[cute.Tensor],
+        mCol: Optional[cute.Tensor],
+        mBias: Optional[cute.Tensor],
+        tiled_mma: cute.TiledMma,
+        pk_layout: cute.Layout,
+        sf_layout: cute.Layout,
+        y_layout: cute.ComposedLayout,
+        tx_bytes: cutlass.Constexpr[int],
+    ):
+        tile_n = self.tile_n
+        tidx, _, _ = cute.arch.thread_idx()
+        p_tile, q_tile, _ = cute.arch.block_idx()
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        wg_idx = cute.arch.make_warp_uniform(tidx // 128)
+
+        if warp_idx == 0:
+            cpasync.prefetch_descriptor(tma_x)
+            cpasync.prefetch_descriptor(tma_sf)
+            cpasync.prefetch_descriptor(tma_y)
+
+        smem = cutlass.memory.SmemAllocator()
+        storage = smem.allocate(self.shared_storage)
+        mainloop = pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.mbar.data_ptr(),
+            num_stages=self.stages,
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
+            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread,
+                                                     self.consumer_warps),
+            tx_count=tx_bytes,
+            cta_layout_vmnk=cute.make_layout((1, 1, 1, 1)),
+        )
+        sX = storage.sX.get_tensor(pk_layout)
+        sSF = storage.sSF.get_tensor(sf_layout)
+        sY = storage.sY.get_tensor(y_layout.outer, swizzle=y_layout.inner)
+        k_tiles = cute.size(cute.ceil_div(mX.shape[1], TILE_K // 2))
+
+        if wg_idx == 0:
+            cute.arch.setmaxregister_decrease(self.producer_regs)
+            if warp_idx == 0:
+                gX = cute.local_tile(mX, (TILE_M, TILE_K // 2), (p_tile, None))
+                gSF = cute.local_tile(mSF, (128, 4), (0, None))
+                gY = cute.local_tile(mY, (tile_n, TILE_K), (q_tile, None))
+                one = cute.make_layout(1)
+                tXsX, tXgX = cpasync.tma_partition(tma_x, 0, one, cute.group_modes(sX, 0, 2),
+                                                   cute.group_modes(gX, 0, 2))
+                tSsS, tSgS = cpasync.tma_partition(tma_sf, 0, one,
+                                                   cute.group_modes(sSF, 0, 2),
+                                                   cute.group_modes(gSF, 0, 2))
+                tYsY, tYgY = cpasync.tma_partition(tma_y, 0, one, cute.group_modes(sY, 0, 2),
+                                                   cute.group_modes(gY, 0, 2))
+                state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer,
+                                                     self.stages)
+                for kt in cutlass.range(k_tiles, unroll=1):
+                    mainloop.producer_acquire(state)
+                    bar = mainloop.producer_get_barrier(state)
+                    s = state.index
+                    cute.copy(tma_x, tXgX[(None, kt)], tXsX[(None, s)], tma_bar_ptr=bar)
+                    cute.copy(tma_sf, tSgS[(None, p_tile * k_tiles + kt)], tSsS[(None, s)],
+                              tma_bar_ptr=bar)
+                    cute.copy(tma_y, tYgY[(None, kt)], tYsY[(None, s)], tma_bar_ptr=bar)
+                    mainloop.producer_commit(state)
+                    state.advance()
+                mainloop.producer_tail(state)
+        else:
+            cute.arch.setmaxregister_increase(self.consumer_regs)
+            ctid = tidx - 128
+            mma_wg = wg_idx - 1
+            thr_mma = tiled_mma.get_slice(mma_wg * 128)
+            tCrY = tiled_mma.make_fragment_B(thr_mma.partition_B(sY))
+            a_shape = tiled_mma.get_slice(ctid).partition_A(
+                cute.make_identity_tensor((TILE_M, TILE_K))).shape
+            # two A register buffers, selected statically (the k-loop is unrolled by 2)
+            rA = [cute.make_rmem_tensor(a_shape, cutlass.BFloat16) for _ in range(2)]
+            acc = cute.make_rmem_tensor(
+                thr_mma.partition_C(cute.make_identity_tensor((TILE_M, tile_n))).shape, Float32)
+            acc.fill(0.0)
+            tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
+
+            pk_off, sf_off, sf_shift = a_fragment_offsets(ctid)
+            x_base = sX.iterator.toint() + pk_off
+            sf_base = sSF.iterator.toint() + sf_off
+
+            self.decode_stage(mainloop, Int32(0), x_base, sf_base, sf_shift, rA[0])
+            for kq in cutlass.range(cute.ceil_div(k_tiles, 2), unroll=1):
+                for j in cutlass.range_constexpr(2):
+                    kt = kq * 2 + j
+                    if kt < k_tiles:
+                        s = kt % self.stages
+                        warpgroup.fence()
+                        for kb in cutlass.range_constexpr(TILE_K // 16):
+                            cute.gemm(tiled_mma, acc, rA[j][(None, None, kb)],
+                                      tCrY[(None, None, kb, s)], acc)
+                        warpgroup.commit_group()
+                        # k-tile kt - 1 done: its stage and A buffer (1 - j) are free
+                        warpgroup.wait_group(1)
+                        if kt > 0:
+                            mainloop.consumer_release(self.consumer_state(kt - 1))
+                        if kt + 1 < k_tiles:
+                            self.decode_stage(mainloop, kt + 1, x_base, sf_base, sf_shift,
+                                              rA[1 - j])
+            warpgroup.wait_group(0)
+            mainloop.consumer_release(self.consumer_state(k_tiles - 1))
+            self.epilogue(acc, tiled_mma.get_slice(ctid), mD, mAlpha, mRow, mCol, mBias,
+                          p_tile, q_tile)
+
+    def consumer_state(self, kt):
+        """The mainloop pipeline's consumer state of k-tile kt."""
+        kt = Int32(kt)
+        return pipeline.PipelineState(self.stages, kt, kt % self.stages,
+                                      (kt // self.stages) & 1)
+
+    @cute.jit
+    def decode_stage(self, mainloop, kt, x_base, sf_base, sf_shift, rA):
+        """Wait for k-tile kt and decode this thread's A fragment of it into `rA`."""
+        state = self.consumer_state(kt)
+        mainloop.consumer_wait(state)
+        s = state.index
+        decode_a_fragment(rA, x_base + s * (TILE_M * TILE_K // 2),
+                          sf_base + s * SF_TILE_BYTES, sf_shift)
+
+
+class Sm90PredecodeNVFP4:
+    """NVFP4 [Q, K/2] (+ swizzled E4M3 scales) -> BF16 [Q, K] holding e2m1 * scale * 2**-7 in
+    the K order of `Sm90GemmMixed` (the outer scales stay with the GEMM's epilogue). One thread
+    per 16 packed bytes (words 4h..4h+3 of a k-tile: blocks 2h, 2h + 1), which fill the 16-byte
+    chunks 2i + h of the k-tile's 128-byte BF16 row, i = 0..3. `__call__` takes the packed data
+    and the scales as int32 views ([Q, K/8] with K/2 a multiple of 16; flat) and the output as
+    an int32 view [Q, K/2]; K a multiple of 64 (the host pads the packed rows to whole
+    k-tiles with zero codes)."""
+
+    def __init__(self, threads: int = 256):
+        self.threads = threads
+
+    @cute.jit
+    def __call__(self, mX: cute.Tensor, mSF: cute.Tensor, mOut: cute.Tensor,
+                 stream: cuda.CUstream):
+        units = mX.shape[0] * (mX.shape[1] // 4)
+        self.kernel(mX, mSF, mOut).launch(grid=(cute.ceil_div(units, self.threads), 1, 1),
+                                          block=[self.threads, 1, 1], stream=stream)
+
+    @cute.kernel
+    def kernel(self, mX: cute.Tensor, mSF: cute.Tensor, mOut: cute.Tensor):
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        rows = mX.shape[0]
+        per_row = mX.shape[1] // 4
+        k_tiles = per_row // 2
+        u = bidx * self.threads + tidx
+        if u < rows * per_row:
+            row = u // per_row
+            h16 = u - row * per_row
+            kt = h16 >> 1
+            half = h16 & 1
+            # swizzled scales as words: tile (row // 128, kt), word (row % 32) * 4 + row // 32 % 4
+            sf = mSF[((row >> 7) * k_tiles + kt) * 128 + (row & 31) * 4 + ((row >> 5) & 3)]
+            sf_half = sf >> (half * 16)
+            s0 = e4m3_to_bf16x2_scale(sf_half)
+            s1 = e4m3_to_bf16x2_scale(sf_half >> 8)
+            src = mX.iterator + (row * mX.layout.stride[0] + h16 * 4)
+            w0, w1, w2, w3 = ld_global_v4(src.toint())
+            p0 = decode_e2m1x8(w0, s0)
+            p1 = decode_e2m1x8(w1, s0)
+            p2 = decode_e2m1x8(w2, s1)
+            p3 = decode_e2m1x8(w3, s1)
+            dst = mOut.iterator + (row * mOut.layout.stride[0] + kt * 32 + half * 4)
+            for i in cutlass.range_constexpr(4):
+                st_global_v4((dst + i * 8).toint(), p0[i], p1[i], p2[i], p3[i])
+
+
+# ---- host side ----
+
+def _stage_bytes(tile_n: int) -> int:
+    return tile_n * TILE_K * 2 + TILE_M * TILE_K // 2 + SF_TILE_BYTES
+
+
+def pick_mixed_config(p: int, q: int):
+    """(tile_n, stages) for P register-operand rows x Q TMA-operand rows: 128-wide tiles when
+    256-wide ones leave SMs idle, the deepest pipeline that fits shared memory."""
+    tiles_256 = -(-p // TILE_M) * -(-q // 256)
+    tile_n = 128 if tiles_256 < 132 or q <= 128 else 256
+    return tile_n, min(8, 220 * 1024 // _stage_bytes(tile_n))
+
+
+def mixed_kernel(out_dtype, tile_n, stages, flags, bias_dtype, transposed, unscale_exp):
+    """The compile-time op and fake arguments of one Sm90GemmMixed configuration."""
+    import cutlass
+
+    has_alpha, has_row, has_col, has_bias = flags
+    op = Sm90GemmMixed(torch_to_cutlass(out_dtype), tile_n=tile_n, stages=stages,
+                       has_alpha=has_alpha, has_row=has_row, has_col=has_col, has_bias=has_bias,
+                       transposed=transposed, unscale_exp=unscale_exp)
+    p, q = dyn(), dyn()
+    m, n = (q, p) if transposed else (p, q)
+    args = (
+        fake_tensor(cutlass.Uint8, (p, dyn(16))),
+        fake_tensor(cutlass.Uint8, (dyn(512),)),
+        fake_tensor(cutlass.BFloat16, (q, dyn(8))),
+        fake_tensor(torch_to_cutlass(out_dtype), (m, n), align=4 if out_dtype == torch.float32
+                    else 2),
+        fake_tensor(cutlass.Float32, (1,), align=4) if has_alpha else None,
+        fake_tensor(cutlass.Float32, (m,), align=4) if has_row else None,
+        fake_tensor(cutlass.Float32, (n,), align=4) if has_col else None,
+        fake_tensor(torch_to_cutlass(bias_dtype), (n,),
+                    align=torch.empty((), dtype=bias_dtype).element_size()) if has_bias else None,
+        env_stream(),
+    )
+    return op, args
+
+
+def predecode_kernel():
+    """The op and fake arguments of Sm90PredecodeNVFP4."""
+    import cutlass
+
+    q = dyn()
+    return Sm90PredecodeNVFP4(), (
+        fake_tensor(cutlass.Int32, (q, dyn(8))),
+        fake_tensor(cutlass.Int32, (dyn(128),)),
+        fake_tensor(cutlass.Int32, (q, dyn(32))),
+        env_stream(),
+    )
+
+
+def k_pad(kh: int) -> int:
+    """K rounded up to whole k-tiles, for packed rows of kh bytes."""
+    return -(-kh // (TILE_K // 2)) * TILE_K
+
+
+def predecode_nvfp4(data: torch.Tensor, sf_flat: torch.Tensor, arch: str) -> torch.Tensor:
+    """BF16 [rows, k_pad] = e2m1 * scale * 2**-7 in the kernel's K order (zero past K) from
+    packed data [rows, K/2] (contiguous) and its flat swizzled scales."""
+    rows, kh = data.shape
+    kp = k_pad(kh)
+    if kh * 2 != kp or data.data_ptr() % 16:
+        padded = torch.zeros((rows, kp // 2), dtype=torch.uint8, device=data.device)
+        padded[:, :kh] = data
+        data = padded
+    out = torch.empty((rows, kp), dtype=torch.bfloat16, device=data.device)
+    if rows:
+        def build():
+            op, args = predecode_kernel()
+            return compile_kernel(op, *args, arch=arch)
+
+        KERNELS.get(("predecode_nvfp4_sm90",), build)(
+            data.view(torch.int32), sf_flat.view(torch.int32), out.view(torch.int32))
+    return out
+
+
+def launch_mixed(x_data, sfx, y, out, alpha, row, col, bias, *, transposed: bool,
+                 unscale_exp: int, arch: str, tile_n: Optional[int] = None,
+                 stages: Optional[int] = None):
+    """Run Sm90GemmMixed on prepared operands: x_data [P, K/2] uint8 with 16-byte rows and
+    base, sfx its flat swizzled scales, y [Q, >= K] BF16 in the kernel's K order with 16-byte
+    row pitch, out [M, N] contiguous, the epilogue operands as `operands._epilogue` returns
+    them."""
+    auto_tile_n, auto_stages = pick_mixed_config(x_data.shape[0], y.shape[0])
+    tile_n = tile_n or auto_tile_n
+    stages = stages or (auto_stages if tile_n == auto_tile_n
+                        else min(8, 220 * 1024 // _stage_bytes(tile_n)))
+    flags = (alpha is not None, row is not None, col is not None, bias is not None)
+    bias_dtype = bias.dtype if bias is not None else None
+    key = ("gemm_mixed_sm90", out.dtype, tile_n, stages, flags, bias_dtype, transposed,
+           unscale_exp)
+
+    def build():
+        op, args = mixed_kernel(out.dtype, tile_n, stages, flags, bias_dtype, transposed,
+                                unscale_exp)
+        return compile_kernel(op, *args, arch=arch)
+
+    KERNELS.get(key, build)(x_data, sfx, y, out, alpha, row, col, bias)
+    return out
+
+
+def gemm_mixed_sm90(w_data: torch.Tensor, w_scales: torch.Tensor, a: torch.Tensor, *,
+                    alpha: Optional[torch.Tensor] = None, row: Optional[torch.Tensor] = None,
+                    col: Optional[torch.Tensor] = None, bias: Optional[torch.Tensor] = None,
+                    out_dtype: torch.dtype = torch.bfloat16, scales_swizzled: bool = False,
+                    out: Optional[torch.Tensor] = None, tile_n: Optional[int] = None,
+                    stages: Optional[int] = None) -> torch.Tensor:
+    """W4A16 for any M (prefill): D[m, n] = cast(alpha * row[m] * col[n] *
+    sum_k a[m, k] * w[n, k] + bias[n]) with BF16 activations a [M, K] (natural K order) and
+    NVFP4 weights w [N, K/2] (E4M3 scales, compact or swizzled), FP32 accumulation. The weights
+    are decoded in registers, the activations go through a K-permuted copy (`permute_k`,
+    2 * M * K bytes each way) loaded by TMA. sm_90a only."""
+    from ..common.jit import device_arch
+    from .operands import _check_operand, _epilogue, _prepare_data
+
+    if a.dtype != torch.bfloat16 or a.dim() != 2:
+        raise TypeError(f"a must be a 2D bfloat16 tensor [M, K], got {a.dtype} "
+                        f"{tuple(a.shape)}")
+    sfw = _check_operand(w_data, w_scales, "w", scales_swizzled)
+    m, n, k = a.shape[0], w_data.shape[0], w_data.shape[1] * 2
+    if a.shape[1] != k:
+        raise ValueError(f"a must be [M, {k}], got {tuple(a.shape)}")
+    if not a.is_cuda or w_data.device != a.device:
+        raise ValueError("gemm_mixed_sm90 needs a and w_data on one CUDA device")
+    arch = device_arch(a.device)
+    if arch != "sm_90a":
+        raise NotImplementedError(f"gemm_mixed_sm90 runs on sm_90a (device is {arch})")
+    alpha, row, col, bias = _epilogue(alpha, row, col, bias, m, n, out_dtype, a.device)
+    if out is None:
+        out = torch.empty((m, n), dtype=out_dtype, device=a.device)
+    elif out.dtype != out_dtype or tuple(out.shape) != (m, n) or not out.is_contiguous():
+        raise ValueError(f"out must be a contiguous [{m}, {n}] {out_dtype} tensor")
+    if m == 0 or n == 0:
+        return out
+    w_prep = _prepare_data(w_data)
+    return launch_mixed(w_prep, sfw, permute_k(a, k_pad(w_prep.shape[1])), out, alpha, row,
+                        col, bias, transposed=True, unscale_exp=UNSCALE_W4A16, arch=arch,
+                        tile_n=tile_n, stages=stages)
