@@ -2,8 +2,8 @@
 kernel builds for sm_90a and sm_100a in every variant and uses the instructions it relies on:
 mma.sync m16n8k16 with FP32 accumulation (BF16 or FP16 operands), 16-byte non-allocating weight
 loads (8-byte ones when K % 32 != 0), unpredicated in the main loop, the BF16x2 / FP16x2 decode
-multiply (FP16: E4M3 scales through cvt.rn.f16x2.e4m3x2), the byte permutes of the K order
-(activations up to 16 tokens, weights beyond), and the L2 bulk prefetches of later stages."""
+multiply (FP16: E4M3 scales through cvt.rn.f16x2.e4m3x2), and the byte permutes of the K order
+(activations up to 16 tokens, weights beyond)."""
 
 import re
 
@@ -14,26 +14,22 @@ from cute_fp4.common.compile_check import compile_ptx, missing_instructions, ptx
 from cute_fp4.gemm.sm90_w4a16 import w4a16_kernel
 
 CASES = [
-    # act, out, tile_m, unroll, row_warps, l2_ahead, wide, swizzled, flags, bias dtype
-    (torch.bfloat16, torch.bfloat16, 8, 2, 1, 0, True, False, (False, False, False), None),
-    (torch.bfloat16, torch.float32, 16, 2, 2, 3, True, True, (True, True, True), torch.float32),
-    (torch.float16, torch.float16, 32, 1, 1, 0, False, False, (True, False, True), torch.float16),
-    (torch.float16, torch.bfloat16, 64, 1, 2, 0, True, True, (False, True, False), None),
-    (torch.bfloat16, torch.float16, 64, 1, 1, 0, False, True, (True, True, False), None),
-    (torch.float16, torch.float16, 8, 1, 1, 0, True, True, (False, False, True), torch.float16),
-    (torch.bfloat16, torch.bfloat16, 8, 1, 1, 4, True, True, (False, False, False), None),
-    (torch.bfloat16, torch.bfloat16, 16, 1, 1, 2, True, False, (True, False, False), None),
+    # act, out, tile_m, unroll, row_warps, wide, swizzled, flags, bias dtype
+    (torch.bfloat16, torch.bfloat16, 8, 2, 1, True, False, (False, False, False), None),
+    (torch.bfloat16, torch.float32, 16, 2, 2, True, True, (True, True, True), torch.float32),
+    (torch.float16, torch.float16, 32, 1, 1, False, False, (True, False, True), torch.float16),
+    (torch.float16, torch.bfloat16, 64, 1, 2, True, True, (False, True, False), None),
+    (torch.bfloat16, torch.float16, 64, 1, 1, False, True, (True, True, False), None),
+    (torch.float16, torch.float16, 8, 1, 1, True, True, (False, False, True), torch.float16),
 ]
 
 
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
-@pytest.mark.parametrize(
-    "act,out,tile_m,unroll,row_warps,l2_ahead,wide,swizzled,flags,bias_dtype", CASES)
-def test_w4a16_ptx(arch, act, out, tile_m, unroll, row_warps, l2_ahead, wide, swizzled, flags,
+@pytest.mark.parametrize("act,out,tile_m,unroll,row_warps,wide,swizzled,flags,bias_dtype", CASES)
+def test_w4a16_ptx(arch, act, out, tile_m, unroll, row_warps, wide, swizzled, flags,
                    bias_dtype):
     op, args = w4a16_kernel(act, out, tile_m=tile_m, unroll=unroll, row_warps=row_warps,
-                            l2_ahead=l2_ahead, wide=wide, swizzled=swizzled, flags=flags,
-                            bias_dtype=bias_dtype)
+                            wide=wide, swizzled=swizzled, flags=flags, bias_dtype=bias_dtype)
     ptx = compile_ptx(op, *args, arch=arch)
     assert ptx_target(ptx) == arch
     ty = "f16" if act == torch.float16 else "bf16"
@@ -45,8 +41,6 @@ def test_w4a16_ptx(arch, act, out, tile_m, unroll, row_warps, l2_ahead, wide, sw
         r"ld\.global\.nc\.v4\.u32",
         rf"mul\.rn\.{ty}x2",
         r"prmt\.b32",
-        r"griddepcontrol\.wait",
-        r"griddepcontrol\.launch_dependents",
     ]) == []
     if act == torch.float16:  # the FP16 path converts scales with the E4M3 converter
         assert missing_instructions(ptx, [r"cvt\.rn\.f16x2\.e4m3x2"]) == []
@@ -61,15 +55,6 @@ def test_w4a16_ptx(arch, act, out, tile_m, unroll, row_warps, l2_ahead, wide, sw
     # (the decode keeps (v_i, v_{i+4}) pairs), 4 per 8 weights beyond
     per_chunk = 16 * (tile_m // 8) if tile_m <= 16 else 64
     assert len(re.findall(r"prmt\.b32", ptx)) == copies * unroll * per_chunk
-    # L2 prefetch: l2_ahead - 1 stages before the loop, one with each complete stage's loads
-    # (copies - 1 places); per prefetch one weight range of 8 chunks * unroll * 64 bytes per
-    # row, and with swizzled scales one 8 * unroll * 1024-byte scale range
-    calls = l2_ahead - 1 + copies - 1 if l2_ahead else 0
-    bulk = re.findall(r"cp\.async\.bulk\.prefetch\.L2\.global \[%rd\d+\], (\d+);", ptx)
-    sizes = [512 * unroll] + ([8192 * unroll] if swizzled else [])
-    assert sorted(bulk) == sorted(str(s) for s in sizes * calls)
-    if l2_ahead and not swizzled:
-        assert ptx.count("prefetch.global.L2 ") == calls * 2
 
 
 def test_config_errors():
@@ -79,7 +64,3 @@ def test_config_errors():
         w4a16_kernel(k_warps=8, row_warps=8)
     with pytest.raises(TypeError):
         w4a16_kernel(torch.float32)
-    with pytest.raises(ValueError):
-        w4a16_kernel(l2_ahead=2, wide=False)
-    with pytest.raises(ValueError):
-        w4a16_kernel(l2_ahead=-1)

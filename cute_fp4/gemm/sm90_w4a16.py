@@ -113,29 +113,6 @@ def ld_global_small(addr: Int64, pred: Optional[Int32] = None, *, bits: int, loc
 
 
 @dsl_user_op
-def prefetch_l2_bulk(addr: Int64, pred: Int32, *, nbytes: int, loc=None, ip=None):
-    """Where `pred` is nonzero, ask L2 to fetch `nbytes` (a multiple of 16) from a 16-byte
-    aligned global address (cp.async.bulk.prefetch: no registers, no completion)."""
-    llvm.inline_asm(None, [Int64(addr).ir_value(loc=loc, ip=ip),
-                           Int32(pred).ir_value(loc=loc, ip=ip)],
-                    "{\n\t.reg .pred p;\n\tsetp.ne.b32 p, $1, 0;\n\t"
-                    f"@p cp.async.bulk.prefetch.L2.global [$0], {nbytes};\n\t}}",
-                    "l,r", has_side_effects=True, is_align_stack=False,
-                    asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip)
-
-
-@dsl_user_op
-def prefetch_l2_line(addr: Int64, pred: Int32, *, loc=None, ip=None):
-    """Where `pred` is nonzero, ask L2 to fetch the line holding `addr` (any alignment)."""
-    llvm.inline_asm(None, [Int64(addr).ir_value(loc=loc, ip=ip),
-                           Int32(pred).ir_value(loc=loc, ip=ip)],
-                    "{\n\t.reg .pred p;\n\tsetp.ne.b32 p, $1, 0;\n\t"
-                    "@p prefetch.global.L2 [$0];\n\t}",
-                    "l,r", has_side_effects=True, is_align_stack=False,
-                    asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip)
-
-
-@dsl_user_op
 def prmt(a: Int32, b: Int32, *, sel: int, loc=None, ip=None) -> Int32:
     """prmt.b32 with a constant selector: bytes of (a, b) picked by the 4 nibbles of sel."""
     return Int32(_asm(T.i32(), [Int32(a).ir_value(loc=loc, ip=ip),
@@ -202,30 +179,22 @@ class Sm90GemmW4A16:
     """Compile-time config: activation and output dtypes, tile_m tokens per CTA (8/16/32/64),
     row_tiles (16 weight rows each) per warp, k_warps (warps splitting K), row_warps (warps
     side by side along N: a CTA owns row_warps * row_tiles * 16 weight rows and reads each
-    activation chunk once for all of them), unroll (chunks per pipeline stage), l2_ahead
-    (stages whose weights and scales are prefetched into L2 ahead of the register loads, 0:
-    none; needs wide), wide (K % 32 == 0: 16-byte weight loads and 2-byte scale loads; else
-    per-block 8-byte / 1-byte loads), swizzled scales, which epilogue operands exist, pdl
-    (programmatic dependent launch, see `kernel`). `__call__` takes a [M, K], packed b
+    activation chunk once for all of them), unroll (chunks per pipeline stage), wide (K % 32
+    == 0: 16-byte weight loads and 2-byte scale loads; else per-block 8-byte / 1-byte loads),
+    swizzled scales, which epilogue operands exist. `__call__` takes a [M, K], packed b
     [N, K/2] uint8, scales as a flat uint8 tensor (compact [N, K/16] or swizzled), d [M, N]
     and optional alpha [1], col [N], bias [N]."""
 
     def __init__(self, act_dtype: Type[cutlass.Numeric], out_dtype: Type[cutlass.Numeric], *,
                  tile_m: int = 8, row_tiles: int = 2, k_warps: int = 8, unroll: int = 1,
-                 row_warps: int = 1, l2_ahead: int = 0, wide: bool = True,
-                 swizzled: bool = False, has_alpha: bool = False, has_col: bool = False,
-                 has_bias: bool = False, pdl: bool = True):
+                 row_warps: int = 1, wide: bool = True, swizzled: bool = False,
+                 has_alpha: bool = False, has_col: bool = False, has_bias: bool = False):
         if act_dtype not in (cutlass.BFloat16, cutlass.Float16):
             raise TypeError(f"activations must be BFloat16 or Float16, got {act_dtype}")
         if tile_m not in (8, 16, 32, 64):
             raise ValueError(f"tile_m must be 8, 16, 32 or 64, got {tile_m}")
         if row_tiles < 1 or k_warps < 1 or unroll < 1 or row_warps < 1:
             raise ValueError("row_tiles, k_warps, unroll and row_warps must be positive")
-        if l2_ahead < 0:
-            raise ValueError(f"l2_ahead must be >= 0, got {l2_ahead}")
-        if l2_ahead and not wide:
-            raise ValueError("l2_ahead needs K % 32 == 0 (16-byte aligned weight rows for the "
-                             "bulk prefetch)")
         if k_warps * row_warps > 32:
             raise ValueError(f"k_warps * row_warps must be at most 32 (1024 threads), got "
                              f"{k_warps} * {row_warps}")
@@ -236,13 +205,11 @@ class Sm90GemmW4A16:
         self.k_warps = k_warps
         self.row_warps = row_warps
         self.unroll = unroll
-        self.l2_ahead = l2_ahead
         self.wide = wide
         self.swizzled = swizzled
         self.has_alpha = has_alpha
         self.has_col = has_col
         self.has_bias = has_bias
-        self.pdl = pdl
         # up to 16 tokens the decode keeps its cheap K order (v_i, v_{i+4}) and the
         # activations are permuted to match (4 byte permutes per 8 activations of a token
         # tile instead of 4 per 8 weights); beyond, permuting the weights is cheaper
@@ -280,8 +247,7 @@ class Sm90GemmW4A16:
         grid = (cute.ceil_div(mB.shape[0], rows), cute.ceil_div(mA.shape[0], self.tile_m), 1)
         self.kernel(mA, mB, mSF, mD, mAlpha, mCol, mBias, red_layout).launch(
             grid=grid, block=[32 * self.k_warps * self.row_warps, 1, 1], stream=stream,
-            min_blocks_per_mp=self.min_blocks, preferred_smem_carveout=self.smem_carveout,
-            use_pdl=self.pdl)
+            min_blocks_per_mp=self.min_blocks, preferred_smem_carveout=self.smem_carveout)
 
     @cute.kernel
     def kernel(self, mA: cute.Tensor, mB: cute.Tensor, mSF: cute.Tensor, mD: cute.Tensor,
@@ -291,13 +257,6 @@ class Sm90GemmW4A16:
         NT = self.tile_m // 8
         KW = self.k_warps
         UNR = self.unroll
-        if const_expr(self.pdl):
-            # Launched with programmatic stream serialization: wait for the previous kernel
-            # (its outputs may be our inputs, or it may still read our output) before any
-            # global access, then let the next kernel launch, so that its launch overlaps
-            # this kernel instead of following it.
-            cute.arch.griddepcontrol_wait()
-            cute.arch.griddepcontrol_launch_dependents()
         tidx, _, _ = cute.arch.thread_idx()
         bn, bm, _ = cute.arch.block_idx()
         warp = cute.arch.make_warp_uniform(tidx // 32)
@@ -338,24 +297,6 @@ class Sm90GemmW4A16:
             tok = cutlass.min(m0 + nt * 8 + g, m_rows - 1)
             a_addr.append(a_base + Int64(tok) * Int64(k * 2) + Int64(t * 64))
 
-        # L2 prefetch: thread j = lane * warps + warp (spread over the warps) asks for the
-        # stage's bytes of CTA row j (weights: one contiguous range per row)
-        pf = []
-        if const_expr(self.l2_ahead > 0):
-            threads = KW * self.row_warps * 32
-            for rep in cutlass.range_constexpr(-(-rows // threads)):
-                j = lane * (KW * self.row_warps) + warp + rep * threads
-                prow = cutlass.min(bn * rows + j, n_rows - 1)
-                on = Int32(j < rows)
-                if const_expr(self.swizzled):
-                    # one thread per 128-row scale block the CTA touches
-                    sf_on = on & (Int32(j == 0) | Int32(prow % 128 == 0))
-                    sf_row = sf_base + Int64((prow // 128) * tiles_per_row * 512)
-                else:
-                    sf_on = on
-                    sf_row = sf_base + Int64(prow) * Int64(ks)
-                pf.append((b_base + Int64(prow) * Int64(kh), on, sf_row, sf_on))
-
         acc = cute.make_rmem_tensor((4, NT, RT), Float32)
         acc.fill(0.0)
         # Stages of UNR chunks per warp (chunk c = (stage * UNR + u) * KW + wk). Stages whose
@@ -366,23 +307,18 @@ class Sm90GemmW4A16:
         stage_chunks = KW * UNR
         full_stages = (k // CHUNK_K) // stage_chunks
         buf = cute.make_rmem_tensor((words * UNR,), Int32)
-        # stage 0 is loaded at once; stages 1 .. l2_ahead - 1 go to L2 now, every later one
-        # when the stage l2_ahead before it is loaded
-        for s in cutlass.range_constexpr(1, self.l2_ahead):
-            self._prefetch_l2(pf, s, full_stages)
         if const_expr(self.prefetch):
             if full_stages > 0:
-                self._load_stage(buf, b_addr, sf_addr, 0, wk, t, k, False, pf, full_stages)
+                self._load_stage(buf, b_addr, sf_addr, 0, wk, t, k, False)
                 for st in cutlass.range(full_stages - 1, unroll=1):
                     cur = [buf[i] for i in range(words * UNR)]
-                    self._load_stage(buf, b_addr, sf_addr, st + 1, wk, t, k, False, pf,
-                                     full_stages)
+                    self._load_stage(buf, b_addr, sf_addr, st + 1, wk, t, k, False)
                     self._compute_stage(acc, cur, a_addr, st, wk, t, k, False)
                 cur = [buf[i] for i in range(words * UNR)]
                 self._compute_stage(acc, cur, a_addr, full_stages - 1, wk, t, k, False)
         else:
             for st in cutlass.range(full_stages, unroll=1):
-                self._load_stage(buf, b_addr, sf_addr, st, wk, t, k, False, pf, full_stages)
+                self._load_stage(buf, b_addr, sf_addr, st, wk, t, k, False)
                 cur = [buf[i] for i in range(words * UNR)]
                 self._compute_stage(acc, cur, a_addr, st, wk, t, k, False)
         if full_stages * stage_chunks * CHUNK_K < k:
@@ -429,30 +365,9 @@ class Sm90GemmW4A16:
         kk = c * CHUNK_K + t * 32
         return Int32(kk + 16 <= k), Int32(kk + 32 <= k)
 
-    def _prefetch_l2(self, pf, stage, full_stages):
-        """L2 prefetch of complete stage `stage` (if it exists) of the CTA's weight rows and
-        their scales: per row stage_chunks * 64 contiguous weight bytes; compact scales
-        stage_chunks * 8 bytes per row (line prefetches: rows need not be 16-byte aligned),
-        swizzled ones stage_chunks * 1024 contiguous bytes per 128-row block."""
-        sc = self.k_warps * self.unroll
-        exists = Int32(stage < full_stages)
-        for b_row, on, sf_row, sf_on in pf:
-            prefetch_l2_bulk(b_row + Int64(stage * (sc * 64)), exists & on, nbytes=sc * 64)
-            if const_expr(self.swizzled):
-                prefetch_l2_bulk(sf_row + Int64(stage * (sc * 1024)), exists & sf_on,
-                                 nbytes=sc * 1024)
-            else:
-                first = sf_row + Int64(stage * (sc * 8))
-                for off in list(range(0, sc * 8, 128)) + [sc * 8 - 1]:
-                    prefetch_l2_line(first + Int64(off), exists & sf_on)
-
-    def _load_stage(self, buf, b_addr, sf_addr, stage, wk, t, k, predicated, pf=(),
-                    full_stages=None):
+    def _load_stage(self, buf, b_addr, sf_addr, stage, wk, t, k, predicated):
         """Weights and block-scale pairs of the stage's UNR chunks into buf (per chunk: 4
-        words per row half, then one scale pair per row half), after the L2 prefetch of the
-        stage l2_ahead later (complete stages)."""
-        if const_expr(self.l2_ahead > 0 and not predicated):
-            self._prefetch_l2(pf, stage + self.l2_ahead, full_stages)
+        words per row half, then one scale pair per row half)."""
         RT2 = 2 * self.row_tiles
         words = 5 * RT2
         for u in range(self.unroll):
@@ -549,28 +464,28 @@ ACT_DTYPES = (torch.bfloat16, torch.float16)
 
 
 def pick_w4a16_config(m: int, n: int):
-    """(tile_m, row_tiles, k_warps, unroll, row_warps, l2_ahead) for M tokens and N weight rows: the
+    """(tile_m, row_tiles, k_warps, unroll, row_warps) for M tokens and N weight rows: the
     smallest token tile that holds M (64 for larger M, one grid row per 64 tokens), 32 weight
     rows x 8 K-warps per CTA, one chunk per stage; up to 8 tokens and N > 16384, 16 rows and
     two chunks per stage (H100 sweep, notes/gemm_w4a16.md)."""
     tile_m = next((tm for tm in (8, 16, 32) if m <= tm), 64)
     if tile_m == 8 and n > 16384:
-        return tile_m, 1, 8, 2, 1, 0
-    return tile_m, 2, 8, 1, 1, 0
+        return tile_m, 1, 8, 2, 1
+    return tile_m, 2, 8, 1, 1
 
 
 def w4a16_kernel(act_dtype=torch.bfloat16, out_dtype=torch.bfloat16, *, tile_m=8, row_tiles=2,
-                 k_warps=8, unroll=1, row_warps=1, l2_ahead=0, wide=True, swizzled=False,
-                 flags=(False, False, False), bias_dtype=None, pdl=True):
+                 k_warps=8, unroll=1, row_warps=1, wide=True, swizzled=False,
+                 flags=(False, False, False), bias_dtype=None):
     """(op, *fake_args) of one W4A16 configuration, for compiling (host calls and tests).
-    flags = (has_alpha, has_col, has_bias); pdl: launch with programmatic dependent launch."""
+    flags = (has_alpha, has_col, has_bias)."""
     import cutlass
 
     has_alpha, has_col, has_bias = flags
     op = Sm90GemmW4A16(torch_to_cutlass(act_dtype), torch_to_cutlass(out_dtype), tile_m=tile_m,
                        row_tiles=row_tiles, k_warps=k_warps, unroll=unroll,
-                       row_warps=row_warps, l2_ahead=l2_ahead, wide=wide, swizzled=swizzled,
-                       has_alpha=has_alpha, has_col=has_col, has_bias=has_bias, pdl=pdl)
+                       row_warps=row_warps, wide=wide, swizzled=swizzled,
+                       has_alpha=has_alpha, has_col=has_col, has_bias=has_bias)
     m, n = dyn(), dyn()
     args = (
         fake_tensor(torch_to_cutlass(act_dtype), (m, dyn(32 if wide else 16))),
@@ -602,10 +517,9 @@ def gemm_w4a16_sm90(a: torch.Tensor, b_data: torch.Tensor, b_scales: torch.Tenso
     [N, K/16] or swizzled (SPEC 1) when scales_swizzled. alpha: FP32 [1] device tensor; col:
     [N]; bias: [N] of out_dtype or float32. FP32 accumulation and epilogue. `out` (contiguous
     [M, N] of out_dtype) receives the result; `config` = (tile_m, row_tiles, k_warps, unroll,
-    row_warps, l2_ahead) overrides `pick_w4a16_config` (benchmarks). Built for decode sizes
-    (M <= 64); larger M runs one grid row per 64 tokens, re-reading the weights for each
-    (correct, not fast). Launched with programmatic dependent launch: a following kernel that
-    uses it too launches while this one runs."""
+    row_warps) overrides `pick_w4a16_config` (benchmarks). Built for decode sizes (M <= 64);
+    larger M runs one grid row per 64 tokens, re-reading the weights for each (correct, not
+    fast)."""
     if not isinstance(a, torch.Tensor) or a.dtype not in ACT_DTYPES or a.dim() != 2:
         raise TypeError(f"a must be a 2D bfloat16/float16 tensor, got "
                         f"{getattr(a, 'dtype', type(a))} {tuple(getattr(a, 'shape', ()))}")
@@ -647,24 +561,21 @@ def gemm_w4a16_sm90(a: torch.Tensor, b_data: torch.Tensor, b_scales: torch.Tenso
     arch = device_arch(device)
     if arch != "sm_90a":
         raise NotImplementedError(f"gemm_w4a16_sm90 needs an sm_90a device (device is {arch})")
-    tile_m, row_tiles, k_warps, unroll, row_warps, l2_ahead = (config
-                                                               or pick_w4a16_config(m, n))
+    tile_m, row_tiles, k_warps, unroll, row_warps = config or pick_w4a16_config(m, n)
     wide = k % 32 == 0
-    if not wide:  # the bulk L2 prefetch needs 16-byte aligned weight rows
-        l2_ahead = 0
     flags = (alpha is not None, col is not None, bias is not None)
     bias_dtype = bias.dtype if bias is not None else None
     key = ("gemm_w4a16_sm90", a.dtype, out_dtype, tile_m, row_tiles, k_warps, unroll,
-           row_warps, l2_ahead, wide, bool(scales_swizzled), flags, bias_dtype)
+           row_warps, wide, bool(scales_swizzled), flags, bias_dtype)
 
     def build():
         op, args = w4a16_kernel(a.dtype, out_dtype, tile_m=tile_m, row_tiles=row_tiles,
                                 k_warps=k_warps, unroll=unroll, row_warps=row_warps,
-                                l2_ahead=l2_ahead, wide=wide,
+                                wide=wide,
                                 swizzled=bool(scales_swizzled), flags=flags,
                                 bias_dtype=bias_dtype)
         return compile_kernel(op, *args, arch=arch)
 
     fn = KERNELS.get(key, build)
-    fn(_aligned(a), _aligned(b_data), _aligned(sf), out, alpha, col, bias)
+    fn(_aligned(a), _aligned(b_data), sf, out, alpha, col, bias)
     return out

@@ -71,9 +71,8 @@ def main(argv=None) -> int:
     p.add_argument("--no-prefill", action="store_true", help="decode shapes only")
     p.add_argument("--no-graphs", action="store_true", help="eager timings only")
     p.add_argument("--config", type=str, default=None,
-                   help="tile_m,row_tiles,k_warps,unroll,row_warps,l2_ahead for every shape "
-                        "(default: automatic); several separated by ';' give one row each (a "
-                        "sweep)")
+                   help="tile_m,row_tiles,k_warps,unroll,row_warps for every shape (default: "
+                        "automatic); several separated by ';' give one row each (a sweep)")
     p.add_argument("--json", type=str, default=None, help="write the rows to this JSON file")
     args = p.parse_args(argv)
     if args.shapes:
