@@ -62,14 +62,16 @@ def test_window64_needs_tile_n_128():
         Sm90GemmNVFP4(cutlass.BFloat16, tile_n=256, has_a_window=True)
 
 
-@pytest.mark.parametrize("tile_n,transposed", [(256, False), (128, True)])
-def test_mixed_sm90_ptx(tile_n, transposed):
+@pytest.mark.parametrize("tile_n,transposed,vec_store", [(256, False, True), (128, True, True),
+                                                        (256, True, False)])
+def test_mixed_sm90_ptx(tile_n, transposed, vec_store):
     """The predecode path's GEMM: RS wgmma (A from registers) on a TMA-loaded BF16 stage, no
-    thread writes shared memory, no per-k-tile barrier."""
+    per-k-tile barrier; shared memory is written only by the staged epilogue (16-byte global
+    stores with vec_store)."""
     from cute_fp4.gemm.sm90_mixed import UNSCALE_W4A4, mixed_kernel
 
     op, args = mixed_kernel(torch.bfloat16, tile_n, 4, (True, True, True, True), torch.float32,
-                            transposed, UNSCALE_W4A4)
+                            transposed, UNSCALE_W4A4, vec_store)
     ptx = compile_ptx(op, *args, arch="sm_90a")
     assert ptx_target(ptx) == "sm_90a"
     assert missing_instructions(ptx, [
@@ -78,9 +80,11 @@ def test_mixed_sm90_ptx(tile_n, transposed):
         r"mul\.rn\.bf16x2",
         r"setmaxnreg\.inc",
     ]) == []
-    assert "st.shared" not in ptx
-    # the only CTA barrier is the one after the mbarrier initialisation
-    assert len(re.findall(r"\bbar(rier)?\.sync", ptx)) == 1
+    assert "st.shared.v4" not in ptx
+    assert ("st.global.v4.b32" in ptx) == vec_store
+    # the barrier after the mbarrier initialisation and the epilogue's two (all MMA threads
+    # before staging, each warpgroup before its stores)
+    assert len(re.findall(r"\bbar(rier)?\.sync", ptx)) == 3
     # x, its scales and y: one TMA load site
     assert len(re.findall(r"cp\.async\.bulk\.tensor\.2d", ptx)) == 3
     # two unrolled k-tile sites of four k16 wgmmas
@@ -111,3 +115,20 @@ def test_mixed_config_errors():
         Sm90GemmMixed(cutlass.BFloat16, tile_n=64)
     with pytest.raises(ValueError, match="stages"):
         Sm90GemmMixed(cutlass.BFloat16, tile_n=256, stages=7)
+    with pytest.raises(ValueError, match="epilogue"):
+        Sm90GemmMixed(cutlass.Float32, tile_n=256, stages=2, transposed=True)
+
+
+def test_permute_k_matches_kperm64():
+    """permute_k (one strided copy) puts k = kperm64()[p] at position p of every k-tile and
+    zero-pads K."""
+    from cute_fp4.gemm.sm90_mixed import kperm64, permute_k
+
+    gen = torch.Generator().manual_seed(5)
+    for q, k, kp in [(3, 64, 64), (5, 176, 192), (2, 16, 64)]:
+        y = torch.randn(q, k, generator=gen)
+        padded = torch.zeros(q, kp)
+        padded[:, :k] = y
+        idx = (torch.arange(0, kp, 64).view(-1, 1) + kperm64().view(1, -1)).view(-1)
+        assert torch.equal(permute_k(y, kp), padded[:, idx])
+    assert sorted(kperm64().tolist()) == list(range(64))

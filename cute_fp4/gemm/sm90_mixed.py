@@ -26,7 +26,8 @@ Per CTA (tile 128 x tile_n x 64): warpgroup 0 warp 0 issues the TMA loads (`Pipe
 warpgroups 1-2 each own 64 rows: the wgmmas of k-tile i run while the thread decodes the
 A fragment of k-tile i + 1 into the other of two register buffers (wait depth 1). No named
 barrier: each consumer thread only reads smem and its own registers.
-Epilogue: FP32 scale, row, col, bias (the order of `ref.gemm`), cast, predicated stores.
+Epilogue (`Sm90Epilogue.epilogue_staged`): FP32 scale, row, col, bias (the order of
+`ref.gemm`), cast, staged through the free pipeline smem, coalesced predicated stores.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ from cutlass.tensor_utils import LayoutEnum
 
 from ..common.decode import DECODE_EXP_SHIFT, decode_e2m1x8, e4m3_to_bf16x2_scale
 from ..common.jit import KERNELS, compile_kernel, dyn, env_stream, fake_tensor, torch_to_cutlass
-from .smem import ld_global_v4, ld_shared_u32, st_global_v4
+from .smem import ld_global_v4, ld_shared_u32, ld_shared_v4, st_global_v4
 
 TILE_M = 128
 TILE_K = 64  # elements per k-tile: 4 NVFP4 blocks, 32 packed bytes, 128 BF16 bytes per row
@@ -68,12 +69,13 @@ def kperm64() -> torch.Tensor:
 
 def permute_k(y: torch.Tensor, k_pad: int) -> torch.Tensor:
     """A copy of y [Q, K] (K % 16 == 0) in the kernel's K order, zero-padded to k_pad columns
-    (a multiple of 64 >= K): the BF16 operand of `gemm_mixed_sm90` for natural-order data."""
+    (a multiple of 64 >= K): the BF16 operand of `gemm_mixed_sm90` for natural-order data.
+    k = 8 j + i + 4 t with j = 4 jh + jl goes to position 16 i + 8 jh + 2 jl + t, i.e. the
+    digits (jh, jl, t, i) of k are reordered to (i, jh, jl, t): one strided copy."""
     q, k = y.shape
-    padded = torch.zeros((q, k_pad), dtype=y.dtype, device=y.device)
-    padded[:, :k] = y
-    idx = (torch.arange(0, k_pad, TILE_K).view(-1, 1) + kperm64().view(1, -1)).view(-1)
-    return padded[:, idx.to(y.device)]
+    if k != k_pad:
+        y = torch.nn.functional.pad(y, (0, k_pad - k))
+    return y.view(q, k_pad // TILE_K, 2, 4, 2, 4).permute(0, 1, 5, 2, 3, 4).reshape(q, k_pad)
 
 
 @cute.jit
@@ -109,8 +111,9 @@ def decode_a_fragment(rA: cute.Tensor, a_pk: Int32, a_sf: Int32, a_sf_shift: Int
 
 class Sm90Epilogue:
     """The FP32 epilogue of the sm_90 GEMMs: D[m, n] = cast(acc * 2**unscale_exp * alpha *
-    row[m] * col[n] + bias[n]), predicated stores. Needs tile_n, out_dtype, unscale_exp,
-    transposed and the has_* flags on self."""
+    row[m] * col[n] + bias[n]), predicated stores (`epilogue`: straight from the accumulator
+    fragment; `epilogue_staged`: through shared memory, coalesced). Needs tile_n, out_dtype,
+    unscale_exp, transposed, vec_store (staged only) and the has_* flags on self."""
 
     @cute.jit
     def epilogue(self, acc, thr_mma, mD, mAlpha, mRow, mCol, mBias, p_tile, q_tile):
@@ -142,9 +145,89 @@ class Sm90Epilogue:
                 tCgD[i] = v.to(self.out_dtype)
 
 
+    def staging_bytes(self) -> int:
+        """Shared memory of `epilogue_staged`: per MMA warpgroup its 64 x tile_n block of D
+        (tile_n x 64 when transposed) with rows padded by 16 bytes (conflict-free writes)."""
+        elt = self.out_dtype.width // 8
+        rows, cols = (self.tile_n, 64) if self.transposed else (64, self.tile_n)
+        return 2 * rows * (cols * elt + 16)
+
+    @cute.jit
+    def epilogue_staged(self, acc, thr_mma, mD, mAlpha, mRow, mCol, mBias, p_tile, q_tile,
+                        stage_ptr, mma_wg, wg_tid):
+        """The epilogue math of `epilogue`, staged through shared memory (`stage_ptr`, free
+        once both MMA warpgroups are past their last wgmma) so that the global stores are
+        coalesced: 16-byte vectors when `vec_store` (D's base and row pitch 16-byte aligned),
+        else one element per thread with consecutive threads on consecutive columns. Each
+        MMA warpgroup (thread `wg_tid` of 128) stages and stores its own 64 kernel rows."""
+        tile_n = self.tile_n
+        elt = self.out_dtype.width // 8
+        rows, cols = 64, tile_n
+        if const_expr(self.transposed):
+            rows, cols = tile_n, 64
+        pitch = cols + 16 // elt
+        m_rows, n_cols = mD.shape
+        p_rows, q_cols = m_rows, n_cols
+        if const_expr(self.transposed):
+            p_rows, q_cols = n_cols, m_rows
+        sD = cute.make_tensor(cute.recast_ptr(stage_ptr, dtype=self.out_dtype)
+                              + mma_wg * rows * pitch,
+                              cute.make_layout((rows, cols), stride=(pitch, 1)))
+        tCcT = thr_mma.partition_C(cute.make_identity_tensor((TILE_M, tile_n)))
+        scale = Float32(float(2 ** self.unscale_exp))
+        if const_expr(self.has_alpha):
+            scale = scale * mAlpha[0].to(Float32)
+        # every wgmma of both warpgroups has read its stage before any staging write
+        cute.arch.barrier(barrier_id=1, number_of_threads=256)
+        for i in cutlass.range_constexpr(cute.size(acc)):
+            pl, ql = tCcT[i]
+            p = p_tile * TILE_M + pl
+            q = q_tile * tile_n + ql
+            m, n = p, q
+            r, c = pl - mma_wg * 64, ql
+            if const_expr(self.transposed):
+                m, n = q, p
+                r, c = ql, pl - mma_wg * 64
+            if p < p_rows and q < q_cols:
+                v = acc[i] * scale
+                if const_expr(self.has_row):
+                    v = v * mRow[m].to(Float32)
+                if const_expr(self.has_col):
+                    v = v * mCol[n].to(Float32)
+                if const_expr(self.has_bias):
+                    v = v + mBias[n].to(Float32)
+                sD[r, c] = v.to(self.out_dtype)
+        cute.arch.barrier(barrier_id=2 + mma_wg, number_of_threads=128)
+        m0 = p_tile * TILE_M + mma_wg * 64
+        n0 = q_tile * tile_n
+        if const_expr(self.transposed):
+            m0 = q_tile * tile_n
+            n0 = p_tile * TILE_M + mma_wg * 64
+        if const_expr(self.vec_store):
+            vec = 16 // elt
+            per_row = cols // vec
+            s_base = sD.iterator.toint()
+            for it in cutlass.range_constexpr(rows * per_row // 128):
+                idx = it * 128 + wg_tid
+                r = idx // per_row
+                c = (idx % per_row) * vec
+                if m0 + r < m_rows and n0 + c < n_cols:
+                    w0, w1, w2, w3 = ld_shared_v4(s_base + (r * pitch + c) * elt)
+                    dst = mD.iterator + ((m0 + r) * mD.layout.stride[0] + n0 + c)
+                    st_global_v4(dst.toint(), w0, w1, w2, w3)
+        else:
+            for it in cutlass.range_constexpr(rows * cols // 128):
+                idx = it * 128 + wg_tid
+                r = idx // cols
+                c = idx % cols
+                if m0 + r < m_rows and n0 + c < n_cols:
+                    mD[m0 + r, n0 + c] = sD[r, c]
+
+
 class Sm90GemmMixed(Sm90Epilogue):
     """Compile-time config: tile_n (128 or 256), pipeline stages, output dtype, the epilogue
-    operands present, `transposed` (D[q, p]) and unscale_exp. `__call__` takes packed x
+    operands present, `transposed` (D[q, p]), unscale_exp and vec_store (D 16-byte aligned:
+    base and row pitch). `__call__` takes packed x
     [P, K/2] (uint8, K/2 a multiple of 16), its swizzled scales (flat uint8), y [Q, >= K] BF16
     (row pitch a multiple of 16 bytes), D [M, N] and the optional alpha [1], row [M], col [N],
     bias [N]."""
@@ -161,6 +244,7 @@ class Sm90GemmMixed(Sm90Epilogue):
         has_bias: bool = False,
         transposed: bool = False,
         unscale_exp: int = UNSCALE_W4A4,
+        vec_store: bool = False,
     ):
         if tile_n not in (128, 256):
             raise ValueError(f"tile_n must be 128 or 256, got {tile_n}")
@@ -177,6 +261,10 @@ class Sm90GemmMixed(Sm90Epilogue):
         self.has_bias = has_bias
         self.transposed = transposed
         self.unscale_exp = unscale_exp
+        self.vec_store = vec_store
+        if self.staging_bytes() > stages * tile_n * TILE_K * 2:
+            raise ValueError(f"stages {stages} leave too little shared memory for the "
+                             f"{out_dtype.__name__} epilogue of tile_n {tile_n}")
         self.threads = 384
         self.consumer_warps = 8
         # setmaxnreg only moves registers inside the launch allocation (168 per thread at
@@ -359,8 +447,8 @@ class Sm90GemmMixed(Sm90Epilogue):
                                               rA[1 - j])
             warpgroup.wait_group(0)
             mainloop.consumer_release(self.consumer_state(k_tiles - 1))
-            self.epilogue(acc, tiled_mma.get_slice(ctid), mD, mAlpha, mRow, mCol, mBias,
-                          p_tile, q_tile)
+            self.epilogue_staged(acc, tiled_mma.get_slice(ctid), mD, mAlpha, mRow, mCol,
+                                 mBias, p_tile, q_tile, sY.iterator, mma_wg, ctid % 128)
 
     def consumer_state(self, kt):
         """The mainloop pipeline's consumer state of k-tile kt."""
@@ -440,22 +528,27 @@ def pick_mixed_config(p: int, q: int):
     return tile_n, min(8, 220 * 1024 // _stage_bytes(tile_n))
 
 
-def mixed_kernel(out_dtype, tile_n, stages, flags, bias_dtype, transposed, unscale_exp):
+def mixed_kernel(out_dtype, tile_n, stages, flags, bias_dtype, transposed, unscale_exp,
+                 vec_store):
     """The compile-time op and fake arguments of one Sm90GemmMixed configuration."""
     import cutlass
 
     has_alpha, has_row, has_col, has_bias = flags
     op = Sm90GemmMixed(torch_to_cutlass(out_dtype), tile_n=tile_n, stages=stages,
                        has_alpha=has_alpha, has_row=has_row, has_col=has_col, has_bias=has_bias,
-                       transposed=transposed, unscale_exp=unscale_exp)
+                       transposed=transposed, unscale_exp=unscale_exp, vec_store=vec_store)
+    elt = torch.empty((), dtype=out_dtype).element_size()
     p, q = dyn(), dyn()
     m, n = (q, p) if transposed else (p, q)
+    if vec_store:
+        # D's row pitch (N) is a multiple of 16 bytes
+        n = dyn(16 // elt)
+        p, q = (n, m) if transposed else (m, n)
     args = (
         fake_tensor(cutlass.Uint8, (p, dyn(16))),
         fake_tensor(cutlass.Uint8, (dyn(512),)),
         fake_tensor(cutlass.BFloat16, (q, dyn(8))),
-        fake_tensor(torch_to_cutlass(out_dtype), (m, n), align=4 if out_dtype == torch.float32
-                    else 2),
+        fake_tensor(torch_to_cutlass(out_dtype), (m, n), align=16 if vec_store else elt),
         fake_tensor(cutlass.Float32, (1,), align=4) if has_alpha else None,
         fake_tensor(cutlass.Float32, (m,), align=4) if has_row else None,
         fake_tensor(cutlass.Float32, (n,), align=4) if has_col else None,
@@ -517,12 +610,13 @@ def launch_mixed(x_data, sfx, y, out, alpha, row, col, bias, *, transposed: bool
                         else min(8, 220 * 1024 // _stage_bytes(tile_n)))
     flags = (alpha is not None, row is not None, col is not None, bias is not None)
     bias_dtype = bias.dtype if bias is not None else None
+    vec_store = (out.shape[1] * out.element_size()) % 16 == 0 and out.data_ptr() % 16 == 0
     key = ("gemm_mixed_sm90", out.dtype, tile_n, stages, flags, bias_dtype, transposed,
-           unscale_exp)
+           unscale_exp, vec_store)
 
     def build():
         op, args = mixed_kernel(out.dtype, tile_n, stages, flags, bias_dtype, transposed,
-                                unscale_exp)
+                                unscale_exp, vec_store)
         return compile_kernel(op, *args, arch=arch)
 
     KERNELS.get(key, build)(x_data, sfx, y, out, alpha, row, col, bias)
@@ -539,7 +633,7 @@ def gemm_mixed_sm90(w_data: torch.Tensor, w_scales: torch.Tensor, a: torch.Tenso
     sum_k a[m, k] * w[n, k] + bias[n]) with BF16 activations a [M, K] (natural K order) and
     NVFP4 weights w [N, K/2] (E4M3 scales, compact or swizzled), FP32 accumulation. The weights
     are decoded in registers, the activations go through a K-permuted copy (`permute_k`,
-    2 * M * K bytes each way) loaded by TMA. sm_90a only."""
+    one strided copy of 2 * M * K bytes) loaded by TMA. sm_90a only."""
     from ..common.jit import device_arch
     from .operands import _check_operand, _epilogue, _prepare_data
 
