@@ -81,6 +81,21 @@ def test_window64(shape, kind, dtype, gen):
             outputs=[(True, True)])
 
 
+@pytest.mark.parametrize("scaling", ["tensor", "token"])
+@pytest.mark.parametrize("rht", [False, True])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_amax_pass_many_ctas(scaling, rht, dtype, gen):
+    """The amax pass (RecipeAmax) over several CTA rows of 8 tiles and several column slabs,
+    with a partial last slab and tile (M = 1104, K = 1040), the largest |x| in the last row
+    and column; rowwise only, M = 1101 (rows not a multiple of 16); and the cast's k-tile
+    loop over several CTAs."""
+    x = make_input((1104, 1040), "outliers", dtype, gen)
+    x[-1, -3] = -3000.0
+    run_all(x, Recipe(scaling=scaling, rht=rht), outputs=[(True, True), (False, True)])
+    x = make_input((1101, 1040), "special", dtype, gen)
+    run_all(x, Recipe(scaling=scaling), outputs=[(True, False)])
+
+
 def test_window64_outlier_windows(gen):
     x = torch.randn(128, 256, generator=gen)
     x[5, 64:128] *= 1e4   # one hot rowwise window

@@ -19,7 +19,8 @@ Four consecutive lanes hold the four blocks of one 64-element window (window64 a
 shuffles); 16x16 tile amaxes and the 16x16 4over6 error trees go through smem.
 
 RecipeAmax: the tensor / token outer amax of a group (after the RHT for the columnwise twin),
-over chunks of tiles that stay inside one group; accumulators live in per-thread smem slots,
+over chunks of tiles that stay inside one group, from global memory straight into registers
+(a thread holds 16 rows x one 16-byte column vector: whole column blocks for the RHT); maxima
 flushed with `red.global.max.u32` on the bit pattern (outputs zeroed beforehand).
 
 Every FP32 step is one explicit correctly rounded PTX operation in the reference's order
@@ -66,42 +67,40 @@ def neg(a):
 # Stochastic E2M1 codes of 8 elements (ref.formats.e2m1_encode_stochastic after the clamp of
 # quantize_blocks): with a = min(|x * enc|, 6) and the element's random byte b, the code is the
 # E2M1 grid value at or below a + (b + 1/2) / 256 of the grid gap, i.e. the magnitude rounds up
-# iff frac >= (511 - 2b) / 512. F = float(0x3F804000 | b << 15) = 1 + y, y = (2b + 1) / 512
-# (exact, no conversion instruction); the gap-scaled offsets c = g * y for the gaps g = 0.5, 1, 2
-# are exact FMAs of F. Like common/encode.py's RN encoder, the code is the FP32 min of one term
-# per gap: floor(2 (a + y / 2)), floor(a + y) + 2, floor((a + 2y) / 2) + 4, each
-# add.rz(a, c) (its floor onto the gap's grid is that of the exact sum: grid points are FP32
-# numbers and RZ is monotone) then an rz add / FMA with the magic 2^23 (ulp 1) holding
-# 0x4B000000 + term; the word sums bits << 4i, the constants -0x4B000000 << 4i once per word,
-# and 8 << 4i for x * enc < 0. A NaN product only occurs with a NaN enc (NaN block amax), and
-# sr_encode8's caller zeroes those words (code 0, as the reference).
+# iff frac >= (511 - 2b) / 512. With y = (2b + 1) / 512 that is
+#     code = floor(min(2a + y, a + 2 + y, a / 2 + 4 + y)) = floor(y + g(a)),
+#     g(a) = min(2a, a + 2, a / 2 + 4)
+# (one term per grid gap 0.5, 1, 2: the same min-of-terms shape as common/encode.py's RN
+# encoder). g is computed with rz operations: min of RZ = RZ of min, and floor(y + RZ(g)) =
+# floor(y + g) because the bounds n - y are FP32 numbers (RZ is monotone); likewise one rz add
+# of y and one rz add of the magic 2^23 (ulp 1) give 0x4B000000 + code. One PRMT puts b into
+# F = float(0x43000080 | b << 8) = 128 + y, one exact add gives y (no conversion instruction).
+# The word sums bits << 4i, the constants -0x4B000000 << 4i once per word, and 8 << 4i for
+# x * enc < 0. A NaN product only occurs with a NaN enc (NaN block amax), and sr_encode8's
+# caller zeroes those words (code 0, as the reference).
 _SR_ELEM = (
     "mul.rn.f32 v, {x}, e;\n"
     "abs.f32 a, v;\nmin.f32 a, a, 0f40C00000;\n"
-    "{byte}and.b32 b, b, 0x007F8000;\nor.b32 b, b, 0x3F804000;\nmov.b32 f, b;\n"
-    "fma.rn.f32 c, f, 0f3F000000, 0fBF000000;\nadd.rz.f32 t, a, c;\n"
-    "fma.rz.f32 k, t, 0f40000000, 0f4B000000;\n"
-    "sub.rn.f32 c, f, 0f3F800000;\nadd.rz.f32 t, a, c;\nadd.rz.f32 t, t, 0f4B000002;\n"
-    "min.f32 k, k, t;\n"
-    "fma.rn.f32 c, f, 0f40000000, 0fC0000000;\nadd.rz.f32 t, a, c;\n"
-    "fma.rz.f32 t, t, 0f3F000000, 0f4B000004;\nmin.f32 k, k, t;\n"
-    "mov.b32 b, k;\n{pack}"
+    "add.rn.f32 g, a, a;\nadd.rz.f32 t, a, 0f40000000;\nmin.f32 g, g, t;\n"
+    "fma.rz.f32 t, a, 0f3F000000, 0f40800000;\nmin.f32 g, g, t;\n"
+    "prmt.b32 b, 0x43000080, {w}, {sel};\nmov.b32 y, b;\nsub.rn.f32 y, y, 0f43000000;\n"
+    "add.rz.f32 g, g, y;\nadd.rz.f32 g, g, 0f4B000000;\n"
+    "mov.b32 b, g;\n{pack}"
     "setp.lt.f32 p, v, 0f00000000;\n@p add.u32 {$w0}, {$w0}, {sign};\n"
 )
-# byte k of a random word to bits 15..22
-_SR_BYTE = ("shl.b32 b, {w}, 15;\n", "shl.b32 b, {w}, 7;\n", "shr.b32 b, {w}, 1;\n",
-            "shr.b32 b, {w}, 9;\n")
+# PRMT selector of byte k of the random word (bytes 4 .. 7): F's bytes (0x80, b, 0x00, 0x43)
+_SR_SEL = ("0x3140", "0x3150", "0x3160", "0x3170")
 _SR_CONST = (-0x4B000000 * 0x11111111) % 2**32
 
 
 def _sr_encode8_ptx() -> str:
-    body = ["{\n.reg .f32 v, a, f, c, t, k, e;\n.reg .b32 b;\n.reg .pred p;\n"
+    body = ["{\n.reg .f32 v, a, y, t, g, e;\n.reg .b32 b;\n.reg .pred p;\n"
             "mov.f32 e, {$r8};\n"]
     for i in range(8):
         pack = "mov.b32 {$w0}, b;\n" if i == 0 else \
             f"shl.b32 b, b, {4 * i};\nadd.u32 {{$w0}}, {{$w0}}, b;\n"
-        body.append(_SR_ELEM.replace("{x}", "{$r%d}" % i)
-                    .replace("{byte}", _SR_BYTE[i % 4].replace("{w}", "{$r%d}" % (9 + i // 4)))
+        body.append(_SR_ELEM.replace("{x}", "{$r%d}" % i).replace("{w}", "{$r%d}" % (9 + i // 4))
+                    .replace("{sel}", _SR_SEL[i % 4])
                     .replace("{pack}", pack).replace("{sign}", str(8 << (4 * i))))
     body.append(f"add.u32 {{$w0}}, {{$w0}}, {_SR_CONST};\n}}")
     return "".join(body)
@@ -120,44 +119,38 @@ def sr_encode8(xs, enc, words):
     return Uint32(cutlass.select_(E.is_nan(enc) != Uint32(0), Uint32(0), w))
 
 
-# Round-to-nearest E2M1 codes of 8 elements (the software encoder of common/encode.py) that
-# also return each element's E2M1 value: the grid value add.rn(a, M) - M (exact), negated for
-# x * enc < 0; for the 4over6 error without decoding the codes again. NaN products (NaN enc)
-# give value 6 and a zeroed word; the NaN scale makes their candidate values NaN anyway.
+# Magnitudes of the round-to-nearest E2M1 values of 8 elements (the grid rounding of
+# common/encode.py's software encoder without the codes): with a = min(|x * enc|, 6), the
+# value is add.rn(a, M) - M (exact) with the magic M = 2^22 * max(1, 2^floor(log2 a)), i.e.
+# 2^22, 2^23, 2^24 for the grid gaps 0.5, 1, 2 (bits: max(exponent bits of a + 22 << 23,
+# 0x4A800000), one add-max instruction); ties go to the even code. For the 4over6
+# errors, which need no codes: the chosen candidate is encoded once afterwards. A NaN product
+# (NaN enc) gives 6; the NaN scale makes its candidate values NaN anyway.
 _RN_VAL_ELEM = (
-    "mul.rn.f32 v, {x}, e;\n"
-    "abs.f32 a, v;\nmin.f32 a, a, 0f40C00000;\n"
-    "mov.b32 b, a;\nand.b32 m, b, 0x7F800000;\nmax.u32 m, m, 0x3F800000;\n"
-    "shr.u32 t, m, 22;\nadd.u32 m, m, 0x0B000000;\nmov.b32 mf, m;\n"
+    "mul.rn.f32 a, {x}, e;\n"
+    "abs.f32 a, a;\nmin.f32 a, a, 0f40C00000;\n"
+    "mov.b32 b, a;\nand.b32 m, b, 0x7F800000;\nadd.u32 m, m, 0x0B000000;\n"
+    "max.u32 m, m, 0x4A800000;\nmov.b32 mf, m;\n"
     "add.rn.f32 a, a, mf;\nsub.rn.f32 {val}, a, mf;\n"
-    "mov.b32 b, a;\nsub.u32 b, b, m;\nadd.u32 b, b, t;\nsub.u32 b, b, 254;\n"
-    "setp.lt.f32 p, v, 0f00000000;\n@p or.b32 b, b, 8;\n@p neg.f32 {val}, {val};\n"
-    "{pack}"
 )
 
 
-def _encode8_values_ptx() -> str:
-    body = ["{\n.reg .f32 v, a, mf, e;\n.reg .b32 b, m, t;\n.reg .pred p;\n"
-            "mov.f32 e, {$r8};\n"]
+def _values8_ptx() -> str:
+    body = ["{\n.reg .f32 a, mf, e;\n.reg .b32 b, m;\nmov.f32 e, {$r8};\n"]
     for i in range(8):
-        pack = "mov.b32 {$w0}, b;\n" if i == 0 else \
-            f"shl.b32 b, b, {4 * i};\nor.b32 {{$w0}}, {{$w0}}, b;\n"
-        body.append(_RN_VAL_ELEM.replace("{x}", "{$r%d}" % i).replace("{val}", "{$w%d}" % (1 + i))
-                    .replace("{pack}", pack))
+        body.append(_RN_VAL_ELEM.replace("{x}", "{$r%d}" % i).replace("{val}", "{$w%d}" % i))
     body.append("}")
     return "".join(body)
 
 
-_ENCODE8_VALUES = _encode8_values_ptx()
+_VALUES8 = _values8_ptx()
 
 
-def encode8_values(xs, enc):
-    """(Uint32 of 8 RN codes, 0 when enc is NaN; list of the 8 E2M1 values as Float32)."""
-    out = cute.arch.inline_ptx(
-        _ENCODE8_VALUES, write_only_types=[Uint32] + [Float32] * 8,
-        read_only_args=[Float32(x) for x in xs] + [Float32(enc)])
-    word = Uint32(cutlass.select_(E.is_nan(enc) != Uint32(0), Uint32(0), out[0]))
-    return word, list(out[1:])
+def values8(xs, enc):
+    """|E2M1 value| (Float32) of the RN codes of 8 values with the block's enc."""
+    return list(cute.arch.inline_ptx(
+        _VALUES8, write_only_types=[Float32] * 8,
+        read_only_args=[Float32(x) for x in xs] + [Float32(enc)]))
 
 
 # Correctly rounded division by the 4over6 error denominators d = 6 * e4m3_max (2688, 1536)
@@ -251,8 +244,26 @@ def nibble(w0, w1, i):
     return (Uint32(w) >> Uint32(4 * (i % 8))) & Uint32(0xF)
 
 
+def lanes_transpose_max16(vals, lane):
+    """max.NaN of 16 per-lane values over the warp, as a transpose-reduction: at each butterfly
+    step a lane keeps half of its values and trades the other half with its partner (8, 4, 2, 1
+    shuffles, then a last full step): lane l ends with the max of value l // 2 (16 shuffles
+    instead of 80)."""
+    for m in (16, 8, 4, 2):
+        half = len(vals) // 2
+        hi = (lane & m) != 0
+        nxt = []
+        for i in range(half):
+            keep = cutlass.select_(hi, vals[i + half], vals[i])
+            send = cutlass.select_(hi, vals[i], vals[i + half])
+            got = cute.arch.shuffle_sync_bfly(Float32(send), offset=m)
+            nxt.append(E.fmax_nan(keep, got))
+        vals = nxt
+    return E.shfl_xor_max_nan(vals[0], 1)
+
+
 class _TileLoader:
-    """Shared by both kernels: 64x64 tile of a group -> FP32 smem (zeros outside)."""
+    """64x64 tile of a group -> FP32 smem (zeros outside)."""
 
     def _setup(self, dtype):
         if dtype not in DTYPES:
@@ -327,10 +338,12 @@ class RecipeCastKernel(_TileLoader):
         words = philox_block16(idx0, offset, stream, keys)
         return sr_encode8(xs[0:8], enc, words[0:2]), sr_encode8(xs[8:16], enc, words[2:4])
 
-    def _candidate(self, xs, enc, code, g_amax, s_enc):
-        """One 4over6 candidate: (w0, w1, its error). sm_90: the software encode also returns
-        each element's E2M1 value; sm_100a: hardware encode, values decoded from the codes
-        (fast_math: FP16 products by cvt.rn.f16x2)."""
+    def _candidate(self, xs, refs, enc, code, g_amax):
+        """4over6 error of one candidate (scale code, enc), from magnitudes: the errors are
+        |cand| - |ref| up to the sign (a candidate value has the sign of x, or is 0; RN is
+        odd), with refs = |x| (exact path) or |x| * S_enc (fast_math, RN(|x| S) = |RN(x S)|).
+        sm_90: software value rounding (no codes); sm_100a: hardware encode, values decoded
+        from the codes (fast_math: FP16 products by cvt.rn.f16x2)."""
         sf = e4m3_to_f32(code)
         safe = Uint32(1)
         if cutlass.const_expr(not self.fast_math):
@@ -340,56 +353,66 @@ class RecipeCastKernel(_TileLoader):
             if cutlass.const_expr(self.fast_math):
                 prods = []
                 for p in range(8):
-                    byte = (Uint32(w0 if p < 4 else w1) >> Uint32(8 * (p % 4))) & Uint32(0xFF)
+                    byte = (Uint32(w0 if p < 4 else w1) >> Uint32(8 * (p % 4))) & Uint32(0x77)
                     prods += list(fp16_products2(byte, code))
-                return w0, w1, self._error(xs, prods, None, g_amax, s_enc, Float32(0.0), safe)
-            vals = [e2m1_to_f32(nibble(w0, w1, i)) for i in range(16)]
-            return w0, w1, self._error(xs, vals, sf, g_amax, s_enc, Float32(0.0), safe)
+                return self._error(refs, prods, None, g_amax, Float32(0.0), safe)
+            vals = [e2m1_to_f32(nibble(w0, w1, i) & Uint32(7)) for i in range(16)]
+            return self._error(refs, vals, sf, g_amax, Float32(0.0), safe)
         # eight elements at a time (fewer live registers), the sum stays in element order
-        w0, vals = encode8_values(xs[0:8], enc)
-        err = self._error(xs[0:8], vals, sf, g_amax, s_enc, Float32(0.0), safe)
-        w1, vals = encode8_values(xs[8:16], enc)
-        return w0, w1, self._error(xs[8:16], vals, sf, g_amax, s_enc, err, safe)
+        err = self._error(refs[0:8], values8(xs[0:8], enc), sf, g_amax, Float32(0.0), safe)
+        return self._error(refs[8:16], values8(xs[8:16], enc), sf, g_amax, err, safe)
 
     @cute.jit
-    def _error(self, xs, vals, sf, g_amax, s_enc, err, safe):
+    def _error(self, refs, vals, sf, g_amax, err, safe):
         """4over6 error of one candidate: err plus a sequential sum over the elements of the
         reference terms: fast_math (value * s) - x * S_enc; else (value * s) * amax /
         (6 * e4m3_max) - x, the IEEE division by div_const where the block is in its exact
         domain (safe != 0), else by div.rn. sf None: vals are the FP16-domain products."""
         if cutlass.const_expr(self.fast_math):
-            err = self._error_terms(xs, vals, sf, g_amax, s_enc, err, False)
+            err = self._error_terms(refs, vals, sf, g_amax, err, False)
         else:
             if safe != Uint32(0):
-                err = self._error_terms(xs, vals, sf, g_amax, s_enc, err, True)
+                err = self._error_terms(refs, vals, sf, g_amax, err, True)
             else:
-                err = self._error_terms(xs, vals, sf, g_amax, s_enc, err, False)
+                err = self._error_terms(refs, vals, sf, g_amax, err, False)
         return err
 
-    def _error_terms(self, xs, vals, sf, g_amax, s_enc, err, by_const: bool):
+    def _error_terms(self, refs, vals, sf, g_amax, err, by_const: bool):
         for i in range(len(vals)):
             cand = vals[i]
             if sf is not None:
                 cand = E.mul_rn(cand, sf)  # E2M1 x E4M3: exact
-            if cutlass.const_expr(self.fast_math):
-                d = sub_rn(cand, E.mul_rn(xs[i], s_enc))
-            else:
+            if cutlass.const_expr(not self.fast_math):
                 cand = E.mul_rn(cand, g_amax)
                 if by_const:
                     cand = div_const(cand, 6 * self.e4m3_max)
                 else:
                     cand = E.div_rn(cand, Float32(6.0 * self.e4m3_max))
-                d = sub_rn(cand, xs[i])
+            d = sub_rn(cand, refs[i])
             if cutlass.const_expr(self.fos == "mse"):
                 err = add_rn(err, E.mul_rn(d, d))
             else:
                 err = add_rn(err, E.fabs(d))
         return err
 
-    def _block(self, xs, eam, g_amax, idx0, stream, keys, offset):
-        """Plain path: (scale code, w0, w1). 4over6: both candidates and their errors."""
+    def _outer(self, g_amax):
+        """(amax, S_enc, 1 / S_enc) of an outer scale."""
         s_enc = outer_encode_scale(g_amax, self.e4m3_max)
-        s_dec = E.rcp_rn(s_enc)
+        return g_amax, s_enc, E.rcp_rn(s_enc)
+
+    def _shared_outer(self, sosc, side: int, i):
+        """The kernel's smem outer scale of tile row / column i (tensor scaling: entry 0);
+        None for window64 (the passes compute theirs)."""
+        if self.scaling == "window64":
+            return None
+        if self.scaling == "tensor":
+            i = 0
+        return sosc[side, i, 0], sosc[side, i, 1], sosc[side, i, 2]
+
+    def _block(self, xs, eam, osc, idx0, stream, keys, offset):
+        """Plain path: (scale code, w0, w1). 4over6: both candidates (code, enc) and their
+        errors. osc: the outer scale (_outer)."""
+        g_amax, s_enc, s_dec = osc
         if cutlass.const_expr(self.fos is None):
             code, enc = E.block_scale(eam, E.mul_rn(s_enc, Float32(ONE_SIXTH)), s_dec)
             w0, w1 = self._encode16(xs, enc, idx0, stream, keys, offset)
@@ -397,15 +420,22 @@ class RecipeCastKernel(_TileLoader):
         base = E.mul_rn(E.div_rn(eam, Float32(6.0)), s_enc)  # IEEE amax_b / 6, as ref.true_div
         c6 = E.e4m3_code(base)
         c4 = E.e4m3_code(E.mul_rn(base, Float32(1.5)))
-        a0, a1, e6 = self._candidate(xs, E.enc_from_code(c6, s_dec), c6, g_amax, s_enc)
-        b0, b1, e4 = self._candidate(xs, E.enc_from_code(c4, s_dec), c4, g_amax, s_enc)
-        return c6, a0, a1, c4, b0, b1, e6, e4
+        enc6 = E.enc_from_code(c6, s_dec)
+        enc4 = E.enc_from_code(c4, s_dec)
+        refs = [E.fabs(x) for x in xs]
+        if cutlass.const_expr(self.fast_math):
+            refs = [E.mul_rn(r, s_enc) for r in refs]  # shared by both candidates
+        e6 = self._candidate(xs, refs, enc6, c6, g_amax)
+        e4 = self._candidate(xs, refs, enc4, c4, g_amax)
+        return c6, enc6, c4, enc4, e6, e4
 
-    def _pick(self, cands, e6, e4):
-        c6, a0, a1, c4, b0, b1 = cands[:6]
+    def _pick(self, xs, cands, e6, e4):
+        """Map-to-4 only when strictly better; the chosen candidate is encoded (RN)."""
+        c6, enc6, c4, enc4 = cands[:4]
         p4 = e4 < e6
-        return (Uint32(cutlass.select_(p4, c4, c6)), Uint32(cutlass.select_(p4, b0, a0)),
-                Uint32(cutlass.select_(p4, b1, a1)))
+        w0, w1 = self._encode16(xs, Float32(cutlass.select_(p4, enc4, enc6)), None, 0, None,
+                                None)
+        return Uint32(cutlass.select_(p4, c4, c6)), w0, w1
 
     # ------------------------------------------------------------ kernel
     @cute.kernel
@@ -418,6 +448,8 @@ class RecipeCastKernel(_TileLoader):
         sx = smem.allocate_tensor(Float32, cute.make_layout((TILE, TILE), stride=(SX_STRIDE, 1)), 16)
         stam = smem.allocate_tensor(Float32, cute.make_layout(16), 16)
         serr = smem.allocate_tensor(Float32, cute.make_layout((2, THREADS), stride=(THREADS, 1)), 16)
+        # outer scales [row / column side, tile row / column, (amax, S_enc, 1 / S_enc)]
+        sosc = smem.allocate_tensor(Float32, cute.make_layout((2, TILE, 3), stride=(TILE * 3, 3, 1)), 16)
 
         g = ttab[tt, 0]
         lr0 = ttab[tt, 1]
@@ -425,7 +457,28 @@ class RecipeCastKernel(_TileLoader):
         Mg = Int32(gtab[g, G_ROWS])
         K = x.shape[1]
         nrows = Mg - lr0
+        ar_base = amax_r.iterator.toint() + gtab[g, G_AR] * 4
+        ac_base = amax_c.iterator.toint() + gtab[g, G_AC] * 4
+        # Outer scales of scaling "tensor" / "token" (amax, S_enc, 1 / S_enc: a division and
+        # a reciprocal) once per tile row / column (token) or per tile (tensor) by threads
+        # 0 .. 127, shared through smem, instead of once per thread and pass; their amax
+        # loads are issued before the tile's.
+        osc_i = tidx % TILE
+        osc_amax = Float32(0.0)
+        if cutlass.const_expr(self.scaling == "tensor"):
+            osc_amax = E.ld_global_f32(cutlass.select_(tidx < TILE, ar_base, ac_base))
+        if cutlass.const_expr(self.scaling == "token"):
+            osc_amax = E.ld_global_f32(cutlass.select_(
+                tidx < TILE, ar_base + Int64(cutlass.min(lr0 + osc_i, Mg - 1)) * 4,
+                ac_base + Int64(cutlass.min(kt * TILE + osc_i, K - 1)) * 4))
         self.load_tile(sx, x.iterator.toint(), row0 + Int64(lr0), nrows, kt, K, tidx)
+        if cutlass.const_expr(self.scaling != "window64"):
+            if tidx < 2 * TILE:
+                g_amax, s_enc, s_dec = self._outer(osc_amax)
+                side = tidx // TILE
+                sosc[side, osc_i, 0] = g_amax
+                sosc[side, osc_i, 1] = s_enc
+                sosc[side, osc_i, 2] = s_dec
         cute.arch.barrier()
 
         if cutlass.const_expr(self.block_rows == 16):
@@ -448,20 +501,20 @@ class RecipeCastKernel(_TileLoader):
             keys = round_keys(Uint32(seed & 0xFFFFFFFF), Uint32(seed >> 32))
         offset = Uint32(gtab[g, G_OFFSET])
         if cutlass.const_expr(self.rowwise):
-            self._row_pass(sx, stam, serr, tidx, g, lr0, nrows, Mg, kt, K, gtab, amax_r,
-                           q, s, keys, offset)
+            self._row_pass(sx, stam, serr, sosc, tidx, g, lr0, nrows, Mg, kt, K, gtab,
+                           ar_base, q, s, keys, offset)
         if cutlass.const_expr(self.columnwise):
-            self._col_pass(sx, stam, serr, tidx, g, lr0, Mg, kt, K, gtab, amax_c,
+            self._col_pass(sx, stam, serr, sosc, tidx, g, lr0, Mg, kt, K, gtab, ac_base,
                            qt, st, keys, offset)
 
-    def _finish(self, xs, eam, g_amax, idx0, stream, keys, offset, serr, tidx):
+    def _finish(self, xs, eam, osc, idx0, stream, keys, offset, serr, tidx):
         """(scale code, w0, w1) of this thread's block; 16x16 4over6 sums the errors of the
         tile's 16 blocks (thread slots 4 * j + (tidx % 4) + 64 * (tidx // 64)) in tree order."""
-        res = self._block(xs, eam, g_amax, idx0, stream, keys, offset)
+        res = self._block(xs, eam, osc, idx0, stream, keys, offset)
         if cutlass.const_expr(self.fos is None):
             return res
-        e6 = res[6]
-        e4 = res[7]
+        e6 = res[4]
+        e4 = res[5]
         if cutlass.const_expr(self.block_rows == 16):
             serr[0, tidx] = e6
             serr[1, tidx] = e4
@@ -475,11 +528,11 @@ class RecipeCastKernel(_TileLoader):
             e6 = tree16(v6)
             e4 = tree16(v4)
             cute.arch.barrier()
-        return self._pick(res, e6, e4)
+        return self._pick(xs, res, e6, e4)
 
     # ------------------------------------------------------------ rowwise pass
     @cute.jit
-    def _row_pass(self, sx, stam, serr, tidx, g, lr0, nrows, Mg, kt, K, gtab, amax_r,
+    def _row_pass(self, sx, stam, serr, sosc, tidx, g, lr0, nrows, Mg, kt, K, gtab, ar_base,
                   q, s, keys, offset):
         r = tidx // 4
         b = tidx % 4
@@ -491,22 +544,18 @@ class RecipeCastKernel(_TileLoader):
         row_ok = r < nrows
         col0 = kt * TILE + b * 16
         ok = row_ok & (col0 < K)
-        ar_base = amax_r.iterator.toint() + gtab[g, G_AR] * 4
-        g_amax = Float32(0.0)
-        if cutlass.const_expr(self.scaling == "tensor"):
-            g_amax = E.ld_global_f32(ar_base)
-        if cutlass.const_expr(self.scaling == "token"):
-            g_amax = E.ld_global_f32(ar_base + Int64(cutlass.min(lrow, Mg - 1)) * 4)
+        osc = self._shared_outer(sosc, 0, r)
         if cutlass.const_expr(self.scaling == "window64"):
             g_amax = lanes4_max(am)
             if (b == 0) & row_ok & (kt * TILE < K):
                 E.st_global_u32(ar_base + (Int64(lrow) * Int64(K // TILE) + Int64(kt)) * 4,
                                 E.f32_bits(g_amax))
+            osc = self._outer(g_amax)
         eam = am
         if cutlass.const_expr(self.block_rows == 16):
             eam = stam[(r // 16) * 4 + b]
         idx0 = Int64(lrow) * Int64(K) + Int64(col0)
-        code, w0, w1 = self._finish(xs, eam, g_amax, idx0, 0, keys, offset, serr, tidx)
+        code, w0, w1 = self._finish(xs, eam, osc, idx0, 0, keys, offset, serr, tidx)
 
         if ok:
             E.st_global_v2(q.iterator.toint() + gtab[g, G_Q] + Int64(lrow) * Int64(K // 2)
@@ -525,7 +574,7 @@ class RecipeCastKernel(_TileLoader):
 
     # ------------------------------------------------------------ columnwise pass
     @cute.jit
-    def _col_pass(self, sx, stam, serr, tidx, g, lr0, Mg, kt, K, gtab, amax_c,
+    def _col_pass(self, sx, stam, serr, sosc, tidx, g, lr0, Mg, kt, K, gtab, ac_base,
                   qt, st, keys, offset):
         c = tidx // 4
         rb = tidx % 4
@@ -538,22 +587,18 @@ class RecipeCastKernel(_TileLoader):
             xs = rht16(xs)
         am = block_amax(xs)
         ok = (kc < K) & (lr0 + rb * 16 < Mg)
-        ac_base = amax_c.iterator.toint() + gtab[g, G_AC] * 4
-        g_amax = Float32(0.0)
-        if cutlass.const_expr(self.scaling == "tensor"):
-            g_amax = E.ld_global_f32(ac_base)
-        if cutlass.const_expr(self.scaling == "token"):
-            g_amax = E.ld_global_f32(ac_base + Int64(cutlass.min(kc, K - 1)) * 4)
+        osc = self._shared_outer(sosc, 1, c)
         if cutlass.const_expr(self.scaling == "window64"):
             g_amax = lanes4_max(am)
             if (rb == 0) & (kc < K) & (lr0 < Mg):
                 E.st_global_u32(ac_base + (Int64(kc) * Int64(Mg // TILE) + Int64(lr0 // TILE)) * 4,
                                 E.f32_bits(g_amax))
+            osc = self._outer(g_amax)
         eam = am
         if cutlass.const_expr(self.block_rows == 16):
             eam = stam[rb * 4 + c // 16]
         idx0 = Int64(kc) * Int64(Mg) + Int64(lr0 + rb * 16)
-        code, w0, w1 = self._finish(xs, eam, g_amax, idx0, 1, keys, offset, serr, tidx)
+        code, w0, w1 = self._finish(xs, eam, osc, idx0, 1, keys, offset, serr, tidx)
 
         if ok:
             E.st_global_v2(qt.iterator.toint() + gtab[g, G_QT] + Int64(kc) * Int64(Mg // 2)
@@ -570,38 +615,76 @@ class RecipeCastKernel(_TileLoader):
                 E.st_global_u8(st_base + Int64(kc) * Int64(nsc) + Int64(mb), code)
 
 
-class RecipeAmax(_TileLoader):
+class RecipeAmax:
     """Outer amax per group for scaling "tensor" / "token": rowwise (|x|) and/or columnwise
-    (|x| or |rht(x)| along M). atab int32 [C, 2]: (first tile, tile count) of each CTA row,
-    all inside one group; grid (ceil(n_kt / KT), C)."""
+    (|x| or |rht(x)| along M). Straight from global memory into registers (no smem tile): a
+    warp covers a slab of 32 x 16-byte vectors of one row (256 bf16 columns) and walks a
+    64-row tile of its group in four 16-row strips, 16 loads in flight per thread; the thread
+    then holds 16 rows x 8 (bf16) columns, i.e. whole 16-row column blocks for the RHT.
+    atab int32 [C, 2]: (first tile, tile count <= WARPS) of each CTA row, all inside one group;
+    warp w takes tile w; grid (ceil(K / slab), C)."""
 
-    KT = 4
+    WARPS = THREADS // 32
 
     def __init__(self, dtype: str, per_token: bool, rht: bool, do_row: bool, do_col: bool):
-        self._setup(dtype)
+        if dtype not in DTYPES:
+            raise TypeError(f"unsupported input dtype {dtype!r} (bf16, fp16, fp32)")
         if not (do_row or do_col):
             raise ValueError("RecipeAmax: nothing to compute")
+        self.dtype_name = dtype
+        self.esize = DTYPES[dtype].width // 8
+        self.epv = 16 // self.esize  # elements per 16-byte vector = columns per thread
+        self.slab = 32 * self.epv
         self.per_token, self.rht, self.do_row, self.do_col = per_token, rht, do_row, do_col
 
     @cute.jit
     def __call__(self, x: cute.Tensor, ttab: cute.Tensor, gtab: cute.Tensor, atab: cute.Tensor,
-                 amax_r: cute.Tensor, amax_c: cute.Tensor, n_kt: Int32, stream):
+                 amax_r: cute.Tensor, amax_c: cute.Tensor, stream):
         C = atab.shape[0]
         self.kernel(x, ttab, gtab, atab, amax_r, amax_c).launch(
-            grid=((n_kt + self.KT - 1) // self.KT, C, 1), block=(THREADS, 1, 1), stream=stream)
+            grid=((x.shape[1] + self.slab - 1) // self.slab, C, 1), block=(THREADS, 1, 1),
+            stream=stream)
+
+    def _elem(self, words, j):
+        """Element j of a row's 16-byte vector as FP32 (exact)."""
+        if self.esize == 4:
+            return E.bits_f32(words[j])
+        if j % 2 == 0:
+            return E.unpack_lo(words[j // 2], self.dtype_name)
+        return E.unpack_hi(words[j // 2], self.dtype_name)
+
+    def _row_max(self, words):
+        """max.NaN |x| over one row's vector, as FP32."""
+        if self.esize == 4:
+            return block_amax([E.bits_f32(w) for w in words])
+        return E.amax_fold(E.amax_pairs(words, self.dtype_name), self.dtype_name)
+
+    def _maxima(self, facc, pacc):
+        """(row max, [column maxima]) of this thread from its accumulators."""
+        racc = facc[0]
+        if self.esize == 2:
+            racc = E.amax_fold(pacc[0], self.dtype_name)
+        cacc = [facc[1 + j] for j in range(self.epv)]
+        if self.esize == 2 and not self.rht:
+            cacc = []
+            for k in range(4):
+                cacc += [E.unpack_lo(pacc[1 + k], self.dtype_name),
+                         E.unpack_hi(pacc[1 + k], self.dtype_name)]
+        if self.rht:  # amax(|y| * 0.25) = amax(|y|) * 0.25 (RN is monotone)
+            cacc = [E.mul_rn(c, Float32(0.25)) for c in cacc]
+        return racc, cacc
 
     @cute.kernel
     def kernel(self, x: cute.Tensor, ttab: cute.Tensor, gtab: cute.Tensor, atab: cute.Tensor,
                amax_r: cute.Tensor, amax_c: cute.Tensor):
         tidx, _, _ = cute.arch.thread_idx()
         bx, by, _ = cute.arch.block_idx()
+        warp = tidx // 32
+        lane = tidx % 32
         smem = cutlass.memory.SmemAllocator()
-        sx = smem.allocate_tensor(Float32, cute.make_layout((TILE, TILE), stride=(SX_STRIDE, 1)), 16)
-        # per-thread accumulators: [0] rowwise (tensor), [1 + ki] columnwise (token: column
-        # tidx // 4 of k tile ki; tensor: slot 1)
-        acc = smem.allocate_tensor(Float32, cute.make_layout((1 + self.KT, THREADS), stride=(THREADS, 1)), 16)
-        for j in cutlass.range_constexpr(1 + self.KT):
-            acc[j, tidx] = Float32(0.0)
+        # cross-warp reduction: [warp, column of the slab] (token) or [warp, row / column]
+        red = smem.allocate_tensor(Float32, cute.make_layout((self.WARPS, self.slab),
+                                                             stride=(self.slab, 1)), 16)
         K = x.shape[1]
         t0 = atab[by, 0]
         count = atab[by, 1]
@@ -611,59 +694,81 @@ class RecipeAmax(_TileLoader):
         ar_base = amax_r.iterator.toint() + gtab[g, G_AR] * 4
         ac_base = amax_c.iterator.toint() + gtab[g, G_AC] * 4
         xbase = x.iterator.toint()
-        r = tidx // 4
-        for mi in cutlass.range(count, unroll=1):
-            lr0 = ttab[t0 + mi, 1]
-            nrows = Mg - lr0
-            racc = Float32(0.0)
-            for ki in cutlass.range_constexpr(self.KT):
-                kt = bx * self.KT + ki
-                self.load_tile(sx, xbase, row0 + Int64(lr0), nrows, kt, K, tidx)
-                cute.arch.barrier()
-                if cutlass.const_expr(self.do_row):
-                    xs = []
-                    for i in cutlass.range_constexpr(16):
-                        xs.append(sx[r, (tidx % 4) * 16 + i])
-                    racc = E.fmax_nan(racc, block_amax(xs))
-                if cutlass.const_expr(self.do_col):
-                    xs = []
-                    for i in cutlass.range_constexpr(16):
-                        xs.append(sx[(tidx % 4) * 16 + i, r])
-                    if cutlass.const_expr(self.rht):
-                        bam = E.mul_rn(block_amax(rht16(xs, scale=False)), Float32(0.25))
-                    else:
-                        bam = block_amax(xs)
-                    slot = 1
-                    if cutlass.const_expr(self.per_token):
-                        slot = 1 + ki
-                    acc[slot, tidx] = E.fmax_nan(acc[slot, tidx], bam)
-                cute.arch.barrier()
-            if cutlass.const_expr(self.do_row):
-                if cutlass.const_expr(self.per_token):
-                    racc = lanes4_max(racc)
-                    if (tidx % 4 == 0) & (r < nrows):
-                        E.red_max_u32(ar_base + Int64(lr0 + r) * 4, E.canonical_nan_bits(racc))
+        col = bx * self.slab + lane * self.epv
+        # Out-of-range reads are clamped onto in-range elements of the same strip: duplicates
+        # leave every max unchanged (columns >= K and rows >= nrows are never written). Whole
+        # 16-row strips past the group are skipped (the RHT needs full blocks: with a
+        # columnwise twin the group's rows are a multiple of 16).
+        wt = cutlass.min(warp, count - 1)
+        lr0 = ttab[t0 + wt, 1]
+        nrows = Mg - lr0
+        nstrips = cutlass.select_(warp < count, (cutlass.min(nrows, TILE) + 15) // 16, 0)
+        rbytes = Int64(K) * self.esize
+        base = (xbase + (row0 + Int64(lr0)) * rbytes
+                + Int64(cutlass.min(col, K - self.epv)) * self.esize)
+        # register accumulators (tensors: they live across the dynamic loop): facc[0] the
+        # row max (tensor), facc[1 + j] column j's max; the same as packed 16-bit maxima in
+        # pacc[0] and pacc[1 + word] (bf16 / fp16 inputs; columns without the RHT)
+        facc = cute.make_rmem_tensor((1 + self.epv,), Float32)
+        pacc = cute.make_rmem_tensor((5,), Uint32)
+        for j in cutlass.range_constexpr(1 + self.epv):
+            facc[j] = Float32(0.0)
+        for j in cutlass.range_constexpr(5):
+            pacc[j] = Uint32(0)
+        for s in cutlass.range(nstrips, unroll=1):
+            rows = []
+            for i in cutlass.range_constexpr(16):
+                r = cutlass.min(s * 16 + i, nrows - 1)
+                rows.append(list(E.ld_global_nc_v4(base + Int64(r) * rbytes)))
+            if cutlass.const_expr(self.do_row and self.per_token):
+                rm = lanes_transpose_max16([self._row_max(w) for w in rows], lane)
+                r = s * 16 + lane // 2  # the row whose max this lane now holds
+                if (lane % 2 == 0) & (r < nrows):
+                    E.red_max_u32(ar_base + (Int64(lr0) + Int64(r)) * 4,
+                                  E.canonical_nan_bits(rm))
+            if cutlass.const_expr(self.do_row and not self.per_token):
+                if cutlass.const_expr(self.esize == 4):
+                    facc[0] = E.fmax_nan(facc[0], block_amax([E.bits_f32(w) for ws in rows
+                                                              for w in ws]))
                 else:
-                    acc[0, tidx] = E.fmax_nan(acc[0, tidx], racc)
-        if cutlass.const_expr(self.do_col and self.per_token):
-            for ki in cutlass.range_constexpr(self.KT):
-                v = lanes4_max(acc[1 + ki, tidx])
-                kc = (bx * self.KT + ki) * TILE + r
-                if (tidx % 4 == 0) & (kc < K):
-                    E.red_max_u32(ac_base + Int64(kc) * 4, E.canonical_nan_bits(v))
-        if cutlass.const_expr(not self.per_token):
+                    pacc[0] = E.amax_pairs([pacc[0]] + [w for ws in rows for w in ws],
+                                           self.dtype_name)
+            if cutlass.const_expr(self.do_col and self.esize == 2 and not self.rht):
+                for k in cutlass.range_constexpr(4):
+                    pacc[1 + k] = E.amax_pairs([pacc[1 + k]] + [ws[k] for ws in rows],
+                                               self.dtype_name)
+            if cutlass.const_expr(self.do_col and (self.esize == 4 or self.rht)):
+                for j in cutlass.range_constexpr(self.epv):
+                    xs = [self._elem(w, j) for w in rows]
+                    if cutlass.const_expr(self.rht):
+                        xs = rht16(xs, scale=False)
+                    facc[1 + j] = E.fmax_nan(facc[1 + j], block_amax(xs))
+        racc, cacc = self._maxima(facc, pacc)
+        if cutlass.const_expr(self.per_token):
+            if cutlass.const_expr(self.do_col):
+                for j in cutlass.range_constexpr(self.epv):
+                    red[warp, lane * self.epv + j] = cacc[j]
+                cute.arch.barrier()
+                c = bx * self.slab + tidx
+                if (tidx < self.slab) & (c < K):
+                    v = Float32(0.0)
+                    for w in cutlass.range_constexpr(self.WARPS):
+                        v = E.fmax_nan(v, red[w, tidx])
+                    E.red_max_u32(ac_base + Int64(c) * 4, E.canonical_nan_bits(v))
+        else:
+            racc = E.warp_max_nan(racc)
+            cm = E.warp_max_nan(block_amax(cacc))
+            if lane == 0:
+                red[warp, 0] = racc
+                red[warp, 1] = cm
             cute.arch.barrier()
-            warp = tidx // 32
-            lane = tidx % 32
-            tot = Float32(0.0)
-            if warp < 2:
-                for j in cutlass.range_constexpr(THREADS // 32):
-                    tot = E.fmax_nan(tot, acc[warp, lane + 32 * j])
-                tot = E.warp_max_nan(tot)
-                if lane == 0:
-                    if warp == 0:
-                        if cutlass.const_expr(self.do_row):
-                            E.red_max_u32(ar_base, E.canonical_nan_bits(tot))
-                    else:
-                        if cutlass.const_expr(self.do_col):
-                            E.red_max_u32(ac_base, E.canonical_nan_bits(tot))
+            if tidx < 2:
+                v = Float32(0.0)
+                for w in cutlass.range_constexpr(self.WARPS):
+                    v = E.fmax_nan(v, red[w, tidx])
+                if tidx == 0:
+                    if cutlass.const_expr(self.do_row):
+                        E.red_max_u32(ar_base, E.canonical_nan_bits(v))
+                else:
+                    if cutlass.const_expr(self.do_col):
+                        E.red_max_u32(ac_base, E.canonical_nan_bits(v))

@@ -38,7 +38,7 @@ from .cast_recipes import G_OFFSET, G_SEED, GTAB_COLS, TILE, RecipeAmax, RecipeC
 
 _DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 _CUTLASS = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16, "fp32": cutlass.Float32}
-AMAX_TILES_PER_CTA = 8  # m tiles per amax CTA row
+AMAX_TILES_PER_CTA = RecipeAmax.WARPS  # m tiles per amax CTA row (one per warp)
 
 
 def _cast_config(name: str, recipe: Recipe):
@@ -66,7 +66,7 @@ def amax_recipe_kernel(dtype: str, per_token: bool, rht: bool, do_row: bool, do_
     op = RecipeAmax(dtype, per_token, rht, do_row, do_col)
     f32 = [fake_tensor(cutlass.Float32, (None,), align=4) for _ in range(2)]
     return (op, *_common_fakes(dtype), fake_tensor(cutlass.Int32, (None, 2), align=4), *f32,
-            cutlass.Int32(1), env_stream())
+            env_stream())
 
 
 def _alloc(shape, device) -> torch.Tensor:
@@ -194,7 +194,7 @@ def _run(x2: torch.Tensor, sizes: List[int], recipe: Recipe, seed: int, offset: 
             fn = KERNELS.get(akey, lambda: compile_kernel(
                 *amax_recipe_kernel(name, scaling == "token", recipe.rht, do_row, do_col),
                 arch=arch))
-            fn(x2, tt, gt, at, amax_r, amax_c, _ceil(k, TILE))
+            fn(x2, tt, gt, at, amax_r, amax_c)
     if amax_reduce is not None:
         _reduce_amaxes(amax_reduce, recipe, amax_r, amax_c, alias)
     if launch:
