@@ -460,9 +460,9 @@ class RecipeCastKernel(_TileLoader):
         ar_base = amax_r.iterator.toint() + gtab[g, G_AR] * 4
         ac_base = amax_c.iterator.toint() + gtab[g, G_AC] * 4
         # Outer scales of scaling "tensor" / "token" (amax, S_enc, 1 / S_enc: a division and
-        # a reciprocal) once per tile row / column (token) or per tile (tensor) by threads
-        # 0 .. 127, shared through smem, instead of once per thread and pass; their amax
-        # loads are issued before the tile's.
+        # a reciprocal) once per tile row / column (token: threads 0 .. 127) or per tile
+        # (tensor: threads 0 and 64), shared through smem, instead of once per thread and
+        # pass; their amax loads are issued before the tile's.
         osc_i = tidx % TILE
         osc_amax = Float32(0.0)
         if cutlass.const_expr(self.scaling == "tensor"):
@@ -473,7 +473,10 @@ class RecipeCastKernel(_TileLoader):
                 ac_base + Int64(cutlass.min(kt * TILE + osc_i, K - 1)) * 4))
         self.load_tile(sx, x.iterator.toint(), row0 + Int64(lr0), nrows, kt, K, tidx)
         if cutlass.const_expr(self.scaling != "window64"):
-            if tidx < 2 * TILE:
+            writer = tidx < 2 * TILE
+            if cutlass.const_expr(self.scaling == "tensor"):
+                writer = writer & (osc_i == 0)  # entry 0 of each side
+            if writer:
                 g_amax, s_enc, s_dec = self._outer(osc_amax)
                 side = tidx // TILE
                 sosc[side, osc_i, 0] = g_amax
