@@ -132,3 +132,14 @@ def test_permute_k_matches_kperm64():
         idx = (torch.arange(0, kp, 64).view(-1, 1) + kperm64().view(1, -1)).view(-1)
         assert torch.equal(permute_k(y, kp), padded[:, idx])
     assert sorted(kperm64().tolist()) == list(range(64))
+
+
+def test_pick_mixed_config():
+    """Tile width by waves per SM, 256 on ties (the shapes measured in notes/gemm.md)."""
+    from cute_fp4.gemm.sm90_mixed import pick_mixed_config
+
+    assert pick_mixed_config(2048, 2048) == (256, 6)   # 128 tiles: 1 wave of 256 = 2 of 128
+    assert pick_mixed_config(4096, 1024) == (256, 6)   # 1024x4096x4096, roles swapped
+    assert pick_mixed_config(2048, 1024) == (128, 8)   # 1024x2048x2048: 64 tiles of 256
+    assert pick_mixed_config(8192, 8192) == (256, 6)
+    assert pick_mixed_config(8192, 100) == (128, 8)    # Q <= 128
