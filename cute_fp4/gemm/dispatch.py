@@ -193,9 +193,10 @@ def _gemm_sm100(a_data, sfa, b_data, sfb, alpha, row, col, bias, out_dtype, out,
     return out
 
 
-# Activations with more rows than this go to dequantize-then-cuBLAS: the W4A16 kernel streams
-# the weights once per 64 tokens, which loses to a dense GEMM at prefill sizes (see
-# notes/gemm_w4a16.md: 0.26x cuBLAS at M = 512).
+# Activations with more rows than this leave the weight-streaming kernel, which reads the
+# weights once per 64 tokens (0.26x cuBLAS at M = 512, notes/gemm_w4a16.md), for the mixed
+# wgmma kernel of sm90_mixed (BF16 activations; notes/gemm.md) or, for FP16 activations,
+# dequantize-then-cuBLAS.
 W4A16_MAX_DECODE_ROWS = 64
 # S_enc = 448 * 6 / 2688 = 1: the dequantize kernel then returns e2m1 * scale exactly.
 _UNIT_SCALE_AMAX = 2688.0
@@ -208,17 +209,25 @@ def gemm_w4a16(a: torch.Tensor, b_data: torch.Tensor, b_scales: torch.Tensor, *,
     """BF16/FP16 activations [M, K] x NVFP4 weights [N, K/2] (E4M3 block scales, compact or
     swizzled): D = cast(alpha * col[n] * sum_k a[m, k] * b[n, k] + bias[n]).
 
-    Decode sizes (M <= W4A16_MAX_DECODE_ROWS) on sm_90a run the weight-streaming W4A16 kernel
-    (`sm90_w4a16`). Larger M, and sm_100a, dequantize the weights once (exact e2m1 * scale, in
-    the activation dtype) and run cuBLAS, then apply the epilogue in FP32: the same sum up to
-    its rounding (the dense GEMM rounds its result to the activation dtype before the epilogue
-    when out_dtype is 16-bit; fp32 outputs use an FP32 GEMM)."""
-    from .sm90_w4a16 import gemm_w4a16_sm90
+    On sm_90a, decode sizes (M <= W4A16_MAX_DECODE_ROWS) run the weight-streaming W4A16 kernel
+    (`sm90_w4a16`) and larger M with BF16 activations the mixed wgmma kernel
+    (`sm90_mixed.gemm_mixed_sm90`: weights decoded in registers, activations by TMA), both
+    with FP32 accumulation of exact products. FP16 activations at larger M, and sm_100a,
+    dequantize the weights once (exact e2m1 * scale, in the activation dtype) and run cuBLAS,
+    then apply the epilogue in FP32: the same sum up to its rounding (the dense GEMM rounds
+    its result to the activation dtype before the epilogue when out_dtype is 16-bit; fp32
+    outputs use an FP32 GEMM)."""
+    if a.dim() == 2 and a.is_cuda and device_arch(a.device) == "sm_90a":
+        if a.shape[0] <= W4A16_MAX_DECODE_ROWS:
+            from .sm90_w4a16 import gemm_w4a16_sm90
 
-    if a.dim() == 2 and a.shape[0] <= W4A16_MAX_DECODE_ROWS and a.is_cuda \
-            and device_arch(a.device) == "sm_90a":
-        return gemm_w4a16_sm90(a, b_data, b_scales, alpha=alpha, col=col, bias=bias,
-                               out_dtype=out_dtype, scales_swizzled=scales_swizzled)
+            return gemm_w4a16_sm90(a, b_data, b_scales, alpha=alpha, col=col, bias=bias,
+                                   out_dtype=out_dtype, scales_swizzled=scales_swizzled)
+        if a.dtype == torch.bfloat16:
+            from .sm90_mixed import gemm_mixed_sm90
+
+            return gemm_mixed_sm90(b_data, b_scales, a, alpha=alpha, col=col, bias=bias,
+                                   out_dtype=out_dtype, scales_swizzled=scales_swizzled)
     from ..quant.dequantize import dequantize
     from ..recipe import Recipe
     from ..tensor import NVFP4Tensor
