@@ -3,8 +3,9 @@ dequantize-then-cuBLAS.
 
 Per shape (M x N x K), in one process: cuBLAS BF16 (torch.matmul, BF16 weights), dequantize-then-
 cuBLAS (cute_fp4.dequantize of the NVFP4 weights every call, then torch.matmul) and the W4A16
-kernel (gemm_w4a16_sm90, BF16 activations, swizzled scales, BF16 out), each eager and replayed
-from a CUDA graph. Reports microseconds, speedups over cuBLAS BF16 of the same mode and the
+kernel that `cute_fp4.gemm` dispatches to (the weight-streaming gemm_w4a16_sm90 for M <= 64, the
+mixed wgmma gemm_mixed_sm90 above; BF16 activations, swizzled scales, BF16 out), each eager and
+replayed from a CUDA graph. Reports microseconds, speedups over cuBLAS BF16 of the same mode and the
 W4A16 kernel's weight bandwidth (packed bytes + scales, GB/s).
 """
 
@@ -24,10 +25,15 @@ PREFILL = [(512, 8192, 8192)]
 
 def bench_configs(m: int, n: int, k: int, graphs: bool, configs) -> List[dict]:
     """One row per W4A16 configuration (None: automatic), the baselines timed once."""
+    from ..gemm.dispatch import W4A16_MAX_DECODE_ROWS
+    from ..gemm.sm90_mixed import gemm_mixed_sm90
     from ..gemm.sm90_w4a16 import gemm_w4a16_sm90
     from ..ref.swizzle import swizzle_scales
     from .gemm import _dequantize_fn
 
+    if m > W4A16_MAX_DECODE_ROWS and configs != [None]:
+        raise ValueError(f"--config sets the decode kernel (M <= {W4A16_MAX_DECODE_ROWS}), "
+                         f"got M = {m}")
     b = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, device="cuda")
     sb_c = torch.exp2(torch.rand(n, k // 16, device="cuda") * 4 - 2).to(torch.float8_e4m3fn)
     sb = swizzle_scales(sb_c)
@@ -53,8 +59,12 @@ def bench_configs(m: int, n: int, k: int, graphs: bool, configs) -> List[dict]:
         base_ms = {name: timer(fn) for name, fn in base.items()}
         for config, row in zip(configs, rows):
             ms = dict(base_ms)
-            ms["w4a16"] = timer(lambda: gemm_w4a16_sm90(a, b, sb, scales_swizzled=True,
-                                                         out=out, config=config))
+            if m <= W4A16_MAX_DECODE_ROWS:
+                ms["w4a16"] = timer(lambda: gemm_w4a16_sm90(a, b, sb, scales_swizzled=True,
+                                                             out=out, config=config))
+            else:
+                ms["w4a16"] = timer(lambda: gemm_mixed_sm90(b, sb, a, scales_swizzled=True,
+                                                             out=out))
             for name, t in ms.items():
                 row[f"{name} {mode} us"] = t * 1e3
             row[f"w4a16/cublas {mode}"] = ms["cublas_bf16"] / ms["w4a16"]
@@ -71,7 +81,7 @@ def main(argv=None) -> int:
     p.add_argument("--no-prefill", action="store_true", help="decode shapes only")
     p.add_argument("--no-graphs", action="store_true", help="eager timings only")
     p.add_argument("--config", type=str, default=None,
-                   help="tile_m,row_tiles,k_warps,unroll,row_warps for every shape (default: "
+                   help="tile_m,row_tiles,k_warps,unroll,row_warps of the decode kernel for every shape (default: "
                         "automatic); several separated by ';' give one row each (a sweep)")
     p.add_argument("--json", type=str, default=None, help="write the rows to this JSON file")
     args = p.parse_args(argv)
