@@ -3,16 +3,21 @@ sm_100a with IEEE division/reciprocal only; Philox (mul.wide.u32) and a conversi
 stochastic encode with stochastic rounding; the 4over6 fast path uses cvt.rn.f16x2.e2m1x2 /
 e4m3x2 products on sm_100a only. The exact 4over6 path's division by a constant
 (cast_recipes.div_const) is checked against IEEE FP32 division by an exact numpy emulation of
-its three operations (CUTE_FP4_EXHAUSTIVE_DIV=1: every FP32 bit pattern, ~4 min)."""
+its three operations (CUTE_FP4_EXHAUSTIVE_DIV=1: every FP32 bit pattern, ~4 min). The
+stochastic E2M1 encode (cast_recipes._SR_ELEM) is checked against
+ref.formats.e2m1_encode_stochastic by a numpy emulation of its PTX for every random byte
+(CUTE_FP4_EXHAUSTIVE_SR=1: 2M values instead of ~40k, ~1 min)."""
 
 import os
 
 import numpy as np
 import pytest
+import torch
 
 from cute_fp4 import Recipe
 from cute_fp4.common.compile_check import compile_ptx, missing_instructions, ptx_target
-from cute_fp4.quant.cast_recipes import DIV_CONST, DIV_CONST_MIN_HEX
+from cute_fp4.quant.cast_recipes import _SR_ELEM, _SR_SEL, DIV_CONST, DIV_CONST_MIN_HEX
+from cute_fp4.ref.formats import e2m1_encode_stochastic
 from cute_fp4.quant.recipes_dispatch import amax_recipe_kernel, cast_recipe_kernel
 
 ARCHS = ["sm_90a", "sm_100a"]
@@ -141,3 +146,81 @@ def test_div_const_zero_signs_and_specials(d):
     with np.errstate(invalid="ignore"):
         inf = div_const_emulated(np.array([np.inf], dtype=np.float32), d)
     assert np.isnan(inf[0])  # +-inf is outside the domain (div.rn path)
+
+
+# ---------------------------------------------------------------- stochastic encode emulation
+# The PTX of one element, as emulated below (a = min(|x * enc|, 6), w the random word):
+SR_PTX = ("add.rn.f32 g, a, a;\nadd.rz.f32 t, a, 0f40000000;\nmin.f32 g, g, t;\n"
+          "fma.rz.f32 t, a, 0f3F000000, 0f40800000;\nmin.f32 g, g, t;\n"
+          "prmt.b32 b, 0x43000080, {w}, {sel};\nmov.b32 y, b;\nsub.rn.f32 y, y, 0f43000000;\n"
+          "add.rz.f32 g, g, y;\nadd.rz.f32 g, g, 0f4B000000;\n")
+
+
+def _prmt(a: int, b: np.ndarray, sel: int) -> np.ndarray:
+    """PTX prmt.b32 (default mode, selector nibbles < 8) of the constant a and the words b."""
+    src = [np.full(b.shape, (a >> (8 * i)) & 0xFF, np.uint32) for i in range(4)]
+    src += [(b >> np.uint32(8 * i)) & np.uint32(0xFF) for i in range(4)]
+    out = np.zeros(b.shape, np.uint32)
+    for i in range(4):
+        out |= src[(sel >> (4 * i)) & 7] << np.uint32(8 * i)
+    return out
+
+
+def _rz32(p: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """FP32 round-toward-zero of p + q (float64 inputs holding FP32-exact non-negative terms):
+    the float64 sum and its TwoSum error decide a sum that lands on an FP32 number exactly."""
+    s = p + q
+    bv = s - p
+    e = (p - (s - bv)) + (q - bv)
+    r = s.astype(np.float32)
+    r64 = r.astype(np.float64)
+    over = (r64 > s) | ((r64 == s) & (e < 0))
+    return np.where(over, np.nextafter(r, np.float32(0)), r).astype(np.float64)
+
+
+def sr_encode_emulated(v: np.ndarray, word: np.ndarray, k: int) -> np.ndarray:
+    """The kernel's stochastic code of FP32 products v with byte k of the random words."""
+    a = np.minimum(np.abs(v), np.float32(6)).astype(np.float64)
+    g = np.minimum(np.minimum(2 * a, _rz32(a, np.float64(2))), _rz32(0.5 * a, np.float64(4)))
+    f = _prmt(0x43000080, word, int(_SR_SEL[k], 16)).view(np.float32).astype(np.float64)
+    y = (f - 128).astype(np.float32).astype(np.float64)  # exact (Sterbenz)
+    code = (_rz32(_rz32(g, y), np.float64(2**23)) - 2**23).astype(np.int64)
+    return (code + 8 * (v < 0)).astype(np.uint8)
+
+
+def _sr_values(exhaustive: bool) -> np.ndarray:
+    rng = np.random.default_rng(0)
+    n = 1 << 20 if exhaustive else 1 << 12
+    lo = np.array([0, .5, 1, 1.5, 2, 3, 4], np.float64)
+    gap = np.array([.5, .5, .5, .5, 1, 1, 2], np.float64)
+    frac = np.arange(513, dtype=np.float64) / 512  # the thresholds (511 - 2b) / 512 and more
+    grid = (lo[:, None] + gap[:, None] * frac[None, :]).astype(np.float32).ravel()
+    parts = [rng.uniform(-7, 7, n).astype(np.float32),
+             (rng.standard_normal(n) * 10.0 ** rng.uniform(-45, 3, n)).astype(np.float32),
+             grid, np.nextafter(grid, np.float32(0)), np.nextafter(grid, np.float32(9)), -grid,
+             np.array([np.inf, -np.inf, 0.0, -0.0, 1e-45, -1e-45, 6.0000005], np.float32)]
+    return np.concatenate(parts)
+
+
+def test_sr_encode_ptx_is_the_emulated_one():
+    assert SR_PTX in _SR_ELEM
+
+
+@pytest.mark.parametrize("k", range(4))
+def test_sr_prmt_builds_f(k):
+    """F = float(0x43000080 | b << 8) = 128 + (2b + 1) / 512 with b = byte k of the word."""
+    w = np.random.default_rng(k).integers(0, 2**32, 4096, dtype=np.uint64).astype(np.uint32)
+    b = (w >> np.uint32(8 * k)) & np.uint32(0xFF)
+    f = _prmt(0x43000080, w, int(_SR_SEL[k], 16))
+    assert np.array_equal(f, np.uint32(0x43000080) | (b << np.uint32(8)))
+    assert np.array_equal(f.view(np.float32).astype(np.float64), 128 + (2.0 * b + 1) / 512)
+
+
+def test_sr_encode_matches_reference():
+    """Every random byte against ref.formats.e2m1_encode_stochastic (grid points, the k/512
+    fractions of every gap and their FP32 neighbours, tiny / huge / special values)."""
+    v = _sr_values(os.environ.get("CUTE_FP4_EXHAUSTIVE_SR") == "1")
+    for b in range(256):
+        got = sr_encode_emulated(v, np.full(v.shape, b << 16, np.uint32), 2)
+        want = e2m1_encode_stochastic(torch.from_numpy(v), torch.full(v.shape, b)).numpy()
+        assert np.array_equal(got, want), f"byte {b}"
