@@ -396,8 +396,3 @@ def warp_max_nan(x):
 
 def ld_global_f32(addr):
     return _ptx1("ld.global.f32 {$w0}, [{$r0}];", Float32, Int64(addr))
-
-
-def ld_global_cg_f32(addr):
-    """FP32 load cached in L2 only (not in L1)."""
-    return _ptx1("ld.global.cg.f32 {$w0}, [{$r0}];", Float32, Int64(addr))

@@ -5,9 +5,8 @@ One pass over the input writes any of
   * columnwise: the transposed twin data [K, M/2], scales [K, M/16];
 scales either compact or directly in the 128x4 swizzled layout (padded, padding zeroed).
 The outer scale is per tensor (amax_r = amax_c = [1 + P]: the P AmaxTensor partials in [1:],
-reduced by every CTA at its start; CTA 0 writes the amax to [0]; the passes recompute the
-outer scale per row / column, see _tensor_outer) or per token (row amax [M] for the rowwise
-output, column amax [K] for the twin); amaxes are read from device memory.
+reduced by every CTA at its start; CTA 0 writes the amax to [0]) or per token (row amax [M] for
+the rowwise output, column amax [K] for the twin); amaxes are read from device memory.
 
 Design: persistent grid; each CTA walks 128-row x 128-byte input tiles (128 x 64 for
 16-bit inputs, 128 x 32 for fp32). A producer warp streams tiles into a multi-stage smem ring
@@ -97,18 +96,6 @@ class CastKernel:
     def _outer(self, amax_ptr_i64):
         """(S_enc * fp32(1/6), 1 / S_enc) from an amax in global memory."""
         return self._outer_of(E.ld_global_f32(amax_ptr_i64))
-
-    @cute.jit
-    def _tensor_outer(self, ar_base, n_partials, amax, i):
-        """Per-tensor (S_enc / 6, 1 / S_enc) for row or column i, recomputed per row / column
-        from amax (in a register) and an L2 load of partial 1 + min(i % 256, P - 1): a partial
-        is <= amax, so the max is amax, bit for bit. Measured (H100, bf16 32768x8192, cast
-        alone, row+col / row): outer scale computed once per kernel 514 / 283 us, this 446 /
-        289 us; the per-token kernel fed the amax broadcast to [M] and [K] 408 / 251 us (same
-        bytes); a per-row reload of one L1-resident word 503 / 288 us. Why per-row L2 loads
-        speed the two-pass cast up is not profiled (notes/quant.md)."""
-        part = E.ld_global_cg_f32(ar_base + Int64(1 + cutlass.min(i & 255, n_partials - 1)) * 4)
-        return self._outer_of(E.fmax_nan(part, amax))
 
     @cute.jit
     def _outer_of(self, amax):
@@ -213,12 +200,15 @@ class CastKernel:
             ar_base = amax_r.iterator.toint()
             ac_base = amax_c.iterator.toint()
 
-            n_partials = amax_r.shape[0] - 1
-            amax_t = Float32(0.0)
+            s6_r = Float32(0.0)
+            sdec_r = Float32(0.0)
+            s6_c = Float32(0.0)
+            sdec_c = Float32(0.0)
             if cutlass.const_expr(not self.per_token):
-                amax_t = self._tensor_amax(ar_base, n_partials, tidx, bidx,
+                amax_t = self._tensor_amax(ar_base, amax_r.shape[0] - 1, tidx, bidx,
                                            storage.red.data_ptr().toint())
-            outer = (n_partials, amax_t)
+                s6_r, sdec_r = self._outer_of(amax_t)
+                s6_c, sdec_c = s6_r, sdec_r
 
             offs = self._col_offsets(tidx)
             row_thr = self._row_thread_offsets(tidx, half_k, nsc_r)
@@ -231,10 +221,10 @@ class CastKernel:
 
                 if cutlass.const_expr(self.rowwise):
                     self._row_pass(stage_addr, tidx, tm, tk, M, K, half_k, nsc_r, row_thr,
-                                   q_base, s_base, ar_base, outer)
+                                   q_base, s_base, ar_base, s6_r, sdec_r)
                 if cutlass.const_expr(self.columnwise):
                     self._col_pass(stage_addr, tidx, tm, tk, M, K, half_m, nsc_c, pad_c_c, col_thr,
-                                   qt_base, st_base, ac_base, outer, offs)
+                                   qt_base, st_base, ac_base, s6_c, sdec_c, offs)
 
                 cute.arch.sync_warp()
                 pipe.consumer_release(cstate)
@@ -272,7 +262,7 @@ class CastKernel:
 
     @cute.jit
     def _row_pass(self, stage_addr, tidx, tm, tk, M, K, half_k, nsc_r, row_thr,
-                  q_base, s_base, ar_base, outer):
+                  q_base, s_base, ar_base, s6, sdec):
         """Lanes of a warp take consecutive 16-element blocks of consecutive rows, so one warp
         store covers whole 32-byte sectors (bpr blocks of 8 bytes per row)."""
         bpr = self.tile_k // 16  # blocks per tile row
@@ -288,9 +278,8 @@ class CastKernel:
             r, q_off, s_off = row_thr[j]
             gr = row0 + r
             if cutlass.const_expr(self.per_token):
-                s6, sdec = self._outer(ar_base + Int64(cutlass.min(gr, M - 1)) * 4)
-            else:
-                s6, sdec = self._tensor_outer(ar_base, outer[0], outer[1], gr)
+                grc = cutlass.min(gr, M - 1)
+                s6, sdec = self._outer(ar_base + Int64(grc) * 4)
             row_addr = stage_addr + r * self.tile_bytes
             sw = r % 8
             words = []
@@ -354,7 +343,7 @@ class CastKernel:
 
     @cute.jit
     def _col_pass(self, stage_addr, tidx, tm, tk, M, K, half_m, nsc_c, pad_c_c, col_thr,
-                  qt_base, st_base, ac_base, outer, offs):
+                  qt_base, st_base, ac_base, s6, sdec, offs):
         """Lanes with consecutive block rows store consecutive 8-byte pieces of one output row
         (64 bytes per input column and tile)."""
         lane = tidx % 32
@@ -377,9 +366,8 @@ class CastKernel:
             c, q_off, s_off = col_thr[cc]
             gk = col0 + c
             if cutlass.const_expr(self.per_token):
-                s6, sdec = self._outer(ac_base + Int64(cutlass.min(gk, K - 1)) * 4)
-            else:
-                s6, sdec = self._tensor_outer(ac_base, outer[0], outer[1], gk)
+                gkc = cutlass.min(gk, K - 1)
+                s6, sdec = self._outer(ac_base + Int64(gkc) * 4)
             xs = []
             for i in cutlass.range_constexpr(16):
                 if cutlass.const_expr(self.esize == 4):
