@@ -13,6 +13,16 @@ from cute_fp4.gemm.dispatch import _w4a4_kernel
 from cute_fp4.gemm.sm90_w4a4 import BUFFERS
 
 
+def _assert_register_budget(ptx: str):
+    """setmaxnreg moves registers inside the launch allocation (168 per thread at 384 threads:
+    one producer warpgroup, two MMA warpgroups); asking for more makes the increase wait
+    forever."""
+    dec = int(re.search(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+(\d+);", ptx).group(1))
+    inc = int(re.search(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+(\d+);", ptx).group(1))
+    assert dec * 128 + inc * 256 <= 168 * 384
+
+
+
 @pytest.mark.parametrize("tile_n", [128, 256])
 @pytest.mark.parametrize("out_dtype,flags,bias_dtype", [
     (torch.bfloat16, (False, False, False, False), None),
@@ -33,11 +43,7 @@ def test_w4a4_sm90_ptx(tile_n, out_dtype, flags, bias_dtype):
         r"setmaxnreg\.dec",
     ]) == []
     assert "cvt.rn.f16x2.e4m3x2" not in ptx
-    # setmaxnreg moves registers inside the launch allocation (168 per thread at 384
-    # threads); asking for more makes the increase wait forever
-    dec = int(re.search(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+(\d+);", ptx).group(1))
-    inc = int(re.search(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+(\d+);", ptx).group(1))
-    assert dec * 128 + inc * 256 <= 168 * 384
+    _assert_register_budget(ptx)
 
 
 @pytest.mark.parametrize("windows", [(True, False), (False, True), (True, True)])
@@ -89,9 +95,7 @@ def test_mixed_sm90_ptx(tile_n, transposed, vec_store):
     assert len(re.findall(r"cp\.async\.bulk\.tensor\.2d", ptx)) == 3
     # two unrolled k-tile sites of four k16 wgmmas
     assert len(re.findall(r"wgmma\.mma_async", ptx)) == 8
-    dec = int(re.search(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+(\d+);", ptx).group(1))
-    inc = int(re.search(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+(\d+);", ptx).group(1))
-    assert dec * 128 + inc * 256 <= 168 * 384
+    _assert_register_budget(ptx)
 
 
 def test_predecode_sm90_ptx():
