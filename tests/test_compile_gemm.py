@@ -22,7 +22,6 @@ def _assert_register_budget(ptx: str):
     assert dec * 128 + inc * 256 <= 168 * 384
 
 
-
 @pytest.mark.parametrize("tile_n", [128, 256])
 @pytest.mark.parametrize("out_dtype,flags,bias_dtype", [
     (torch.bfloat16, (False, False, False, False), None),
