@@ -20,6 +20,8 @@ from .common import bench_graph_ms, bench_ms, progress, report
 MAIN_SHAPES = [(8192, 8192, 8192), (16384, 2048, 7168), (4096, 4096, 4096)]
 SWEEP_M = [1024, 2048, 4096, 8192, 16384, 32768]
 SWEEP_NK = [2048, 4096, 8192]
+# the decode sizes (W4A4 with freshly quantized activations; W4A16 has its own bench)
+DECODE_SHAPES = [(m, n, k) for (n, k) in ((8192, 8192), (28672, 8192)) for m in (1, 16, 64)]
 
 
 def _operands(m: int, n: int, k: int):
@@ -98,6 +100,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m cute_fp4.perf gemm", description=__doc__)
     p.add_argument("--sweep", action="store_true",
                    help="add M in {1024..32768} x N=K in {2048, 4096, 8192}")
+    p.add_argument("--decode", action="store_true",
+                   help="add M in {1, 16, 64} x (N, K) in {(8192, 8192), (28672, 8192)}")
     p.add_argument("--shapes", type=str, default=None,
                    help="comma-separated MxNxK list instead of the default shapes")
     p.add_argument("--no-graphs", action="store_true", help="eager timings only")
@@ -111,6 +115,8 @@ def main(argv=None) -> int:
         shapes = list(MAIN_SHAPES)
         if args.sweep:
             shapes += [(m, nk, nk) for nk in SWEEP_NK for m in SWEEP_M]
+        if args.decode:
+            shapes += DECODE_SHAPES
     rows = []
     for i, (m, n, k) in enumerate(shapes):
         progress(i, len(shapes), f"{m}x{n}x{k}")
