@@ -159,18 +159,26 @@ def gemm_nvfp4(a_data: torch.Tensor, a_scales: torch.Tensor, b_data: torch.Tenso
     return out
 
 
-def _gemm_predecode(a_data, sfa, b_data, sfb, alpha, row, col, bias, out, arch, tile_n,
-                    stages):
-    """The predecode path of gemm_nvfp4 on sm_90a: the smaller operand (B on ties) to BF16
-    once, the larger one decoded in the kernel's registers; D^T = B A^T when A is smaller."""
-    from .sm90_mixed import UNSCALE_W4A4, launch_mixed, predecode_nvfp4
+def predecode_operands(a_data, sfa, b_data, sfb, arch):
+    """The predecode path's kernel operands (x_data, sfx, y, swap) from packed operands and
+    their flat swizzled scales: the smaller operand (B on ties) decoded once to BF16 (`y`), the
+    larger one (`x_data`, decoded in the kernel's registers) realigned for TMA; swap when A is
+    the smaller (the kernel then computes D^T = B A^T)."""
+    from .sm90_mixed import predecode_nvfp4
 
     swap = a_data.shape[0] < b_data.shape[0]
     x_data, sfx, y_data, sfy = (b_data, sfb, a_data, sfa) if swap else (a_data, sfa, b_data, sfb)
-    y = predecode_nvfp4(y_data, sfy, arch)
-    return launch_mixed(_prepare_data(x_data), sfx, y, out, alpha, row, col, bias,
-                        transposed=swap, unscale_exp=UNSCALE_W4A4, arch=arch, tile_n=tile_n,
-                        stages=stages)
+    return _prepare_data(x_data), sfx, predecode_nvfp4(y_data, sfy, arch), swap
+
+
+def _gemm_predecode(a_data, sfa, b_data, sfb, alpha, row, col, bias, out, arch, tile_n,
+                    stages):
+    """The predecode path of gemm_nvfp4 on sm_90a (see `predecode_operands`)."""
+    from .sm90_mixed import UNSCALE_W4A4, launch_mixed
+
+    x_data, sfx, y, swap = predecode_operands(a_data, sfa, b_data, sfb, arch)
+    return launch_mixed(x_data, sfx, y, out, alpha, row, col, bias, transposed=swap,
+                        unscale_exp=UNSCALE_W4A4, arch=arch, tile_n=tile_n, stages=stages)
 
 
 def _gemm_sm100(a_data, sfa, b_data, sfb, alpha, row, col, bias, out_dtype, out, windowed,

@@ -53,13 +53,12 @@ def _dequantize_fn(data, scales):
 def _kernel_only_fn(a, sa, b, sb, out):
     """The predecode path's GEMM kernel with its BF16 operand decoded once in advance."""
     from ..common.jit import device_arch
-    from ..gemm.sm90_mixed import UNSCALE_W4A4, launch_mixed, predecode_nvfp4
+    from ..gemm.dispatch import predecode_operands
+    from ..gemm.sm90_mixed import UNSCALE_W4A4, launch_mixed
 
     arch = device_arch(a.device)
-    swap = a.shape[0] < b.shape[0]
-    x, sx, y, sy = (b, sb, a, sa) if swap else (a, sa, b, sb)
-    y16 = predecode_nvfp4(y, sy.view(torch.uint8).reshape(-1), arch)
-    sx = sx.view(torch.uint8).reshape(-1)
+    x, sx, y16, swap = predecode_operands(a, sa.view(torch.uint8).reshape(-1), b,
+                                          sb.view(torch.uint8).reshape(-1), arch)
     return lambda: launch_mixed(x, sx, y16, out, None, None, None, None, transposed=swap,
                                 unscale_exp=UNSCALE_W4A4, arch=arch)
 

@@ -3,10 +3,10 @@ dequantize-then-cuBLAS.
 
 Per shape (M x N x K), in one process: cuBLAS BF16 (torch.matmul, BF16 weights), dequantize-then-
 cuBLAS (cute_fp4.dequantize of the NVFP4 weights every call, then torch.matmul) and the W4A16
-kernel that `cute_fp4.gemm` dispatches to (the weight-streaming gemm_w4a16_sm90 for M <= 64, the
-mixed wgmma gemm_mixed_sm90 above; BF16 activations, swizzled scales, BF16 out), each eager and
-replayed from a CUDA graph. Reports microseconds, speedups over cuBLAS BF16 of the same mode and the
-W4A16 kernel's weight bandwidth (packed bytes + scales, GB/s).
+kernel that `cute_fp4.gemm` dispatches to (the weight-streaming gemm_w4a16_sm90 for M <= 64,
+the mixed wgmma gemm_mixed_sm90 above; BF16 activations, swizzled scales, BF16 out), each eager
+and replayed from a CUDA graph. Reports microseconds, speedups over cuBLAS BF16 of the same mode
+and the W4A16 kernel's weight bandwidth (packed bytes + scales, GB/s).
 """
 
 from __future__ import annotations
@@ -81,8 +81,9 @@ def main(argv=None) -> int:
     p.add_argument("--no-prefill", action="store_true", help="decode shapes only")
     p.add_argument("--no-graphs", action="store_true", help="eager timings only")
     p.add_argument("--config", type=str, default=None,
-                   help="tile_m,row_tiles,k_warps,unroll,row_warps of the decode kernel for every shape (default: "
-                        "automatic); several separated by ';' give one row each (a sweep)")
+                   help="tile_m,row_tiles,k_warps,unroll,row_warps of the decode kernel for "
+                        "every shape (default: automatic); several separated by ';' give one row "
+                        "each (a sweep)")
     p.add_argument("--json", type=str, default=None, help="write the rows to this JSON file")
     args = p.parse_args(argv)
     if args.shapes:
