@@ -64,3 +64,23 @@ def test_config_errors():
         w4a16_kernel(k_warps=8, row_warps=8)
     with pytest.raises(TypeError):
         w4a16_kernel(torch.float32)
+
+
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
+@pytest.mark.parametrize("transposed", [False, True])
+def test_w4a16_row_vector_ptx(arch, transposed):
+    """The per-row factor of D (`row`, used by gemm_nvfp4's weight_stream path for per-token
+    A operands) costs one more FP32 global load and multiply in the epilogue, in both output
+    orientations; the main loop is unchanged."""
+    counts = {}
+    for has_row in (False, True):
+        op, args = w4a16_kernel(torch.bfloat16, torch.bfloat16, tile_m=16, swizzled=True,
+                                flags=(True, True, True), bias_dtype=torch.float32,
+                                has_row=has_row, transposed=transposed)
+        ptx = compile_ptx(op, *args, arch=arch)
+        assert ptx_target(ptx) == arch
+        counts[has_row] = [len(re.findall(p, ptx)) for p in
+                           (r"ld\.global\.b32", r"mul\.f32", r"mma\.sync\.aligned",
+                            r"st\.global\.b16")]
+    assert counts[True] == [counts[False][0] + 1, counts[False][1] + 1] + counts[False][2:]
+    assert counts[True][2] == 2 * 8 * 2 * 2  # loop + masked tail, k16 steps, row tiles, tokens

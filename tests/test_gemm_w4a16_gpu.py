@@ -1,5 +1,7 @@
 """GPU tests of the sm_90 W4A16 GEMM (cute_fp4.gemm.sm90_w4a16.gemm_w4a16_sm90) against a
-float64 matmul of the dequantized weights and against cute_fp4.ref.gemm(a, None, b, scales).
+float64 matmul of the dequantized weights and against cute_fp4.ref.gemm(a, None, b, scales),
+and of the W4A4 GEMM's "weight_stream" path (cute_fp4.gemm.dispatch.gemm_nvfp4 at decode sizes:
+the small NVFP4 operand decoded exactly to BF16, this kernel with the other as its weights).
 
 Error bound. Every product a[m, k] * b[n, k] is exact in FP32 (a is BF16/FP16, b = e2m1 * e4m3
 is decoded exactly, times a power of two removed exactly later); the only differences are the
@@ -30,19 +32,20 @@ def expected(a, b, sb, alpha=None, col=None, bias=None):
     return expected64(a.double(), values64(b, sb), alpha, None, col, bias)
 
 
-def run(a, b, sb, *, alpha=None, col=None, bias=None, out_dtype=torch.bfloat16,
-        swizzled=False, **kw):
+def run(a, b, sb, *, alpha=None, row=None, col=None, bias=None, out_dtype=torch.bfloat16,
+        swizzled=False, transposed=False, **kw):
     from cute_fp4.gemm.sm90_w4a16 import gemm_w4a16_sm90
 
     dev = "cuda"
     m, n = a.shape[0], b.shape[0]
-    out = torch.full((m, n), float("nan"), dtype=out_dtype, device=dev)
+    out = torch.full((n, m) if transposed else (m, n), float("nan"), dtype=out_dtype,
+                     device=dev)
     if swizzled:
         sb = swizzle_scales(sb)
     cu = lambda t: None if t is None else t.to(dev)  # noqa: E731
-    res = gemm_w4a16_sm90(a.to(dev), b.to(dev), sb.to(dev), alpha=cu(alpha), col=cu(col),
-                          bias=cu(bias), out_dtype=out_dtype, scales_swizzled=swizzled,
-                          out=out, **kw)
+    res = gemm_w4a16_sm90(a.to(dev), b.to(dev), sb.to(dev), alpha=cu(alpha), row=cu(row),
+                          col=cu(col), bias=cu(bias), out_dtype=out_dtype,
+                          scales_swizzled=swizzled, out=out, transposed=transposed, **kw)
     assert res.data_ptr() == out.data_ptr()
     torch.cuda.synchronize()
     return out
@@ -136,6 +139,53 @@ def test_configs(config, swizzled, gen):
     check(out, d64, mag, k, torch.float32)
 
 
+def rand_vectors(rows, cols, out_dtype, gen, flags=(True, True, True, True)):
+    """alpha [1], row [rows], col [cols], bias [cols] (of the output dtype, FP32 for BF16
+    outputs) for the flags (has_alpha, has_row, has_col, has_bias), None where unset."""
+    has_alpha, has_row, has_col, has_bias = flags
+    bias_dtype = torch.float32 if out_dtype == torch.bfloat16 else out_dtype
+    return (torch.rand(1, generator=gen) * 0.5 + 0.25 if has_alpha else None,
+            torch.rand(rows, generator=gen) + 0.5 if has_row else None,
+            torch.rand(cols, generator=gen) + 0.5 if has_col else None,
+            (torch.randn(cols, generator=gen) * 8).to(bias_dtype) if has_bias else None)
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("act_dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("has_row", [False, True])
+def test_row_and_transposed(has_row, act_dtype, out_dtype, transposed, gen):
+    """The per-row factor of D (`row`) with alpha / col / bias, and D written transposed
+    (D^T [N, M]: row [N], col and bias [M]), partial row and token tiles, K % 32 != 0."""
+    m, n, k = 21, 200, 1040
+    a = rand_act(m, k, act_dtype, gen)
+    b, sb = rand_fp4(n, k, gen)
+    d_rows, d_cols = (n, m) if transposed else (m, n)
+    alpha, row, col, bias = rand_vectors(d_rows, d_cols, out_dtype, gen,
+                                         (True, has_row, True, True))
+    out = run(a, b, sb, alpha=alpha, row=row, col=col, bias=bias, out_dtype=out_dtype,
+              transposed=transposed)
+    va, vb = a.double(), values64(b, sb)
+    d64, mag = expected64(vb, va, alpha, row, col, bias) if transposed else \
+        expected64(va, vb, alpha, row, col, bias)
+    check(out, d64, mag, k, out_dtype)
+
+
+@pytest.mark.parametrize("config", [CONFIGS[1], CONFIGS[5], CONFIGS[6], CONFIGS[7]])
+def test_configs_transposed(config, gen):
+    """The transposed epilogue (tokens are D's columns: consecutive threads take consecutive
+    tokens) with other CTA shapes (row_warps 2 and 4, tile_m 8 to 64), swizzled scales,
+    row / col / bias."""
+    m, n, k = 40, 333, 4160
+    a = rand_act(m, k, torch.bfloat16, gen)
+    b, sb = rand_fp4(n, k, gen)
+    alpha, row, col, bias = rand_vectors(n, m, torch.float32, gen)
+    out = run(a, b, sb, alpha=alpha, row=row, col=col, bias=bias, out_dtype=torch.float32,
+              config=config, swizzled=True, transposed=True)
+    d64, mag = expected64(values64(b, sb), a.double(), alpha, row, col, bias)
+    check(out, d64, mag, k, torch.float32)
+
+
 @pytest.mark.parametrize("graph", [False, True])
 def test_chained_launches(graph, gen):
     """Each GEMM reads the previous one's output: a chain of 4 (N = K) launched back to back,
@@ -197,3 +247,202 @@ def test_argument_errors(gen):
         gemm_w4a16_sm90(a, b, sb, bias=torch.ones(32, device="cuda", dtype=torch.float16))
     with pytest.raises(TypeError):
         gemm_w4a16_sm90(a, b, sb, out_dtype=torch.int32)
+
+
+# ---- W4A4 at decode sizes: gemm_nvfp4's "weight_stream" path ----
+
+def run_nvfp4(a, sa, b, sb, *, alpha=None, row=None, col=None, bias=None,
+              out_dtype=torch.bfloat16, swizzled=False, path="auto"):
+    """gemm_nvfp4 on CUDA copies of the operands into a NaN-poisoned `out`."""
+    from cute_fp4.gemm.dispatch import gemm_nvfp4
+
+    dev = "cuda"
+    out = torch.full((a.shape[0], b.shape[0]), float("nan"), dtype=out_dtype, device=dev)
+    if swizzled:
+        sa, sb = swizzle_scales(sa), swizzle_scales(sb)
+    cu = lambda t: None if t is None else t.to(dev)  # noqa: E731
+    res = gemm_nvfp4(a.to(dev), sa.to(dev), b.to(dev), sb.to(dev), alpha=cu(alpha),
+                     row=cu(row), col=cu(col), bias=cu(bias), out_dtype=out_dtype,
+                     scales_swizzled=swizzled, out=out, path=path)
+    assert res.data_ptr() == out.data_ptr()
+    torch.cuda.synchronize()
+    return out
+
+
+def expected_nvfp4(a, sa, b, sb, alpha=None, row=None, col=None, bias=None):
+    return expected64(values64(a, sa), values64(b, sb), alpha, row, col, bias)
+
+
+@pytest.fixture
+def weight_stream_calls(monkeypatch):
+    """The (rows of A, rows of B) of every gemm_nvfp4 call that took the weight_stream path."""
+    from cute_fp4.gemm import dispatch
+
+    calls = []
+    real = dispatch._gemm_weight_stream
+
+    def spy(a_data, sfa, b_data, *args):
+        calls.append((a_data.shape[0], b_data.shape[0]))
+        return real(a_data, sfa, b_data, *args)
+
+    monkeypatch.setattr(dispatch, "_gemm_weight_stream", spy)
+    return calls
+
+
+def orient(m, n, small):
+    """(M, N) with the small operand (`small` rows of the pair) as A or as B."""
+    return (m, n) if small == "a" else (n, m)
+
+
+WS_SHAPES = [(1, 300, 512), (1, 1001, 16), (3, 129, 8192), (16, 4100, 1056), (64, 77, 2064),
+             (64, 520, 176), (3, 3, 64), (1, 8192, 8192)]
+
+
+@pytest.mark.parametrize("small", ["a", "b"])
+@pytest.mark.parametrize("m,n,k", WS_SHAPES)
+def test_weight_stream_shapes(m, n, k, small, weight_stream_calls, gen):
+    """path "auto" at decode sizes takes the weight_stream path, with the small operand as A
+    (the activations) or as B (then A's rows are the kernel's weight rows, D written from the
+    transposed tile); odd N, K = 16 and 8192, K % 32 != 0."""
+    m, n = orient(m, n, small)
+    a, sa = rand_fp4(m, k, gen)
+    b, sb = rand_fp4(n, k, gen)
+    out = run_nvfp4(a, sa, b, sb)
+    assert weight_stream_calls == [(m, n)]
+    d64, mag = expected_nvfp4(a, sa, b, sb)
+    check(out, d64, mag, k, torch.bfloat16)
+
+
+@pytest.mark.parametrize("small", ["a", "b"])
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("flags", list(itertools.product([False, True], repeat=4)))
+def test_weight_stream_epilogue(flags, out_dtype, small, weight_stream_calls, gen):
+    """Every epilogue combination (alpha on the device, row [M], col [N], bias [N]) and output
+    dtype, against float64 and the reference, in both orientations."""
+    m, n = orient(5, 136, small)
+    k = 320
+    a, sa = rand_fp4(m, k, gen)
+    b, sb = rand_fp4(n, k, gen)
+    alpha, row, col, bias = rand_vectors(m, n, out_dtype, gen, flags)
+    out = run_nvfp4(a, sa, b, sb, alpha=alpha, row=row, col=col, bias=bias,
+                    out_dtype=out_dtype)
+    assert weight_stream_calls == [(m, n)]
+    d64, mag = expected_nvfp4(a, sa, b, sb, alpha, row, col, bias)
+    check(out, d64, mag, k, out_dtype)
+    r = ref.gemm(a, sa, b, sb, alpha=alpha, row=row, col=col, bias=bias, out_dtype=out_dtype)
+    check(r, d64, mag, k, out_dtype)
+
+
+@pytest.mark.parametrize("m,n", [(1, 520), (64, 300), (300, 16)])
+@pytest.mark.parametrize("swizzle", [False, True])
+@pytest.mark.parametrize("scaling", ["tensor", "token"])
+def test_weight_stream_quantized_operands(scaling, swizzle, m, n, weight_stream_calls):
+    """Operands quantized on the GPU (per-tensor: alpha; per-token: row and col factors),
+    compact or swizzled scales, through the public cute_fp4.gemm: the weight_stream result is
+    within the bound of the float64 sum and of the CPU reference path."""
+    import cute_fp4
+    from cute_fp4 import Recipe
+    from cute_fp4.ops import epilogue_factors
+    from cute_fp4.ref.swizzle import unswizzle_scales
+
+    k = 1024
+    recipe = Recipe(scaling=scaling, swizzle=swizzle)
+    x = torch.randn(m, k, device="cuda") * torch.logspace(-2, 2, m, device="cuda")[:, None]
+    qa = cute_fp4.quantize(x, recipe)
+    qb = cute_fp4.quantize(torch.randn(n, k, device="cuda"), recipe)
+    bias = torch.randn(n, device="cuda")
+    got = cute_fp4.gemm(qa, qb, bias=bias, out_dtype=torch.float32)
+    assert weight_stream_calls == [(m, n)]
+    qa, qb = qa.to("cpu"), qb.to("cpu")
+    want = cute_fp4.gemm(qa, qb, bias=bias.cpu(), out_dtype=torch.float32)
+    alpha, row, col, _, _ = epilogue_factors(scaling, qa.amax, 448, scaling, qb.amax, 448)
+
+    def compact(t):
+        return unswizzle_scales(t.scales, t.rows, k // 16) if swizzle else t.scales
+
+    d64, mag = expected_nvfp4(qa.data, compact(qa), qb.data, compact(qb), alpha, row, col,
+                              bias.cpu())
+    check(got, d64, mag, k, torch.float32)
+    check(want, d64, mag, k, torch.float32)
+
+
+@pytest.mark.parametrize("m,n,k", [(1, 300, 512), (64, 129, 176), (200, 3, 4096)])
+def test_weight_stream_swizzled_equals_compact(m, n, k, gen):
+    a, sa = rand_fp4(m, k, gen)
+    b, sb = rand_fp4(n, k, gen)
+    c = run_nvfp4(a, sa, b, sb, out_dtype=torch.float32, path="weight_stream")
+    s = run_nvfp4(a, sa, b, sb, out_dtype=torch.float32, swizzled=True, path="weight_stream")
+    assert torch.equal(c, s)
+
+
+@pytest.mark.parametrize("small", ["a", "b"])
+def test_weight_stream_full_scale_range(small, gen):
+    """E4M3 scales over the whole positive range, subnormals included, on both operands (the
+    decoded activations hold e2m1 * scale exactly in BF16), FP32 output."""
+    m, n = orient(16, 384, small)
+    k = 2048
+    a, sa = rand_fp4(m, k, gen, lo=-9.0, hi=8.8)
+    b, sb = rand_fp4(n, k, gen, lo=-9.0, hi=8.8)
+    out = run_nvfp4(a, sa, b, sb, out_dtype=torch.float32, path="weight_stream")
+    d64, mag = expected_nvfp4(a, sa, b, sb)
+    check(out, d64, mag, k, torch.float32)
+
+
+@pytest.mark.parametrize("small", ["a", "b"])
+def test_weight_stream_exact_small_sums(small, gen):
+    """Small integers (scales 1 and 2): every FP32 sum is exact, so the result is bit-exact."""
+    m, n = orient(17, 200, small)
+    k = 512
+    a, _ = rand_fp4(m, k, gen)
+    b, _ = rand_fp4(n, k, gen)
+    sa = torch.ones(m, k // 16).to(torch.float8_e4m3fn)
+    sb = torch.full((n, k // 16), 2.0).to(torch.float8_e4m3fn)
+    out = run_nvfp4(a, sa, b, sb, out_dtype=torch.float32, path="weight_stream")
+    d64, _ = expected_nvfp4(a, sa, b, sb)
+    assert torch.equal(out.double().cpu(), d64)
+
+
+def test_weight_stream_dispatch(weight_stream_calls, gen):
+    """"auto" takes weight_stream exactly when min(M, N) <= W4A16_MAX_DECODE_ROWS and no
+    window64 operand is given; an explicit "weight_stream" runs (correctly) beyond that."""
+    from cute_fp4.gemm.dispatch import W4A16_MAX_DECODE_ROWS as LIMIT
+
+    k = 256
+    for m, n, taken in ((LIMIT, 300, True), (300, LIMIT, True), (LIMIT + 1, 300, False),
+                        (300, LIMIT + 1, False)):
+        weight_stream_calls.clear()
+        a, sa = rand_fp4(m, k, gen)
+        b, sb = rand_fp4(n, k, gen)
+        out = run_nvfp4(a, sa, b, sb, out_dtype=torch.float32)
+        assert weight_stream_calls == ([(m, n)] if taken else [])
+        d64, mag = expected_nvfp4(a, sa, b, sb)
+        check(out, d64, mag, k, torch.float32)
+    weight_stream_calls.clear()
+    m, n = 3, 40
+    a, sa = rand_fp4(m, k, gen)
+    b, sb = rand_fp4(n, k, gen)
+    amax = torch.full((m, k // 64), 2688.0)
+    from cute_fp4.gemm.dispatch import gemm_nvfp4
+
+    out = gemm_nvfp4(a.cuda(), sa.cuda(), b.cuda(), sb.cuda(), a_window_amax=amax.cuda(),
+                     out_dtype=torch.float32)
+    assert weight_stream_calls == []
+    d64, mag = expected_nvfp4(a, sa, b, sb)
+    check(out, d64, mag, k, torch.float32)
+    out = run_nvfp4(a, sa, b, sb, out_dtype=torch.float32, path="weight_stream")
+    assert weight_stream_calls == [(m, n)]
+    check(out, d64, mag, k, torch.float32)
+
+
+def test_weight_stream_argument_errors(gen):
+    from cute_fp4.gemm.dispatch import gemm_nvfp4
+
+    a, sa = (t.cuda() for t in rand_fp4(3, 128, gen))
+    b, sb = (t.cuda() for t in rand_fp4(40, 128, gen))
+    with pytest.raises(NotImplementedError, match="decode_both"):
+        gemm_nvfp4(a, sa, b, sb, a_window_amax=torch.ones(3, 2, device="cuda"),
+                   path="weight_stream")
+    with pytest.raises(ValueError, match="tile_n and stages"):
+        gemm_nvfp4(a, sa, b, sb, tile_n=128)
+    with pytest.raises(ValueError, match="path must be one of"):
+        gemm_nvfp4(a, sa, b, sb, path="stream")

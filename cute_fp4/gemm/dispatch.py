@@ -9,6 +9,7 @@ import torch
 from ..common.jit import KERNELS, compile_kernel, device_arch, dyn, env_stream, fake_tensor, \
     torch_to_cutlass
 from ..ref.formats import decode_scale
+from ..ref.swizzle import swizzled_shape
 from .operands import _check_operands, _epilogue, _prepare_data
 
 
@@ -101,11 +102,16 @@ def gemm_nvfp4(a_data: torch.Tensor, a_scales: torch.Tensor, b_data: torch.Tenso
     `out` (optional, contiguous [M, N] of out_dtype) receives the result; tile_n / stages
     override the kernel configuration (benchmarks).
 
-    sm_90a kernels (`path`): "predecode" (the "auto" choice without window64 operands) decodes
-    the smaller operand (B on ties) once to BF16 (`sm90_mixed.predecode_nvfp4`, a temporary of
-    min(M, N) x K BF16 per call) and runs `sm90_mixed.Sm90GemmMixed` with the other operand
-    decoded in registers (D^T = B A^T when A is the smaller); "decode_both" (the "auto" choice
-    with window64 operands, whose FP32 window factors are not exact in a BF16 operand) runs
+    sm_90a kernels (`path`): "weight_stream" (the "auto" choice without window64 operands when
+    min(M, N) <= W4A16_MAX_DECODE_ROWS: decode sizes) decodes the smaller operand (A on ties)
+    exactly to BF16 values e2m1 * scale (`decode_values`) and runs the weight-streaming W4A16
+    kernel (`sm90_w4a16.gemm_w4a16_sm90`) with the other operand as its weights (when B is the
+    smaller, A's rows are the weight rows and the kernel writes D row by row from them:
+    `transposed`); "predecode" (the "auto" choice for larger operands) decodes the smaller
+    operand (B on ties) once to BF16 (`sm90_mixed.predecode_nvfp4`, a temporary of min(M, N) x
+    K BF16 per call) and runs `sm90_mixed.Sm90GemmMixed` with the other operand decoded in
+    registers (D^T = B A^T when A is the smaller); "decode_both" (the "auto" choice with
+    window64 operands, whose FP32 window factors are not exact in a BF16 operand) runs
     `sm90_w4a4.Sm90GemmNVFP4`, which decodes both operands per k-tile. sm_100a devices run
     `sm100_blockscaled.gemm_nvfp4_sm100` (no window64 operands there yet)."""
     sfa, sfb, m, n, k, device = _check_operands(a_data, a_scales, b_data, b_scales,
@@ -132,11 +138,13 @@ def gemm_nvfp4(a_data: torch.Tensor, a_scales: torch.Tensor, b_data: torch.Tenso
         return out
     if arch != "sm_90a":
         raise NotImplementedError(f"gemm_nvfp4 runs on sm_90a and sm_100a (device is {arch})")
-    if path not in ("auto", "predecode", "decode_both"):
-        raise ValueError(f"path must be 'auto', 'predecode' or 'decode_both', got {path!r}")
-    if path == "predecode" and windowed:
-        raise NotImplementedError("window64 operands need path 'decode_both'")
-    if path == "predecode" or (path == "auto" and not windowed):
+    path = pick_sm90_path(path, m, n, windowed)
+    if path == "weight_stream":
+        if tile_n is not None or stages is not None:
+            raise ValueError("tile_n and stages configure the wgmma kernels, not the "
+                             "weight_stream path")
+        return _gemm_weight_stream(a_data, sfa, b_data, sfb, alpha, row, col, bias, out)
+    if path == "predecode":
         return _gemm_predecode(a_data, sfa, b_data, sfb, alpha, row, col, bias, out, arch,
                                tile_n, stages)
     a_win = _window_factors(a_window_amax, m, k, e4m3_max, "a", device)
@@ -157,6 +165,56 @@ def gemm_nvfp4(a_data: torch.Tensor, a_scales: torch.Tensor, b_data: torch.Tenso
     fn(_prepare_data(a_data), _prepare_data(b_data), sfa, sfb, out, alpha, row, col, bias,
        a_win, b_win)
     return out
+
+
+SM90_PATHS = ("auto", "weight_stream", "predecode", "decode_both")
+
+
+def pick_sm90_path(path: str, m: int, n: int, windowed: bool) -> str:
+    """The sm_90a kernel path of gemm_nvfp4 (see its docstring) for `path` ("auto" or one of
+    the named paths, checked against the operands)."""
+    if path not in SM90_PATHS:
+        raise ValueError(f"path must be one of {SM90_PATHS}, got {path!r}")
+    if windowed and path not in ("auto", "decode_both"):
+        raise NotImplementedError("window64 operands need path 'decode_both'")
+    if path != "auto":
+        return path
+    if windowed:
+        return "decode_both"
+    return "weight_stream" if min(m, n) <= W4A16_MAX_DECODE_ROWS else "predecode"
+
+
+def decode_values(data: torch.Tensor, scales: torch.Tensor, swizzled: bool,
+                  dtype: torch.dtype) -> torch.Tensor:
+    """Packed E2M1 [rows, K/2] with E4M3 block scales (compact [rows, K/16], or swizzled in any
+    shape of the padded size) -> their values e2m1 * scale as `dtype` [rows, K], exactly (at
+    most 6 significant bits, 2**-10 <= |v| <= 2688: exact in BF16, FP16 and FP32). The
+    dequantize kernel with a unit outer scale (amax 2688: S_enc = 1)."""
+    from ..quant.dequantize import dequantize
+    from ..recipe import Recipe
+    from ..tensor import NVFP4Tensor
+    from .sm90_w4a16 import _aligned
+
+    rows, k = data.shape[0], data.shape[1] * 2
+    shape = swizzled_shape(rows, k // 16) if swizzled else (rows, k // 16)
+    sf = scales.view(torch.float8_e4m3fn).reshape(shape)
+    unit = torch.full((1,), _UNIT_SCALE_AMAX, dtype=torch.float32, device=data.device)
+    return dequantize(NVFP4Tensor(_aligned(data), sf, unit, None, None, None,
+                                  Recipe(swizzle=swizzled), (rows, k), dtype), dtype)
+
+
+def _gemm_weight_stream(a_data, sfa, b_data, sfb, alpha, row, col, bias, out):
+    """The weight_stream path of gemm_nvfp4 on sm_90a: the smaller operand (A on ties) decoded
+    exactly to BF16 as the W4A16 kernel's activations, the other one its weights (flat swizzled
+    scales); when B is the smaller the weights are A's rows, so the kernel writes D from its
+    transposed tile (`transposed`)."""
+    from .sm90_w4a16 import gemm_w4a16_sm90
+
+    swap = b_data.shape[0] < a_data.shape[0]
+    x_data, sfx, w_data, sfw = (b_data, sfb, a_data, sfa) if swap else (a_data, sfa, b_data, sfb)
+    x = decode_values(x_data, sfx, True, torch.bfloat16)
+    return gemm_w4a16_sm90(x, w_data, sfw, alpha=alpha, row=row, col=col, bias=bias,
+                           out_dtype=out.dtype, scales_swizzled=True, out=out, transposed=swap)
 
 
 def predecode_operands(a_data, sfa, b_data, sfb, arch):
@@ -236,18 +294,11 @@ def gemm_w4a16(a: torch.Tensor, b_data: torch.Tensor, b_scales: torch.Tensor, *,
 
             return gemm_mixed_sm90(b_data, b_scales, a, alpha=alpha, col=col, bias=bias,
                                    out_dtype=out_dtype, scales_swizzled=scales_swizzled)
-    from ..quant.dequantize import dequantize
-    from ..recipe import Recipe
-    from ..tensor import NVFP4Tensor
-
     n, k = b_data.shape[0], b_data.shape[1] * 2
     if a.dim() != 2 or a.shape[1] != k:
         raise ValueError(f"a must be [M, {k}], got {tuple(a.shape)}")
     gemm_dtype = a.dtype if out_dtype == a.dtype else torch.float32
-    unit = torch.full((1,), _UNIT_SCALE_AMAX, dtype=torch.float32, device=b_data.device)
-    weights = dequantize(NVFP4Tensor(b_data, b_scales, unit, None, None, None,
-                                     Recipe(swizzle=scales_swizzled), (n, k), gemm_dtype),
-                         gemm_dtype)
+    weights = decode_values(b_data, b_scales, scales_swizzled, gemm_dtype)
     acc = (a.to(gemm_dtype) @ weights.t()).to(torch.float32)
     if alpha is not None:
         acc = acc * alpha.to(torch.float32).reshape(())

@@ -1,8 +1,10 @@
 """sm_90 W4A16 GEMM for decode sizes: BF16/FP16 activations x NVFP4 weights, a weight-streaming
 kernel on mma.sync tensor cores.
 
-D[m, n] = cast(alpha * col[n] * sum_k a[m, k] * b[n, k] + bias[n]), b = e2m1 * e4m3 block values
-(SPEC section 3), FP32 accumulation.
+D[m, n] = cast(alpha * row[m] * col[n] * sum_k a[m, k] * b[n, k] + bias[n]), b = e2m1 * e4m3 block
+values (SPEC section 3), FP32 accumulation; `transposed` writes D^T instead (D[n, m], the weights'
+rows as D's rows: the W4A4 weight-streaming path of `dispatch.gemm_nvfp4` when its B operand is
+the small one), with row / col / bias along D's own axes.
 
 Decomposition. The weights [N, K] are the MMA's M side (m16n8k16, 16 weight rows per
 fragment), the tokens its N side (8 per fragment). A CTA owns `row_tiles * 16` weight rows for
@@ -181,14 +183,16 @@ class Sm90GemmW4A16:
     side by side along N: a CTA owns row_warps * row_tiles * 16 weight rows and reads each
     activation chunk once for all of them), unroll (chunks per pipeline stage), wide (K % 32
     == 0: 16-byte weight loads and 2-byte scale loads; else per-block 8-byte / 1-byte loads),
-    swizzled scales, which epilogue operands exist. `__call__` takes a [M, K], packed b
-    [N, K/2] uint8, scales as a flat uint8 tensor (compact [N, K/16] or swizzled), d [M, N]
-    and optional alpha [1], col [N], bias [N]."""
+    swizzled scales, which epilogue operands exist, transposed (D^T). `__call__` takes a
+    [M, K], packed b [N, K/2] uint8, scales as a flat uint8 tensor (compact [N, K/16] or
+    swizzled), d [M, N] ([N, M] when transposed) and optional alpha [1], row [rows of d],
+    col [columns of d], bias [columns of d]."""
 
     def __init__(self, act_dtype: Type[cutlass.Numeric], out_dtype: Type[cutlass.Numeric], *,
                  tile_m: int = 8, row_tiles: int = 2, k_warps: int = 8, unroll: int = 1,
                  row_warps: int = 1, wide: bool = True, swizzled: bool = False,
-                 has_alpha: bool = False, has_col: bool = False, has_bias: bool = False):
+                 has_alpha: bool = False, has_row: bool = False, has_col: bool = False,
+                 has_bias: bool = False, transposed: bool = False):
         if act_dtype not in (cutlass.BFloat16, cutlass.Float16):
             raise TypeError(f"activations must be BFloat16 or Float16, got {act_dtype}")
         if tile_m not in (8, 16, 32, 64):
@@ -208,8 +212,10 @@ class Sm90GemmW4A16:
         self.wide = wide
         self.swizzled = swizzled
         self.has_alpha = has_alpha
+        self.has_row = has_row
         self.has_col = has_col
         self.has_bias = has_bias
+        self.transposed = transposed
         # up to 16 tokens the decode keeps its cheap K order (v_i, v_{i+4}) and the
         # activations are permuted to match (4 byte permutes per 8 activations of a token
         # tile instead of 4 per 8 weights); beyond, permuting the weights is cheaper
@@ -233,8 +239,9 @@ class Sm90GemmW4A16:
 
     @cute.jit
     def __call__(self, mA: cute.Tensor, mB: cute.Tensor, mSF: cute.Tensor, mD: cute.Tensor,
-                 mAlpha: Optional[cute.Tensor], mCol: Optional[cute.Tensor],
-                 mBias: Optional[cute.Tensor], stream: cuda.CUstream):
+                 mAlpha: Optional[cute.Tensor], mRow: Optional[cute.Tensor],
+                 mCol: Optional[cute.Tensor], mBias: Optional[cute.Tensor],
+                 stream: cuda.CUstream):
         rows = self.row_warps * self.row_tiles * 16
         red_layout = cute.make_layout((rows, self.tile_m, self.k_warps),
                                       stride=(1, rows, rows * self.tile_m))
@@ -245,14 +252,15 @@ class Sm90GemmW4A16:
 
         self.shared_storage = SharedStorage
         grid = (cute.ceil_div(mB.shape[0], rows), cute.ceil_div(mA.shape[0], self.tile_m), 1)
-        self.kernel(mA, mB, mSF, mD, mAlpha, mCol, mBias, red_layout).launch(
+        self.kernel(mA, mB, mSF, mD, mAlpha, mRow, mCol, mBias, red_layout).launch(
             grid=grid, block=[32 * self.k_warps * self.row_warps, 1, 1], stream=stream,
             min_blocks_per_mp=self.min_blocks, preferred_smem_carveout=self.smem_carveout)
 
     @cute.kernel
     def kernel(self, mA: cute.Tensor, mB: cute.Tensor, mSF: cute.Tensor, mD: cute.Tensor,
-               mAlpha: Optional[cute.Tensor], mCol: Optional[cute.Tensor],
-               mBias: Optional[cute.Tensor], red_layout: cute.Layout):
+               mAlpha: Optional[cute.Tensor], mRow: Optional[cute.Tensor],
+               mCol: Optional[cute.Tensor], mBias: Optional[cute.Tensor],
+               red_layout: cute.Layout):
         RT = self.row_tiles
         NT = self.tile_m // 8
         KW = self.k_warps
@@ -342,20 +350,30 @@ class Sm90GemmW4A16:
             scale = scale * mAlpha[0].to(Float32)
         n_cta = bn * rows
         for idx in cutlass.range(tidx, rows * self.tile_m, KW * self.row_warps * 32, unroll=1):
-            r = idx % rows
-            tok = idx // rows
+            # consecutive threads take consecutive columns of D: weight rows, or tokens when
+            # D is transposed
+            if const_expr(self.transposed):
+                tok = idx % self.tile_m
+                r = idx // self.tile_m
+            else:
+                r = idx % rows
+                tok = idx // rows
             n = n_cta + r
             m = m0 + tok
             if n < n_rows and m < m_rows:
                 v = red[r, tok, 0]
                 for wi in cutlass.range_constexpr(1, KW):
                     v = v + red[r, tok, wi]
+                # ref.gemm's order: ((acc * alpha) * row) * col + bias, along D's axes
+                d_row, d_col = (n, m) if self.transposed else (m, n)
                 v = v * scale
+                if const_expr(self.has_row):
+                    v = v * mRow[d_row].to(Float32)
                 if const_expr(self.has_col):
-                    v = v * mCol[n].to(Float32)
+                    v = v * mCol[d_col].to(Float32)
                 if const_expr(self.has_bias):
-                    v = v + mBias[n].to(Float32)
-                mD[m, n] = v.to(self.out_dtype)
+                    v = v + mBias[d_col].to(Float32)
+                mD[d_row, d_col] = v.to(self.out_dtype)
 
     def _chunk_preds(self, c, t, k, predicated):
         """(first 16, last 16) K-valid predicates of the 32 values of chunk c of quad
@@ -476,26 +494,31 @@ def pick_w4a16_config(m: int, n: int):
 
 def w4a16_kernel(act_dtype=torch.bfloat16, out_dtype=torch.bfloat16, *, tile_m=8, row_tiles=2,
                  k_warps=8, unroll=1, row_warps=1, wide=True, swizzled=False,
-                 flags=(False, False, False), bias_dtype=None):
+                 flags=(False, False, False), bias_dtype=None, has_row=False,
+                 transposed=False):
     """(op, *fake_args) of one W4A16 configuration, for compiling (host calls and tests).
-    flags = (has_alpha, has_col, has_bias)."""
+    flags = (has_alpha, has_col, has_bias); has_row adds the per-row vector of D,
+    transposed makes D [N, M] (row [N], col and bias [M])."""
     import cutlass
 
     has_alpha, has_col, has_bias = flags
     op = Sm90GemmW4A16(torch_to_cutlass(act_dtype), torch_to_cutlass(out_dtype), tile_m=tile_m,
                        row_tiles=row_tiles, k_warps=k_warps, unroll=unroll,
                        row_warps=row_warps, wide=wide, swizzled=swizzled,
-                       has_alpha=has_alpha, has_col=has_col, has_bias=has_bias)
+                       has_alpha=has_alpha, has_row=has_row, has_col=has_col,
+                       has_bias=has_bias, transposed=transposed)
     m, n = dyn(), dyn()
+    d_rows, d_cols = (n, m) if transposed else (m, n)
     args = (
         fake_tensor(torch_to_cutlass(act_dtype), (m, dyn(32 if wide else 16))),
         fake_tensor(cutlass.Uint8, (n, dyn(16 if wide else 8))),
         fake_tensor(cutlass.Uint8, (dyn(),), align=2 if (wide or swizzled) else 1),
-        fake_tensor(torch_to_cutlass(out_dtype), (m, n),
+        fake_tensor(torch_to_cutlass(out_dtype), (d_rows, d_cols),
                     align=4 if out_dtype == torch.float32 else 2),
         fake_tensor(cutlass.Float32, (1,), align=4) if has_alpha else None,
-        fake_tensor(cutlass.Float32, (n,), align=4) if has_col else None,
-        fake_tensor(torch_to_cutlass(bias_dtype), (n,), align=2) if has_bias else None,
+        fake_tensor(cutlass.Float32, (d_rows,), align=4) if has_row else None,
+        fake_tensor(cutlass.Float32, (d_cols,), align=4) if has_col else None,
+        fake_tensor(torch_to_cutlass(bias_dtype), (d_cols,), align=2) if has_bias else None,
         env_stream(),
     )
     return op, args
@@ -506,20 +529,23 @@ def _aligned(t: torch.Tensor) -> torch.Tensor:
 
 
 def gemm_w4a16_sm90(a: torch.Tensor, b_data: torch.Tensor, b_scales: torch.Tensor, *,
-                    alpha: Optional[torch.Tensor] = None, col: Optional[torch.Tensor] = None,
-                    bias: Optional[torch.Tensor] = None, out_dtype: torch.dtype = torch.bfloat16,
-                    scales_swizzled: bool = False, out: Optional[torch.Tensor] = None,
-                    config: Optional[tuple] = None) -> torch.Tensor:
-    """D[M, N] = cast(alpha * col[n] * sum_k a[m, k] * b[n, k] + bias[n]) on sm_90a.
+                    alpha: Optional[torch.Tensor] = None, row: Optional[torch.Tensor] = None,
+                    col: Optional[torch.Tensor] = None, bias: Optional[torch.Tensor] = None,
+                    out_dtype: torch.dtype = torch.bfloat16, scales_swizzled: bool = False,
+                    out: Optional[torch.Tensor] = None, config: Optional[tuple] = None,
+                    transposed: bool = False) -> torch.Tensor:
+    """D[M, N] = cast(alpha * row[m] * col[n] * sum_k a[m, k] * b[n, k] + bias[n]) on sm_90a.
 
     a: BF16/FP16 activations [M, K], contiguous. b_data: packed E2M1 weights uint8 [N, K/2]
     (even element in the low nibble), contiguous. b_scales: E4M3 block scales, compact
-    [N, K/16] or swizzled (SPEC 1) when scales_swizzled. alpha: FP32 [1] device tensor; col:
-    [N]; bias: [N] of out_dtype or float32. FP32 accumulation and epilogue. `out` (contiguous
-    [M, N] of out_dtype) receives the result; `config` = (tile_m, row_tiles, k_warps, unroll,
-    row_warps) overrides `pick_w4a16_config` (benchmarks). Built for decode sizes (M <= 64);
-    larger M runs one grid row per 64 tokens, re-reading the weights for each (correct, not
-    fast)."""
+    [N, K/16] or swizzled (SPEC 1) when scales_swizzled. alpha: FP32 [1] device tensor; row:
+    [M]; col: [N]; bias: [N] of out_dtype or float32. FP32 accumulation and epilogue, in
+    ref.gemm's order. `transposed` computes D^T [N, M] instead (D^T[n, m] = cast(alpha *
+    row[n] * col[m] * sum_k a[m, k] * b[n, k] + bias[m]): row / col / bias follow the output's
+    rows and columns). `out` (contiguous, of the output's shape and out_dtype) receives the
+    result; `config` = (tile_m, row_tiles, k_warps, unroll, row_warps) overrides
+    `pick_w4a16_config` (benchmarks). Built for decode sizes (M <= 64); larger M runs one grid
+    row per 64 tokens, re-reading the weights for each (correct, not fast)."""
     if not isinstance(a, torch.Tensor) or a.dtype not in ACT_DTYPES or a.dim() != 2:
         raise TypeError(f"a must be a 2D bfloat16/float16 tensor, got "
                         f"{getattr(a, 'dtype', type(a))} {tuple(getattr(a, 'shape', ()))}")
@@ -551,11 +577,13 @@ def gemm_w4a16_sm90(a: torch.Tensor, b_data: torch.Tensor, b_scales: torch.Tenso
     sf = b_scales.contiguous().view(torch.uint8).reshape(-1)
     if alpha is not None and isinstance(alpha, torch.Tensor) and alpha.dtype != torch.float32:
         raise TypeError(f"alpha must be float32, got {alpha.dtype}")
-    alpha, _, col, bias = _epilogue(alpha, None, col, bias, m, n, out_dtype, device)
+    d_rows, d_cols = (n, m) if transposed else (m, n)
+    alpha, row, col, bias = _epilogue(alpha, row, col, bias, d_rows, d_cols, out_dtype, device)
     if out is None:
-        out = torch.empty((m, n), dtype=out_dtype, device=device)
-    elif out.dtype != out_dtype or tuple(out.shape) != (m, n) or not out.is_contiguous():
-        raise ValueError(f"out must be a contiguous [{m}, {n}] {out_dtype} tensor")
+        out = torch.empty((d_rows, d_cols), dtype=out_dtype, device=device)
+    elif (out.dtype != out_dtype or tuple(out.shape) != (d_rows, d_cols)
+          or not out.is_contiguous()):
+        raise ValueError(f"out must be a contiguous [{d_rows}, {d_cols}] {out_dtype} tensor")
     if m == 0 or n == 0:
         return out
     arch = device_arch(device)
@@ -565,17 +593,17 @@ def gemm_w4a16_sm90(a: torch.Tensor, b_data: torch.Tensor, b_scales: torch.Tenso
     wide = k % 32 == 0
     flags = (alpha is not None, col is not None, bias is not None)
     bias_dtype = bias.dtype if bias is not None else None
+    has_row, transposed = row is not None, bool(transposed)
     key = ("gemm_w4a16_sm90", a.dtype, out_dtype, tile_m, row_tiles, k_warps, unroll,
-           row_warps, wide, bool(scales_swizzled), flags, bias_dtype)
+           row_warps, wide, bool(scales_swizzled), flags, bias_dtype, has_row, transposed)
 
     def build():
         op, args = w4a16_kernel(a.dtype, out_dtype, tile_m=tile_m, row_tiles=row_tiles,
                                 k_warps=k_warps, unroll=unroll, row_warps=row_warps,
-                                wide=wide,
-                                swizzled=bool(scales_swizzled), flags=flags,
-                                bias_dtype=bias_dtype)
+                                wide=wide, swizzled=bool(scales_swizzled), flags=flags,
+                                bias_dtype=bias_dtype, has_row=has_row, transposed=transposed)
         return compile_kernel(op, *args, arch=arch)
 
     fn = KERNELS.get(key, build)
-    fn(_aligned(a), _aligned(b_data), sf, out, alpha, col, bias)
+    fn(_aligned(a), _aligned(b_data), sf, out, alpha, row, col, bias)
     return out

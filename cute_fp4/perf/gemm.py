@@ -2,15 +2,18 @@
 
 Per shape (M x N x K), in one process: cuBLAS BF16 (torch.matmul on BF16 operands),
 dequantize-then-cuBLAS (cute_fp4.dequantize of both NVFP4 operands, then torch.matmul) and the
-NVFP4 kernel (gemm_nvfp4, swizzled scales, BF16 out: the "predecode" path), each eager and
-replayed from a CUDA graph. `--variants` adds the "decode_both" kernel (sm90_w4a4) and the
-predecode path's GEMM kernel alone (its predecoded BF16 operand made once, outside the timing).
-TFLOP/s count 2*M*N*K; ratios are against cuBLAS BF16 of the same mode.
+NVFP4 GEMM (gemm_nvfp4, swizzled scales, BF16 out, path "auto": "weight_stream" when
+min(M, N) <= 64, else "predecode"), each eager and replayed from a CUDA graph. `--paths` adds
+gemm_nvfp4 with named paths (e.g. predecode,weight_stream: both at the decode sizes);
+`--variants` adds the "decode_both" kernel (sm90_w4a4) and the predecode path's GEMM kernel
+alone (its predecoded BF16 operand made once, outside the timing). TFLOP/s count 2*M*N*K;
+ratios are against cuBLAS BF16 (and dequantize-then-cuBLAS) of the same mode.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 from typing import List, Tuple
 
 import torch
@@ -20,7 +23,8 @@ from .common import bench_graph_ms, bench_ms, progress, report
 MAIN_SHAPES = [(8192, 8192, 8192), (16384, 2048, 7168), (4096, 4096, 4096)]
 SWEEP_M = [1024, 2048, 4096, 8192, 16384, 32768]
 SWEEP_NK = [2048, 4096, 8192]
-# the issue's decode sizes (W4A4 with freshly quantized activations; W4A16 has its own bench)
+# the issue's decode sizes (W4A4 with freshly quantized activations, the "weight_stream" path;
+# W4A16 has its own bench)
 DECODE_SHAPES = [(m, n, k) for (n, k) in ((8192, 8192), (28672, 8192)) for m in (1, 16, 64)]
 
 
@@ -63,7 +67,8 @@ def _kernel_only_fn(a, sa, b, sb, out):
                                 unscale_exp=UNSCALE_W4A4, arch=arch)
 
 
-def bench_shape(m: int, n: int, k: int, graphs: bool, variants: bool = False) -> dict:
+def bench_shape(m: int, n: int, k: int, graphs: bool, variants: bool = False,
+                paths: Tuple[str, ...] = ()) -> dict:
     from ..gemm.dispatch import gemm_nvfp4
 
     (a, sa_c, sa), (b, sb_c, sb) = _operands(m, n, k)
@@ -77,6 +82,9 @@ def bench_shape(m: int, n: int, k: int, graphs: bool, variants: bool = False) ->
         "dequant+cublas": lambda: torch.matmul(deq_a(), deq_b().t()),
         "nvfp4": lambda: gemm_nvfp4(a, sa, b, sb, scales_swizzled=True, out=out),
     }
+    for path in paths:
+        fns[path] = functools.partial(gemm_nvfp4, a, sa, b, sb, scales_swizzled=True, out=out,
+                                      path=path)
     if variants:
         fns["decode_both"] = lambda: gemm_nvfp4(a, sa, b, sb, scales_swizzled=True, out=out,
                                                 path="decode_both")
@@ -92,6 +100,8 @@ def bench_shape(m: int, n: int, k: int, graphs: bool, variants: bool = False) ->
             row[f"{name} {mode} TFLOP/s"] = flop / t / 1e9
         row[f"nvfp4/cublas {mode}"] = ms["cublas_bf16"] / ms["nvfp4"]
         row[f"nvfp4/dequant+cublas {mode}"] = ms["dequant+cublas"] / ms["nvfp4"]
+        for path in paths:
+            row[f"nvfp4/{path} {mode}"] = ms[path] / ms["nvfp4"]
     return row
 
 
@@ -106,6 +116,9 @@ def main(argv=None) -> int:
     p.add_argument("--no-graphs", action="store_true", help="eager timings only")
     p.add_argument("--variants", action="store_true",
                    help="also time the decode_both kernel and the predecode GEMM kernel alone")
+    p.add_argument("--paths", type=str, default="",
+                   help="comma-separated gemm_nvfp4 paths to time besides auto "
+                        "(weight_stream, predecode, decode_both)")
     p.add_argument("--json", type=str, default=None, help="write the rows to this JSON file")
     args = p.parse_args(argv)
     if args.shapes:
@@ -116,10 +129,12 @@ def main(argv=None) -> int:
             shapes += [(m, nk, nk) for nk in SWEEP_NK for m in SWEEP_M]
         if args.decode:
             shapes += DECODE_SHAPES
+    paths = tuple(x for x in args.paths.split(",") if x)
     rows = []
     for i, (m, n, k) in enumerate(shapes):
         progress(i, len(shapes), f"{m}x{n}x{k}")
-        rows.append(bench_shape(m, n, k, graphs=not args.no_graphs, variants=args.variants))
+        rows.append(bench_shape(m, n, k, graphs=not args.no_graphs, variants=args.variants,
+                                paths=paths))
         torch.cuda.empty_cache()
     progress(len(shapes), len(shapes), "done")
     report(rows, f"NVFP4 GEMM on {torch.cuda.get_device_name()}", args.json)
