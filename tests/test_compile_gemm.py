@@ -70,9 +70,9 @@ def test_window64_needs_tile_n_128():
 @pytest.mark.parametrize("tile_n,transposed,vec_store", [(256, False, True), (128, True, True),
                                                         (256, True, False)])
 def test_mixed_sm90_ptx(tile_n, transposed, vec_store):
-    """The predecode path's GEMM: RS wgmma (A from registers) on a TMA-loaded BF16 stage, no
-    per-k-tile barrier; shared memory is written only by the staged epilogue (16-byte global
-    stores with vec_store)."""
+    """The predecode path's GEMM: persistent, RS wgmma (A from registers) on a TMA-loaded BF16
+    stage, no per-k-tile barrier; shared memory is written only by the staged epilogue
+    (16-byte global stores with vec_store)."""
     from cute_fp4.gemm.sm90_mixed import UNSCALE_W4A4, mixed_kernel
 
     op, args = mixed_kernel(torch.bfloat16, tile_n, 4, (True, True, True, True), torch.float32,
@@ -87,9 +87,11 @@ def test_mixed_sm90_ptx(tile_n, transposed, vec_store):
     ]) == []
     assert "st.shared.v4" not in ptx
     assert ("st.global.v4.b32" in ptx) == vec_store
-    # the barrier after the mbarrier initialisation and the epilogue's two (all MMA threads
-    # before staging, each warpgroup before its stores)
+    # the barrier after the mbarrier initialisation and the epilogue's two per warpgroup
+    # (its previous stores done before staging, staging done before its stores)
     assert len(re.findall(r"\bbar(rier)?\.sync", ptx)) == 3
+    # persistent: the grid size comes from the launch, the tile loop from %nctaid
+    assert "%nctaid.x" in ptx
     # x, its scales and y: one TMA load site
     assert len(re.findall(r"cp\.async\.bulk\.tensor\.2d", ptx)) == 3
     # two unrolled k-tile sites of four k16 wgmmas
@@ -116,10 +118,11 @@ def test_mixed_config_errors():
 
     with pytest.raises(ValueError, match="tile_n"):
         Sm90GemmMixed(cutlass.BFloat16, tile_n=64)
-    with pytest.raises(ValueError, match="stages"):
-        Sm90GemmMixed(cutlass.BFloat16, tile_n=256, stages=7)
-    with pytest.raises(ValueError, match="epilogue"):
-        Sm90GemmMixed(cutlass.Float32, tile_n=256, stages=2, transposed=True)
+    with pytest.raises(ValueError, match="stages must be 2..4"):
+        Sm90GemmMixed(cutlass.BFloat16, tile_n=256, stages=5)
+    # the epilogue buffer of a 256-wide FP32 tile leaves room for 2 stages
+    with pytest.raises(ValueError, match="stages must be 2..2 .*Float32"):
+        Sm90GemmMixed(cutlass.Float32, tile_n=256, stages=3, transposed=True)
 
 
 def test_permute_k_matches_kperm64():
@@ -138,11 +141,14 @@ def test_permute_k_matches_kperm64():
 
 
 def test_pick_mixed_config():
-    """Tile width by waves per SM, 256 on ties (the shapes measured in notes/gemm.md)."""
+    """Tile width by waves per SM, 256 on ties (the shapes measured in notes/gemm.md); stages:
+    what shared memory holds next to the epilogue buffer."""
     from cute_fp4.gemm.sm90_mixed import pick_mixed_config
 
-    assert pick_mixed_config(2048, 2048) == (256, 6)   # 128 tiles: 1 wave of 256 = 2 of 128
-    assert pick_mixed_config(4096, 1024) == (256, 6)   # 1024x4096x4096, roles swapped
+    assert pick_mixed_config(2048, 2048) == (256, 4)   # 128 tiles: 1 wave of 256 = 2 of 128
+    assert pick_mixed_config(4096, 1024, transposed=True) == (256, 4)  # 1024x4096x4096
     assert pick_mixed_config(2048, 1024) == (128, 8)   # 1024x2048x2048: 64 tiles of 256
-    assert pick_mixed_config(8192, 8192) == (256, 6)
+    assert pick_mixed_config(8192, 8192) == (256, 4)
     assert pick_mixed_config(8192, 100) == (128, 8)    # Q <= 128
+    # FP32 output: a 256-wide epilogue buffer would leave 2 stages
+    assert pick_mixed_config(8192, 8192, out_elt=4) == (128, 7)

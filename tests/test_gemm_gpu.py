@@ -73,6 +73,23 @@ def test_tile_configs(tile_n, m, n, path, gen):
     check(out, d64, mag, k, torch.float32)
 
 
+@pytest.mark.parametrize("m,n,k", [(2000, 2100, 320), (1100, 4100, 64), (4100, 1100, 1040)])
+@pytest.mark.parametrize("tile_n", [128, 256])
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32])
+def test_persistent_many_tiles(m, n, k, tile_n, out_dtype, gen):
+    """More tiles than SMs: each CTA of the persistent predecode kernel runs several tiles
+    (partial ones at both edges; K = 64: one k-tile per tile, so the pipeline phase moves on
+    every tile; 17 k-tiles: odd, the two A buffers alternate across tiles)."""
+    a, sa = rand_fp4(m, k, gen)
+    b, sb = rand_fp4(n, k, gen)
+    col = torch.rand(n, generator=gen) + 0.5
+    bias = torch.randn(n, generator=gen)
+    out = run(a, sa, b, sb, col=col, bias=bias, tile_n=tile_n, out_dtype=out_dtype,
+              path="predecode")
+    d64, mag = expected(a, sa, b, sb, None, None, col, bias)
+    check(out, d64, mag, k, out_dtype)
+
+
 @pytest.mark.parametrize("m,n", [(160, 272), (272, 160)])
 @pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize("flags", list(itertools.product([False, True], repeat=4)))

@@ -54,6 +54,17 @@ def _arch_of(index: int) -> str:
     raise RuntimeError(f"cute_fp4 kernels need an sm_90 or sm_100 GPU, found sm_{major}{minor}")
 
 
+def num_sms(device: Optional[torch.device] = None) -> int:
+    """The SM count of a CUDA device (cached): the size of persistent grids."""
+    index = device.index if isinstance(device, torch.device) else device
+    return _sms_of(torch.cuda.current_device() if index is None else index)
+
+
+@functools.lru_cache(maxsize=None)
+def _sms_of(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
 def dyn(divisibility: int = 1):
     """A dynamic extent for `fake_tensor`, known to be a multiple of `divisibility`."""
     import cutlass.cute as cute

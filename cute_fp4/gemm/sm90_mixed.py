@@ -21,13 +21,17 @@ at k16 step i, positions 8 (j // 4) + 2 (j % 4) + {0, 1}. So position 16 i + 8 (
 2 (j % 4) + t of a k-tile holds k = 8 j + i + 4 t. A wgmma A-fragment thread (lane % 4 = c)
 then needs exactly words c and 4 + c of its two rows.
 
-Per CTA (tile 128 x tile_n x 64): warpgroup 0 warp 0 issues the TMA loads (`PipelineTmaAsync`,
-`stages` deep: packed x [128, 32] bytes, its 512-byte swizzled scale tile, y [tile_n, 64] BF16);
-warpgroups 1-2 each own 64 rows: the wgmmas of k-tile i run while the thread decodes the
-A fragment of k-tile i + 1 into the other of two register buffers (wait depth 1). No named
-barrier: each consumer thread only reads smem and its own registers.
+Persistent: min(tiles, SMs) CTAs, CTA b runs the tiles b, b + grid, ... (tile t = (p_tile,
+q_tile) = (t % p_tiles, t // p_tiles)). Per tile (128 x tile_n x 64 k-tiles): warpgroup 0
+warp 0 issues the TMA loads (`PipelineTmaAsync`, `stages` deep: packed x [128, 32] bytes, its
+512-byte swizzled scale tile, y [tile_n, 64] BF16) and runs on into the next tile's k-tiles
+while the consumers are in the epilogue; warpgroups 1-2 each own 64 rows: the wgmmas of k-tile
+i run while the thread decodes the A fragment of k-tile i + 1 into the other of two register
+buffers (wait depth 1). No named barrier in the mainloop: each consumer thread only reads smem
+and its own registers.
 Epilogue (`Sm90Epilogue.epilogue_staged`): FP32 scale, row, col, bias (the order of
-`ref.gemm`), cast, staged through the free pipeline smem, coalesced predicated stores.
+`ref.gemm`), cast, staged through a shared-memory buffer of its own (the pipeline stages are
+being refilled meanwhile), coalesced predicated stores.
 """
 
 from __future__ import annotations
@@ -46,12 +50,14 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.tensor_utils import LayoutEnum
 
 from ..common.decode import DECODE_EXP_SHIFT, decode_e2m1x8, e4m3_to_bf16x2_scale
-from ..common.jit import KERNELS, compile_kernel, dyn, env_stream, fake_tensor, torch_to_cutlass
+from ..common.jit import (KERNELS, compile_kernel, dyn, env_stream, fake_tensor, num_sms,
+                          torch_to_cutlass)
 from .smem import ld_global_v4, ld_shared_u32, ld_shared_v4, st_global_v4
 
 TILE_M = 128
 TILE_K = 64  # elements per k-tile: 4 NVFP4 blocks, 32 packed bytes, 128 BF16 bytes per row
 SF_TILE_BYTES = 512  # one 128-row x 4-block tile of swizzled scales
+SMEM_BYTES = 220 * 1024  # pipeline stages + epilogue staging (227 KB per CTA, barriers aside)
 # NVFP4 x predecoded NVFP4: both carry 2**-7; NVFP4 x raw BF16: one factor
 UNSCALE_W4A4 = 2 * DECODE_EXP_SHIFT
 UNSCALE_W4A16 = DECODE_EXP_SHIFT
@@ -146,18 +152,14 @@ class Sm90Epilogue:
 
 
     def staging_bytes(self) -> int:
-        """Shared memory of `epilogue_staged`: per MMA warpgroup its 64 x tile_n block of D
-        (tile_n x 64 when transposed) with rows padded by 16 bytes (conflict-free writes)."""
-        elt = self.out_dtype.width // 8
-        rows, cols = (self.tile_n, 64) if self.transposed else (64, self.tile_n)
-        return 2 * rows * (cols * elt + 16)
+        """Shared memory of `epilogue_staged`."""
+        return staging_bytes(self.tile_n, self.out_dtype.width // 8, self.transposed)
 
     @cute.jit
     def epilogue_staged(self, acc, thr_mma, mD, mAlpha, mRow, mCol, mBias, p_tile, q_tile,
                         stage_ptr, mma_wg, wg_tid):
-        """The epilogue math of `epilogue`, staged through shared memory (`stage_ptr`, free
-        once both MMA warpgroups are past their last wgmma) so that the global stores are
-        coalesced: 16-byte vectors when `vec_store` (D's base and row pitch 16-byte aligned),
+        """The epilogue math of `epilogue`, staged through shared memory (`stage_ptr`, a buffer
+        of `staging_bytes` of its own) so that the global stores are coalesced: 16-byte vectors when `vec_store` (D's base and row pitch 16-byte aligned),
         else one element per thread with consecutive threads on consecutive columns. Each
         MMA warpgroup (thread `wg_tid` of 128) stages and stores its own 64 kernel rows."""
         tile_n = self.tile_n
@@ -177,8 +179,8 @@ class Sm90Epilogue:
         scale = Float32(float(2 ** self.unscale_exp))
         if const_expr(self.has_alpha):
             scale = scale * mAlpha[0].to(Float32)
-        # every wgmma of both warpgroups has read its stage before any staging write
-        cute.arch.barrier(barrier_id=1, number_of_threads=256)
+        # this warpgroup's stores of the previous tile have read the staging buffer
+        cute.arch.barrier(barrier_id=2 + mma_wg, number_of_threads=128)
         for i in cutlass.range_constexpr(cute.size(acc)):
             pl, ql = tCcT[i]
             p = p_tile * TILE_M + pl
@@ -226,8 +228,8 @@ class Sm90Epilogue:
 
 class Sm90GemmMixed(Sm90Epilogue):
     """Compile-time config: tile_n (128 or 256), pipeline stages, output dtype, the epilogue
-    operands present, `transposed` (D[q, p]), unscale_exp and vec_store (D 16-byte aligned:
-    base and row pitch). `__call__` takes packed x
+    operands present, `transposed` (D[q, p]), unscale_exp, vec_store (D 16-byte aligned:
+    base and row pitch) and num_ctas (the persistent grid's size: the SM count). `__call__` takes packed x
     [P, K/2] (uint8, K/2 a multiple of 16), its swizzled scales (flat uint8), y [Q, >= K] BF16
     (row pitch a multiple of 16 bytes), D [M, N] and the optional alpha [1], row [M], col [N],
     bias [N]."""
@@ -245,13 +247,15 @@ class Sm90GemmMixed(Sm90Epilogue):
         transposed: bool = False,
         unscale_exp: int = UNSCALE_W4A4,
         vec_store: bool = False,
+        num_ctas: int = 132,
     ):
         if tile_n not in (128, 256):
             raise ValueError(f"tile_n must be 128 or 256, got {tile_n}")
-        stage_bytes = tile_n * TILE_K * 2 + TILE_M * TILE_K // 2 + SF_TILE_BYTES
-        if stages < 2 or stages * stage_bytes > 220 * 1024:
-            raise ValueError(f"stages must be 2..{220 * 1024 // stage_bytes} for tile_n "
-                             f"{tile_n}, got {stages}")
+        most = max_stages(tile_n, out_dtype.width // 8, transposed)
+        if stages < 2 or stages > most:
+            raise ValueError(f"stages must be 2..{most} for tile_n {tile_n}, "
+                             f"{out_dtype.__name__} output, transposed={transposed}; "
+                             f"got {stages}")
         self.out_dtype = out_dtype
         self.tile_n = tile_n
         self.stages = stages
@@ -262,9 +266,7 @@ class Sm90GemmMixed(Sm90Epilogue):
         self.transposed = transposed
         self.unscale_exp = unscale_exp
         self.vec_store = vec_store
-        if self.staging_bytes() > stages * tile_n * TILE_K * 2:
-            raise ValueError(f"stages {stages} leave too little shared memory for the "
-                             f"{out_dtype.__name__} epilogue of tile_n {tile_n}")
+        self.num_ctas = num_ctas
         self.threads = 384
         self.consumer_warps = 8
         # setmaxnreg only moves registers inside the launch allocation (168 per thread at
@@ -289,6 +291,7 @@ class Sm90GemmMixed(Sm90Epilogue):
         p_rows = mX.shape[0]
         q_rows = mY.shape[0]
         k_tiles = cute.ceil_div(mX.shape[1], TILE_K // 2)
+        tiles = cute.ceil_div(p_rows, TILE_M) * cute.ceil_div(q_rows, tile_n)
         # swizzled scales: one 512-byte tile per (128 rows, k-tile), row-tile major; one TMA
         # box (128, 4) of this [128, 4 * tiles] view is one tile
         sfx = cute.make_tensor(
@@ -325,10 +328,11 @@ class Sm90GemmMixed(Sm90Epilogue):
                 cute.struct.MemRange[cutlass.BFloat16, cute.cosize(y_layout)], 1024]
             sX: cute.struct.Align[cute.struct.MemRange[cutlass.Uint8, cute.cosize(pk_layout)], 128]
             sSF: cute.struct.Align[cute.struct.MemRange[cutlass.Uint8, cute.cosize(sf_layout)], 128]
+            sD: cute.struct.Align[cute.struct.MemRange[cutlass.Uint8, self.staging_bytes()], 128]
 
         self.shared_storage = SharedStorage
 
-        grid = (cute.ceil_div(p_rows, TILE_M), cute.ceil_div(q_rows, tile_n), 1)
+        grid = (cutlass.min(tiles, self.num_ctas), 1, 1)
         self.kernel(
             tma_x, tma_mX, tma_sf, tma_mSF, tma_y, tma_mY, mD, mAlpha, mRow, mCol, mBias,
             tiled_mma, pk_layout, sf_layout, y_layout, tx_bytes,
@@ -356,7 +360,8 @@ class Sm90GemmMixed(Sm90Epilogue):
     ):
         tile_n = self.tile_n
         tidx, _, _ = cute.arch.thread_idx()
-        p_tile, q_tile, _ = cute.arch.block_idx()
+        bid, _, _ = cute.arch.block_idx()
+        n_ctas, _, _ = cute.arch.grid_dim()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         wg_idx = cute.arch.make_warp_uniform(tidx // 128)
 
@@ -380,33 +385,42 @@ class Sm90GemmMixed(Sm90Epilogue):
         sSF = storage.sSF.get_tensor(sf_layout)
         sY = storage.sY.get_tensor(y_layout.outer, swizzle=y_layout.inner)
         k_tiles = cute.size(cute.ceil_div(mX.shape[1], TILE_K // 2))
+        p_tiles = cute.ceil_div(mX.shape[0], TILE_M)
+        tiles = p_tiles * cute.ceil_div(mY.shape[0], tile_n)
+        my_tiles = (tiles - bid + n_ctas - 1) // n_ctas
 
         if wg_idx == 0:
             cute.arch.setmaxregister_decrease(self.producer_regs)
             if warp_idx == 0:
-                gX = cute.local_tile(mX, (TILE_M, TILE_K // 2), (p_tile, None))
                 gSF = cute.local_tile(mSF, (128, 4), (0, None))
-                gY = cute.local_tile(mY, (tile_n, TILE_K), (q_tile, None))
                 one = cute.make_layout(1)
-                tXsX, tXgX = cpasync.tma_partition(tma_x, 0, one, cute.group_modes(sX, 0, 2),
-                                                   cute.group_modes(gX, 0, 2))
                 tSsS, tSgS = cpasync.tma_partition(tma_sf, 0, one,
                                                    cute.group_modes(sSF, 0, 2),
                                                    cute.group_modes(gSF, 0, 2))
-                tYsY, tYgY = cpasync.tma_partition(tma_y, 0, one, cute.group_modes(sY, 0, 2),
-                                                   cute.group_modes(gY, 0, 2))
                 state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer,
                                                      self.stages)
-                for kt in cutlass.range(k_tiles, unroll=1):
-                    mainloop.producer_acquire(state)
-                    bar = mainloop.producer_get_barrier(state)
-                    s = state.index
-                    cute.copy(tma_x, tXgX[(None, kt)], tXsX[(None, s)], tma_bar_ptr=bar)
-                    cute.copy(tma_sf, tSgS[(None, p_tile * k_tiles + kt)], tSsS[(None, s)],
-                              tma_bar_ptr=bar)
-                    cute.copy(tma_y, tYgY[(None, kt)], tYsY[(None, s)], tma_bar_ptr=bar)
-                    mainloop.producer_commit(state)
-                    state.advance()
+                for i in cutlass.range(my_tiles, unroll=1):
+                    t = bid + i * n_ctas
+                    p_tile = t % p_tiles
+                    q_tile = t // p_tiles
+                    gX = cute.local_tile(mX, (TILE_M, TILE_K // 2), (p_tile, None))
+                    gY = cute.local_tile(mY, (tile_n, TILE_K), (q_tile, None))
+                    tXsX, tXgX = cpasync.tma_partition(tma_x, 0, one,
+                                                       cute.group_modes(sX, 0, 2),
+                                                       cute.group_modes(gX, 0, 2))
+                    tYsY, tYgY = cpasync.tma_partition(tma_y, 0, one,
+                                                       cute.group_modes(sY, 0, 2),
+                                                       cute.group_modes(gY, 0, 2))
+                    for kt in cutlass.range(k_tiles, unroll=1):
+                        mainloop.producer_acquire(state)
+                        bar = mainloop.producer_get_barrier(state)
+                        s = state.index
+                        cute.copy(tma_x, tXgX[(None, kt)], tXsX[(None, s)], tma_bar_ptr=bar)
+                        cute.copy(tma_sf, tSgS[(None, p_tile * k_tiles + kt)],
+                                  tSsS[(None, s)], tma_bar_ptr=bar)
+                        cute.copy(tma_y, tYgY[(None, kt)], tYsY[(None, s)], tma_bar_ptr=bar)
+                        mainloop.producer_commit(state)
+                        state.advance()
                 mainloop.producer_tail(state)
         else:
             cute.arch.setmaxregister_increase(self.consumer_regs)
@@ -420,45 +434,53 @@ class Sm90GemmMixed(Sm90Epilogue):
             rA = [cute.make_rmem_tensor(a_shape, cutlass.BFloat16) for _ in range(2)]
             acc = cute.make_rmem_tensor(
                 thr_mma.partition_C(cute.make_identity_tensor((TILE_M, tile_n))).shape, Float32)
-            acc.fill(0.0)
             tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
 
             pk_off, sf_off, sf_shift = a_fragment_offsets(ctid)
             x_base = sX.iterator.toint() + pk_off
             sf_base = sSF.iterator.toint() + sf_off
 
-            self.decode_stage(mainloop, Int32(0), x_base, sf_base, sf_shift, rA[0])
-            for kq in cutlass.range(cute.ceil_div(k_tiles, 2), unroll=1):
-                for j in cutlass.range_constexpr(2):
-                    kt = kq * 2 + j
-                    if kt < k_tiles:
-                        s = kt % self.stages
-                        warpgroup.fence()
-                        for kb in cutlass.range_constexpr(TILE_K // 16):
-                            cute.gemm(tiled_mma, acc, rA[j][(None, None, kb)],
-                                      tCrY[(None, None, kb, s)], acc)
-                        warpgroup.commit_group()
-                        # k-tile kt - 1 done: its stage and A buffer (1 - j) are free
-                        warpgroup.wait_group(1)
-                        if kt > 0:
-                            mainloop.consumer_release(self.consumer_state(kt - 1))
-                        if kt + 1 < k_tiles:
-                            self.decode_stage(mainloop, kt + 1, x_base, sf_base, sf_shift,
-                                              rA[1 - j])
-            warpgroup.wait_group(0)
-            mainloop.consumer_release(self.consumer_state(k_tiles - 1))
-            self.epilogue_staged(acc, tiled_mma.get_slice(ctid), mD, mAlpha, mRow, mCol,
-                                 mBias, p_tile, q_tile, sY.iterator, mma_wg, ctid % 128)
+            for i in cutlass.range(my_tiles, unroll=1):
+                t = bid + i * n_ctas
+                p_tile = t % p_tiles
+                q_tile = t // p_tiles
+                # pipeline position of this tile's first k-tile
+                g0 = i * k_tiles
+                acc.fill(0.0)
+                self.decode_stage(mainloop, g0, x_base, sf_base, sf_shift, rA[0])
+                for kq in cutlass.range(cute.ceil_div(k_tiles, 2), unroll=1):
+                    for j in cutlass.range_constexpr(2):
+                        kt = kq * 2 + j
+                        if kt < k_tiles:
+                            s = (g0 + kt) % self.stages
+                            warpgroup.fence()
+                            for kb in cutlass.range_constexpr(TILE_K // 16):
+                                cute.gemm(tiled_mma, acc, rA[j][(None, None, kb)],
+                                          tCrY[(None, None, kb, s)], acc)
+                            warpgroup.commit_group()
+                            # k-tile kt - 1 done: its stage and A buffer (1 - j) are free
+                            warpgroup.wait_group(1)
+                            if kt > 0:
+                                mainloop.consumer_release(self.consumer_state(g0 + kt - 1))
+                            if kt + 1 < k_tiles:
+                                self.decode_stage(mainloop, g0 + kt + 1, x_base, sf_base,
+                                                  sf_shift, rA[1 - j])
+                warpgroup.wait_group(0)
+                mainloop.consumer_release(self.consumer_state(g0 + k_tiles - 1))
+                self.epilogue_staged(acc, tiled_mma.get_slice(ctid), mD, mAlpha, mRow, mCol,
+                                     mBias, p_tile, q_tile, storage.sD.data_ptr(), mma_wg,
+                                     ctid % 128)
 
     def consumer_state(self, kt):
-        """The mainloop pipeline's consumer state of k-tile kt."""
+        """The mainloop pipeline's consumer state of the CTA's kt-th k-tile (over all its
+        tiles)."""
         kt = Int32(kt)
         return pipeline.PipelineState(self.stages, kt, kt % self.stages,
                                       (kt // self.stages) & 1)
 
     @cute.jit
     def decode_stage(self, mainloop, kt, x_base, sf_base, sf_shift, rA):
-        """Wait for k-tile kt and decode this thread's A fragment of it into `rA`."""
+        """Wait for the CTA's kt-th k-tile and decode this thread's A fragment of it into `rA`."""
         state = self.consumer_state(kt)
         mainloop.consumer_wait(state)
         s = state.index
@@ -520,27 +542,45 @@ def _stage_bytes(tile_n: int) -> int:
     return tile_n * TILE_K * 2 + TILE_M * TILE_K // 2 + SF_TILE_BYTES
 
 
-def pick_mixed_config(p: int, q: int, sms: int = 132):
-    """(tile_n, stages) for P register-operand rows x Q TMA-operand rows: the tile width with
-    the least work per SM counted in waves (ceil(tiles / sms) * tile_n), 256 on ties (half the
-    register decode per FLOP; measured 2048^3: 482 vs 412 TFLOP/s, 1024x2048x2048 with 64
-    tiles of 256: 262 vs 332); the deepest pipeline that fits shared memory."""
+def staging_bytes(tile_n: int, out_elt: int, transposed: bool) -> int:
+    """Shared memory of the staged epilogue: per MMA warpgroup its 64 x tile_n block of D
+    (tile_n x 64 when transposed) with rows padded by 16 bytes (conflict-free writes)."""
+    rows, cols = (tile_n, 64) if transposed else (64, tile_n)
+    return 2 * rows * (cols * out_elt + 16)
+
+
+def max_stages(tile_n: int, out_elt: int, transposed: bool) -> int:
+    """The deepest pipeline (at most 8) that fits shared memory next to the epilogue buffer."""
+    free = SMEM_BYTES - staging_bytes(tile_n, out_elt, transposed)
+    return min(8, free // _stage_bytes(tile_n))
+
+
+def pick_mixed_config(p: int, q: int, sms: int = 132, out_elt: int = 2,
+                      transposed: bool = False):
+    """(tile_n, stages) for P register-operand rows x Q TMA-operand rows and out_elt-byte
+    outputs: the tile width with the least work per SM counted in waves (ceil(tiles / sms) *
+    tile_n), 256 on ties (half the register decode per FLOP; measured 2048^3: 482 vs 412
+    TFLOP/s, 1024x2048x2048 with 64 tiles of 256: 262 vs 332) unless its epilogue buffer
+    leaves fewer than 3 stages (FP32 outputs); the deepest pipeline that fits."""
     def waves(tile_n):
         return -(-(-(-p // TILE_M) * -(-q // tile_n)) // sms) * tile_n
 
     tile_n = 128 if q <= 128 or waves(128) < waves(256) else 256
-    return tile_n, min(8, 220 * 1024 // _stage_bytes(tile_n))
+    if max_stages(tile_n, out_elt, transposed) < 3:
+        tile_n = 128
+    return tile_n, max_stages(tile_n, out_elt, transposed)
 
 
 def mixed_kernel(out_dtype, tile_n, stages, flags, bias_dtype, transposed, unscale_exp,
-                 vec_store):
+                 vec_store, num_ctas=132):
     """The compile-time op and fake arguments of one Sm90GemmMixed configuration."""
     import cutlass
 
     has_alpha, has_row, has_col, has_bias = flags
     op = Sm90GemmMixed(torch_to_cutlass(out_dtype), tile_n=tile_n, stages=stages,
                        has_alpha=has_alpha, has_row=has_row, has_col=has_col, has_bias=has_bias,
-                       transposed=transposed, unscale_exp=unscale_exp, vec_store=vec_store)
+                       transposed=transposed, unscale_exp=unscale_exp, vec_store=vec_store,
+                       num_ctas=num_ctas)
     elt = torch.empty((), dtype=out_dtype).element_size()
     p, q = dyn(), dyn()
     m, n = (q, p) if transposed else (p, q)
@@ -608,20 +648,22 @@ def launch_mixed(x_data, sfx, y, out, alpha, row, col, bias, *, transposed: bool
     base, sfx its flat swizzled scales, y [Q, >= K] BF16 in the kernel's K order with 16-byte
     row pitch, out [M, N] contiguous, the epilogue operands as `operands._epilogue` returns
     them."""
-    sms = torch.cuda.get_device_properties(out.device).multi_processor_count
-    auto_tile_n, auto_stages = pick_mixed_config(x_data.shape[0], y.shape[0], sms)
+    sms = num_sms(out.device)
+    elt = out.element_size()
+    auto_tile_n, auto_stages = pick_mixed_config(x_data.shape[0], y.shape[0], sms, elt,
+                                                 transposed)
     tile_n = tile_n or auto_tile_n
     stages = stages or (auto_stages if tile_n == auto_tile_n
-                        else min(8, 220 * 1024 // _stage_bytes(tile_n)))
+                        else max_stages(tile_n, elt, transposed))
     flags = (alpha is not None, row is not None, col is not None, bias is not None)
     bias_dtype = bias.dtype if bias is not None else None
-    vec_store = (out.shape[1] * out.element_size()) % 16 == 0 and out.data_ptr() % 16 == 0
+    vec_store = (out.shape[1] * elt) % 16 == 0 and out.data_ptr() % 16 == 0
     key = ("gemm_mixed_sm90", out.dtype, tile_n, stages, flags, bias_dtype, transposed,
-           unscale_exp, vec_store)
+           unscale_exp, vec_store, sms)
 
     def build():
         op, args = mixed_kernel(out.dtype, tile_n, stages, flags, bias_dtype, transposed,
-                                unscale_exp, vec_store)
+                                unscale_exp, vec_store, sms)
         return compile_kernel(op, *args, arch=arch)
 
     KERNELS.get(key, build)(x_data, sfx, y, out, alpha, row, col, bias)
