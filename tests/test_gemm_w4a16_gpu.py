@@ -301,13 +301,17 @@ WS_SHAPES = [(1, 300, 512), (1, 1001, 16), (3, 129, 8192), (16, 4100, 1056), (64
 @pytest.mark.parametrize("small", ["a", "b"])
 @pytest.mark.parametrize("m,n,k", WS_SHAPES)
 def test_weight_stream_shapes(m, n, k, small, weight_stream_calls, gen):
-    """path "auto" at decode sizes takes the weight_stream path, with the small operand as A
-    (the activations) or as B (then A's rows are the kernel's weight rows, D written from the
-    transposed tile); odd N, K = 16 and 8192, K % 32 != 0."""
+    """The weight_stream path (taken by "auto" up to WEIGHT_STREAM_MAX_ROWS rows, asked for by
+    name beyond), with the small operand as A (the activations) or as B (then A's rows are the
+    kernel's weight rows, D written from the transposed tile); odd N, K = 16 and 8192,
+    K % 32 != 0."""
+    from cute_fp4.gemm.dispatch import WEIGHT_STREAM_MAX_ROWS
+
     m, n = orient(m, n, small)
     a, sa = rand_fp4(m, k, gen)
     b, sb = rand_fp4(n, k, gen)
-    out = run_nvfp4(a, sa, b, sb)
+    out = run_nvfp4(a, sa, b, sb,
+                    path="auto" if min(m, n) <= WEIGHT_STREAM_MAX_ROWS else "weight_stream")
     assert weight_stream_calls == [(m, n)]
     d64, mag = expected_nvfp4(a, sa, b, sb)
     check(out, d64, mag, k, torch.bfloat16)
@@ -333,7 +337,7 @@ def test_weight_stream_epilogue(flags, out_dtype, small, weight_stream_calls, ge
     check(r, d64, mag, k, out_dtype)
 
 
-@pytest.mark.parametrize("m,n", [(1, 520), (64, 300), (300, 16)])
+@pytest.mark.parametrize("m,n", [(1, 520), (32, 300), (300, 16)])
 @pytest.mark.parametrize("swizzle", [False, True])
 @pytest.mark.parametrize("scaling", ["tensor", "token"])
 def test_weight_stream_quantized_operands(scaling, swizzle, m, n, weight_stream_calls):
@@ -403,9 +407,9 @@ def test_weight_stream_exact_small_sums(small, gen):
 
 
 def test_weight_stream_dispatch(weight_stream_calls, gen):
-    """"auto" takes weight_stream exactly when min(M, N) <= W4A16_MAX_DECODE_ROWS and no
-    window64 operand is given; an explicit "weight_stream" runs (correctly) beyond that."""
-    from cute_fp4.gemm.dispatch import W4A16_MAX_DECODE_ROWS as LIMIT
+    """"auto" takes weight_stream exactly when min(M, N) <= WEIGHT_STREAM_MAX_ROWS and no
+    window64 operand is given (else predecode / decode_both)."""
+    from cute_fp4.gemm.dispatch import WEIGHT_STREAM_MAX_ROWS as LIMIT
 
     k = 256
     for m, n, taken in ((LIMIT, 300, True), (300, LIMIT, True), (LIMIT + 1, 300, False),
@@ -432,6 +436,28 @@ def test_weight_stream_dispatch(weight_stream_calls, gen):
     out = run_nvfp4(a, sa, b, sb, out_dtype=torch.float32, path="weight_stream")
     assert weight_stream_calls == [(m, n)]
     check(out, d64, mag, k, torch.float32)
+
+
+@pytest.mark.parametrize("small", ["a", "b"])
+def test_weight_stream_cuda_graph(small, monkeypatch, gen):
+    """Replayed from a CUDA graph, the weight_stream path gives the eager result bit for bit,
+    also when its unit outer scale is first made inside the capture (not cached then)."""
+    from cute_fp4.gemm import dispatch
+
+    m, n = orient(3, 1000, small)
+    k = 1024
+    a, sa, b, sb = (t.cuda() for t in (*rand_fp4(m, k, gen), *rand_fp4(n, k, gen)))
+    row = torch.rand(m, generator=gen).cuda() + 0.5
+    want = dispatch.gemm_nvfp4(a, sa, b, sb, row=row)  # compiles outside the capture
+    monkeypatch.setattr(dispatch, "_UNIT_AMAX", {})
+    out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        dispatch.gemm_nvfp4(a, sa, b, sb, row=row, out=out)
+    assert dispatch._UNIT_AMAX == {}
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, want)
 
 
 def test_weight_stream_argument_errors(gen):

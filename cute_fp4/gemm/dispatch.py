@@ -103,7 +103,7 @@ def gemm_nvfp4(a_data: torch.Tensor, a_scales: torch.Tensor, b_data: torch.Tenso
     override the kernel configuration (benchmarks).
 
     sm_90a kernels (`path`): "weight_stream" (the "auto" choice without window64 operands when
-    min(M, N) <= W4A16_MAX_DECODE_ROWS: decode sizes) decodes the smaller operand (A on ties)
+    min(M, N) <= WEIGHT_STREAM_MAX_ROWS: decode sizes) decodes the smaller operand (A on ties)
     exactly to BF16 values e2m1 * scale (`decode_values`) and runs the weight-streaming W4A16
     kernel (`sm90_w4a16.gemm_w4a16_sm90`) with the other operand as its weights (when B is the
     smaller, A's rows are the weight rows and the kernel writes D row by row from them:
@@ -143,7 +143,7 @@ def gemm_nvfp4(a_data: torch.Tensor, a_scales: torch.Tensor, b_data: torch.Tenso
         if tile_n is not None or stages is not None:
             raise ValueError("tile_n and stages configure the wgmma kernels, not the "
                              "weight_stream path")
-        return _gemm_weight_stream(a_data, sfa, b_data, sfb, alpha, row, col, bias, out)
+        return _gemm_weight_stream(a_data, sfa, b_data, sfb, alpha, row, col, bias, out, arch)
     if path == "predecode":
         return _gemm_predecode(a_data, sfa, b_data, sfb, alpha, row, col, bias, out, arch,
                                tile_n, stages)
@@ -168,6 +168,10 @@ def gemm_nvfp4(a_data: torch.Tensor, a_scales: torch.Tensor, b_data: torch.Tenso
 
 
 SM90_PATHS = ("auto", "weight_stream", "predecode", "decode_both")
+# W4A4 problems whose smaller operand has at most this many rows take the weight_stream path:
+# H100, graph replays, K = 8192: 1.0-3.4x the predecode path up to 32 rows, 0.65-0.71x at 48
+# and 64 rows with N = 28672 (notes/gemm.md, "W4A4 at decode sizes").
+WEIGHT_STREAM_MAX_ROWS = 32
 
 
 def pick_sm90_path(path: str, m: int, n: int, windowed: bool) -> str:
@@ -181,7 +185,7 @@ def pick_sm90_path(path: str, m: int, n: int, windowed: bool) -> str:
         return path
     if windowed:
         return "decode_both"
-    return "weight_stream" if min(m, n) <= W4A16_MAX_DECODE_ROWS else "predecode"
+    return "weight_stream" if min(m, n) <= WEIGHT_STREAM_MAX_ROWS else "predecode"
 
 
 def decode_values(data: torch.Tensor, scales: torch.Tensor, swizzled: bool,
@@ -198,23 +202,38 @@ def decode_values(data: torch.Tensor, scales: torch.Tensor, swizzled: bool,
     rows, k = data.shape[0], data.shape[1] * 2
     shape = swizzled_shape(rows, k // 16) if swizzled else (rows, k // 16)
     sf = scales.view(torch.float8_e4m3fn).reshape(shape)
-    unit = torch.full((1,), _UNIT_SCALE_AMAX, dtype=torch.float32, device=data.device)
-    return dequantize(NVFP4Tensor(_aligned(data), sf, unit, None, None, None,
-                                  Recipe(swizzle=swizzled), (rows, k), dtype), dtype)
+    return dequantize(NVFP4Tensor(_aligned(data), sf, _unit_amax(data.device), None, None,
+                                  None, Recipe(swizzle=swizzled), (rows, k), dtype), dtype)
 
 
-def _gemm_weight_stream(a_data, sfa, b_data, sfb, alpha, row, col, bias, out):
+_UNIT_AMAX = {}
+
+
+def _unit_amax(device) -> torch.Tensor:
+    """FP32 [1] amax with S_enc = 1 on `device`: made once per device, and synchronized so that
+    every stream sees it; made per call while a CUDA graph is being captured (its memory then
+    belongs to the graph)."""
+    unit = _UNIT_AMAX.get(device)
+    if unit is None:
+        unit = torch.full((1,), _UNIT_SCALE_AMAX, dtype=torch.float32, device=device)
+        if not torch.cuda.is_current_stream_capturing():
+            torch.cuda.current_stream(device).synchronize()
+            _UNIT_AMAX[device] = unit
+    return unit
+
+
+def _gemm_weight_stream(a_data, sfa, b_data, sfb, alpha, row, col, bias, out, arch):
     """The weight_stream path of gemm_nvfp4 on sm_90a: the smaller operand (A on ties) decoded
     exactly to BF16 as the W4A16 kernel's activations, the other one its weights (flat swizzled
     scales); when B is the smaller the weights are A's rows, so the kernel writes D from its
     transposed tile (`transposed`)."""
-    from .sm90_w4a16 import gemm_w4a16_sm90
+    from .sm90_w4a16 import launch_w4a16
 
     swap = b_data.shape[0] < a_data.shape[0]
     x_data, sfx, w_data, sfw = (b_data, sfb, a_data, sfa) if swap else (a_data, sfa, b_data, sfb)
     x = decode_values(x_data, sfx, True, torch.bfloat16)
-    return gemm_w4a16_sm90(x, w_data, sfw, alpha=alpha, row=row, col=col, bias=bias,
-                           out_dtype=out.dtype, scales_swizzled=True, out=out, transposed=swap)
+    return launch_w4a16(x, w_data, sfw, out, alpha, row, col, bias, swizzled=True,
+                        transposed=swap, arch=arch)
 
 
 def predecode_operands(a_data, sfa, b_data, sfb, arch):

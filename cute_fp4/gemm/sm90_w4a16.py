@@ -229,7 +229,7 @@ class Sm90GemmW4A16:
         # needs 64 accumulator registers alone).
         threads = 32 * k_warps * row_warps
         self.min_blocks = 2 if tile_m <= 16 and threads <= 256 else 1
-        red_bytes = row_warps * row_tiles * 16 * tile_m * k_warps * 4
+        red_bytes = (row_warps * row_tiles * 16 + 1) * tile_m * k_warps * 4
         # shared memory carveout (percent of the SM's 228 KiB) for min_blocks CTAs, the rest
         # stays L1 for the activations
         self.smem_carveout = min(
@@ -243,8 +243,10 @@ class Sm90GemmW4A16:
                  mCol: Optional[cute.Tensor], mBias: Optional[cute.Tensor],
                  stream: cuda.CUstream):
         rows = self.row_warps * self.row_tiles * 16
+        # token stride rows + 1 (odd): a warp reading 32 tokens of one row (the transposed
+        # epilogue) hits 32 banks, one reading 32 rows of one token too
         red_layout = cute.make_layout((rows, self.tile_m, self.k_warps),
-                                      stride=(1, rows, rows * self.tile_m))
+                                      stride=(1, rows + 1, (rows + 1) * self.tile_m))
 
         @cute.struct
         class SharedStorage:
@@ -589,18 +591,30 @@ def gemm_w4a16_sm90(a: torch.Tensor, b_data: torch.Tensor, b_scales: torch.Tenso
     arch = device_arch(device)
     if arch != "sm_90a":
         raise NotImplementedError(f"gemm_w4a16_sm90 needs an sm_90a device (device is {arch})")
-    tile_m, row_tiles, k_warps, unroll, row_warps = config or pick_w4a16_config(m, n)
+    return launch_w4a16(a, b_data, sf, out, alpha, row, col, bias, swizzled=scales_swizzled,
+                        transposed=transposed, arch=arch, config=config)
+
+
+def launch_w4a16(a, b_data, sf, out, alpha, row, col, bias, *, swizzled: bool,
+                 transposed: bool, arch: str, config: Optional[tuple] = None) -> torch.Tensor:
+    """The launch behind `gemm_w4a16_sm90`, for operands it (or `dispatch.gemm_nvfp4`) has
+    checked: contiguous a [M, K] and b_data [N, K/2] (realigned here when needed), flat uint8
+    scales `sf`, out of the output's shape, epilogue vectors as `operands._epilogue` returns
+    them; M, N > 0."""
+    m, k = a.shape
+    tile_m, row_tiles, k_warps, unroll, row_warps = config or pick_w4a16_config(
+        m, b_data.shape[0])
     wide = k % 32 == 0
     flags = (alpha is not None, col is not None, bias is not None)
     bias_dtype = bias.dtype if bias is not None else None
-    has_row, transposed = row is not None, bool(transposed)
-    key = ("gemm_w4a16_sm90", a.dtype, out_dtype, tile_m, row_tiles, k_warps, unroll,
-           row_warps, wide, bool(scales_swizzled), flags, bias_dtype, has_row, transposed)
+    has_row, transposed, swizzled = row is not None, bool(transposed), bool(swizzled)
+    key = ("gemm_w4a16_sm90", a.dtype, out.dtype, tile_m, row_tiles, k_warps, unroll,
+           row_warps, wide, swizzled, flags, bias_dtype, has_row, transposed)
 
     def build():
-        op, args = w4a16_kernel(a.dtype, out_dtype, tile_m=tile_m, row_tiles=row_tiles,
+        op, args = w4a16_kernel(a.dtype, out.dtype, tile_m=tile_m, row_tiles=row_tiles,
                                 k_warps=k_warps, unroll=unroll, row_warps=row_warps,
-                                wide=wide, swizzled=bool(scales_swizzled), flags=flags,
+                                wide=wide, swizzled=swizzled, flags=flags,
                                 bias_dtype=bias_dtype, has_row=has_row, transposed=transposed)
         return compile_kernel(op, *args, arch=arch)
 

@@ -3,7 +3,7 @@
 Per shape (M x N x K), in one process: cuBLAS BF16 (torch.matmul on BF16 operands),
 dequantize-then-cuBLAS (cute_fp4.dequantize of both NVFP4 operands, then torch.matmul) and the
 NVFP4 GEMM (gemm_nvfp4, swizzled scales, BF16 out, path "auto": "weight_stream" when
-min(M, N) <= 64, else "predecode"), each eager and replayed from a CUDA graph. `--paths` adds
+min(M, N) <= 32, else "predecode"), each eager and replayed from a CUDA graph. `--paths` adds
 gemm_nvfp4 with named paths (e.g. predecode,weight_stream: both at the decode sizes);
 `--variants` adds the "decode_both" kernel (sm90_w4a4) and the predecode path's GEMM kernel
 alone (its predecoded BF16 operand made once, outside the timing). TFLOP/s count 2*M*N*K;
