@@ -101,3 +101,82 @@ def test_subnormal_blocks(dtype, gen):
     for scaling in ("tensor", "token"):
         recipe = Recipe(scaling=scaling, rowwise=True, columnwise=True)
         check(dispatch.quantize(x, recipe), ref.quantize(x, recipe), recipe)
+
+
+# ---------------------------------------------------------------- fused single-launch path
+# Tiny inputs (at most dispatch.FUSED_MAX_TILES cast tiles) are quantized by ONE launch: the
+# cast computes the amaxes itself (one CTA). Both paths are forced here on the same inputs.
+TINY_SHAPES = [(1, 16), (3, 48), (15, 16), (16, 16), (17, 64), (32, 64), (48, 272), (64, 80),
+               (33, 1040), (128, 528)]
+TINY_KINDS = KINDS + ["zero"]
+
+
+@pytest.fixture
+def fused_limit(monkeypatch):
+    """set(n): dispatch.FUSED_MAX_TILES = n for this test; cached plans are dropped before and
+    after (monkeypatch restores the constant after this teardown)."""
+    def set_limit(n):
+        monkeypatch.setattr(dispatch, "FUSED_MAX_TILES", n)
+        dispatch._plan.cache_clear()
+    yield set_limit
+    dispatch._plan.cache_clear()
+
+
+def _tiny_input(shape, kind, dtype, gen):
+    if kind == "zero":
+        return torch.zeros(shape, dtype=dtype, device="cuda")
+    return make_input(shape, kind, dtype, gen)
+
+
+def _output_sets(m):
+    """(rowwise, columnwise) combinations valid for M rows (the twin needs M % 16 == 0)."""
+    return [(True, False)] + ([(True, True), (False, True)] if m % 16 == 0 else [])
+
+
+@pytest.mark.parametrize("shape", TINY_SHAPES)
+@pytest.mark.parametrize("kind", TINY_KINDS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("scaling", ["tensor", "token"])
+def test_fused_bit_exact(shape, kind, dtype, scaling, gen, fused_limit):
+    """The one-launch path and the two-launch path both give the reference's bytes."""
+    x = _tiny_input(shape, kind, dtype, gen)
+    for limit, fused in ((10**6, True), (0, False)):
+        fused_limit(limit)
+        for row, col in _output_sets(shape[0]):
+            for swizzle in (False, True):
+                recipe = Recipe(scaling=scaling, rowwise=row, columnwise=col, swizzle=swizzle)
+                plan = dispatch.plan_for(x, recipe)
+                assert plan.fused is fused and (plan.amax is None) is fused
+                check(dispatch.quantize(x, recipe), ref.quantize(x, recipe), recipe)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("tiles", sorted({1, 2, 4, dispatch.FUSED_MAX_TILES}))
+def test_fused_threshold(dtype, tiles, gen, fused_limit):
+    """With FUSED_MAX_TILES = tiles (the committed value among them), the dispatch takes the
+    fused path up to that many cast tiles (along M or K) and the two launches just above;
+    amax_reduce always takes the two launches."""
+    fused_limit(tiles)
+    tile_k = 128 // torch.empty((), dtype=dtype).element_size()
+    cases = [((128 * tiles, tile_k), True), ((128, tile_k * tiles), True),
+             ((128 * tiles - 16, tile_k + 16), False), ((128 * tiles + 16, tile_k), False),
+             ((128, tile_k * tiles + 16), False)]
+    for shape, fused in cases:
+        x = make_input(shape, "outliers", dtype, gen)
+        assert (dispatch.cast_tiles(*shape, x.element_size()) <= tiles) is fused
+        for scaling in ("tensor", "token"):
+            for row, col in _output_sets(shape[0]):
+                recipe = Recipe(scaling=scaling, rowwise=row, columnwise=col, swizzle=True)
+                assert dispatch.plan_for(x, recipe).fused is fused
+                assert not dispatch.plan_for(x, recipe, reduced=True).fused
+                check(dispatch.quantize(x, recipe), ref.quantize(x, recipe), recipe)
+
+
+def test_fused_leading_dims(gen):
+    """A 3-D tiny input: the fused path flattens it and keeps the original shape."""
+    x = make_input((48, 64), "outliers", torch.bfloat16, gen).view(2, 24, 64)
+    for scaling in ("tensor", "token"):
+        recipe = Recipe(scaling=scaling, columnwise=True)
+        got = dispatch.quantize(x, recipe)
+        assert dispatch.plan_for(x, recipe).fused and got.shape == (2, 24, 64)
+        check(got, ref.quantize(x, recipe), recipe)

@@ -31,14 +31,22 @@ def tensor_partials(m: int, k: int, esize: int, num_sms: int) -> int:
     return max(1, min((nvec + THREADS - 1) // THREADS, num_sms * CTAS_PER_SM))
 
 
-def _vec_abs_max(acc, words, dtype_name):
-    """Fold the elements of four 32-bit words into the running NaN-propagating amax."""
+def vec_values(words, dtype_name):
+    """The FP32 values of one 16-byte vector (four 32-bit words): 4 fp32 or 8 bf16/fp16
+    elements, in memory order (exact conversions)."""
+    if dtype_name == "fp32":
+        return [E.bits_f32(w) for w in words]
+    vals = []
     for w in words:
-        if dtype_name == "fp32":
-            acc = E.abs_max_nan(acc, E.bits_f32(w))
-        else:
-            acc = E.abs_max_nan(acc, E.unpack_lo(w, dtype_name))
-            acc = E.abs_max_nan(acc, E.unpack_hi(w, dtype_name))
+        vals += [E.unpack_lo(w, dtype_name), E.unpack_hi(w, dtype_name)]
+    return vals
+
+
+def vec_abs_max(acc, words, dtype_name):
+    """Fold the elements of one 16-byte vector (four 32-bit words) into the running
+    NaN-propagating amax (also the fused amax of the cast, quant/cast.py)."""
+    for v in vec_values(words, dtype_name):
+        acc = E.abs_max_nan(acc, v)
     return acc
 
 
@@ -69,7 +77,7 @@ class AmaxTensor:
         start = bidx * THREADS + tidx
         step = gdim * THREADS
         for i in cutlass.range(start, nvec, step, unroll=2):
-            acc = _vec_abs_max(acc, E.ld_global_nc_v4(base + Int64(i) * 16), self.dtype_name)
+            acc = vec_abs_max(acc, E.ld_global_nc_v4(base + Int64(i) * 16), self.dtype_name)
         acc = E.warp_max_nan(acc)
         smem = cutlass.memory.SmemAllocator()
         red = smem.allocate_tensor(Float32, cute.make_layout(THREADS // 32))
@@ -132,14 +140,8 @@ class AmaxToken:
             rc = cutlass.min(r, M - 1)
             cc = cutlass.min(col0, K - self.vec)
             words = E.ld_global_nc_v4(base + (Int64(rc) * Int64(K) + Int64(cc)) * self.esize)
-            vals = []
-            for word in words:
-                wv = Uint32(cutlass.select_(ok, word, Uint32(0)))
-                if cutlass.const_expr(self.dtype_name == "fp32"):
-                    vals.append(E.bits_f32(wv))
-                else:
-                    vals.append(E.unpack_lo(wv, self.dtype_name))
-                    vals.append(E.unpack_hi(wv, self.dtype_name))
+            vals = vec_values([Uint32(cutlass.select_(ok, w, Uint32(0))) for w in words],
+                              self.dtype_name)
             rmax = Float32(0.0)
             for j in cutlass.range_constexpr(self.vec):
                 rmax = E.abs_max_nan(rmax, vals[j])

@@ -8,6 +8,13 @@ The outer scale is per tensor (amax_r = amax_c = [1 + P]: the P AmaxTensor parti
 reduced by every CTA at its start; CTA 0 writes the amax to [0]) or per token (row amax [M] for
 the rowwise output, column amax [K] for the twin); amaxes are read from device memory.
 
+Fused amax (``fused_amax=True``, for tiny inputs: one launch instead of amax kernel + cast):
+ONE CTA; before the tile loop its consumer warps read the whole input from global memory and
+compute the amaxes themselves (no other kernel, no atomics, no zero-fill): per tensor the CTA
+max written to amax_r[0] (amax_r = amax_c = [1]); per token the row amax into amax_r [M] and
+the column amax into amax_c [K] (plain stores; a named barrier orders them before the cast
+reads them). The producer warp's TMA loads of the first tiles overlap this pre-pass.
+
 Design: persistent grid; each CTA walks 128-row x 128-byte input tiles (128 x 64 for
 16-bit inputs, 128 x 32 for fp32). A producer warp streams tiles into a multi-stage smem ring
 with TMA (SWIZZLE_128B, PipelineTmaAsync = full/empty mbarriers); 8 consumer warps read each
@@ -26,9 +33,11 @@ from cutlass.cute.nvgpu import cpasync
 
 from cute_fp4.common import encode as E
 from cute_fp4.common.scales import swizzled_scale_offset
+from cute_fp4.quant.amax import vec_abs_max, vec_values
 
 DTYPES = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16, "fp32": cutlass.Float32}
 ONE_SIXTH = 0.16666667  # fp32(1/6) = 0x3E2AAAAB
+FUSED_BATCH = 4  # 16-byte loads in flight per thread in the fused amax pre-pass
 
 
 class CastKernel:
@@ -39,7 +48,8 @@ class CastKernel:
     tile_bytes = 128  # bytes of one tile row (one SWIZZLE_128B atom row)
 
     def __init__(self, dtype: str, rowwise: bool, columnwise: bool, swizzle: bool,
-                 per_token: bool, num_sms: int, stages: int = 4, ctas_per_sm: int = 2):
+                 per_token: bool, num_sms: int, stages: int = 4, ctas_per_sm: int = 2,
+                 fused_amax: bool = False):
         if dtype not in DTYPES:
             raise TypeError(f"CastKernel: unsupported input dtype {dtype!r} (bf16, fp16, fp32)")
         if not (rowwise or columnwise):
@@ -55,11 +65,18 @@ class CastKernel:
         self.num_sms = num_sms
         self.stages = stages
         self.ctas_per_sm = ctas_per_sm
+        self.fused_amax = fused_amax
         self.threads = 32 * (self.num_consumer_warps + 1)
         self.consumer_threads = 32 * self.num_consumer_warps
         # blocks per consumer thread in each pass
         # rowwise pass: each warp step covers 32 // (tile_k / 16) rows
         self.row_steps = self.tile_m // (32 // (self.tile_k // 16) * self.num_consumer_warps)
+        # fused per-token column amax: one 32-vector chunk of columns per step, reduced over
+        # the consumer warps in smem
+        self.vec = 16 // self.esize  # elements per 16-byte vector
+        self.chunk_cols = 32 * self.vec
+        fused_cols = fused_amax and per_token and columnwise
+        self.colred_words = self.num_consumer_warps * self.chunk_cols if fused_cols else 1
 
     # ------------------------------------------------------------------ host side
     @cute.jit
@@ -78,16 +95,17 @@ class CastKernel:
         n_tm = (M + self.tile_m - 1) // self.tile_m
         n_tk = (K + self.tile_k - 1) // self.tile_k
         n_tiles = n_tm * n_tk
-        grid = cutlass.min(n_tiles, self.num_sms * self.ctas_per_sm)
+        grid = 1 if self.fused_amax else cutlass.min(n_tiles, self.num_sms * self.ctas_per_sm)
 
         @cute.struct
         class Storage:
             bars: cute.struct.MemRange[cutlass.Int64, 2 * self.stages]
             red: cute.struct.MemRange[Float32, self.num_consumer_warps]
+            colred: cute.struct.MemRange[Float32, self.colred_words]
             sx: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(smem_layout)], 1024]
 
         self.storage = Storage
-        self.kernel(tma_atom, tma_x, smem_layout, M, K, amax_r, amax_c, q, s, qt, st).launch(
+        self.kernel(tma_atom, tma_x, smem_layout, M, K, x, amax_r, amax_c, q, s, qt, st).launch(
             grid=(grid, 1, 1), block=(self.threads, 1, 1), stream=stream
         )
 
@@ -108,6 +126,26 @@ class CastKernel:
         acc = Float32(0.0)
         for i in cutlass.range(tidx, n_partials, self.consumer_threads, unroll=1):
             acc = E.fmax_nan(acc, E.ld_global_f32(ar_base + Int64(1 + i) * 4))
+        return self._cta_amax(acc, tidx, bidx, red_addr, ar_base)
+
+    @cute.jit
+    def _fused_tensor_amax(self, x_base, M, K, tidx, red_addr, ar_base):
+        """Fused per-tensor amax: the (single) CTA's max over the whole input -> amax[0]."""
+        nvec = M * (K // self.vec)
+        n = self.consumer_threads
+        acc = Float32(0.0)
+        for i0 in cutlass.range(tidx, nvec, n * FUSED_BATCH, unroll=1):
+            # FUSED_BATCH loads in flight; indices past the end re-read the last vector
+            batch = [E.ld_global_nc_v4(x_base + Int64(cutlass.min(i0 + u * n, nvec - 1)) * 16)
+                     for u in range(FUSED_BATCH)]
+            for words in batch:
+                acc = vec_abs_max(acc, words, self.dtype_name)
+        return self._cta_amax(acc, tidx, Int32(0), red_addr, ar_base)
+
+    @cute.jit
+    def _cta_amax(self, acc, tidx, bidx, red_addr, ar_base):
+        """Max of the consumer threads' acc (warp shuffles, then smem); CTA 0 writes it to
+        amax[0]."""
         acc = E.warp_max_nan(acc)
         if tidx % 32 == 0:
             E.st_shared_u32(red_addr + (tidx // 32) * 4, E.f32_bits(acc))
@@ -118,6 +156,62 @@ class CastKernel:
         if (bidx == 0) & (tidx == 0):
             E.st_global_u32(ar_base, E.canonical_nan_bits(amax))
         return amax
+
+    @cute.jit
+    def _fused_token_amax(self, x_base, M, K, tidx, ar_base, ac_base, colred_addr):
+        """Fused per-token amax of the (single) CTA: row amax -> amax_r[M] (rowwise), column
+        amax -> amax_c[K] (columnwise). Columns go in chunks of 32 16-byte vectors: lane =
+        vector, warp w takes rows w, w + 8, ...; a row's maximum over a chunk is a warp
+        reduction, folded into amax_r[r] by the same thread for every chunk (no atomics);
+        a column's maximum over the warps goes through smem. Ends with a consumer barrier."""
+        warp = tidx // 32
+        lane = tidx % 32
+        nw = self.num_consumer_warps
+        vpr = K // self.vec  # vectors per row
+        for c0 in cutlass.range(0, vpr, 32, unroll=1):
+            v = c0 + lane
+            ok = v < vpr
+            vc = cutlass.min(v, vpr - 1)
+            cols = [Float32(0.0)] * self.vec
+            for r0 in cutlass.range(warp, M, nw * FUSED_BATCH, unroll=1):
+                # FUSED_BATCH rows in flight; rows past the end re-read the last row (their
+                # column values change no maximum, their row maximum is not stored)
+                rows = [Int64(cutlass.min(r0 + u * nw, M - 1)) for u in range(FUSED_BATCH)]
+                batch = [E.ld_global_nc_v4(x_base + (rc * Int64(vpr) + Int64(vc)) * 16)
+                         for rc in rows]
+                for u in cutlass.range_constexpr(FUSED_BATCH):
+                    words = [Uint32(cutlass.select_(ok, w, Uint32(0))) for w in batch[u]]
+                    vals = vec_values(words, self.dtype_name)
+                    if cutlass.const_expr(self.columnwise):
+                        for j in cutlass.range_constexpr(self.vec):
+                            cols[j] = E.abs_max_nan(cols[j], vals[j])
+                    if cutlass.const_expr(self.rowwise):
+                        r = r0 + u * nw
+                        rmax = Float32(0.0)
+                        for j in cutlass.range_constexpr(self.vec):
+                            rmax = E.abs_max_nan(rmax, vals[j])
+                        rmax = E.warp_max_nan(rmax)
+                        if (lane == 0) & (r < M):
+                            addr = ar_base + Int64(r) * 4
+                            prev = Float32(0.0)
+                            if c0 > 0:
+                                prev = E.ld_global_f32(addr)
+                            E.st_global_u32(addr, E.canonical_nan_bits(E.fmax_nan(prev, rmax)))
+            if cutlass.const_expr(self.columnwise):
+                mine = colred_addr + (warp * self.chunk_cols + lane * self.vec) * 4
+                for j in cutlass.range_constexpr(self.vec):
+                    E.st_shared_u32(mine + j * 4, E.f32_bits(cols[j]))
+                cute.arch.barrier(barrier_id=1, number_of_threads=self.consumer_threads)
+                for c in cutlass.range(tidx, self.chunk_cols, self.consumer_threads, unroll=1):
+                    m = Float32(0.0)
+                    for w in cutlass.range_constexpr(nw):
+                        m = E.fmax_nan(m, E.bits_f32(E.ld_shared_u32(
+                            colred_addr + (w * self.chunk_cols + c) * 4)))
+                    gc = c0 * self.vec + c
+                    if gc < K:
+                        E.st_global_u32(ac_base + Int64(gc) * 4, E.canonical_nan_bits(m))
+                cute.arch.barrier(barrier_id=1, number_of_threads=self.consumer_threads)
+        cute.arch.barrier(barrier_id=1, number_of_threads=self.consumer_threads)
 
     @cute.jit
     def _amax16(self, xs):
@@ -140,7 +234,7 @@ class CastKernel:
     # ------------------------------------------------------------------ kernel
     @cute.kernel
     def kernel(self, tma_atom: cute.CopyAtom, tma_x: cute.Tensor, smem_layout: cute.ComposedLayout,
-               M: Int32, K: Int32, amax_r: cute.Tensor, amax_c: cute.Tensor,
+               M: Int32, K: Int32, x: cute.Tensor, amax_r: cute.Tensor, amax_c: cute.Tensor,
                q: cute.Tensor, s: cute.Tensor, qt: cute.Tensor, st: cute.Tensor):
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
@@ -204,9 +298,16 @@ class CastKernel:
             sdec_r = Float32(0.0)
             s6_c = Float32(0.0)
             sdec_c = Float32(0.0)
+            if cutlass.const_expr(self.fused_amax and self.per_token):
+                self._fused_token_amax(x.iterator.toint(), M, K, tidx, ar_base, ac_base,
+                                       storage.colred.data_ptr().toint())
             if cutlass.const_expr(not self.per_token):
-                amax_t = self._tensor_amax(ar_base, amax_r.shape[0] - 1, tidx, bidx,
-                                           storage.red.data_ptr().toint())
+                if cutlass.const_expr(self.fused_amax):
+                    amax_t = self._fused_tensor_amax(x.iterator.toint(), M, K, tidx,
+                                                     storage.red.data_ptr().toint(), ar_base)
+                else:
+                    amax_t = self._tensor_amax(ar_base, amax_r.shape[0] - 1, tidx, bidx,
+                                               storage.red.data_ptr().toint())
                 s6_r, sdec_r = self._outer_of(amax_t)
                 s6_c, sdec_c = s6_r, sdec_r
 

@@ -3,6 +3,10 @@ called through TVM-FFI (torch tensors passed directly, launched on torch's curre
 All outputs (amax, data, scales and their twins) are views of ONE uint8 allocation laid out by
 a per-shape cached plan; per-tensor scaling needs no zero-fill (partial maxima, see amax.py).
 
+Tiny inputs (at most FUSED_MAX_TILES cast tiles, no amax_reduce) take ONE launch: the cast
+with its fused amax (one CTA computes the amaxes before it casts; cast.py), instead of the
+amax kernel, per token a zero-fill, and the cast.
+
 Supported: recipe.scaling in {"tensor", "token"}, block (1, 16), no rht / stochastic rounding /
 4over6 (NotImplementedError naming the option: later issues add them).
 """
@@ -39,9 +43,10 @@ def _f8_2d():
 
 
 def cast_kernel(dtype: str, rowwise: bool, columnwise: bool, swizzle: bool, per_token: bool,
-                num_sms: int = 132):
+                num_sms: int = 132, fused_amax: bool = False):
     """(kernel, *fake compile arguments) of the K2 cast for a configuration."""
-    op = CastKernel(dtype, rowwise, columnwise, swizzle, per_token, num_sms)
+    op = CastKernel(dtype, rowwise, columnwise, swizzle, per_token, num_sms,
+                    fused_amax=fused_amax)
     esize = _CUTLASS[dtype].width // 8
     m, k = dyn(), dyn(16 // esize)
     return (op, fake_tensor(_CUTLASS[dtype], (m, k)),
@@ -104,18 +109,52 @@ def _scale_shape(rows: int, cols: int, swizzle: bool):
     return (rows, cols // 16)
 
 
+# Largest input, in cast tiles (128 rows x 128 bytes), quantized by the one-launch fused path
+# (one CTA walks every tile; notes/quant.md "Host time: single launch" has the measurement).
+FUSED_MAX_TILES = 2
+
+
+def cast_tiles(m: int, k: int, esize: int) -> int:
+    """Number of cast tiles of an [m, k] input with esize-byte elements."""
+    tile_k = CastKernel.tile_bytes // esize
+    return -(-m // CastKernel.tile_m) * -(-k // tile_k)
+
+
+def _ffi(compiled):
+    """The tvm_ffi.Function under a compiled kernel: called positionally, without the DSL's
+    Python wrapper layers."""
+    fn = compiled.__tvm_ffi_object__()
+    if fn is None:
+        raise RuntimeError("cute_fp4: the compiled kernel has no TVM-FFI function (was it "
+                           "compiled for another architecture?)")
+    return fn
+
+
 class _Plan:
-    """Per-(shape, dtype, recipe, device) constants of a call, validated once: compiled kernels
-    and the byte layout of the single output buffer. Pieces start on 256-byte boundaries: a
-    misaligned data piece splits every 32-byte row segment of a tile over two sectors
-    (measured: the per-tensor cast ran 2x slower with 16-byte alignment).
+    """Per-(shape, dtype, device, recipe, amax_reduce given) constants of a call, validated
+    once: compiled kernels (their TVM-FFI functions) and the byte layout of the single output
+    buffer. Pieces start on 256-byte boundaries: a misaligned data piece splits every 32-byte
+    row segment of a tile over two sectors (measured: the per-tensor cast ran 2x slower with
+    16-byte alignment).
 
-    Per-tensor amax words: [amax, partial 1..P]; with a cross-rank reduction (``reduced``)
-    [amax, local amax, partial 1..P]: the local amax is reduced in place and the cast reads it
-    as its single partial. Per token: [row amax (M), column amax (K)], zeroed per call (the
-    token amax kernel reduces across CTAs with atomics)."""
+    Amax words. Fused (one launch): per tensor [amax]; per token [row amax (M), column amax
+    (K)]. Two launches, per tensor: [amax, partial 1..P]; with a cross-rank reduction
+    (``reduced``) [amax, local amax, partial 1..P]: the local amax is reduced in place and the
+    cast reads it as its single partial. Per token: [row amax (M), column amax (K)], zeroed per
+    call (the token amax kernel reduces across CTAs with atomics)."""
 
-    def __init__(self, m, k, name, recipe, reduced, dev):
+    def __init__(self, shape, dtype, dev, recipe, reduced):
+        if dev.type != "cuda":
+            raise ValueError("cute_fp4.quant.dispatch.quantize needs a CUDA tensor")
+        name = _DTYPE_NAMES.get(dtype)
+        if name is None:
+            raise TypeError(f"x must be float32, bfloat16 or float16, got {dtype}")
+        if len(shape) < 2:
+            raise ValueError(f"x must have at least 2 dimensions, got shape {tuple(shape)}")
+        k = shape[-1]
+        m = 1
+        for d in shape[:-1]:
+            m *= d
         _check_recipe(recipe)
         esize = _CUTLASS[name].width // 8
         _check_shape(m, k, esize, recipe)
@@ -124,19 +163,29 @@ class _Plan:
         sms = _num_sms(index)
         row, col, swz = recipe.rowwise, recipe.columnwise, recipe.swizzle
         self.per_token = per_token = recipe.scaling == "token"
+        self.fused = fused = not reduced and cast_tiles(m, k, esize) <= FUSED_MAX_TILES
+        self.recipe, self.shape, self.dtype, self.dev = recipe, tuple(shape), dtype, dev
+        self.flat = (m, k) if len(shape) != 2 else None
         self.reduced = reduced
         self.row, self.col = row, col
+        self.amax = None
         if per_token:
-            self.amax = KERNELS.get(("amax_token", name, arch),
-                                    lambda: compile_kernel(*amax_token_kernel(name), arch=arch))
             n_amax = m + k
+            if not fused:
+                self.amax = _ffi(KERNELS.get(
+                    ("amax_token", name, arch),
+                    lambda: compile_kernel(*amax_token_kernel(name), arch=arch)))
+        elif fused:
+            n_amax = 1
         else:
-            self.amax = KERNELS.get(("amax_tensor", name, sms, arch),
-                                    lambda: compile_kernel(*amax_tensor_kernel(name, sms), arch=arch))
             n_amax = 1 + int(reduced) + tensor_partials(m, k, esize, sms)
-        self.cast = KERNELS.get(("cast", name, row, col, swz, per_token, sms, arch),
-                                lambda: compile_kernel(*cast_kernel(name, row, col, swz, per_token, sms),
-                                                       arch=arch))
+            self.amax = _ffi(KERNELS.get(
+                ("amax_tensor", name, sms, arch),
+                lambda: compile_kernel(*amax_tensor_kernel(name, sms), arch=arch)))
+        self.cast = _ffi(KERNELS.get(
+            ("cast", name, row, col, swz, per_token, sms, fused, arch),
+            lambda: compile_kernel(*cast_kernel(name, row, col, swz, per_token, sms, fused),
+                                   arch=arch)))
         off = (4 * n_amax + 255) // 256 * 256
         self.m, self.k, self.n_amax = m, k, n_amax
         # (shape, strides, byte offset) of each present output; absent ones are None
@@ -146,17 +195,74 @@ class _Plan:
             shapes["data"], shapes["scales"] = (m, k // 2), _scale_shape(m, k, swz)
         if col:
             shapes["data_t"], shapes["scales_t"] = (k, m // 2), _scale_shape(k, m, swz)
-        for key, shape in shapes.items():
-            setattr(self, key, (shape, (shape[1], 1), off))
-            off += (shape[0] * shape[1] + 255) // 256 * 256
+        for key, piece in shapes.items():
+            setattr(self, key, (piece, (piece[1], 1), off))
+            off += (piece[0] * piece[1] + 255) // 256 * 256
         self.nbytes = off
         self.dummy = torch.empty((1, 1), dtype=torch.uint8, device=dev)
         self.dummy_f8 = self.dummy.view(torch.float8_e4m3fn)
 
+    def run(self, x: torch.Tensor, amax_reduce) -> NVFP4Tensor:
+        """One call on a validated input: the allocation, the output views, the launch(es)."""
+        if self.flat is not None:
+            x = x.view(self.flat)
+        buf = _alloc(self.nbytes, self.dev)
+        words = buf.view(torch.float32)
+        data = scales = data_t = scales_t = None
+        if self.row:
+            data = buf.as_strided(*self.data)
+        if self.col:
+            data_t = buf.as_strided(*self.data_t)
+        f8 = buf.view(torch.float8_e4m3fn)
+        if self.row:
+            scales = f8.as_strided(*self.scales)
+        if self.col:
+            scales_t = f8.as_strided(*self.scales_t)
+        m, k = self.m, self.k
+        # amax_r / amax_c: the outputs; arg_r / arg_c: what the cast reads
+        if self.fused:
+            if self.per_token:
+                amax_r = words[:m] if self.row else None
+                amax_c = words[m:m + k] if self.col else None
+                # the fused cast touches only the amaxes of the outputs it writes
+                arg_r = amax_c if amax_r is None else amax_r
+                arg_c = amax_r if amax_c is None else amax_c
+            else:
+                amax_r = amax_c = arg_r = arg_c = words[:1]
+        elif self.per_token:
+            amax_all = words[:m + k]
+            amax_all.zero_()
+            amax_r = arg_r = amax_all[:m]
+            amax_c = arg_c = amax_all[m:]
+            self.amax(x, amax_r, amax_c)
+            if amax_reduce is not None:
+                amax_reduce(amax_c)
+        else:
+            arg_r = arg_c = words[:self.n_amax]
+            if amax_reduce is not None:
+                self.amax(x, arg_r[1:])
+                torch.amax(arg_r[2:], dim=0, keepdim=True, out=arg_r[1:2])
+                amax_reduce(arg_r[1:2])
+                arg_r = arg_c = arg_r[:2]
+            else:
+                self.amax(x, arg_r)
+            amax_r = amax_c = words[:1]
+        dummy, dummy_f8 = self.dummy, self.dummy_f8
+        self.cast(x, arg_r, arg_c, dummy if data is None else data,
+                  dummy_f8 if scales is None else scales, dummy if data_t is None else data_t,
+                  dummy_f8 if scales_t is None else scales_t)
+        return NVFP4Tensor(data, scales, amax_r if self.row else None, data_t, scales_t,
+                           amax_c if self.col else None, self.recipe, self.shape, self.dtype)
+
 
 @functools.lru_cache(maxsize=4096)
-def _plan(m, k, name, recipe, reduced, dev) -> _Plan:
-    return _Plan(m, k, name, recipe, reduced, dev)
+def _plan(shape, dtype, dev, recipe, reduced) -> _Plan:
+    return _Plan(shape, dtype, dev, recipe, reduced)
+
+
+def plan_for(x: torch.Tensor, recipe: Recipe, reduced: bool = False) -> _Plan:
+    """The cached plan of a call (tests and benchmarks inspect it: ``.fused``, ``.cast``)."""
+    return _plan(x.shape, x.dtype, x.device, recipe, reduced)
 
 
 def quantize(x: torch.Tensor, recipe: Recipe = Recipe(), *, seed: int = 0,
@@ -171,57 +277,13 @@ def quantize(x: torch.Tensor, recipe: Recipe = Recipe(), *, seed: int = 0,
     the one global amax [1] for per-tensor scaling, the column amax [K] for per-token (the
     per-row amaxes are local). The cast then quantizes with the reduced values.
 
-    Per call (the plan holds everything else): one allocation, the views of the outputs, the
-    amax kernel (per token after a zero-fill of the amax words) and the cast."""
-    if not x.is_cuda:
-        raise ValueError("cute_fp4.quant.dispatch.quantize needs a CUDA tensor")
-    shape = tuple(x.shape)
-    name = _DTYPE_NAMES.get(x.dtype)
-    if name is None:
-        raise TypeError(f"x must be float32, bfloat16 or float16, got {x.dtype}")
-    if x.dim() != 2:
-        if x.dim() < 2:
-            raise ValueError(f"x must have at least 2 dimensions, got shape {tuple(x.shape)}")
-        x = x.reshape(-1, x.shape[-1])
+    Per call (the plan, cached by shape, dtype, device, recipe and whether amax_reduce is
+    given, holds everything else): the contiguity and alignment checks, one allocation, the
+    views of the outputs and one launch (fused, tiny inputs) or the amax kernel (per token
+    after a zero-fill of the amax words) and the cast."""
+    plan = _plan(x.shape, x.dtype, x.device, recipe, amax_reduce is not None)
     if not x.is_contiguous():
         raise ValueError("x must be contiguous (call .contiguous() first)")
     if x.data_ptr() % 16:
         raise ValueError("x must be 16-byte aligned")
-    m, k = x.shape
-    reduced = amax_reduce is not None
-    plan = _plan(m, k, name, recipe, reduced, x.device)
-
-    buf = _alloc(plan.nbytes, x.device)
-    words = buf.view(torch.float32)
-    f8 = buf.view(torch.float8_e4m3fn) if plan.scales or plan.scales_t else None
-    data = None if plan.data is None else buf.as_strided(*plan.data)
-    scales = None if plan.scales is None else f8.as_strided(*plan.scales)
-    data_t = None if plan.data_t is None else buf.as_strided(*plan.data_t)
-    scales_t = None if plan.scales_t is None else f8.as_strided(*plan.scales_t)
-    if plan.per_token:
-        amax_all = words[:m + k]
-        amax_all.zero_()
-        amax_r, amax_c = amax_all[:m], amax_all[m:]
-        plan.amax(x, amax_r, amax_c)
-        if reduced:
-            amax_reduce(amax_c)
-        amax_out_r, amax_out_c = amax_r, amax_c
-    else:
-        amax_r = amax_c = words[:plan.n_amax]
-        if reduced:
-            plan.amax(x, amax_r[1:])
-            torch.amax(amax_r[2:], dim=0, keepdim=True, out=amax_r[1:2])
-            amax_reduce(amax_r[1:2])
-            amax_r = amax_c = amax_r[:2]
-        else:
-            plan.amax(x, amax_r)
-        amax_out_r = amax_out_c = words[:1]
-    dummy, dummy_f8 = plan.dummy, plan.dummy_f8
-    plan.cast(x, amax_r, amax_c, dummy if data is None else data,
-              dummy_f8 if scales is None else scales, dummy if data_t is None else data_t,
-              dummy_f8 if scales_t is None else scales_t)
-    return NVFP4Tensor(
-        data=data, scales=scales, amax=amax_out_r if plan.row else None,
-        data_t=data_t, scales_t=scales_t, amax_t=amax_out_c if plan.col else None,
-        recipe=recipe, shape=shape, dtype=x.dtype,
-    )
+    return plan.run(x, amax_reduce)
