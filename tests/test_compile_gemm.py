@@ -141,7 +141,7 @@ def test_permute_k_matches_kperm64():
 
 
 def test_pick_mixed_config():
-    """Tile width by waves per SM, 256 on ties (the shapes measured in notes/gemm.md); stages:
+    """Tile width by waves per SM and cost per FLOP (the shapes measured in notes/gemm.md); stages:
     what shared memory holds next to the epilogue buffer."""
     from cute_fp4.gemm.sm90_mixed import pick_mixed_config
 
@@ -150,5 +150,7 @@ def test_pick_mixed_config():
     assert pick_mixed_config(2048, 1024) == (128, 8)   # 1024x2048x2048: 64 tiles of 256
     assert pick_mixed_config(8192, 8192) == (256, 4)
     assert pick_mixed_config(8192, 100) == (128, 8)    # Q <= 128
+    # many waves: 2% fewer SM-waves at 128 do not pay for its decode (16384x7168x2048 dgrad)
+    assert pick_mixed_config(16384, 7168) == (256, 4)
     # FP32 output: a 256-wide epilogue buffer would leave 2 stages
     assert pick_mixed_config(8192, 8192, out_elt=4) == (128, 7)

@@ -400,9 +400,7 @@ class Sm90GemmMixed(Sm90Epilogue):
                 state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer,
                                                      self.stages)
                 for i in cutlass.range(my_tiles, unroll=1):
-                    t = bid + i * n_ctas
-                    p_tile = t % p_tiles
-                    q_tile = t // p_tiles
+                    p_tile, q_tile = self.tile_coords(bid + i * n_ctas, p_tiles)
                     gX = cute.local_tile(mX, (TILE_M, TILE_K // 2), (p_tile, None))
                     gY = cute.local_tile(mY, (tile_n, TILE_K), (q_tile, None))
                     tXsX, tXgX = cpasync.tma_partition(tma_x, 0, one,
@@ -441,9 +439,7 @@ class Sm90GemmMixed(Sm90Epilogue):
             sf_base = sSF.iterator.toint() + sf_off
 
             for i in cutlass.range(my_tiles, unroll=1):
-                t = bid + i * n_ctas
-                p_tile = t % p_tiles
-                q_tile = t // p_tiles
+                p_tile, q_tile = self.tile_coords(bid + i * n_ctas, p_tiles)
                 # pipeline position of this tile's first k-tile
                 g0 = i * k_tiles
                 acc.fill(0.0)
@@ -470,6 +466,12 @@ class Sm90GemmMixed(Sm90Epilogue):
                 self.epilogue_staged(acc, tiled_mma.get_slice(ctid), mD, mAlpha, mRow, mCol,
                                      mBias, p_tile, q_tile, storage.sD.data_ptr(), mma_wg,
                                      ctid % 128)
+
+    @staticmethod
+    def tile_coords(t, p_tiles):
+        """(p_tile, q_tile) of the t-th tile, p fastest (measured against bands of 4, 8 and
+        16 p-tiles: no consistent difference, notes/gemm.md)."""
+        return t % p_tiles, t // p_tiles
 
     def consumer_state(self, kt):
         """The mainloop pipeline's consumer state of the CTA's kt-th k-tile (over all its
@@ -558,14 +560,16 @@ def max_stages(tile_n: int, out_elt: int, transposed: bool) -> int:
 def pick_mixed_config(p: int, q: int, sms: int = 132, out_elt: int = 2,
                       transposed: bool = False):
     """(tile_n, stages) for P register-operand rows x Q TMA-operand rows and out_elt-byte
-    outputs: the tile width with the least work per SM counted in waves (ceil(tiles / sms) *
-    tile_n), 256 on ties (half the register decode per FLOP; measured 2048^3: 482 vs 412
-    TFLOP/s, 1024x2048x2048 with 64 tiles of 256: 262 vs 332) unless its epilogue buffer
-    leaves fewer than 3 stages (FP32 outputs); the deepest pipeline that fits."""
-    def waves(tile_n):
-        return -(-(-(-p // TILE_M) * -(-q // tile_n)) // sms) * tile_n
+    outputs: the tile width with the least time per SM, counted as waves (ceil(tiles / sms))
+    x tile_n x the cost per FLOP, which is 1.17x higher at tile_n 128 (twice the register
+    decode per FLOP; measured 2048^3: 482 vs 412 TFLOP/s; 1024x2048x2048, 64 tiles of 256:
+    262 vs 332 for 128) - unless the 256-wide epilogue buffer leaves fewer than 3 stages (FP32
+    outputs); the deepest pipeline that fits."""
+    def cost(tile_n):
+        waves = -(-(-(-p // TILE_M) * -(-q // tile_n)) // sms)
+        return waves * tile_n * (1.17 if tile_n == 128 else 1.0)
 
-    tile_n = 128 if q <= 128 or waves(128) < waves(256) else 256
+    tile_n = 128 if q <= 128 or cost(128) < cost(256) else 256
     if max_stages(tile_n, out_elt, transposed) < 3:
         tile_n = 128
     return tile_n, max_stages(tile_n, out_elt, transposed)
