@@ -19,9 +19,9 @@ from __future__ import annotations
 from typing import Tuple
 
 from cutlass import Int32
-from cutlass._mlir import ir
-from cutlass._mlir.dialects import llvm
-from cutlass.cutlass_dsl import T, dsl_user_op
+from cutlass.cutlass_dsl import dsl_user_op
+
+from .ptx import inline_asm
 
 # Decoded values are e2m1 * scale * 2**-DECODE_EXP_SHIFT.
 DECODE_EXP_SHIFT = 7
@@ -49,18 +49,7 @@ def e4m3_to_bf16x2_scale(sf_byte: Int32, *, loc=None, ip=None) -> Int32:
         "mul.rn.bf16x2 t, t, c0;\n\t"
         "mul.rn.bf16x2 $0, t, c1;\n\t}"
     )
-    res = llvm.inline_asm(
-        T.i32(),
-        [Int32(sf_byte).ir_value(loc=loc, ip=ip)],
-        asm,
-        "=r,r",
-        has_side_effects=False,
-        is_align_stack=False,
-        asm_dialect=llvm.AsmDialect.AD_ATT,
-        loc=loc,
-        ip=ip,
-    )
-    return Int32(res)
+    return inline_asm(asm, "=r,r", [sf_byte], loc=loc, ip=ip)
 
 
 def _decode_asm(natural_order: bool) -> str:
@@ -104,20 +93,8 @@ def decode_e2m1x8(
     """8 packed E2M1 codes (value j in nibble j of `w`) times the BF16x2 scale from
     `e4m3_to_bf16x2_scale` -> 4 BF16x2 registers holding e2m1 * scale * 2**-7, in the K order
     [0, 4, 1, 5, 2, 6, 3, 7] (or [0..7] with natural_order)."""
-    struct_ty = ir.Type.parse("!llvm.struct<(i32, i32, i32, i32)>")
-    res = llvm.inline_asm(
-        struct_ty,
-        [Int32(w).ir_value(loc=loc, ip=ip), Int32(scale2).ir_value(loc=loc, ip=ip)],
-        _DECODE_ASM[bool(natural_order)],
-        "=r,=r,=r,=r,r,r",
-        has_side_effects=False,
-        is_align_stack=False,
-        asm_dialect=llvm.AsmDialect.AD_ATT,
-        loc=loc,
-        ip=ip,
-    )
-    i32 = T.i32()
-    return tuple(Int32(llvm.extractvalue(i32, res, [j], loc=loc, ip=ip)) for j in range(4))
+    return inline_asm(_DECODE_ASM[bool(natural_order)], "=r,=r,=r,=r,r,r", [w, scale2], loc=loc,
+                      ip=ip)
 
 
 def kperm8():

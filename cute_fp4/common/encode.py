@@ -19,9 +19,12 @@ indexed at run time); on Blackwell (``sm_100a`` and friends) the hardware
 arch (``CUTE_DSL_ARCH`` or the current GPU).
 """
 
-from cutlass import Float32, Int32, Int64, Uint32
+from cutlass import Float32, Uint32
 from cutlass.base_dsl import BaseDSL
 import cutlass.cute as cute
+
+from .ptx import ld_global, ld_shared, st_global, st_shared
+from .ptx import red_max_u32  # noqa: F401  (the quantize kernels' E.red_max_u32)
 
 FLT_MAX_HEX = "0f7F7FFFFF"
 E4M3_MAX = 448.0
@@ -315,69 +318,40 @@ def half_to_f32(h16, dtype_name: str):
     return unpack_lo(h16, dtype_name)
 
 
-# ---------------------------------------------------------------- memory helpers
+# ---------------------------------------------------------------- memory accessors
+# The quantize kernels' accessors (common.ptx): Uint32 words, volatile, no memory clobber.
 def ld_shared_v4(addr):
     """16-byte shared-memory load at a 32-bit shared address: 4 x Uint32."""
-    return cute.arch.inline_ptx(
-        "ld.shared.v4.b32 {{$w0}, {$w1}, {$w2}, {$w3}}, [{$r0}];",
-        write_only_types=[Uint32] * 4, read_only_args=[Int32(addr)],
-    )
-
-
-def ld_shared_u16(addr):
-    return _ptx1("{\n.reg .b16 h;\nld.shared.b16 h, [{$r0}];\ncvt.u32.u16 {$w0}, h;\n}", Uint32, Int32(addr))
+    return ld_shared(addr, 4, clobber=False, dtype=Uint32)
 
 
 def st_shared_u32(addr, v):
-    cute.arch.inline_ptx("st.shared.b32 [{$r0}], {$r1};", read_only_args=[Int32(addr), Uint32(v)])
+    st_shared(addr, Uint32(v), clobber=False)
 
 
 def ld_shared_u32(addr):
-    return _ptx1("ld.shared.b32 {$w0}, [{$r0}];", Uint32, Int32(addr))
+    return ld_shared(addr, clobber=False, dtype=Uint32)
 
 
 def st_global_u8(addr, v):
-    cute.arch.inline_ptx(
-        "{\n.reg .b16 h;\ncvt.u16.u32 h, {$r1};\nst.global.b8 [{$r0}], h;\n}",
-        read_only_args=[Int64(addr), Uint32(v)],
-    )
-
-
-def st_global_u16(addr, v):
-    cute.arch.inline_ptx(
-        "{\n.reg .b16 h;\ncvt.u16.u32 h, {$r1};\nst.global.b16 [{$r0}], h;\n}",
-        read_only_args=[Int64(addr), Uint32(v)],
-    )
+    st_global(addr, Uint32(v), ty="b8", clobber=False)
 
 
 def st_global_u32(addr, v):
-    cute.arch.inline_ptx("st.global.b32 [{$r0}], {$r1};", read_only_args=[Int64(addr), Uint32(v)])
+    st_global(addr, Uint32(v), clobber=False)
 
 
 def st_global_v2(addr, v0, v1):
-    cute.arch.inline_ptx(
-        "st.global.v2.b32 [{$r0}], {{$r1}, {$r2}};", read_only_args=[Int64(addr), Uint32(v0), Uint32(v1)]
-    )
-
-
-def st_global_v4(addr, v0, v1, v2, v3):
-    cute.arch.inline_ptx(
-        "st.global.v4.b32 [{$r0}], {{$r1}, {$r2}, {$r3}, {$r4}};",
-        read_only_args=[Int64(addr), Uint32(v0), Uint32(v1), Uint32(v2), Uint32(v3)],
-    )
-
-
-def red_max_u32(addr, v):
-    """Global atomic max without return (non-negative FP32 compare as their bit patterns)."""
-    cute.arch.inline_ptx("red.relaxed.gpu.global.max.u32 [{$r0}], {$r1};", read_only_args=[Int64(addr), Uint32(v)])
+    st_global(addr, Uint32(v0), Uint32(v1), clobber=False)
 
 
 def ld_global_nc_v4(addr):
     """16-byte read-only global load: 4 x Uint32."""
-    return cute.arch.inline_ptx(
-        "ld.global.nc.v4.b32 {{$w0}, {$w1}, {$w2}, {$w3}}, [{$r0}];",
-        write_only_types=[Uint32] * 4, read_only_args=[Int64(addr)],
-    )
+    return ld_global(addr, 4, nc=True, volatile=True, dtype=Uint32)
+
+
+def ld_global_f32(addr):
+    return ld_global(addr, ty="f32", volatile=True)
 
 
 def shfl_xor_max_nan(x, mask):
@@ -392,7 +366,3 @@ def warp_max_nan(x):
     for m in (16, 8, 4, 2, 1):
         x = shfl_xor_max_nan(x, m)
     return x
-
-
-def ld_global_f32(addr):
-    return _ptx1("ld.global.f32 {$w0}, [{$r0}];", Float32, Int64(addr))

@@ -52,7 +52,7 @@ from cutlass.tensor_utils import LayoutEnum
 from ..common.decode import DECODE_EXP_SHIFT, decode_e2m1x8, e4m3_to_bf16x2_scale
 from ..common.jit import (KERNELS, compile_kernel, dyn, env_stream, fake_tensor, num_sms,
                           torch_to_cutlass)
-from .smem import ld_global_v4, ld_shared_u32, ld_shared_v4, st_global_v4
+from ..common.ptx import ld_global, ld_shared, st_global
 
 TILE_M = 128
 TILE_K = 64  # elements per k-tile: 4 NVFP4 blocks, 32 packed bytes, 128 BF16 bytes per row
@@ -105,9 +105,9 @@ def decode_a_fragment(rA: cute.Tensor, a_pk: Int32, a_sf: Int32, a_sf_shift: Int
     packed rows at shared address `a_pk` and their scales at `a_sf` (see a_fragment_offsets)."""
     rA32 = cute.recast_tensor(rA, Int32)
     for h in cutlass.range_constexpr(2):
-        w_lo = ld_shared_u32(a_pk + h * 8 * (TILE_K // 2))
-        w_hi = ld_shared_u32(a_pk + h * 8 * (TILE_K // 2) + 16)
-        sf = ld_shared_u32(a_sf + h * 8 * 16)
+        w_lo = ld_shared(a_pk + h * 8 * (TILE_K // 2), clobber=True)
+        w_hi = ld_shared(a_pk + h * 8 * (TILE_K // 2) + 16, clobber=True)
+        sf = ld_shared(a_sf + h * 8 * 16, clobber=True)
         p = decode_e2m1x8(w_lo, e4m3_to_bf16x2_scale(sf >> a_sf_shift))
         q = decode_e2m1x8(w_hi, e4m3_to_bf16x2_scale(sf >> (a_sf_shift + 16)))
         for kb in cutlass.range_constexpr(TILE_K // 16):
@@ -214,9 +214,10 @@ class Sm90Epilogue:
                 r = idx // per_row
                 c = (idx % per_row) * vec
                 if m0 + r < m_rows and n0 + c < n_cols:
-                    w0, w1, w2, w3 = ld_shared_v4(s_base + (r * pitch + c) * elt)
+                    w0, w1, w2, w3 = ld_shared(s_base + (r * pitch + c) * elt, 4,
+                                               clobber=True)
                     dst = mD.iterator + ((m0 + r) * mD.layout.stride[0] + n0 + c)
-                    st_global_v4(dst.toint(), w0, w1, w2, w3)
+                    st_global(dst.toint(), w0, w1, w2, w3, clobber=True)
         else:
             for it in cutlass.range_constexpr(rows * cols // 128):
                 idx = it * 128 + wg_tid
@@ -528,14 +529,15 @@ class Sm90PredecodeNVFP4:
             s0 = e4m3_to_bf16x2_scale(sf_half)
             s1 = e4m3_to_bf16x2_scale(sf_half >> 8)
             src = mX.iterator + (row * mX.layout.stride[0] + h16 * 4)
-            w0, w1, w2, w3 = ld_global_v4(src.toint())
+            w0, w1, w2, w3 = ld_global(src.toint(), 4, volatile=False)
             p0 = decode_e2m1x8(w0, s0)
             p1 = decode_e2m1x8(w1, s0)
             p2 = decode_e2m1x8(w2, s1)
             p3 = decode_e2m1x8(w3, s1)
             dst = mOut.iterator + (row * mOut.layout.stride[0] + kt * 32 + half * 4)
             for i in cutlass.range_constexpr(4):
-                st_global_v4((dst + i * 8).toint(), p0[i], p1[i], p2[i], p3[i])
+                st_global((dst + i * 8).toint(), p0[i], p1[i], p2[i], p3[i],
+                          clobber=True)
 
 
 # ---- host side ----

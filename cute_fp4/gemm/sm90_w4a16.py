@@ -37,13 +37,12 @@ import torch
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64, const_expr
-from cutlass._mlir import ir
-from cutlass._mlir.dialects import llvm
-from cutlass.cutlass_dsl import T, dsl_user_op
+from cutlass.cutlass_dsl import dsl_user_op
 
 from ..common.decode import DECODE_EXP_SHIFT, decode_e2m1x8, e4m3_to_bf16x2_scale
 from ..common.jit import KERNELS, compile_kernel, device_arch, dyn, env_stream, fake_tensor, \
     torch_to_cutlass
+from ..common.ptx import inline_asm, ld_global
 from ..ref.formats import FLOAT_DTYPES as OUT_DTYPES
 from ..ref.swizzle import swizzled_shape
 from .operands import _epilogue
@@ -52,74 +51,10 @@ CHUNK_K = 128  # K values per warp step: 4 threads x 32
 FP16_DECODE_EXP_SHIFT = 14
 
 
-def _asm(res_ty, operands, asm, constraints, loc, ip):
-    return llvm.inline_asm(res_ty, operands, asm, constraints, has_side_effects=False,
-                           is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT,
-                           loc=loc, ip=ip)
-
-
-def _unpack(res, count, ty, loc, ip):
-    mlir_ty = T.i32() if ty is Int32 else T.f32()
-    return tuple(ty(llvm.extractvalue(mlir_ty, res, [j], loc=loc, ip=ip)) for j in range(count))
-
-
-def _ld_asm(op: str, outs: int, pred: Optional[Int32]) -> str:
-    """`op` writes $0..$(outs-1) from address $outs; with a predicate ($(outs+1)) the outputs
-    are zeroed first and the load runs only where it is nonzero."""
-    if pred is None:
-        return op
-    zero = "".join(f"mov.b32 ${j}, 0;\n\t" for j in range(outs))
-    return (f"{{\n\t.reg .pred p;\n\tsetp.ne.b32 p, ${outs + 1}, 0;\n\t{zero}"
-            f"@p {op}\n\t}}")
-
-
-def _ld_operands(addr, pred, loc, ip):
-    ops = [Int64(addr).ir_value(loc=loc, ip=ip)]
-    if pred is not None:
-        ops.append(Int32(pred).ir_value(loc=loc, ip=ip))
-    return ops
-
-
-@dsl_user_op
-def ld_global_v4(addr: Int64, pred: Optional[Int32] = None, *, stream: bool, loc=None,
-                 ip=None):
-    """16 bytes (4 words) from a 16-byte aligned global address (with `pred`: where it is
-    nonzero, else zeros). `stream`: do not allocate in L1 (weights, read once)."""
-    hint = ".L1::no_allocate" if stream else ""
-    asm = _ld_asm(f"ld.global.nc{hint}.v4.u32 {{$0, $1, $2, $3}}, [$4];", 4, pred)
-    res = _asm(ir.Type.parse("!llvm.struct<(i32, i32, i32, i32)>"),
-               _ld_operands(addr, pred, loc, ip), asm,
-               "=r,=r,=r,=r,l" + (",r" if pred is not None else ""), loc, ip)
-    return _unpack(res, 4, Int32, loc, ip)
-
-
-@dsl_user_op
-def ld_global_v2(addr: Int64, pred: Optional[Int32] = None, *, loc=None, ip=None):
-    """8 bytes (2 words) from an 8-byte aligned global address (with `pred`: where it is
-    nonzero, else zeros), not allocated in L1."""
-    asm = _ld_asm("ld.global.nc.L1::no_allocate.v2.u32 {$0, $1}, [$2];", 2, pred)
-    res = _asm(ir.Type.parse("!llvm.struct<(i32, i32)>"), _ld_operands(addr, pred, loc, ip),
-               asm, "=r,=r,l" + (",r" if pred is not None else ""), loc, ip)
-    return _unpack(res, 2, Int32, loc, ip)
-
-
-@dsl_user_op
-def ld_global_small(addr: Int64, pred: Optional[Int32] = None, *, bits: int, loc=None,
-                    ip=None) -> Int32:
-    """One zero-extended u8 / u16 from global memory (with `pred`: where it is nonzero,
-    else 0)."""
-    asm = _ld_asm(f"ld.global.nc.u{bits} $0, [$1];", 1, pred)
-    res = _asm(T.i32(), _ld_operands(addr, pred, loc, ip), asm,
-               "=r,l" + (",r" if pred is not None else ""), loc, ip)
-    return Int32(res)
-
-
 @dsl_user_op
 def prmt(a: Int32, b: Int32, *, sel: int, loc=None, ip=None) -> Int32:
     """prmt.b32 with a constant selector: bytes of (a, b) picked by the 4 nibbles of sel."""
-    return Int32(_asm(T.i32(), [Int32(a).ir_value(loc=loc, ip=ip),
-                                Int32(b).ir_value(loc=loc, ip=ip)],
-                      f"prmt.b32 $0, $1, $2, 0x{sel:04X};", "=r,r,r", loc, ip))
+    return inline_asm(f"prmt.b32 $0, $1, $2, 0x{sel:04X};", "=r,r,r", [a, b], loc=loc, ip=ip)
 
 
 @dsl_user_op
@@ -128,12 +63,7 @@ def mma_16816(a: Tuple, b: Tuple, c: Tuple, *, fp16: bool, loc=None, ip=None):
     ty = "f16" if fp16 else "bf16"
     asm = (f"mma.sync.aligned.m16n8k16.row.col.f32.{ty}.{ty}.f32 "
            "{$0, $1, $2, $3}, {$4, $5, $6, $7}, {$8, $9}, {$10, $11, $12, $13};")
-    ops = ([Int32(x).ir_value(loc=loc, ip=ip) for x in a]
-           + [Int32(x).ir_value(loc=loc, ip=ip) for x in b]
-           + [Float32(x).ir_value(loc=loc, ip=ip) for x in c])
-    res = _asm(ir.Type.parse("!llvm.struct<(f32, f32, f32, f32)>"), ops, asm,
-               "=f,=f,=f,=f,r,r,r,r,r,r,0,1,2,3", loc, ip)
-    return _unpack(res, 4, Float32, loc, ip)
+    return inline_asm(asm, "=f,=f,=f,=f,r,r,r,r,r,r,0,1,2,3", [*a, *b, *c], loc=loc, ip=ip)
 
 
 @dsl_user_op
@@ -142,7 +72,7 @@ def e4m3_to_f16x2_scale(sf_byte: Int32, *, loc=None, ip=None) -> Int32:
     asm = ("{\n\t.reg .b32 d;\n\t.reg .b16 q;\n\tand.b32 d, $1, 0xFF;\n\t"
            "mul.lo.u32 d, d, 0x101;\n\tcvt.u16.u32 q, d;\n\t"
            "cvt.rn.f16x2.e4m3x2 $0, q;\n\t}")
-    return Int32(_asm(T.i32(), [Int32(sf_byte).ir_value(loc=loc, ip=ip)], asm, "=r,r", loc, ip))
+    return inline_asm(asm, "=r,r", [sf_byte], loc=loc, ip=ip)
 
 
 def _fp16_decode_asm(natural_order: bool) -> str:
@@ -171,10 +101,8 @@ _FP16_DECODE_ASM = {False: _fp16_decode_asm(False), True: _fp16_decode_asm(True)
 def decode_e2m1x8_f16(w: Int32, scale2: Int32, natural_order: bool, *, loc=None, ip=None):
     """8 packed E2M1 codes -> 4 FP16x2 registers of e2m1 * scale * 2**-14 (scale2 from
     `e4m3_to_f16x2_scale`), in the K order of `common.decode.decode_e2m1x8`."""
-    res = _asm(ir.Type.parse("!llvm.struct<(i32, i32, i32, i32)>"),
-               [Int32(w).ir_value(loc=loc, ip=ip), Int32(scale2).ir_value(loc=loc, ip=ip)],
-               _FP16_DECODE_ASM[bool(natural_order)], "=r,=r,=r,=r,r,r", loc, ip)
-    return _unpack(res, 4, Int32, loc, ip)
+    return inline_asm(_FP16_DECODE_ASM[bool(natural_order)], "=r,=r,=r,=r,r,r", [w, scale2],
+                      loc=loc, ip=ip)
 
 
 class Sm90GemmW4A16:
@@ -396,11 +324,15 @@ class Sm90GemmW4A16:
             kb = c * 8 + t * 2  # first of this thread's two blocks
             for i in range(RT2):
                 off = Int64(c * (CHUNK_K // 2))
+                # weights are read once: not allocated in L1
                 if const_expr(self.wide):
-                    w = ld_global_v4(b_addr[i] + off, v0, stream=True)
+                    w = ld_global(b_addr[i] + off, 4, ty="u32", nc=True, no_allocate=True,
+                                  pred=v0, volatile=False)
                 else:
-                    lo = ld_global_v2(b_addr[i] + off, v0)
-                    hi = ld_global_v2(b_addr[i] + off + Int64(8), v1)
+                    lo = ld_global(b_addr[i] + off, 2, ty="u32", nc=True, no_allocate=True,
+                                   pred=v0, volatile=False)
+                    hi = ld_global(b_addr[i] + off + Int64(8), 2, ty="u32", nc=True,
+                                   no_allocate=True, pred=v1, volatile=False)
                     w = (lo[0], lo[1], hi[0], hi[1])
                 for q in range(4):
                     buf[u * words + 4 * i + q] = w[q]
@@ -409,10 +341,11 @@ class Sm90GemmW4A16:
                 else:
                     sfo = sf_addr[i] + Int64(kb)
                 if const_expr(self.wide):
-                    sf = ld_global_small(sfo, v0, bits=16)
+                    sf = ld_global(sfo, ty="u16", nc=True, pred=v0, volatile=False)
                 else:
-                    sf = (ld_global_small(sfo, v0, bits=8)
-                          | (ld_global_small(sfo + Int64(1), v1, bits=8) << 8))
+                    sf = (ld_global(sfo, ty="u8", nc=True, pred=v0, volatile=False)
+                          | (ld_global(sfo + Int64(1), ty="u8", nc=True, pred=v1,
+                                       volatile=False) << 8))
                 buf[u * words + 4 * RT2 + i] = sf
 
     def _activations(self, a_addr, c, t, k, predicated):
@@ -425,8 +358,8 @@ class Sm90GemmW4A16:
             base = a_addr[nt] + Int64(c * (CHUNK_K * 2))
             xs = []
             for q in range(4):
-                xs += list(ld_global_v4(base + Int64(q * 16), v0 if q < 2 else v1,
-                                        stream=False))
+                xs += list(ld_global(base + Int64(q * 16), 4, ty="u32", nc=True,
+                                     pred=v0 if q < 2 else v1, volatile=False))
             if const_expr(not self.natural_order):
                 perm = []
                 for q in range(4):

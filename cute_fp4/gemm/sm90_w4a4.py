@@ -48,9 +48,9 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.tensor_utils import LayoutEnum
 
 from ..common.decode import DECODE_EXP_SHIFT, decode_e2m1x8, e4m3_to_bf16x2_scale
+from ..common.ptx import ld_shared, st_shared
 from .sm90_mixed import SF_TILE_BYTES, TILE_K, TILE_M, Sm90Epilogue, a_fragment_offsets, \
     decode_a_fragment
-from .smem import ld_shared_u32, ld_shared_v4, st_shared_v4
 
 BUFFERS = 3  # decoded k-tiles: one in the wgmmas still running, one in the next, one decoding
 
@@ -476,13 +476,13 @@ class Sm90GemmNVFP4(Sm90Epilogue):
         s = state.index
         for row, halves in units:
             r = row & 127
-            sf = ld_shared_u32(sfb_base + (s * (tile_n // 128) + (row >> 7)) * SF_TILE_BYTES
-                               + (r & 31) * 16 + (r >> 5) * 4)
+            sf = ld_shared(sfb_base + (s * (tile_n // 128) + (row >> 7)) * SF_TILE_BYTES
+                           + (r & 31) * 16 + (r >> 5) * 4, clobber=True)
             pk_addr = bpk_base + s * (tile_n * TILE_K // 2) + row * (TILE_K // 2)
             row_addr = b16_base + buf * (tile_n * TILE_K * 2) + row * (TILE_K * 2)
             sw = row & 7
             for half in halves:
-                w0, w1, w2, w3 = ld_shared_v4(pk_addr + half * 16)
+                w0, w1, w2, w3 = ld_shared(pk_addr + half * 16, 4, clobber=True)
                 sf_half = sf >> (half * 16)
                 s0 = e4m3_to_bf16x2_scale(sf_half)
                 s1 = e4m3_to_bf16x2_scale(sf_half >> 8)
@@ -491,5 +491,5 @@ class Sm90GemmNVFP4(Sm90Epilogue):
                 p2 = decode_e2m1x8(w2, s1)
                 p3 = decode_e2m1x8(w3, s1)
                 for kb in cutlass.range_constexpr(TILE_K // 16):
-                    st_shared_v4(row_addr + (((kb * 2 + half) ^ sw) << 4), p0[kb], p1[kb],
-                                 p2[kb], p3[kb])
+                    st_shared(row_addr + (((kb * 2 + half) ^ sw) << 4), p0[kb], p1[kb],
+                              p2[kb], p3[kb], clobber=True)

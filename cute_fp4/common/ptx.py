@@ -1,0 +1,133 @@
+"""Inline PTX for the kernels: one builder (`inline_asm`) and the raw memory accessors built on
+it (shared memory by 32-bit shared-window address, global memory by 64-bit generic address).
+
+The accessors state what changes the generated code, at every call:
+- `clobber`: a "memory" clobber, a compiler barrier: no memory access the compiler sees moves
+  across the instruction (the GEMM decode stages, whose shared-memory traffic goes through raw
+  addresses and TMA, rely on it).
+- `volatile`: the asm has side effects: it is never deleted, merged with an identical one or
+  moved across other volatile asm (stores always are).
+- `ty`: the PTX type of the access (`b32`, `u32`, `f32`; `u8` / `u16` loads zero-extend,
+  `b8` stores the low byte); `dtype`: the DSL type of the 32-bit words read (Int32 or Uint32).
+- global loads: `nc` (the read-only data path), `no_allocate` (the `L1::no_allocate` cache
+  hint: data read once) and `pred` (a predicate word: the load runs where it is nonzero and
+  reads zeros elsewhere).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from cutlass import Float32, Int32, Int64
+from cutlass._mlir import ir
+from cutlass._mlir.dialects import llvm
+from cutlass.cutlass_dsl import dsl_user_op
+
+# constraint letter -> (DSL type, MLIR type name)
+_REGS = {"r": (Int32, "i32"), "l": (Int64, "i64"), "f": (Float32, "f32")}
+
+
+def inline_asm(code: str, constraints: str, args, *, volatile: bool = False, out_dtype=None,
+               loc=None, ip=None):
+    """One llvm.inline_asm of `code` (AT&T dialect, operands $0, $1, ...). `constraints` in LLVM
+    syntax: outputs `=r` / `=f`, then one input per entry of `args` (`r`, `l`, `f`, or the
+    index of the output it is tied to), then clobbers (`~{memory}`); each argument is
+    converted to the DSL type of its constraint, and an integer one that is a constant goes in
+    as an immediate (`n`). Returns None, the output, or a tuple of the outputs (as `out_dtype`
+    where given, else the type of their constraint)."""
+    codes = constraints.split(",")
+    outs = [c[1:] for c in codes if c.startswith("=")]
+    ins = codes[len(outs):len(outs) + len(args)]
+    operands = []
+    for j, (c, a) in enumerate(zip(ins, args)):
+        value = _REGS[outs[int(c)] if c.isdigit() else c][0](a).ir_value(loc=loc, ip=ip)
+        if c in ("r", "l") and getattr(value.owner, "name", None) == "arith.constant":
+            codes[len(outs) + j] = "n"
+        operands.append(value)
+    constraints = ",".join(codes)
+    names = [_REGS[c][1] for c in outs]
+    res_ty = None
+    if len(outs) == 1:
+        res_ty = ir.Type.parse(names[0])
+    elif outs:
+        res_ty = ir.Type.parse(f"!llvm.struct<({', '.join(names)})>")
+    res = llvm.inline_asm(res_ty, operands, code, constraints, has_side_effects=volatile,
+                          is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc,
+                          ip=ip)
+    types = [out_dtype or _REGS[c][0] for c in outs]
+    if len(outs) == 1:
+        return types[0](res)
+    return tuple(ty(llvm.extractvalue(ir.Type.parse(name), res, [j], loc=loc, ip=ip))
+                 for j, (ty, name) in enumerate(zip(types, names)))
+
+
+def _regs(first: int, count: int) -> str:
+    """PTX operand list $first..$(first + count - 1): one operand, or a {vector}."""
+    regs = ", ".join(f"${first + j}" for j in range(count))
+    return regs if count == 1 else f"{{{regs}}}"
+
+
+def _vec(count: int) -> str:
+    return "" if count == 1 else f".v{count}"
+
+
+def _clobber(clobber: bool) -> str:
+    return ",~{memory}" if clobber else ""
+
+
+@dsl_user_op
+def ld_shared(addr: Int32, count: int = 1, *, clobber: bool, dtype=Int32, loc=None, ip=None):
+    """`count` (1, 2 or 4) 32-bit words from a shared address aligned to their size (volatile):
+    one word, or a tuple."""
+    code = f"ld.shared{_vec(count)}.b32 {_regs(0, count)}, [${count}];"
+    return inline_asm(code, "=r," * count + "r" + _clobber(clobber), [addr], volatile=True,
+                      out_dtype=dtype, loc=loc, ip=ip)
+
+
+@dsl_user_op
+def st_shared(addr: Int32, *words, clobber: bool, loc=None, ip=None):
+    """1, 2 or 4 32-bit words to a shared address aligned to their size."""
+    code = f"st.shared{_vec(len(words))}.b32 [$0], {_regs(1, len(words))};"
+    inline_asm(code, ",".join("r" * (1 + len(words))) + _clobber(clobber), [addr, *words],
+               volatile=True, loc=loc, ip=ip)
+
+
+@dsl_user_op
+def ld_global(addr: Int64, count: int = 1, *, volatile: bool, ty: str = "b32", nc: bool = False,
+              no_allocate: bool = False, pred: Optional[Int32] = None, dtype=Int32, loc=None,
+              ip=None):
+    """`count` (1, 2 or 4) values of PTX type `ty` from a global address aligned to their size:
+    one value, or a tuple (Float32 for `f32`, else `dtype` words)."""
+    path = (".nc" if nc else "") + (".L1::no_allocate" if no_allocate else "")
+    code = f"ld.global{path}{_vec(count)}.{ty} {_regs(0, count)}, [${count}];"
+    reg = "f" if ty == "f32" else "r"
+    constraints = f"={reg}," * count + "l"
+    args = [addr]
+    if pred is not None:
+        # outputs zeroed first, the load only where the predicate word is nonzero
+        zero = "".join(f"mov.b32 ${j}, 0;\n\t" for j in range(count))
+        code = (f"{{\n\t.reg .pred p;\n\tsetp.ne.b32 p, ${count + 1}, 0;\n\t{zero}"
+                f"@p {code}\n\t}}")
+        constraints += ",r"
+        args.append(pred)
+    return inline_asm(code, constraints, args, volatile=volatile,
+                      out_dtype=Float32 if ty == "f32" else dtype, loc=loc, ip=ip)
+
+
+@dsl_user_op
+def st_global(addr: Int64, *words, clobber: bool, ty: str = "b32", loc=None, ip=None):
+    """1, 2 or 4 32-bit words to a global address aligned to their size, or with `ty="b8"`
+    the low byte of one word."""
+    if ty == "b8":
+        code = "{\n.reg .b16 h;\ncvt.u16.u32 h, $1;\nst.global.b8 [$0], h;\n}"
+    else:
+        code = f"st.global{_vec(len(words))}.{ty} [$0], {_regs(1, len(words))};"
+    inline_asm(code, "l" + ",r" * len(words) + _clobber(clobber), [addr, *words],
+               volatile=True, loc=loc, ip=ip)
+
+
+@dsl_user_op
+def red_max_u32(addr: Int64, value, *, loc=None, ip=None):
+    """Global atomic max without return (relaxed, gpu scope)."""
+    inline_asm("red.relaxed.gpu.global.max.u32 [$0], $1;", "l,r", [addr, value], volatile=True,
+               loc=loc, ip=ip)
