@@ -48,6 +48,7 @@ from cutlass.tensor_utils import LayoutEnum
 from ..common.jit import KERNELS, compile_kernel, device_arch, dyn, env_stream, fake_tensor, \
     torch_to_cutlass
 from ..ref.formats import FLOAT_DTYPES as OUT_DTYPES
+from .parts import EpilogueOperands, prefetch_tma, tma_slices
 
 ARCH = "sm_100a"
 TILE_M = 128
@@ -66,33 +67,22 @@ TMEM_COLS = 512
 SMEM_RESERVED = 1024  # mbarriers and the tensor memory address
 
 
-class Sm100GemmNVFP4:
+class Sm100GemmNVFP4(EpilogueOperands):
     """Compile-time config: output dtype, tile_n (128 or 256), which epilogue operands exist
     (alpha [1], row [M], col [N] as FP32; bias [N] of bias_dtype) and the SM count the persistent
     grid is sized for. `__call__` takes packed A [M, K/2], B [N, K/2] (uint8), the swizzled
     scales of A and B as flat uint8 tensors, D [M, N] and the optional epilogue tensors."""
 
-    def __init__(
-        self,
-        out_dtype: Type[cutlass.Numeric],
-        *,
-        tile_n: int = 256,
-        has_alpha: bool = False,
-        has_row: bool = False,
-        has_col: bool = False,
-        has_bias: bool = False,
-        sm_count: int = DEFAULT_SM_COUNT,
-    ):
+    def __init__(self, out_dtype: Type[cutlass.Numeric], *, tile_n: int = 256,
+                 has_alpha: bool = False, has_row: bool = False, has_col: bool = False,
+                 has_bias: bool = False, sm_count: int = DEFAULT_SM_COUNT):
         if tile_n not in TILE_NS:
             raise ValueError(f"tile_n must be one of {TILE_NS}, got {tile_n}")
         if sm_count < 1:
             raise ValueError(f"sm_count must be positive, got {sm_count}")
         self.out_dtype = out_dtype
         self.tile_n = tile_n
-        self.has_alpha = has_alpha
-        self.has_row = has_row
-        self.has_col = has_col
-        self.has_bias = has_bias
+        self.set_epilogue_flags(has_alpha, has_row, has_col, has_bias)
         self.sm_count = sm_count
         self.mma_tiler = (TILE_M, tile_n, K_TILE)
         # Two accumulator buffers fit next to the scale columns only for 128-wide tiles.
@@ -128,19 +118,10 @@ class Sm100GemmNVFP4:
         return ab_stages, c_stages
 
     @cute.jit
-    def __call__(
-        self,
-        mA: cute.Tensor,
-        mB: cute.Tensor,
-        mSFA: cute.Tensor,
-        mSFB: cute.Tensor,
-        mD: cute.Tensor,
-        mAlpha: Optional[cute.Tensor],
-        mRow: Optional[cute.Tensor],
-        mCol: Optional[cute.Tensor],
-        mBias: Optional[cute.Tensor],
-        stream: cuda.CUstream,
-    ):
+    def __call__(self, mA: cute.Tensor, mB: cute.Tensor, mSFA: cute.Tensor, mSFB: cute.Tensor,
+                 mD: cute.Tensor, mAlpha: Optional[cute.Tensor], mRow: Optional[cute.Tensor],
+                 mCol: Optional[cute.Tensor], mBias: Optional[cute.Tensor],
+                 stream: cuda.CUstream):
         arch = BaseDSL._get_dsl().get_arch_enum()
         if const_expr(not arch.is_family_of(Arch.sm_100f)):
             raise ValueError(f"the NVFP4 block-scaled GEMM needs sm_100a, compiling for {arch}")
@@ -227,47 +208,24 @@ class Sm100GemmNVFP4:
 
         self.kernel(
             tiled_mma, tma_a, tma_mA, tma_b, tma_mB, tma_sfa, tma_mSFA, tma_sfb, tma_mSFB,
-            tma_d, tma_mD, mAlpha, mRow, mCol, mBias,
-            a_smem, b_smem, sfa_smem, sfb_smem, c_smem, epi_tile, sched, tx_bytes,
+            tma_d, tma_mD, (mAlpha, mRow, mCol, mBias),
+            (a_smem, b_smem, sfa_smem, sfb_smem, c_smem), epi_tile, sched, tx_bytes,
         ).launch(grid=grid, block=[THREADS, 1, 1], cluster=(1, 1, 1), stream=stream,
                  min_blocks_per_mp=1)
 
     @cute.kernel
-    def kernel(
-        self,
-        tiled_mma: cute.TiledMma,
-        tma_a: cute.CopyAtom,
-        mA: cute.Tensor,
-        tma_b: cute.CopyAtom,
-        mB: cute.Tensor,
-        tma_sfa: cute.CopyAtom,
-        mSFA: cute.Tensor,
-        tma_sfb: cute.CopyAtom,
-        mSFB: cute.Tensor,
-        tma_d: cute.CopyAtom,
-        mD: cute.Tensor,
-        mAlpha: Optional[cute.Tensor],
-        mRow: Optional[cute.Tensor],
-        mCol: Optional[cute.Tensor],
-        mBias: Optional[cute.Tensor],
-        a_smem: cute.ComposedLayout,
-        b_smem: cute.ComposedLayout,
-        sfa_smem: cute.Layout,
-        sfb_smem: cute.Layout,
-        c_smem: cute.ComposedLayout,
-        epi_tile: cute.Tile,
-        sched: utils.PersistentTileSchedulerParams,
-        tx_bytes: cutlass.Constexpr[int],
-    ):
+    def kernel(self, tiled_mma: cute.TiledMma, tma_a: cute.CopyAtom, mA: cute.Tensor,
+               tma_b: cute.CopyAtom, mB: cute.Tensor, tma_sfa: cute.CopyAtom, mSFA: cute.Tensor,
+               tma_sfb: cute.CopyAtom, mSFB: cute.Tensor, tma_d: cute.CopyAtom,
+               mD: cute.Tensor, epi: tuple, smem_layouts: tuple, epi_tile: cute.Tile,
+               sched: utils.PersistentTileSchedulerParams, tx_bytes: cutlass.Constexpr[int]):
+        # smem layouts of A, B, their scales and C, stages last
+        a_smem, b_smem, sfa_smem, sfb_smem, c_smem = smem_layouts
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         tidx, _, _ = cute.arch.thread_idx()
 
         if warp_idx == TMA_WARP:
-            cpasync.prefetch_descriptor(tma_a)
-            cpasync.prefetch_descriptor(tma_b)
-            cpasync.prefetch_descriptor(tma_sfa)
-            cpasync.prefetch_descriptor(tma_sfb)
-            cpasync.prefetch_descriptor(tma_d)
+            prefetch_tma(tma_a, tma_b, tma_sfa, tma_sfb, tma_d)
 
         smem = cutlass.memory.SmemAllocator()
         storage = smem.allocate(self.shared_storage)
@@ -312,15 +270,10 @@ class Sm100GemmNVFP4:
             cute.local_tile(cute.make_identity_tensor(mD.shape), tile_mn, every))
         k_tiles = cute.size(tCgA, mode=[4])
 
-        one_cta = cute.make_layout(1)
-        tAsA, tAgA = cpasync.tma_partition(
-            tma_a, 0, one_cta, cute.group_modes(sA, 0, 3), cute.group_modes(tCgA, 0, 3))
-        tBsB, tBgB = cpasync.tma_partition(
-            tma_b, 0, one_cta, cute.group_modes(sB, 0, 3), cute.group_modes(tCgB, 0, 3))
-        tAsSFA, tAgSFA = cpasync.tma_partition(
-            tma_sfa, 0, one_cta, cute.group_modes(sSFA, 0, 3), cute.group_modes(tCgSFA, 0, 3))
-        tBsSFB, tBgSFB = cpasync.tma_partition(
-            tma_sfb, 0, one_cta, cute.group_modes(sSFB, 0, 3), cute.group_modes(tCgSFB, 0, 3))
+        tAsA, tAgA = tma_slices(tma_a, sA, tCgA, modes=3)
+        tBsB, tBgB = tma_slices(tma_b, sB, tCgB, modes=3)
+        tAsSFA, tAgSFA = tma_slices(tma_sfa, sSFA, tCgSFA, modes=3)
+        tBsSFB, tBgSFB = tma_slices(tma_sfb, sSFB, tCgSFB, modes=3)
         tAsSFA, tAgSFA = cute.filter_zeros(tAsSFA), cute.filter_zeros(tAgSFA)
         tBsSFB, tBgSFB = cute.filter_zeros(tBsSFB), cute.filter_zeros(tBgSFB)
 
@@ -347,7 +300,7 @@ class Sm100GemmNVFP4:
             acc_ptr = tmem.retrieve_ptr(Float32)
             self.epilogue_warps(sched, acc_pipe, tidx, warp_idx,
                                 cute.make_tensor(acc_ptr, tCtAcc_fake.layout), tCgD, tCcD,
-                                sC, tma_d, epi_tile, mD, mAlpha, mRow, mCol, mBias)
+                                sC, tma_d, epi_tile, mD, epi)
             tmem.relinquish_alloc_permit()
             self.epi_barrier.arrive_and_wait()
             tmem.free(acc_ptr)
@@ -436,7 +389,7 @@ class Sm100GemmNVFP4:
 
     @cute.jit
     def epilogue_warps(self, sched, acc_pipe, tidx, warp_idx, tCtAcc, tCgD, tCcD, sC, tma_d,
-                       epi_tile, mD, mAlpha, mRow, mCol, mBias):
+                       epi_tile, mD, epi):
         """Accumulator sub-tiles: tensor memory -> registers -> FP32 epilogue -> cast -> smem ->
         TMA store."""
         layout_d = LayoutEnum.ROW_MAJOR
@@ -463,15 +416,11 @@ class Sm100GemmNVFP4:
         tRS_sD = r2s.get_slice(tidx).partition_D(sC)
         tRS_rD = r2s.retile(tTR_rD)
         # ((ATOM_V, REST_V), C_STAGE), ((ATOM_V, REST_V), EPI_M, EPI_N, RestM, RestN, RestL)
-        bSG_sD, bSG_gD = cpasync.tma_partition(
-            tma_d, 0, cute.make_layout(1), cute.group_modes(sC, 0, 2),
-            cute.group_modes(gD_epi, 0, 2))
+        bSG_sD, bSG_gD = tma_slices(tma_d, sC, gD_epi)
 
         m_last = mD.shape[0] - 1
         n_last = mD.shape[1] - 1
-        alpha = Float32(1.0)
-        if const_expr(self.has_alpha):
-            alpha = mAlpha[0]
+        alpha = self.acc_scale(1.0, epi)
 
         store_pipe = pipeline.PipelineTmaStore.create(
             num_stages=self.c_stages,
@@ -496,7 +445,7 @@ class Sm100GemmNVFP4:
             for sub in cutlass.range(subtiles):
                 cute.copy(t2r, acc[(None, None, None, sub)], tTR_rAcc)
                 self.apply_epilogue(tTR_rAcc, coords[(None, None, None, sub)], alpha,
-                                    m_last, n_last, mRow, mCol, mBias)
+                                    m_last, n_last, epi)
                 tTR_rD.store(tTR_rAcc.load().to(self.out_dtype))
                 buf = (done + sub) % self.c_stages
                 cute.copy(r2s, tRS_rD, tRS_sD[(None, None, None, buf)])
@@ -517,8 +466,7 @@ class Sm100GemmNVFP4:
 
     @cute.jit
     def apply_epilogue(self, acc: cute.Tensor, coords: cute.Tensor, alpha: Float32,
-                       m_last: Int32, n_last: Int32, mRow: Optional[cute.Tensor],
-                       mCol: Optional[cute.Tensor], mBias: Optional[cute.Tensor]):
+                       m_last: Int32, n_last: Int32, epi: tuple):
         """acc = ((acc * alpha) * row[m]) * col[n] + bias[n] in FP32 (the reference order).
         Indices past M / N are clamped: those elements are clipped by the TMA store."""
         for i in cutlass.range_constexpr(cute.size(acc)):
@@ -527,13 +475,7 @@ class Sm100GemmNVFP4:
             v = acc[i]
             if const_expr(self.has_alpha):
                 v = v * alpha
-            if const_expr(self.has_row):
-                v = v * mRow[mi]
-            if const_expr(self.has_col):
-                v = v * mCol[ni]
-            if const_expr(self.has_bias):
-                v = v + mBias[ni].to(Float32)
-            acc[i] = v
+            acc[i] = self.apply_operands(v, mi, ni, epi)
 
 
 def check_arch(arch: str) -> None:

@@ -53,6 +53,7 @@ from ..common.decode import DECODE_EXP_SHIFT, decode_e2m1x8, e4m3_to_bf16x2_scal
 from ..common.jit import (KERNELS, compile_kernel, dyn, env_stream, fake_tensor, num_sms,
                           torch_to_cutlass)
 from ..common.ptx import ld_global, ld_shared, st_global
+from .parts import EpilogueOperands, prefetch_tma, tma_slices
 
 TILE_M = 128
 TILE_K = 64  # elements per k-tile: 4 NVFP4 blocks, 32 packed bytes, 128 BF16 bytes per row
@@ -115,14 +116,66 @@ def decode_a_fragment(rA: cute.Tensor, a_pk: Int32, a_sf: Int32, a_sf_shift: Int
             rA32[kb * 4 + 2 + h] = q[kb]
 
 
-class Sm90Epilogue:
+def extents(mX: cute.Tensor, mY: cute.Tensor):
+    """(rows of the packed register operand mX, rows of the other operand mY, k-tiles)."""
+    return mX.shape[0], mY.shape[0], cute.ceil_div(mX.shape[1], TILE_K // 2)
+
+
+def scale_tiles(mSF: cute.Tensor, rows, k_tiles) -> cute.Tensor:
+    """Flat swizzled scales of `rows` rows (one 512-byte tile per (128 rows, k-tile), row-tile
+    major) as a [128, 4 * tiles] byte matrix: one TMA box (128, 4) is one tile."""
+    return cute.make_tensor(
+        mSF.iterator,
+        cute.make_layout((128, 4 * k_tiles * cute.ceil_div(rows, 128)), stride=(1, 128)),
+    )
+
+
+def packed_stages(rows: int, stages: int) -> cute.Layout:
+    """Shared memory of `stages` k-tiles of `rows` packed rows (TILE_K // 2 bytes each)."""
+    return cute.make_layout((rows, TILE_K // 2, stages),
+                            stride=(TILE_K // 2, 1, rows * TILE_K // 2))
+
+
+def scale_stages(tiles: int) -> cute.Layout:
+    """Shared memory of `tiles` swizzled scale tiles (128 x 4 bytes)."""
+    return cute.make_layout((128, 4, tiles), stride=(1, 128, SF_TILE_BYTES))
+
+
+def tma_load(tensor: cute.Tensor, stages, box):
+    """(TMA atom, TMA tensor) loading `tensor` in boxes `box` into one stage of the staged
+    shared-memory layout `stages` (its last mode: modes 0, 1 of a plain layout, the first
+    slice of a swizzled one)."""
+    if isinstance(stages, cute.ComposedLayout):
+        stage = cute.slice_(stages, (None, None, 0))
+    else:
+        stage = cute.select(stages, mode=[0, 1])
+    atom, tma_tensor = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), tensor,
+                                                   stage, box)
+    return atom, tma_tensor
+
+
+def smem_array(dtype, count, align: int = 128):
+    """A shared-storage field of `count` elements of `dtype`, aligned to `align` bytes."""
+    return cute.struct.Align[cute.struct.MemRange[dtype, count], align]
+
+
+def rs_tiled_mma(tile_n: int) -> cute.TiledMma:
+    """BF16 wgmma with FP32 accumulation, A from registers, two warpgroups of 64 x tile_n."""
+    return sm90_utils.make_trivial_tiled_mma(
+        cutlass.BFloat16, cutlass.BFloat16,
+        LayoutEnum.ROW_MAJOR.sm90_mma_major_mode(),
+        LayoutEnum.ROW_MAJOR.sm90_mma_major_mode(),
+        Float32, (2, 1, 1), tiler_mn=(64, tile_n), a_source=warpgroup.OperandSource.RMEM)
+
+
+class Sm90Epilogue(EpilogueOperands):
     """The FP32 epilogue of the sm_90 GEMMs: D[m, n] = cast(acc * 2**unscale_exp * alpha *
     row[m] * col[n] + bias[n]), predicated stores (`epilogue`: straight from the accumulator
     fragment; `epilogue_staged`: through shared memory, coalesced). Needs tile_n, out_dtype,
-    unscale_exp, transposed, vec_store (staged only) and the has_* flags on self."""
+    unscale_exp, transposed, vec_store (staged only) and the epilogue flags on self."""
 
     @cute.jit
-    def epilogue(self, acc, thr_mma, mD, mAlpha, mRow, mCol, mBias, p_tile, q_tile):
+    def epilogue(self, acc, thr_mma, mD, epi, p_tile, q_tile):
         tile_n = self.tile_n
         # the kernel's (p, q) coordinate space: D itself or its transposed view
         gD = mD
@@ -132,23 +185,14 @@ class Sm90Epilogue:
         cD = cute.make_identity_tensor(gD.shape)
         tCcD = thr_mma.partition_C(cute.local_tile(cD, (TILE_M, tile_n), (p_tile, q_tile)))
         tCgD = thr_mma.partition_C(cute.local_tile(gD, (TILE_M, tile_n), (p_tile, q_tile)))
-        scale = Float32(float(2 ** self.unscale_exp))
-        if const_expr(self.has_alpha):
-            scale = scale * mAlpha[0].to(Float32)
+        scale = self.acc_scale(2.0 ** self.unscale_exp, epi)
         for i in cutlass.range_constexpr(cute.size(acc)):
             p, q = tCcD[i]
             m, n = p, q
             if const_expr(self.transposed):
                 m, n = q, p
             if p < p_rows and q < q_cols:
-                v = acc[i] * scale
-                if const_expr(self.has_row):
-                    v = v * mRow[m].to(Float32)
-                if const_expr(self.has_col):
-                    v = v * mCol[n].to(Float32)
-                if const_expr(self.has_bias):
-                    v = v + mBias[n].to(Float32)
-                tCgD[i] = v.to(self.out_dtype)
+                tCgD[i] = self.apply_operands(acc[i] * scale, m, n, epi).to(self.out_dtype)
 
 
     def staging_bytes(self) -> int:
@@ -156,8 +200,8 @@ class Sm90Epilogue:
         return staging_bytes(self.tile_n, self.out_dtype.width // 8, self.transposed)
 
     @cute.jit
-    def epilogue_staged(self, acc, thr_mma, mD, mAlpha, mRow, mCol, mBias, p_tile, q_tile,
-                        stage_ptr, mma_wg, wg_tid):
+    def epilogue_staged(self, acc, thr_mma, mD, epi, p_tile, q_tile, stage_ptr, mma_wg,
+                        wg_tid):
         """The epilogue math of `epilogue`, staged through shared memory (`stage_ptr`, a buffer
         of `staging_bytes` of its own) so that the global stores are coalesced: 16-byte vectors when `vec_store` (D's base and row pitch 16-byte aligned),
         else one element per thread with consecutive threads on consecutive columns. Each
@@ -176,9 +220,7 @@ class Sm90Epilogue:
                               + mma_wg * rows * pitch,
                               cute.make_layout((rows, cols), stride=(pitch, 1)))
         tCcT = thr_mma.partition_C(cute.make_identity_tensor((TILE_M, tile_n)))
-        scale = Float32(float(2 ** self.unscale_exp))
-        if const_expr(self.has_alpha):
-            scale = scale * mAlpha[0].to(Float32)
+        scale = self.acc_scale(2.0 ** self.unscale_exp, epi)
         # this warpgroup's stores of the previous tile have read the staging buffer
         cute.arch.barrier(barrier_id=2 + mma_wg, number_of_threads=128)
         for i in cutlass.range_constexpr(cute.size(acc)):
@@ -191,14 +233,7 @@ class Sm90Epilogue:
                 m, n = q, p
                 r, c = ql, pl - mma_wg * 64
             if p < p_rows and q < q_cols:
-                v = acc[i] * scale
-                if const_expr(self.has_row):
-                    v = v * mRow[m].to(Float32)
-                if const_expr(self.has_col):
-                    v = v * mCol[n].to(Float32)
-                if const_expr(self.has_bias):
-                    v = v + mBias[n].to(Float32)
-                sD[r, c] = v.to(self.out_dtype)
+                sD[r, c] = self.apply_operands(acc[i] * scale, m, n, epi).to(self.out_dtype)
         cute.arch.barrier(barrier_id=2 + mma_wg, number_of_threads=128)
         m0 = p_tile * TILE_M + mma_wg * 64
         n0 = q_tile * tile_n
@@ -227,7 +262,64 @@ class Sm90Epilogue:
                     mD[m0 + r, n0 + c] = sD[r, c]
 
 
-class Sm90GemmMixed(Sm90Epilogue):
+class Sm90Gemm(Sm90Epilogue):
+    """What the sm_90 wgmma GEMMs share: 384 threads, a TMA mainloop pipeline of `stages`
+    stages feeding two MMA warpgroups (threads 128..383) that run RS wgmmas on decoded A
+    fragments, tiles of 128 x tile_n (128 or 256), the FP32 epilogue."""
+
+    def __init__(self, out_dtype: Type[cutlass.Numeric], tile_n: int, stages: int, flags,
+                 producer_regs: int, consumer_regs: int):
+        if tile_n not in (128, 256):
+            raise ValueError(f"tile_n must be 128 or 256, got {tile_n}")
+        self.out_dtype = out_dtype
+        self.tile_n = tile_n
+        self.stages = stages
+        self.set_epilogue_flags(*flags)
+        self.threads = 384
+        # setmaxnreg only moves registers inside the CTA's launch allocation (168 per thread
+        # at 384 threads): producer_regs * 128 + consumer_regs * 256 <= 168 * 384, or the
+        # increase never returns
+        self.producer_regs = producer_regs
+        self.consumer_regs = consumer_regs
+
+    def set_shared_storage(self, **arrays):
+        """The kernel's shared storage (a cute.struct): the mainloop pipeline's barriers (two
+        per stage), then `arrays` (name=smem_array(...)) in order."""
+        fields = {"mbar": cute.struct.MemRange[cutlass.Int64, self.stages * 2], **arrays}
+        self.shared_storage = cute.struct(type("SharedStorage", (), {"__annotations__": fields}))
+
+    def make_mainloop(self, storage, consumer_warps: int, tx_bytes: int):
+        """The mainloop pipeline in `storage.mbar`: one producer thread (TMA), `consumer_warps`
+        consumer warps, tx_bytes per stage."""
+        return pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.mbar.data_ptr(),
+            num_stages=self.stages,
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
+            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, consumer_warps),
+            tx_count=tx_bytes,
+            cta_layout_vmnk=cute.make_layout((1, 1, 1, 1)),
+        )
+
+    def consumer_state(self, kt):
+        """The mainloop pipeline's consumer state of the CTA's kt-th k-tile."""
+        kt = Int32(kt)
+        return pipeline.PipelineState(self.stages, kt, kt % self.stages,
+                                      (kt // self.stages) & 1)
+
+    @staticmethod
+    def mma_operands(tiled_mma, ctid, mma_wg, sB, buffers: int):
+        """For MMA thread `ctid` (0..255) of warpgroup `mma_wg`: the warpgroup's wgmma slice,
+        the B fragments of the staged shared-memory operand sB and `buffers` register tiles of
+        the thread's A fragment."""
+        thr_mma = tiled_mma.get_slice(mma_wg * 128)
+        tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sB))
+        a_shape = tiled_mma.get_slice(ctid).partition_A(
+            cute.make_identity_tensor((TILE_M, TILE_K))).shape
+        return thr_mma, tCrB, [cute.make_rmem_tensor(a_shape, cutlass.BFloat16)
+                               for _ in range(buffers)]
+
+
+class Sm90GemmMixed(Sm90Gemm):
     """Compile-time config: tile_n (128 or 256), pipeline stages, output dtype, the epilogue
     operands present, `transposed` (D[q, p]), unscale_exp, vec_store (D 16-byte aligned:
     base and row pitch) and num_ctas (the persistent grid's size: the SM count). `__call__` takes packed x
@@ -235,131 +327,63 @@ class Sm90GemmMixed(Sm90Epilogue):
     (row pitch a multiple of 16 bytes), D [M, N] and the optional alpha [1], row [M], col [N],
     bias [N]."""
 
-    def __init__(
-        self,
-        out_dtype: Type[cutlass.Numeric],
-        *,
-        tile_n: int = 256,
-        stages: int = 5,
-        has_alpha: bool = False,
-        has_row: bool = False,
-        has_col: bool = False,
-        has_bias: bool = False,
-        transposed: bool = False,
-        unscale_exp: int = UNSCALE_W4A4,
-        vec_store: bool = False,
-        num_ctas: int = 132,
-    ):
-        if tile_n not in (128, 256):
-            raise ValueError(f"tile_n must be 128 or 256, got {tile_n}")
+    def __init__(self, out_dtype: Type[cutlass.Numeric], *, tile_n: int = 256, stages: int = 5,
+                 has_alpha: bool = False, has_row: bool = False, has_col: bool = False,
+                 has_bias: bool = False, transposed: bool = False,
+                 unscale_exp: int = UNSCALE_W4A4, vec_store: bool = False,
+                 num_ctas: int = 132):
+        # 40 * 128 + 232 * 256 = 168 * 384
+        super().__init__(out_dtype, tile_n, stages, (has_alpha, has_row, has_col, has_bias),
+                         producer_regs=40, consumer_regs=232)
         most = max_stages(tile_n, out_dtype.width // 8, transposed)
         if stages < 2 or stages > most:
             raise ValueError(f"stages must be 2..{most} for tile_n {tile_n}, "
                              f"{out_dtype.__name__} output, transposed={transposed}; "
                              f"got {stages}")
-        self.out_dtype = out_dtype
-        self.tile_n = tile_n
-        self.stages = stages
-        self.has_alpha = has_alpha
-        self.has_row = has_row
-        self.has_col = has_col
-        self.has_bias = has_bias
         self.transposed = transposed
         self.unscale_exp = unscale_exp
         self.vec_store = vec_store
         self.num_ctas = num_ctas
-        self.threads = 384
         self.consumer_warps = 8
-        # setmaxnreg only moves registers inside the launch allocation (168 per thread at
-        # 384 threads): 40 * 128 + 232 * 256 = 168 * 384
-        self.producer_regs = 40
-        self.consumer_regs = 232
 
     @cute.jit
-    def __call__(
-        self,
-        mX: cute.Tensor,
-        mSFX: cute.Tensor,
-        mY: cute.Tensor,
-        mD: cute.Tensor,
-        mAlpha: Optional[cute.Tensor],
-        mRow: Optional[cute.Tensor],
-        mCol: Optional[cute.Tensor],
-        mBias: Optional[cute.Tensor],
-        stream: cuda.CUstream,
-    ):
+    def __call__(self, mX: cute.Tensor, mSFX: cute.Tensor, mY: cute.Tensor, mD: cute.Tensor,
+                 mAlpha: Optional[cute.Tensor], mRow: Optional[cute.Tensor],
+                 mCol: Optional[cute.Tensor], mBias: Optional[cute.Tensor],
+                 stream: cuda.CUstream):
         tile_n = self.tile_n
-        p_rows = mX.shape[0]
-        q_rows = mY.shape[0]
-        k_tiles = cute.ceil_div(mX.shape[1], TILE_K // 2)
+        p_rows, q_rows, k_tiles = extents(mX, mY)
         tiles = cute.ceil_div(p_rows, TILE_M) * cute.ceil_div(q_rows, tile_n)
-        # swizzled scales: one 512-byte tile per (128 rows, k-tile), row-tile major; one TMA
-        # box (128, 4) of this [128, 4 * tiles] view is one tile
-        sfx = cute.make_tensor(
-            mSFX.iterator,
-            cute.make_layout((128, 4 * k_tiles * cute.ceil_div(p_rows, 128)), stride=(1, 128)),
-        )
-        pk_layout = cute.make_layout((TILE_M, TILE_K // 2, self.stages),
-                                     stride=(TILE_K // 2, 1, TILE_M * TILE_K // 2))
-        sf_layout = cute.make_layout((128, 4, self.stages), stride=(1, 128, SF_TILE_BYTES))
+        sfx = scale_tiles(mSFX, p_rows, k_tiles)
+        pk_layout = packed_stages(TILE_M, self.stages)
+        sf_layout = scale_stages(self.stages)
         y_layout = sm90_utils.make_smem_layout_b(
             LayoutEnum.ROW_MAJOR, (TILE_M, tile_n, TILE_K), cutlass.BFloat16, self.stages)
-
-        g2s = cpasync.CopyBulkTensorTileG2SOp()
-        tma_x, tma_mX = cpasync.make_tiled_tma_atom(
-            g2s, mX, cute.select(pk_layout, mode=[0, 1]), (TILE_M, TILE_K // 2))
-        tma_sf, tma_mSF = cpasync.make_tiled_tma_atom(
-            g2s, sfx, cute.select(sf_layout, mode=[0, 1]), (128, 4))
-        tma_y, tma_mY = cpasync.make_tiled_tma_atom(
-            g2s, mY, cute.slice_(y_layout, (None, None, 0)), (tile_n, TILE_K))
+        tma_x, tma_mX = tma_load(mX, pk_layout, (TILE_M, TILE_K // 2))
+        tma_sf, tma_mSF = tma_load(sfx, sf_layout, (128, 4))
+        tma_y, tma_mY = tma_load(mY, y_layout, (tile_n, TILE_K))
         tx_bytes = TILE_M * TILE_K // 2 + SF_TILE_BYTES + tile_n * TILE_K * 2
-
-        tiled_mma = sm90_utils.make_trivial_tiled_mma(
-            cutlass.BFloat16, cutlass.BFloat16,
-            LayoutEnum.ROW_MAJOR.sm90_mma_major_mode(),
-            LayoutEnum.ROW_MAJOR.sm90_mma_major_mode(),
-            Float32, (2, 1, 1), tiler_mn=(64, tile_n), a_source=warpgroup.OperandSource.RMEM)
-
-        stages = self.stages
-
-        @cute.struct
-        class SharedStorage:
-            mbar: cute.struct.MemRange[cutlass.Int64, stages * 2]
-            sY: cute.struct.Align[
-                cute.struct.MemRange[cutlass.BFloat16, cute.cosize(y_layout)], 1024]
-            sX: cute.struct.Align[cute.struct.MemRange[cutlass.Uint8, cute.cosize(pk_layout)], 128]
-            sSF: cute.struct.Align[cute.struct.MemRange[cutlass.Uint8, cute.cosize(sf_layout)], 128]
-            sD: cute.struct.Align[cute.struct.MemRange[cutlass.Uint8, self.staging_bytes()], 128]
-
-        self.shared_storage = SharedStorage
+        tiled_mma = rs_tiled_mma(tile_n)
+        self.set_shared_storage(
+            sY=smem_array(cutlass.BFloat16, cute.cosize(y_layout), 1024),
+            sX=smem_array(cutlass.Uint8, cute.cosize(pk_layout)),
+            sSF=smem_array(cutlass.Uint8, cute.cosize(sf_layout)),
+            sD=smem_array(cutlass.Uint8, self.staging_bytes()),
+        )
 
         grid = (cutlass.min(tiles, self.num_ctas), 1, 1)
         self.kernel(
-            tma_x, tma_mX, tma_sf, tma_mSF, tma_y, tma_mY, mD, mAlpha, mRow, mCol, mBias,
-            tiled_mma, pk_layout, sf_layout, y_layout, tx_bytes,
+            tma_x, tma_mX, tma_sf, tma_mSF, tma_y, tma_mY, mD, (mAlpha, mRow, mCol, mBias),
+            tiled_mma, (pk_layout, sf_layout, y_layout), tx_bytes,
         ).launch(grid=grid, block=[self.threads, 1, 1], stream=stream)
 
     @cute.kernel
-    def kernel(
-        self,
-        tma_x: cute.CopyAtom,
-        mX: cute.Tensor,
-        tma_sf: cute.CopyAtom,
-        mSF: cute.Tensor,
-        tma_y: cute.CopyAtom,
-        mY: cute.Tensor,
-        mD: cute.Tensor,
-        mAlpha: Optional[cute.Tensor],
-        mRow: Optional[cute.Tensor],
-        mCol: Optional[cute.Tensor],
-        mBias: Optional[cute.Tensor],
-        tiled_mma: cute.TiledMma,
-        pk_layout: cute.Layout,
-        sf_layout: cute.Layout,
-        y_layout: cute.ComposedLayout,
-        tx_bytes: cutlass.Constexpr[int],
-    ):
+    def kernel(self, tma_x: cute.CopyAtom, mX: cute.Tensor, tma_sf: cute.CopyAtom,
+               mSF: cute.Tensor, tma_y: cute.CopyAtom, mY: cute.Tensor, mD: cute.Tensor,
+               epi: tuple, tiled_mma: cute.TiledMma, layouts: tuple,
+               tx_bytes: cutlass.Constexpr[int]):
         tile_n = self.tile_n
+        pk_layout, sf_layout, y_layout = layouts
         tidx, _, _ = cute.arch.thread_idx()
         bid, _, _ = cute.arch.block_idx()
         n_ctas, _, _ = cute.arch.grid_dim()
@@ -367,21 +391,11 @@ class Sm90GemmMixed(Sm90Epilogue):
         wg_idx = cute.arch.make_warp_uniform(tidx // 128)
 
         if warp_idx == 0:
-            cpasync.prefetch_descriptor(tma_x)
-            cpasync.prefetch_descriptor(tma_sf)
-            cpasync.prefetch_descriptor(tma_y)
+            prefetch_tma(tma_x, tma_sf, tma_y)
 
         smem = cutlass.memory.SmemAllocator()
         storage = smem.allocate(self.shared_storage)
-        mainloop = pipeline.PipelineTmaAsync.create(
-            barrier_storage=storage.mbar.data_ptr(),
-            num_stages=self.stages,
-            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
-            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread,
-                                                     self.consumer_warps),
-            tx_count=tx_bytes,
-            cta_layout_vmnk=cute.make_layout((1, 1, 1, 1)),
-        )
+        mainloop = self.make_mainloop(storage, self.consumer_warps, tx_bytes)
         sX = storage.sX.get_tensor(pk_layout)
         sSF = storage.sSF.get_tensor(sf_layout)
         sY = storage.sY.get_tensor(y_layout.outer, swizzle=y_layout.inner)
@@ -393,23 +407,15 @@ class Sm90GemmMixed(Sm90Epilogue):
         if wg_idx == 0:
             cute.arch.setmaxregister_decrease(self.producer_regs)
             if warp_idx == 0:
-                gSF = cute.local_tile(mSF, (128, 4), (0, None))
-                one = cute.make_layout(1)
-                tSsS, tSgS = cpasync.tma_partition(tma_sf, 0, one,
-                                                   cute.group_modes(sSF, 0, 2),
-                                                   cute.group_modes(gSF, 0, 2))
+                tSsS, tSgS = tma_slices(tma_sf, sSF, cute.local_tile(mSF, (128, 4), (0, None)))
                 state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer,
                                                      self.stages)
                 for i in cutlass.range(my_tiles, unroll=1):
                     p_tile, q_tile = self.tile_coords(bid + i * n_ctas, p_tiles)
                     gX = cute.local_tile(mX, (TILE_M, TILE_K // 2), (p_tile, None))
                     gY = cute.local_tile(mY, (tile_n, TILE_K), (q_tile, None))
-                    tXsX, tXgX = cpasync.tma_partition(tma_x, 0, one,
-                                                       cute.group_modes(sX, 0, 2),
-                                                       cute.group_modes(gX, 0, 2))
-                    tYsY, tYgY = cpasync.tma_partition(tma_y, 0, one,
-                                                       cute.group_modes(sY, 0, 2),
-                                                       cute.group_modes(gY, 0, 2))
+                    tXsX, tXgX = tma_slices(tma_x, sX, gX)
+                    tYsY, tYgY = tma_slices(tma_y, sY, gY)
                     for kt in cutlass.range(k_tiles, unroll=1):
                         mainloop.producer_acquire(state)
                         bar = mainloop.producer_get_barrier(state)
@@ -425,12 +431,8 @@ class Sm90GemmMixed(Sm90Epilogue):
             cute.arch.setmaxregister_increase(self.consumer_regs)
             ctid = tidx - 128
             mma_wg = wg_idx - 1
-            thr_mma = tiled_mma.get_slice(mma_wg * 128)
-            tCrY = tiled_mma.make_fragment_B(thr_mma.partition_B(sY))
-            a_shape = tiled_mma.get_slice(ctid).partition_A(
-                cute.make_identity_tensor((TILE_M, TILE_K))).shape
             # two A register buffers, selected statically (the k-loop is unrolled by 2)
-            rA = [cute.make_rmem_tensor(a_shape, cutlass.BFloat16) for _ in range(2)]
+            thr_mma, tCrY, rA = self.mma_operands(tiled_mma, ctid, mma_wg, sY, 2)
             acc = cute.make_rmem_tensor(
                 thr_mma.partition_C(cute.make_identity_tensor((TILE_M, tile_n))).shape, Float32)
             tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
@@ -464,22 +466,14 @@ class Sm90GemmMixed(Sm90Epilogue):
                                                   sf_shift, rA[1 - j])
                 warpgroup.wait_group(0)
                 mainloop.consumer_release(self.consumer_state(g0 + k_tiles - 1))
-                self.epilogue_staged(acc, tiled_mma.get_slice(ctid), mD, mAlpha, mRow, mCol,
-                                     mBias, p_tile, q_tile, storage.sD.data_ptr(), mma_wg,
-                                     ctid % 128)
+                self.epilogue_staged(acc, tiled_mma.get_slice(ctid), mD, epi, p_tile, q_tile,
+                                     storage.sD.data_ptr(), mma_wg, ctid % 128)
 
     @staticmethod
     def tile_coords(t, p_tiles):
         """(p_tile, q_tile) of the t-th tile, p fastest (measured against bands of 4, 8 and
         16 p-tiles: no consistent difference, notes/gemm.md)."""
         return t % p_tiles, t // p_tiles
-
-    def consumer_state(self, kt):
-        """The mainloop pipeline's consumer state of the CTA's kt-th k-tile (over all its
-        tiles)."""
-        kt = Int32(kt)
-        return pipeline.PipelineState(self.stages, kt, kt % self.stages,
-                                      (kt // self.stages) & 1)
 
     @cute.jit
     def decode_stage(self, mainloop, kt, x_base, sf_base, sf_shift, rA):

@@ -46,6 +46,7 @@ from ..common.ptx import inline_asm, ld_global
 from ..ref.formats import FLOAT_DTYPES as OUT_DTYPES
 from ..ref.swizzle import swizzled_shape
 from .operands import _epilogue
+from .parts import EpilogueOperands
 
 CHUNK_K = 128  # K values per warp step: 4 threads x 32
 FP16_DECODE_EXP_SHIFT = 14
@@ -105,7 +106,7 @@ def decode_e2m1x8_f16(w: Int32, scale2: Int32, natural_order: bool, *, loc=None,
                       loc=loc, ip=ip)
 
 
-class Sm90GemmW4A16:
+class Sm90GemmW4A16(EpilogueOperands):
     """Compile-time config: activation and output dtypes, tile_m tokens per CTA (8/16/32/64),
     row_tiles (16 weight rows each) per warp, k_warps (warps splitting K), row_warps (warps
     side by side along N: a CTA owns row_warps * row_tiles * 16 weight rows and reads each
@@ -139,10 +140,7 @@ class Sm90GemmW4A16:
         self.unroll = unroll
         self.wide = wide
         self.swizzled = swizzled
-        self.has_alpha = has_alpha
-        self.has_row = has_row
-        self.has_col = has_col
-        self.has_bias = has_bias
+        self.set_epilogue_flags(has_alpha, has_row, has_col, has_bias)
         self.transposed = transposed
         # up to 16 tokens the decode keeps its cheap K order (v_i, v_{i+4}) and the
         # activations are permuted to match (4 byte permutes per 8 activations of a token
@@ -182,15 +180,13 @@ class Sm90GemmW4A16:
 
         self.shared_storage = SharedStorage
         grid = (cute.ceil_div(mB.shape[0], rows), cute.ceil_div(mA.shape[0], self.tile_m), 1)
-        self.kernel(mA, mB, mSF, mD, mAlpha, mRow, mCol, mBias, red_layout).launch(
+        self.kernel(mA, mB, mSF, mD, (mAlpha, mRow, mCol, mBias), red_layout).launch(
             grid=grid, block=[32 * self.k_warps * self.row_warps, 1, 1], stream=stream,
             min_blocks_per_mp=self.min_blocks, preferred_smem_carveout=self.smem_carveout)
 
     @cute.kernel
     def kernel(self, mA: cute.Tensor, mB: cute.Tensor, mSF: cute.Tensor, mD: cute.Tensor,
-               mAlpha: Optional[cute.Tensor], mRow: Optional[cute.Tensor],
-               mCol: Optional[cute.Tensor], mBias: Optional[cute.Tensor],
-               red_layout: cute.Layout):
+               epi: tuple, red_layout: cute.Layout):
         RT = self.row_tiles
         NT = self.tile_m // 8
         KW = self.k_warps
@@ -275,9 +271,7 @@ class Sm90GemmW4A16:
                     tok = nt * 8 + t * 2 + e % 2
                     red[r, tok, wk] = acc[e, nt, rt]
         cute.arch.sync_threads()
-        scale = Float32(self.acc_unscale)
-        if const_expr(self.has_alpha):
-            scale = scale * mAlpha[0].to(Float32)
+        scale = self.acc_scale(self.acc_unscale, epi)
         n_cta = bn * rows
         for idx in cutlass.range(tidx, rows * self.tile_m, KW * self.row_warps * 32, unroll=1):
             # consecutive threads take consecutive columns of D: weight rows, or tokens when
@@ -296,14 +290,8 @@ class Sm90GemmW4A16:
                     v = v + red[r, tok, wi]
                 # ref.gemm's order: ((acc * alpha) * row) * col + bias, along D's axes
                 d_row, d_col = (n, m) if self.transposed else (m, n)
-                v = v * scale
-                if const_expr(self.has_row):
-                    v = v * mRow[d_row].to(Float32)
-                if const_expr(self.has_col):
-                    v = v * mCol[d_col].to(Float32)
-                if const_expr(self.has_bias):
-                    v = v + mBias[d_col].to(Float32)
-                mD[d_row, d_col] = v.to(self.out_dtype)
+                mD[d_row, d_col] = self.apply_operands(v * scale, d_row, d_col,
+                                                       epi).to(self.out_dtype)
 
     def _chunk_preds(self, c, t, k, predicated):
         """(first 16, last 16) K-valid predicates of the 32 values of chunk c of quad

@@ -44,110 +44,61 @@ import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Float32, Int32, const_expr
-from cutlass.cute.nvgpu import cpasync, warpgroup
+from cutlass.cute.nvgpu import warpgroup
 from cutlass.tensor_utils import LayoutEnum
 
 from ..common.decode import DECODE_EXP_SHIFT, decode_e2m1x8, e4m3_to_bf16x2_scale
 from ..common.ptx import ld_shared, st_shared
-from .sm90_mixed import SF_TILE_BYTES, TILE_K, TILE_M, Sm90Epilogue, a_fragment_offsets, \
-    decode_a_fragment
+from .parts import prefetch_tma, tma_slices
+from .sm90_mixed import (SF_TILE_BYTES, TILE_K, TILE_M, Sm90Gemm, a_fragment_offsets,
+                         decode_a_fragment, extents, packed_stages, rs_tiled_mma, scale_stages,
+                         scale_tiles, smem_array, tma_load)
 
 BUFFERS = 3  # decoded k-tiles: one in the wgmmas still running, one in the next, one decoding
 
 
-class Sm90GemmNVFP4(Sm90Epilogue):
+class Sm90GemmNVFP4(Sm90Gemm):
     """Compile-time config: tile_n (128 or 256), pipeline stages, output dtype and which epilogue
     operands exist. `__call__` takes packed A [M, K/2], B [N, K/2] (uint8), swizzled scales of A
     and B as flat uint8 tensors, D [M, N] and the optional alpha [1], row [M], col [N],
     bias [N] tensors."""
 
-    def __init__(
-        self,
-        out_dtype: Type[cutlass.Numeric],
-        *,
-        tile_n: int = 256,
-        stages: int = 6,
-        has_alpha: bool = False,
-        has_row: bool = False,
-        has_col: bool = False,
-        has_bias: bool = False,
-        has_a_window: bool = False,
-        has_b_window: bool = False,
-    ):
-        if tile_n not in (128, 256):
-            raise ValueError(f"tile_n must be 128 or 256, got {tile_n}")
+    def __init__(self, out_dtype: Type[cutlass.Numeric], *, tile_n: int = 256, stages: int = 6,
+                 has_alpha: bool = False, has_row: bool = False, has_col: bool = False,
+                 has_bias: bool = False, has_a_window: bool = False,
+                 has_b_window: bool = False):
+        # 72 * 128 + 216 * 256 <= 168 * 384
+        super().__init__(out_dtype, tile_n, stages, (has_alpha, has_row, has_col, has_bias),
+                         producer_regs=72, consumer_regs=216)
         self.windowed = has_a_window or has_b_window
         if self.windowed and tile_n != 128:
             raise ValueError("window64 operands need tile_n 128 (two accumulator tiles)")
-        self.out_dtype = out_dtype
-        self.tile_n = tile_n
-        self.stages = stages
-        self.has_alpha = has_alpha
-        self.has_row = has_row
-        self.has_col = has_col
-        self.has_bias = has_bias
         self.has_a_window = has_a_window
         self.has_b_window = has_b_window
         self.transposed = False
         self.unscale_exp = 2 * DECODE_EXP_SHIFT
-        self.threads = 384
-        # setmaxnreg only moves registers inside the CTA's launch allocation (168 per thread
-        # at 384 threads): 72 * 128 + 216 * 256 <= 168 * 384, or the increase never returns
-        self.producer_regs = 72
-        self.consumer_regs = 216
         self.bar_decode = 1  # named barrier id of the per-k-tile step (all threads)
 
     @cute.jit
-    def __call__(
-        self,
-        mA: cute.Tensor,
-        mB: cute.Tensor,
-        mSFA: cute.Tensor,
-        mSFB: cute.Tensor,
-        mD: cute.Tensor,
-        mAlpha: Optional[cute.Tensor],
-        mRow: Optional[cute.Tensor],
-        mCol: Optional[cute.Tensor],
-        mBias: Optional[cute.Tensor],
-        mAWin: Optional[cute.Tensor],
-        mBWin: Optional[cute.Tensor],
-        stream: cuda.CUstream,
-    ):
+    def __call__(self, mA: cute.Tensor, mB: cute.Tensor, mSFA: cute.Tensor, mSFB: cute.Tensor,
+                 mD: cute.Tensor, mAlpha: Optional[cute.Tensor], mRow: Optional[cute.Tensor],
+                 mCol: Optional[cute.Tensor], mBias: Optional[cute.Tensor],
+                 mAWin: Optional[cute.Tensor], mBWin: Optional[cute.Tensor],
+                 stream: cuda.CUstream):
         tile_n = self.tile_n
-        m_rows = mA.shape[0]
-        n_rows = mB.shape[0]
-        k_tiles = cute.ceil_div(mA.shape[1], TILE_K // 2)
-        # Swizzled scales: one 512-byte tile per (128 rows, k-tile), row-tile major; view as a
-        # [128 bytes, 4 * tiles] matrix so that one TMA box (128, 4) is one tile.
-        sfa = cute.make_tensor(
-            mSFA.iterator,
-            cute.make_layout((128, 4 * k_tiles * cute.ceil_div(m_rows, 128)), stride=(1, 128)),
-        )
-        sfb = cute.make_tensor(
-            mSFB.iterator,
-            cute.make_layout((128, 4 * k_tiles * cute.ceil_div(n_rows, 128)), stride=(1, 128)),
-        )
-
-        pk_a_layout = cute.make_layout((TILE_M, TILE_K // 2, self.stages),
-                                       stride=(TILE_K // 2, 1, TILE_M * TILE_K // 2))
-        pk_b_layout = cute.make_layout((tile_n, TILE_K // 2, self.stages),
-                                       stride=(TILE_K // 2, 1, tile_n * TILE_K // 2))
-        sf_a_layout = cute.make_layout((128, 4, self.stages), stride=(1, 128, SF_TILE_BYTES))
-        sf_b_layout = cute.make_layout((128, 4, self.stages * (tile_n // 128)),
-                                       stride=(1, 128, SF_TILE_BYTES))
-        mma_tiler = (TILE_M, tile_n, TILE_K)
+        m_rows, n_rows, k_tiles = extents(mA, mB)
+        sfa = scale_tiles(mSFA, m_rows, k_tiles)
+        sfb = scale_tiles(mSFB, n_rows, k_tiles)
+        pk_a_layout = packed_stages(TILE_M, self.stages)
+        pk_b_layout = packed_stages(tile_n, self.stages)
+        sf_a_layout = scale_stages(self.stages)
+        sf_b_layout = scale_stages(self.stages * (tile_n // 128))
         b16_layout = sm90_utils.make_smem_layout_b(
-            LayoutEnum.ROW_MAJOR, mma_tiler, cutlass.BFloat16, BUFFERS)
-
-        g2s = cpasync.CopyBulkTensorTileG2SOp()
-        tma_a, tma_mA = cpasync.make_tiled_tma_atom(
-            g2s, mA, cute.select(pk_a_layout, mode=[0, 1]), (TILE_M, TILE_K // 2))
-        tma_b, tma_mB = cpasync.make_tiled_tma_atom(
-            g2s, mB, cute.select(pk_b_layout, mode=[0, 1]), (tile_n, TILE_K // 2))
-        tma_sfa, tma_mSFA = cpasync.make_tiled_tma_atom(
-            g2s, sfa, cute.select(sf_a_layout, mode=[0, 1]), (128, 4))
-        tma_sfb, tma_mSFB = cpasync.make_tiled_tma_atom(
-            g2s, sfb, cute.select(sf_b_layout, mode=[0, 1]), (128, 4))
+            LayoutEnum.ROW_MAJOR, (TILE_M, tile_n, TILE_K), cutlass.BFloat16, BUFFERS)
+        tma_a, tma_mA = tma_load(mA, pk_a_layout, (TILE_M, TILE_K // 2))
+        tma_b, tma_mB = tma_load(mB, pk_b_layout, (tile_n, TILE_K // 2))
+        tma_sfa, tma_mSFA = tma_load(sfa, sf_a_layout, (128, 4))
+        tma_sfb, tma_mSFB = tma_load(sfb, sf_b_layout, (128, 4))
         tx_bytes = (TILE_M + tile_n) * (TILE_K // 2) + SF_TILE_BYTES * (1 + tile_n // 128)
         # window64 decode factors: [rows, K/64] FP32 views (rows contiguous), one [rows] box
         # per (tile, k-tile)
@@ -155,100 +106,51 @@ class Sm90GemmNVFP4(Sm90Epilogue):
         wb_layout = cute.make_layout((tile_n, 1, self.stages), stride=(1, tile_n, tile_n))
         tma_wa = tma_mWA = tma_wb = tma_mWB = None
         if const_expr(self.has_a_window):
-            tma_wa, tma_mWA = cpasync.make_tiled_tma_atom(
-                g2s, mAWin, cute.select(wa_layout, mode=[0, 1]), (TILE_M, 1))
+            tma_wa, tma_mWA = tma_load(mAWin, wa_layout, (TILE_M, 1))
             tx_bytes += TILE_M * 4
         if const_expr(self.has_b_window):
-            tma_wb, tma_mWB = cpasync.make_tiled_tma_atom(
-                g2s, mBWin, cute.select(wb_layout, mode=[0, 1]), (tile_n, 1))
+            tma_wb, tma_mWB = tma_load(mBWin, wb_layout, (tile_n, 1))
             tx_bytes += tile_n * 4
-
-        tiled_mma = sm90_utils.make_trivial_tiled_mma(
-            cutlass.BFloat16, cutlass.BFloat16,
-            LayoutEnum.ROW_MAJOR.sm90_mma_major_mode(),
-            LayoutEnum.ROW_MAJOR.sm90_mma_major_mode(),
-            Float32, (2, 1, 1), tiler_mn=(64, tile_n), a_source=warpgroup.OperandSource.RMEM)
-
-        stages = self.stages
-
-        @cute.struct
-        class SharedStorage:
-            mbar: cute.struct.MemRange[cutlass.Int64, stages * 2]
-            sB16: cute.struct.Align[
-                cute.struct.MemRange[cutlass.BFloat16, cute.cosize(b16_layout)], 1024]
-            sApk: cute.struct.Align[cute.struct.MemRange[cutlass.Uint8, cute.cosize(pk_a_layout)], 128]
-            sBpk: cute.struct.Align[cute.struct.MemRange[cutlass.Uint8, cute.cosize(pk_b_layout)], 128]
-            sSFA: cute.struct.Align[cute.struct.MemRange[cutlass.Uint8, cute.cosize(sf_a_layout)], 128]
-            sSFB: cute.struct.Align[cute.struct.MemRange[cutlass.Uint8, cute.cosize(sf_b_layout)], 128]
-            sWA: cute.struct.Align[cute.struct.MemRange[Float32, cute.cosize(wa_layout)], 128]
-            sWB: cute.struct.Align[cute.struct.MemRange[Float32, cute.cosize(wb_layout)], 128]
-
-        self.shared_storage = SharedStorage
+        tiled_mma = rs_tiled_mma(tile_n)
+        self.set_shared_storage(
+            sB16=smem_array(cutlass.BFloat16, cute.cosize(b16_layout), 1024),
+            sApk=smem_array(cutlass.Uint8, cute.cosize(pk_a_layout)),
+            sBpk=smem_array(cutlass.Uint8, cute.cosize(pk_b_layout)),
+            sSFA=smem_array(cutlass.Uint8, cute.cosize(sf_a_layout)),
+            sSFB=smem_array(cutlass.Uint8, cute.cosize(sf_b_layout)),
+            sWA=smem_array(Float32, cute.cosize(wa_layout)),
+            sWB=smem_array(Float32, cute.cosize(wb_layout)),
+        )
 
         grid = (cute.ceil_div(m_rows, TILE_M), cute.ceil_div(n_rows, tile_n), 1)
         self.kernel(
             tma_a, tma_mA, tma_b, tma_mB, tma_sfa, tma_mSFA, tma_sfb, tma_mSFB,
-            mD, mAlpha, mRow, mCol, mBias, tma_wa, tma_mWA, tma_wb, tma_mWB, tiled_mma,
-            pk_a_layout, pk_b_layout, sf_a_layout, sf_b_layout, b16_layout, wa_layout,
-            wb_layout, tx_bytes,
+            mD, (mAlpha, mRow, mCol, mBias), tma_wa, tma_mWA, tma_wb, tma_mWB, tiled_mma,
+            (pk_a_layout, pk_b_layout, sf_a_layout, sf_b_layout, b16_layout, wa_layout,
+             wb_layout), tx_bytes,
         ).launch(grid=grid, block=[self.threads, 1, 1], stream=stream)
 
     @cute.kernel
-    def kernel(
-        self,
-        tma_a: cute.CopyAtom,
-        mA: cute.Tensor,
-        tma_b: cute.CopyAtom,
-        mB: cute.Tensor,
-        tma_sfa: cute.CopyAtom,
-        mSFA: cute.Tensor,
-        tma_sfb: cute.CopyAtom,
-        mSFB: cute.Tensor,
-        mD: cute.Tensor,
-        mAlpha: Optional[cute.Tensor],
-        mRow: Optional[cute.Tensor],
-        mCol: Optional[cute.Tensor],
-        mBias: Optional[cute.Tensor],
-        tma_wa: Optional[cute.CopyAtom],
-        mAWin: Optional[cute.Tensor],
-        tma_wb: Optional[cute.CopyAtom],
-        mBWin: Optional[cute.Tensor],
-        tiled_mma: cute.TiledMma,
-        pk_a_layout: cute.Layout,
-        pk_b_layout: cute.Layout,
-        sf_a_layout: cute.Layout,
-        sf_b_layout: cute.Layout,
-        b16_layout: cute.ComposedLayout,
-        wa_layout: cute.Layout,
-        wb_layout: cute.Layout,
-        tx_bytes: cutlass.Constexpr[int],
-    ):
+    def kernel(self, tma_a: cute.CopyAtom, mA: cute.Tensor, tma_b: cute.CopyAtom,
+               mB: cute.Tensor, tma_sfa: cute.CopyAtom, mSFA: cute.Tensor,
+               tma_sfb: cute.CopyAtom, mSFB: cute.Tensor, mD: cute.Tensor, epi: tuple,
+               tma_wa: Optional[cute.CopyAtom], mAWin: Optional[cute.Tensor],
+               tma_wb: Optional[cute.CopyAtom], mBWin: Optional[cute.Tensor],
+               tiled_mma: cute.TiledMma, layouts: tuple, tx_bytes: cutlass.Constexpr[int]):
         tile_n = self.tile_n
+        (pk_a_layout, pk_b_layout, sf_a_layout, sf_b_layout, b16_layout, wa_layout,
+         wb_layout) = layouts
         tidx, _, _ = cute.arch.thread_idx()
         bidx, bidy, _ = cute.arch.block_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         wg_idx = cute.arch.make_warp_uniform(tidx // 128)
 
         if warp_idx == 0:
-            cpasync.prefetch_descriptor(tma_a)
-            cpasync.prefetch_descriptor(tma_b)
-            cpasync.prefetch_descriptor(tma_sfa)
-            cpasync.prefetch_descriptor(tma_sfb)
-            if const_expr(self.has_a_window):
-                cpasync.prefetch_descriptor(tma_wa)
-            if const_expr(self.has_b_window):
-                cpasync.prefetch_descriptor(tma_wb)
+            prefetch_tma(tma_a, tma_b, tma_sfa, tma_sfb, tma_wa, tma_wb)
 
         smem = cutlass.memory.SmemAllocator()
         storage = smem.allocate(self.shared_storage)
-        mainloop = pipeline.PipelineTmaAsync.create(
-            barrier_storage=storage.mbar.data_ptr(),
-            num_stages=self.stages,
-            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
-            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.threads // 32),
-            tx_count=tx_bytes,
-            cta_layout_vmnk=cute.make_layout((1, 1, 1, 1)),
-        )
+        mainloop = self.make_mainloop(storage, self.threads // 32, tx_bytes)
 
         sApk = storage.sApk.get_tensor(pk_a_layout)
         sBpk = storage.sBpk.get_tensor(pk_b_layout)
@@ -273,24 +175,17 @@ class Sm90GemmNVFP4(Sm90Epilogue):
             gB = cute.local_tile(mB, (tile_n, TILE_K // 2), (None, None))
             gSFA = cute.local_tile(mSFA, (128, 4), (0, None))
             gSFB = cute.local_tile(mSFB, (128, 4), (0, None))
-            one = cute.make_layout(1)
-            tAsA, tAgA = cpasync.tma_partition(tma_a, 0, one, cute.group_modes(sApk, 0, 2),
-                                               cute.group_modes(gA, 0, 2))
-            tBsB, tBgB = cpasync.tma_partition(tma_b, 0, one, cute.group_modes(sBpk, 0, 2),
-                                               cute.group_modes(gB, 0, 2))
-            tAsSF, tAgSF = cpasync.tma_partition(tma_sfa, 0, one, cute.group_modes(sSFA, 0, 2),
-                                                 cute.group_modes(gSFA, 0, 2))
-            tBsSF, tBgSF = cpasync.tma_partition(tma_sfb, 0, one, cute.group_modes(sSFB, 0, 2),
-                                                 cute.group_modes(gSFB, 0, 2))
+            tAsA, tAgA = tma_slices(tma_a, sApk, gA)
+            tBsB, tBgB = tma_slices(tma_b, sBpk, gB)
+            tAsSF, tAgSF = tma_slices(tma_sfa, sSFA, gSFA)
+            tBsSF, tBgSF = tma_slices(tma_sfb, sSFB, gSFB)
             tWsA = tWgA = tWsB = tWgB = None
             if const_expr(self.has_a_window):
-                gWA = cute.local_tile(mAWin, (TILE_M, 1), (None, None))
-                tWsA, tWgA = cpasync.tma_partition(tma_wa, 0, one, cute.group_modes(sWA, 0, 2),
-                                                   cute.group_modes(gWA, 0, 2))
+                tWsA, tWgA = tma_slices(tma_wa, sWA,
+                                        cute.local_tile(mAWin, (TILE_M, 1), (None, None)))
             if const_expr(self.has_b_window):
-                gWB = cute.local_tile(mBWin, (tile_n, 1), (None, None))
-                tWsB, tWgB = cpasync.tma_partition(tma_wb, 0, one, cute.group_modes(sWB, 0, 2),
-                                                   cute.group_modes(gWB, 0, 2))
+                tWsB, tWgB = tma_slices(tma_wb, sWB,
+                                        cute.local_tile(mBWin, (tile_n, 1), (None, None)))
             loads = (tma_a, tAgA, tAsA, tma_b, tBgB, tBsB, tma_sfa, tAgSF, tAsSF, tma_sfb,
                      tBgSF, tBsSF, tma_wa, tWgA, tWsA, tma_wb, tWgB, tWsB)
             if warp_idx == 0:
@@ -327,14 +222,9 @@ class Sm90GemmNVFP4(Sm90Epilogue):
             cute.arch.setmaxregister_increase(self.consumer_regs)
             ctid = tidx - 128
             mma_wg = wg_idx - 1
-            thr_mma = tiled_mma.get_slice(mma_wg * 128)
-            tCsB = thr_mma.partition_B(sB16)
-            tCrB = tiled_mma.make_fragment_B(tCsB)
             # A lives in registers (RS wgmma): one k-tile buffer per B buffer, selected
             # statically
-            a_shape = tiled_mma.get_slice(ctid).partition_A(
-                cute.make_identity_tensor((TILE_M, TILE_K))).shape
-            rA = [cute.make_rmem_tensor(a_shape, cutlass.BFloat16) for _ in range(BUFFERS)]
+            thr_mma, tCrB, rA = self.mma_operands(tiled_mma, ctid, mma_wg, sB16, BUFFERS)
 
             gD = cute.local_tile(mD, (TILE_M, tile_n), (m_tile, n_tile))
             tCgD = thr_mma.partition_C(gD)
@@ -382,8 +272,7 @@ class Sm90GemmNVFP4(Sm90Epilogue):
             warpgroup.wait_group(0)
 
             # the accumulator fragment is per thread: partition D by the consumer thread index
-            self.epilogue(acc, tiled_mma.get_slice(ctid), mD, mAlpha, mRow, mCol, mBias, m_tile,
-                          n_tile)
+            self.epilogue(acc, tiled_mma.get_slice(ctid), mD, epi, m_tile, n_tile)
 
     @cute.jit
     def sync_decoders(self):
@@ -414,12 +303,6 @@ class Sm90GemmNVFP4(Sm90Epilogue):
                 f = sWB[n, 0, s]
             acc[i] = acc[i] + f * part[i]
             part[i] = Float32(0.0)
-
-    def consumer_state(self, kt):
-        """The mainloop pipeline's consumer state of k-tile kt."""
-        kt = Int32(kt)
-        return pipeline.PipelineState(self.stages, kt, kt % self.stages,
-                                      (kt // self.stages) & 1)
 
     @cute.jit
     def load_tile(self, mainloop, loads, kt, m_tile, n_tile, k_tiles):

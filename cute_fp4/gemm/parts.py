@@ -1,0 +1,57 @@
+"""Pieces the GEMM kernels share.
+
+The FP32 epilogue operands (SPEC section 3, ref.gemm's order): D[m, n] =
+cast(((acc * scale * alpha) * row[m]) * col[n] + bias[n]), `scale` the power of two that
+removes the decode's scaling (1 where there is none). A kernel carries the optional operands
+as one tuple `epi` = (alpha [1], row, col, bias) from its `__call__` to where they are applied;
+which of them exist is compile-time config (has_alpha, has_row, has_col, has_bias).
+"""
+
+from __future__ import annotations
+
+import cutlass.cute as cute
+from cutlass import Float32, const_expr
+from cutlass.cute.nvgpu import cpasync
+
+
+class EpilogueOperands:
+    """The epilogue flags and math of a GEMM kernel class."""
+
+    def set_epilogue_flags(self, has_alpha: bool, has_row: bool, has_col: bool,
+                           has_bias: bool):
+        self.has_alpha = has_alpha
+        self.has_row = has_row
+        self.has_col = has_col
+        self.has_bias = has_bias
+
+    def acc_scale(self, scale: float, epi) -> Float32:
+        """The factor of every accumulator: `scale` times alpha where present."""
+        factor = Float32(scale)
+        if const_expr(self.has_alpha):
+            factor = factor * epi[0][0].to(Float32)
+        return factor
+
+    def apply_operands(self, v: Float32, m, n, epi) -> Float32:
+        """v * row[m] * col[n] + bias[n] in FP32, with the operands present, in that order."""
+        _, row, col, bias = epi
+        if const_expr(self.has_row):
+            v = v * row[m].to(Float32)
+        if const_expr(self.has_col):
+            v = v * col[n].to(Float32)
+        if const_expr(self.has_bias):
+            v = v + bias[n].to(Float32)
+        return v
+
+
+def prefetch_tma(*atoms):
+    """Prefetch the descriptors of TMA atoms (absent ones: None)."""
+    for atom in atoms:
+        if atom is not None:
+            cpasync.prefetch_descriptor(atom)
+
+
+def tma_slices(tma, smem: cute.Tensor, gmem: cute.Tensor, modes: int = 2):
+    """(smem, gmem) partitions of a TMA copy of one CTA (no multicast): the first `modes` modes
+    of the staged shared-memory tensor and of the tiled global tensor are one box."""
+    return cpasync.tma_partition(tma, 0, cute.make_layout(1), cute.group_modes(smem, 0, modes),
+                                 cute.group_modes(gmem, 0, modes))
