@@ -54,6 +54,8 @@ def inline_asm(code: str, constraints: str, args, *, volatile: bool = False, out
     res = llvm.inline_asm(res_ty, operands, code, constraints, has_side_effects=volatile,
                           is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc,
                           ip=ip)
+    if not outs:
+        return None
     types = [out_dtype or _REGS[c][0] for c in outs]
     if len(outs) == 1:
         return types[0](res)
