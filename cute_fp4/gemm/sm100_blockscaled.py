@@ -46,7 +46,7 @@ from cutlass.memory import TmemAllocator
 from cutlass.tensor_utils import LayoutEnum
 
 from ..common.jit import KERNELS, compile_kernel, device_arch, dyn, env_stream, fake_tensor, \
-    torch_to_cutlass
+    num_sms, torch_to_cutlass
 from ..ref.formats import FLOAT_DTYPES as OUT_DTYPES
 from .parts import EpilogueOperands, prefetch_tma, tma_slices
 
@@ -560,7 +560,7 @@ def gemm_nvfp4_sm100(a_data: torch.Tensor, a_scales_swizzled: torch.Tensor,
     out = torch.empty((m, n), dtype=out_dtype, device=device)
     if m == 0 or n == 0:
         return out
-    sm_count = torch.cuda.get_device_properties(device).multi_processor_count
+    sm_count = num_sms(device)
     if tile_n is None:
         # 128-wide tiles when 256-wide ones would leave SMs idle.
         tiles_256 = -(-m // TILE_M) * -(-n // 256)

@@ -650,11 +650,8 @@ def launch_mixed(x_data, sfx, y, out, alpha, row, col, bias, *, transposed: bool
     them."""
     sms = num_sms(out.device)
     elt = out.element_size()
-    auto_tile_n, auto_stages = pick_mixed_config(x_data.shape[0], y.shape[0], sms, elt,
-                                                 transposed)
-    tile_n = tile_n or auto_tile_n
-    stages = stages or (auto_stages if tile_n == auto_tile_n
-                        else max_stages(tile_n, elt, transposed))
+    tile_n = tile_n or pick_mixed_config(x_data.shape[0], y.shape[0], sms, elt, transposed)[0]
+    stages = stages or max_stages(tile_n, elt, transposed)
     flags = (alpha is not None, row is not None, col is not None, bias is not None)
     bias_dtype = bias.dtype if bias is not None else None
     vec_store = (out.shape[1] * elt) % 16 == 0 and out.data_ptr() % 16 == 0

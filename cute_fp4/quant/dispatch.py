@@ -19,7 +19,8 @@ from typing import Callable, Optional
 import cutlass
 import torch
 
-from ..common.jit import KERNELS, compile_kernel, device_arch, dyn, env_stream, fake_tensor
+from ..common.jit import (KERNELS, compile_kernel, device_arch, dyn, env_stream, fake_tensor,
+                          num_sms)
 from ..recipe import Recipe
 from ..tensor import NVFP4Tensor
 from .amax import AmaxTensor, AmaxToken, tensor_partials
@@ -27,11 +28,6 @@ from .cast import CastKernel
 
 _DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 _CUTLASS = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16, "fp32": cutlass.Float32}
-
-
-@functools.lru_cache(maxsize=None)
-def _num_sms(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 def _u8_2d():
@@ -158,9 +154,8 @@ class _Plan:
         _check_recipe(recipe)
         esize = _CUTLASS[name].width // 8
         _check_shape(m, k, esize, recipe)
-        index = dev.index if dev.index is not None else torch.cuda.current_device()
         arch = device_arch(dev)
-        sms = _num_sms(index)
+        sms = num_sms(dev)
         row, col, swz = recipe.rowwise, recipe.columnwise, recipe.swizzle
         self.per_token = per_token = recipe.scaling == "token"
         self.fused = fused = not reduced and cast_tiles(m, k, esize) <= FUSED_MAX_TILES
