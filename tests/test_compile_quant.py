@@ -14,18 +14,31 @@ E2M1_CVT = "cvt.rn.satfinite.e2m1x2.f32"
 
 
 @pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("fused_amax", [False, True])
 @pytest.mark.parametrize("dtype,row,col,swizzle,per_token", [
     ("bf16", True, True, False, False),
     ("bf16", True, True, True, True),
+    ("bf16", True, True, True, False),
+    ("bf16", True, True, False, True),
     ("fp16", False, True, True, False),
+    ("fp16", False, True, True, True),
     ("fp32", True, False, False, True),
     ("fp32", True, True, True, True),
 ])
-def test_cast_ptx(arch, dtype, row, col, swizzle, per_token):
-    ptx = compile_ptx(*cast_kernel(dtype, row, col, swizzle, per_token), arch=arch)
+def test_cast_ptx(arch, fused_amax, dtype, row, col, swizzle, per_token):
+    """The cast, and its single-launch variant for tiny inputs (`fused_amax`), whose amax
+    pre-pass reads the input with 16-byte read-only loads and reduces the tensor / row maxima
+    with warp shuffles (column maxima of the twin go through shared memory), without atomics
+    (so no zero-fill)."""
+    ptx = compile_ptx(*cast_kernel(dtype, row, col, swizzle, per_token, fused_amax=fused_amax),
+                      arch=arch)
     assert ptx_target(ptx) == arch
     need = [r"cp\.async\.bulk\.tensor", r"mbarrier", r"div\.rn\.f32", r"rcp\.rn\.f32",
             r"cvt\.rn\.satfinite\.e4m3x2\.f32", r"st\.global\.v2\.b32"]
+    if fused_amax:
+        need += [r"ld\.global\.nc\.v4", r"max\.NaN\.f32"]
+        assert ("shfl.sync.bfly" in ptx) == (row or not per_token)
+        assert not re.search(r"\s(red|atom)\.", ptx)
     assert missing_instructions(ptx, need) == []
     assert "div.approx" not in ptx and "rcp.approx" not in ptx and "div.full" not in ptx
     if arch == "sm_100a":
@@ -46,25 +59,3 @@ def test_amax_ptx(arch, dtype):
     assert missing_instructions(ptx, [r"red\..*global\.max\.u32", r"ld\.global\.nc\.v4",
                                       r"shfl\.sync\.bfly"]) == []
 
-
-@pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("dtype,row,col,swizzle,per_token", [
-    ("bf16", True, True, True, False),
-    ("bf16", True, True, False, True),
-    ("fp16", False, True, True, True),
-    ("fp32", True, False, False, True),
-])
-def test_fused_amax_cast_ptx(arch, dtype, row, col, swizzle, per_token):
-    """The single-launch cast of tiny inputs: the amax pre-pass reads the input with 16-byte
-    read-only loads and reduces the tensor / row maxima with warp shuffles (column maxima of
-    the twin go through shared memory); no atomics (so no zero-fill); the cast itself is the
-    TMA-fed one."""
-    ptx = compile_ptx(*cast_kernel(dtype, row, col, swizzle, per_token, fused_amax=True),
-                      arch=arch)
-    assert ptx_target(ptx) == arch
-    assert missing_instructions(ptx, [r"cp\.async\.bulk\.tensor", r"ld\.global\.nc\.v4",
-                                      r"max\.NaN\.f32",
-                                      r"cvt\.rn\.satfinite\.e4m3x2\.f32"]) == []
-    assert ("shfl.sync.bfly" in ptx) == (row or not per_token)
-    assert not re.search(r"\s(red|atom)\.", ptx)
-    assert (E2M1_CVT in ptx) == (arch == "sm_100a")
