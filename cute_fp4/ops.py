@@ -64,23 +64,27 @@ def _cuda():
     looked up without the import machinery's per-call cost (~1 us each)."""
     from types import SimpleNamespace
 
+    from .common.jit import device_arch
     from .gemm.dispatch import gemm_nvfp4, gemm_w4a16
+    from .gemm.factors import epilogue_factors
     from .quant.dequantize import dequantize
     from .quant.dispatch import quantize
     from .quant.recipes_dispatch import quantize_recipe
 
     return SimpleNamespace(quantize=quantize, quantize_recipe=quantize_recipe,
-                           dequantize=dequantize, gemm_nvfp4=gemm_nvfp4, gemm_w4a16=gemm_w4a16)
+                           dequantize=dequantize, gemm_nvfp4=gemm_nvfp4, gemm_w4a16=gemm_w4a16,
+                           epilogue_factors=epilogue_factors, device_arch=device_arch)
 
 
 def quantize_impl(x2: Tensor, recipe: Recipe, seed: int, offset: int, amax_group=None,
-                  rng_device: Optional[Tensor] = None) -> NVFP4Tensor:
+                  rng_device: Optional[Tensor] = None, separate: bool = False) -> NVFP4Tensor:
     """rng_device: an int64 [seed, offset] on x2's CUDA device replacing seed / offset (read by
-    the kernel on the device: CUDA-graph safe)."""
+    the kernel on the device: CUDA-graph safe). separate: outputs in their own allocations
+    (the plain cast otherwise carves them out of one)."""
     reduce = amax_reducer(amax_group)
     if x2.is_cuda:
         if plain_cast(recipe):
-            return _cuda().quantize(x2, recipe, amax_reduce=reduce)
+            return _cuda().quantize(x2, recipe, amax_reduce=reduce, separate=separate)
         return _cuda().quantize_recipe(x2, recipe, seed=seed, offset=offset, amax_reduce=reduce,
                                        rng_state=rng_device)
     return ref.quantize(x2, recipe, seed=seed, offset=offset, amax_reduce=reduce)
@@ -111,10 +115,25 @@ def quantize_op(x: Tensor, scaling: str, block_rows: int, rht: bool, sr: bool,
     recipe = recipe_from_args(scaling, block_rows, rht, sr, four_over_six, e4m3_max, fast_math,
                               rowwise, columnwise, swizzle)
     seed, offset, rng_device = rng_args(rng_state)
-    t = quantize_impl(x, recipe, seed, offset, _group_from_name(amax_group), rng_device)
-    return (_or_empty(t.data, x, torch.uint8), _or_empty(t.scales, x, torch.float8_e4m3fn),
-            _or_empty(t.amax, x, torch.float32), _or_empty(t.data_t, x, torch.uint8),
-            _or_empty(t.scales_t, x, torch.float8_e4m3fn), _or_empty(t.amax_t, x, torch.float32))
+    t = quantize_impl(x, recipe, seed, offset, _group_from_name(amax_group), rng_device,
+                      separate=True)
+    return _unaliased(
+        (_or_empty(t.data, x, torch.uint8), _or_empty(t.scales, x, torch.float8_e4m3fn),
+         _or_empty(t.amax, x, torch.float32), _or_empty(t.data_t, x, torch.uint8),
+         _or_empty(t.scales_t, x, torch.float8_e4m3fn), _or_empty(t.amax_t, x, torch.float32)))
+
+
+def _unaliased(outs: Tuple[Tensor, ...]) -> Tuple[Tensor, ...]:
+    """Custom-op outputs may not share memory: an output in the memory of an earlier one (the
+    amaxes: the columnwise one can be the rowwise one, or sit in its buffer) is cloned."""
+    seen, res = set(), []
+    for o in outs:
+        ptr = o.untyped_storage().data_ptr()
+        if o.numel() and ptr in seen:
+            o = o.clone()
+        seen.add(ptr)
+        res.append(o)
+    return tuple(res)
 
 
 def _output_shapes(rows: int, cols: int, recipe: Recipe):
@@ -195,29 +214,6 @@ def dequantize(t: NVFP4Tensor, dtype) -> Tensor:
     return out.view(t.shape)
 
 
-def epilogue_factors(a_scaling: str, a_amax: Optional[Tensor], a_e4m3_max: int,
-                     b_scaling: str, b_amax: Tensor, b_e4m3_max: int):
-    """(alpha, row, col, a_window_amax, b_window_amax) from the operands' outer amax.
-
-    Per-tensor decode scales 1/S_enc fold into alpha, per-token ones become the row (a) /
-    column (b) vectors; window64 amax go to the GEMM, which folds them per K block; a dense
-    (W4A16) `a` has scaling "dense" and no amax. Computed here, inside the custom op, so that
-    torch.compile cannot re-derive them with non-IEEE divisions."""
-    alpha = row = col = None
-    windows = {"a": None, "b": None}
-    for side, scaling, amax, e4m3_max in (("a", a_scaling, a_amax, a_e4m3_max),
-                                          ("b", b_scaling, b_amax, b_e4m3_max)):
-        if scaling == "window64":
-            windows[side] = amax
-        elif scaling == "tensor":
-            dec = decode_scale(amax, e4m3_max)
-            alpha = dec if alpha is None else alpha * dec
-        elif scaling == "token":
-            dec = decode_scale(amax, e4m3_max)
-            row, col = (dec, col) if side == "a" else (row, dec)
-    return alpha, row, col, windows["a"], windows["b"]
-
-
 def gemm_impl(a: Tensor, a_scales: Optional[Tensor], a_amax: Optional[Tensor], a_scaling: str,
               a_e4m3_max: int, b: Tensor, b_scales: Tensor, b_amax: Tensor, b_scaling: str,
               b_e4m3_max: int, bias: Optional[Tensor], out_dtype: torch.dtype,
@@ -226,13 +222,15 @@ def gemm_impl(a: Tensor, a_scales: Optional[Tensor], a_amax: Optional[Tensor], a
     outer amax, or a dense bf16/fp16 [M, K] (a_scaling "dense", no scales or amax; W4A16);
     b: packed E2M1 [N, K/2] with E4M3 scales and its outer amax."""
     n, k = b.shape[0], b.shape[1] * 2
-    alpha, row, col, a_win, b_win = epilogue_factors(a_scaling, a_amax, a_e4m3_max, b_scaling,
-                                                     b_amax, b_e4m3_max)
+    a_win = a_amax if a_scaling == "window64" else None
+    b_win = b_amax if b_scaling == "window64" else None
     if a_win is not None and b_win is not None and a_e4m3_max != b_e4m3_max:
         raise ValueError("window64 operands of one GEMM must share e4m3_max")
     win_e4m3_max = a_e4m3_max if a_win is not None else b_e4m3_max
+    factors_args = (a_scaling, a_amax, a_e4m3_max, b_scaling, b_amax, b_e4m3_max)
     if a.is_cuda:
         gemm_nvfp4, gemm_w4a16 = _cuda().gemm_nvfp4, _cuda().gemm_w4a16
+        alpha, row, col = _cuda().epilogue_factors(*factors_args, _cuda().device_arch(a.device))
         if a_scales is None:
             if b_win is not None:
                 raise NotImplementedError("the CUDA W4A16 GEMM does not take window64 weights")
@@ -244,6 +242,8 @@ def gemm_impl(a: Tensor, a_scales: Optional[Tensor], a_amax: Optional[Tensor], a
         return gemm_nvfp4(a, a_scales, b, b_scales, alpha=alpha, row=row, col=col, bias=bias,
                           out_dtype=out_dtype, scales_swizzled=b_swizzled,
                           a_window_amax=a_win, b_window_amax=b_win, e4m3_max=win_e4m3_max)
+
+    alpha, row, col = ref.epilogue_factors(*factors_args)
 
     def factors(rows, scales, swizzled, window_amax):
         f = (unswizzle_scales(scales, rows, k // 16) if swizzled else scales).to(torch.float32)

@@ -106,6 +106,22 @@ def test_predecode_sm90_ptx():
     assert len(re.findall(r"mul\.rn\.bf16x2", ptx)) == 16 + 2 * 2
 
 
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
+@pytest.mark.parametrize("a_scaling,b_scaling,stores", [
+    ("tensor", "tensor", 1), ("token", "tensor", 2), ("token", "token", 2), ("dense", "token", 1)])
+def test_epilogue_factors_ptx(arch, a_scaling, b_scaling, stores):
+    """The epilogue factors: IEEE division and reciprocal without flush-to-zero (a subnormal
+    decode scale stays subnormal), one store per factor vector."""
+    from cute_fp4.gemm.factors import factors_kernel
+
+    op, args = factors_kernel(a_scaling, b_scaling, 448, 256)
+    ptx = compile_ptx(op, *args, arch=arch)
+    assert ptx_target(ptx) == arch
+    assert missing_instructions(ptx, [r"div\.rn\.f32", r"rcp\.rn\.f32"]) == []
+    assert ".ftz" not in ptx
+    assert len(re.findall(r"st\.global\.b32", ptx)) == stores
+
+
 def test_mixed_config_errors():
     import cutlass
     from cute_fp4.gemm.sm90_mixed import Sm90GemmMixed

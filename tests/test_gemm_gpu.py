@@ -281,3 +281,41 @@ def test_window64_argument_errors(gen):
     with pytest.raises(ValueError, match="a_window_amax must be float32"):
         gemm_nvfp4(a.cuda(), sa.cuda(), a.cuda(), sa.cuda(),
                    a_window_amax=torch.ones(64, 3, device="cuda"))
+
+
+def _amax_values(count, gen):
+    """FP32 amaxes: the special cases of the outer-scale formula (0, subnormals, values whose
+    S_enc overflows or underflows, Inf, NaN) then random magnitudes over 60 decades."""
+    special = torch.tensor([0.0, 1e-45, 1e-40, 1e-38, 1e-30, 1.0, 2688.0, 6.0, 3e38,
+                            float("inf"), float("nan"), 448.0 * 6 * 2**100])
+    rand = 10.0 ** (torch.rand(count, generator=gen) * 60 - 30)
+    return torch.cat([special, rand])[:count].to(torch.float32)
+
+
+@pytest.mark.parametrize("a_scaling", ["tensor", "token", "window64", "dense"])
+@pytest.mark.parametrize("b_scaling", ["tensor", "token", "window64"])
+@pytest.mark.parametrize("a_e4m3_max,b_e4m3_max", [(448, 448), (256, 448), (448, 256)])
+def test_epilogue_factors_bit_exact(a_scaling, b_scaling, a_e4m3_max, b_e4m3_max, gen):
+    """The one-launch epilogue factors (gemm.factors) equal ref.epilogue_factors (run on the
+    CPU) bit for bit, NaN for NaN, on every special amax and random ones; absent factors are
+    None on both sides."""
+    from cute_fp4.common.jit import device_arch
+    from cute_fp4.gemm.factors import epilogue_factors
+
+    m, n = 300, 1030
+    a_amax = _amax_values(m if a_scaling == "token" else 1, gen)
+    b_amax = _amax_values(n if b_scaling == "token" else 1, gen).flip(0)
+    if a_scaling == "dense":
+        a_amax = None
+    got = epilogue_factors(a_scaling, None if a_amax is None else a_amax.cuda(), a_e4m3_max,
+                           b_scaling, b_amax.cuda(), b_e4m3_max, device_arch())
+    want = ref.epilogue_factors(a_scaling, a_amax, a_e4m3_max, b_scaling, b_amax, b_e4m3_max)
+    for name, g, w in zip(("alpha", "row", "col"), got, want):
+        assert (g is None) == (w is None), name
+        if w is None:
+            continue
+        g = g.cpu()
+        assert g.shape == w.shape and g.dtype == torch.float32, name
+        assert torch.equal(g.isnan(), w.isnan()), name
+        keep = ~w.isnan()
+        assert torch.equal(g[keep].view(torch.int32), w[keep].view(torch.int32)), name

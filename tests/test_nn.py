@@ -244,9 +244,17 @@ def test_linear_gpu_matches_reference_recipe(name):
 
 
 @pytest.mark.gpu
-def test_linear_gpu_torch_compile_and_cuda_graph():
-    _, q, x, g = _setup(LinearRecipe.per_token(stochastic_rounding=False), device="cuda",
-                        dtype=torch.bfloat16, shape=(256, 256), out=128)
+@pytest.mark.parametrize("recipe", [
+    LinearRecipe.per_token(stochastic_rounding=False),
+    # the plain cast (one buffer for all outputs in eager mode) and its shared per-tensor amax
+    LinearRecipe.per_tensor(rht=False, stochastic_rounding=False, weight_2d=False),
+    LinearRecipe.per_tensor(rht=False, stochastic_rounding=False, swizzle=False)],
+    ids=["per_token", "plain", "per_tensor_compact"])
+@pytest.mark.parametrize("shape", [(256, 256), (4096, 512)], ids=["fused", "two_launch"])
+def test_linear_gpu_torch_compile_and_cuda_graph(recipe, shape):
+    """torch.compile(fullgraph=True) of a Linear equals eager (the custom ops return outputs
+    that share no memory), and a captured CUDA graph replays on new inputs."""
+    _, q, x, g = _setup(recipe, device="cuda", dtype=torch.bfloat16, shape=shape, out=128)
     with torch.no_grad():
         y_eager = q(x)
         compiled = torch.compile(q, fullgraph=True)

@@ -181,7 +181,7 @@ class _Plan:
             ("cast", name, row, col, swz, per_token, sms, fused, arch),
             lambda: compile_kernel(*cast_kernel(name, row, col, swz, per_token, sms, fused),
                                    arch=arch)))
-        off = (4 * n_amax + 255) // 256 * 256
+        off = self.amax_bytes = (4 * n_amax + 255) // 256 * 256
         self.m, self.k, self.n_amax = m, k, n_amax
         # (shape, strides, byte offset) of each present output; absent ones are None
         self.data = self.scales = self.data_t = self.scales_t = None
@@ -197,22 +197,28 @@ class _Plan:
         self.dummy = torch.empty((1, 1), dtype=torch.uint8, device=dev)
         self.dummy_f8 = self.dummy.view(torch.float8_e4m3fn)
 
-    def run(self, x: torch.Tensor, amax_reduce) -> NVFP4Tensor:
-        """One call on a validated input: the allocation, the output views, the launch(es)."""
+    def _piece(self, buf: torch.Tensor, spec, separate: bool) -> torch.Tensor:
+        """One uint8 output: its own allocation, or its view of the call's buffer."""
+        shape, strides, offset = spec
+        if separate:
+            return _alloc(shape[0] * shape[1], self.dev).view(shape)
+        return buf.as_strided(shape, strides, offset)
+
+    def run(self, x: torch.Tensor, amax_reduce, separate: bool = False) -> NVFP4Tensor:
+        """One call on a validated input: the allocation, the output views, the launch(es).
+        separate: the data and scale outputs get their own allocations instead of views of
+        one (custom-op outputs must not share memory)."""
         if self.flat is not None:
             x = x.view(self.flat)
-        buf = _alloc(self.nbytes, self.dev)
+        buf = _alloc(self.amax_bytes if separate else self.nbytes, self.dev)
         words = buf.view(torch.float32)
         data = scales = data_t = scales_t = None
         if self.row:
-            data = buf.as_strided(*self.data)
+            data = self._piece(buf, self.data, separate)
+            scales = self._piece(buf, self.scales, separate).view(torch.float8_e4m3fn)
         if self.col:
-            data_t = buf.as_strided(*self.data_t)
-        f8 = buf.view(torch.float8_e4m3fn)
-        if self.row:
-            scales = f8.as_strided(*self.scales)
-        if self.col:
-            scales_t = f8.as_strided(*self.scales_t)
+            data_t = self._piece(buf, self.data_t, separate)
+            scales_t = self._piece(buf, self.scales_t, separate).view(torch.float8_e4m3fn)
         m, k = self.m, self.k
         # amax_r / amax_c: the outputs; arg_r / arg_c: what the cast reads
         if self.fused:
@@ -261,8 +267,8 @@ def plan_for(x: torch.Tensor, recipe: Recipe, reduced: bool = False) -> _Plan:
 
 
 def quantize(x: torch.Tensor, recipe: Recipe = Recipe(), *, seed: int = 0,
-             offset: int = 0, amax_reduce: Optional[Callable[[torch.Tensor], None]] = None
-             ) -> NVFP4Tensor:
+             offset: int = 0, amax_reduce: Optional[Callable[[torch.Tensor], None]] = None,
+             separate: bool = False) -> NVFP4Tensor:
     """NVFP4 quantize of a CUDA tensor [..., K] (flattened to [M, K]); see the module doc.
     seed/offset are accepted for API symmetry (stochastic rounding is not implemented).
 
@@ -275,10 +281,11 @@ def quantize(x: torch.Tensor, recipe: Recipe = Recipe(), *, seed: int = 0,
     Per call (the plan, cached by shape, dtype, device, recipe and whether amax_reduce is
     given, holds everything else): the contiguity and alignment checks, one allocation, the
     views of the outputs and one launch (fused, tiny inputs) or the amax kernel (per token
-    after a zero-fill of the amax words) and the cast."""
+    after a zero-fill of the amax words) and the cast. separate: the data and scale outputs
+    are allocated one by one (the custom op's outputs must not share memory)."""
     plan = _plan(x.shape, x.dtype, x.device, recipe, amax_reduce is not None)
     if not x.is_contiguous():
         raise ValueError("x must be contiguous (call .contiguous() first)")
     if x.data_ptr() % 16:
         raise ValueError("x must be 16-byte aligned")
-    return plan.run(x, amax_reduce)
+    return plan.run(x, amax_reduce, separate)

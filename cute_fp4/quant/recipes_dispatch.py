@@ -3,7 +3,8 @@
 `quantize_recipe(x, recipe, seed=, offset=, amax_reduce=)` and `quantize_grouped(x,
 split_sizes, recipe, seed=, offset=)` are bit-exact to `ref.quantize` / `ref.quantize_grouped`.
 A single tensor is one group: the host builds the tile table (ttab), the group table (gtab) and,
-for scaling "tensor" / "token", the amax work table (atab); then at most two launches:
+for scaling "tensor" / "token", the amax work table (atab), once per configuration (`_plan`,
+cached with the compiled kernels); then each call makes at most two launches:
 RecipeAmax (outer amax, after the RHT for the columnwise twin) and RecipeCastKernel (both
 outputs; window64 amaxes come out of the cast itself).
 
@@ -79,15 +80,6 @@ def _alloc_f32(n: int, device) -> torch.Tensor:
     return torch.empty(n, dtype=torch.float32, device=device)
 
 
-@functools.lru_cache(maxsize=256)
-def _device_tables(ttab, gtab, atab, device):
-    """The host tables on the device, cached (no host-to-device copy on repeated calls, so the
-    call can be captured in a CUDA graph once warmed up)."""
-    return (torch.tensor(ttab, dtype=torch.int32, device=device),
-            torch.tensor(gtab, dtype=torch.int64, device=device),
-            torch.tensor(atab if atab else ((0, 0),), dtype=torch.int32, device=device))
-
-
 def _ceil(a: int, b: int) -> int:
     return -(-a // b)
 
@@ -133,80 +125,106 @@ def _amax_offsets(scaling: str, g: int, row0: int, k: int):
     return row0 * (k // 64), k * row0 // 64
 
 
+class _Plan:
+    """Everything a call computes from its configuration alone, made once per configuration
+    (`_plan`): the tile / group / amax tables on the device, the flat output lengths, and the
+    compiled kernels. A call then allocates, launches and builds views."""
+
+    def __init__(self, sizes: tuple, k: int, recipe: Recipe, name: str, dev, seed: int,
+                 offset: int):
+        row, col, swz, scaling = recipe.rowwise, recipe.columnwise, recipe.swizzle, recipe.scaling
+        nsc = k // 16
+        ttab, atab, gtab = [], [], []
+        q_len = s_len = qt_len = st_len = 0
+        row0 = 0
+        seed_i64 = seed - (1 << 64) if seed >= 1 << 63 else seed
+        for g, mg in enumerate(sizes):
+            real = _ceil(mg, TILE)
+            tiles = 2 * _ceil(mg, 128) if (swz and row) else real
+            base = len(ttab)
+            ttab += [(g, TILE * i) for i in range(tiles)]
+            atab += [(base + i, min(AMAX_TILES_PER_CTA, real - i))
+                     for i in range(0, real, AMAX_TILES_PER_CTA)]
+            ar, ac = _amax_offsets(scaling, g, row0, k)
+            gtab.append((row0, mg, q_len, s_len, qt_len, st_len, ar, ac, seed_i64, offset))
+            q_len += mg * k // 2
+            s_len += _ceil(mg, 128) * 128 * _ceil(nsc, 4) * 4 if swz else mg * nsc
+            qt_len += k * mg // 2
+            st_len += _ceil(k, 128) * 128 * _ceil(mg // 16, 4) * 4 if swz else k * (mg // 16)
+            row0 += mg
+        self.gtab = gtab
+        self.lens = (q_len, s_len, qt_len, st_len)
+        # the offsets past the last group
+        self.ar_len, self.ac_len = _amax_offsets(scaling, len(sizes), row0, k)
+        self.alias = scaling == "tensor" and not recipe.rht  # columnwise amax = rowwise amax
+        self.launch = bool(ttab) and k > 0
+        if not self.launch:
+            return
+        # device copies made here, once: repeated calls make no host-to-device copy, so they
+        # can be captured in a CUDA graph once warmed up
+        self.tt = torch.tensor(ttab, dtype=torch.int32, device=dev)
+        self.gt = torch.tensor(gtab, dtype=torch.int64, device=dev)
+        self.at = torch.tensor(atab if atab else ((0, 0),), dtype=torch.int32, device=dev)
+        self.dummy = torch.empty(1, dtype=torch.uint8, device=dev)  # for absent outputs
+        self.n_kt = 2 * _ceil(k, 128) if swz and col else _ceil(k, TILE)
+        arch = device_arch(dev)
+        self.amax_fn = None
+        if scaling != "window64" and atab:
+            do_row, do_col = row or self.alias, col and not self.alias
+            akey = ("amax_recipe", name, scaling == "token", recipe.rht, do_row, do_col, arch)
+            self.amax_fn = KERNELS.get(akey, lambda: compile_kernel(
+                *amax_recipe_kernel(name, scaling == "token", recipe.rht, do_row, do_col),
+                arch=arch))
+        ckey = ("cast_recipe",) + _cast_config(name, recipe) + (arch,)
+        self.cast_fn = KERNELS.get(ckey, lambda: compile_kernel(
+            *cast_recipe_kernel(name, recipe), arch=arch))
+
+
+@functools.lru_cache(maxsize=256)
+def _plan(sizes: tuple, k: int, recipe: Recipe, name: str, dev, seed: int, offset: int) -> _Plan:
+    return _Plan(sizes, k, recipe, name, dev, seed, offset)
+
+
 def _run(x2: torch.Tensor, sizes: List[int], recipe: Recipe, seed: int, offset: int,
          shapes, amax_reduce=None, rng_state: Optional[torch.Tensor] = None
          ) -> List[NVFP4Tensor]:
     check_seed_offset(seed, offset)
     dev = x2.device
     k = x2.shape[1]
-    name = _DTYPE_NAMES[x2.dtype]
-    arch = device_arch(dev)
     row, col, swz, scaling = recipe.rowwise, recipe.columnwise, recipe.swizzle, recipe.scaling
     nsc = k // 16
-    n_groups = len(sizes)
-
-    # ---- tables and flat output layout
-    ttab, atab, gtab = [], [], []
-    q_len = s_len = qt_len = st_len = 0
-    row0 = 0
-    seed_i64 = seed - (1 << 64) if seed >= 1 << 63 else seed
-    for g, mg in enumerate(sizes):
-        real = _ceil(mg, TILE)
-        tiles = 2 * _ceil(mg, 128) if (swz and row) else real
-        base = len(ttab)
-        ttab += [(g, TILE * i) for i in range(tiles)]
-        atab += [(base + i, min(AMAX_TILES_PER_CTA, real - i))
-                 for i in range(0, real, AMAX_TILES_PER_CTA)]
-        ar, ac = _amax_offsets(scaling, g, row0, k)
-        gtab.append((row0, mg, q_len, s_len, qt_len, st_len, ar, ac, seed_i64, offset))
-        q_len += mg * k // 2
-        s_len += _ceil(mg, 128) * 128 * _ceil(nsc, 4) * 4 if swz else mg * nsc
-        qt_len += k * mg // 2
-        st_len += _ceil(k, 128) * 128 * _ceil(mg // 16, 4) * 4 if swz else k * (mg // 16)
-        row0 += mg
-    ar_len, ac_len = _amax_offsets(scaling, n_groups, row0, k)  # the offsets past the last group
-
+    plan = _plan(tuple(sizes), k, recipe, _DTYPE_NAMES[x2.dtype], dev, seed, offset)
+    q_len, s_len, qt_len, st_len = plan.lens
     q = _alloc(max(q_len, 1), dev) if row else None
     s = _alloc(max(s_len, 1), dev) if row else None
     qt = _alloc(max(qt_len, 1), dev) if col else None
     st = _alloc(max(st_len, 1), dev) if col else None
-    alias = scaling == "tensor" and not recipe.rht  # columnwise amax = rowwise amax
+    ar_len, ac_len = max(plan.ar_len, 1), max(plan.ac_len, 1)
     if scaling == "window64":
-        amax_r, amax_c = _alloc_f32(max(ar_len, 1), dev), _alloc_f32(max(ac_len, 1), dev)
-    else:  # reduced with red.global.max: zeroed first
-        amax_r = torch.zeros(max(ar_len, 1), dtype=torch.float32, device=dev)
-        amax_c = amax_r if alias else torch.zeros(max(ac_len, 1), dtype=torch.float32, device=dev)
+        amax_r, amax_c = _alloc_f32(ar_len, dev), _alloc_f32(ac_len, dev)
+    elif plan.alias:  # reduced with red.global.max: zeroed first
+        amax_r = amax_c = torch.zeros(ar_len, dtype=torch.float32, device=dev)
+    else:  # one zeroed buffer for both
+        both = torch.zeros(ar_len + ac_len, dtype=torch.float32, device=dev)
+        amax_r, amax_c = both[:ar_len], both[ar_len:]
 
-    launch = bool(ttab) and k > 0
-    if launch:
-        dummy = torch.empty(1, dtype=torch.uint8, device=dev)
-        tt, gt, at = _device_tables(tuple(ttab), tuple(gtab), tuple(atab), dev)
+    if plan.launch:
+        gt = plan.gt
         if rng_state is not None and recipe.stochastic_rounding:
             gt = gt.clone()
             gt[:, G_SEED:G_OFFSET + 1] = rng_state
-        n_kt = _ceil(k, TILE)
-        if swz and col:
-            n_kt = 2 * _ceil(k, 128)
-        if scaling != "window64" and atab:
-            do_row = row or alias
-            do_col = col and not alias
-            akey = ("amax_recipe", name, scaling == "token", recipe.rht, do_row, do_col, arch)
-            fn = KERNELS.get(akey, lambda: compile_kernel(
-                *amax_recipe_kernel(name, scaling == "token", recipe.rht, do_row, do_col),
-                arch=arch))
-            fn(x2, tt, gt, at, amax_r, amax_c)
+        if plan.amax_fn is not None:
+            plan.amax_fn(x2, plan.tt, gt, plan.at, amax_r, amax_c)
     if amax_reduce is not None:
-        _reduce_amaxes(amax_reduce, recipe, amax_r, amax_c, alias)
-    if launch:
-        ckey = ("cast_recipe",) + _cast_config(name, recipe) + (arch,)
-        fn = KERNELS.get(ckey, lambda: compile_kernel(*cast_recipe_kernel(name, recipe),
-                                                      arch=arch))
-        fn(x2, tt, gt, amax_r, amax_c, q if row else dummy, s if row else dummy,
-           qt if col else dummy, st if col else dummy, n_kt)
+        _reduce_amaxes(amax_reduce, recipe, amax_r, amax_c, plan.alias)
+    if plan.launch:
+        dummy = plan.dummy
+        plan.cast_fn(x2, plan.tt, gt, amax_r, amax_c, q if row else dummy, s if row else dummy,
+                     qt if col else dummy, st if col else dummy, plan.n_kt)
 
     out = []
     for g, mg in enumerate(sizes):
-        r0, _, qo, so, qto, sto, ar, ac = gtab[g][:8]
+        r0, _, qo, so, qto, sto, ar, ac = plan.gtab[g][:8]
         data = scales = amax = data_t = scales_t = amax_t = None
         if row:
             data = q[qo:qo + mg * k // 2].view(mg, k // 2)

@@ -7,8 +7,25 @@ from typing import Optional
 import torch
 
 from .formats import FLOAT_DTYPES as OUT_DTYPES
-from .formats import e2m1_decode, unpack_fp4
+from .formats import decode_scale, e2m1_decode, unpack_fp4
 
+
+def epilogue_factors(a_scaling: str, a_amax: Optional[torch.Tensor], a_e4m3_max: int,
+                     b_scaling: str, b_amax: torch.Tensor, b_e4m3_max: int):
+    """(alpha, row, col) of `gemm` from the operands' outer amaxes (None where absent): the
+    per-tensor decode scales 1 / S_enc multiply into alpha (a's first), per-token ones are the
+    row (a) / column (b) vectors; window64 (per-block factors) and dense (W4A16) sides give
+    none."""
+    alpha = row = col = None
+    for side, scaling, amax, e4m3_max in (("a", a_scaling, a_amax, a_e4m3_max),
+                                          ("b", b_scaling, b_amax, b_e4m3_max)):
+        if scaling == "tensor":
+            dec = decode_scale(amax, e4m3_max)
+            alpha = dec if alpha is None else alpha * dec
+        elif scaling == "token":
+            dec = decode_scale(amax, e4m3_max)
+            row, col = (dec, col) if side == "a" else (row, dec)
+    return alpha, row, col
 
 
 def block_values(data: torch.Tensor, factors: torch.Tensor) -> torch.Tensor:

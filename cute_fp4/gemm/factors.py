@@ -1,0 +1,125 @@
+"""The epilogue factors of a scaled NVFP4 GEMM from its operands' outer amaxes, in one launch
+(`ref.gemm.epilogue_factors`, bit for bit): alpha = the product of the per-tensor decode scales
+1 / S_enc, row[m] / col[n] = the per-token decode scales of a's rows / b's rows.
+
+Why a kernel: in torch these are ~10 elementwise launches per operand (the IEEE formula with
+its zero / FLT_MAX cases), ~60 per training step of a Linear, which made the eager step
+host-bound (notes/gemm.md, session 5)."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import cutlass
+import cutlass.cute as cute
+import torch
+from cutlass import Float32, Int32
+
+from ..common import encode as E
+from ..common.jit import KERNELS, compile_kernel, dyn, env_stream, fake_tensor
+from ..common.scales import outer_encode_scale
+
+THREADS = 256
+# The outer-scale kinds that make epilogue factors (window64 amaxes are per-block factors
+# handled in the mainloop; dense W4A16 activations have none).
+FACTOR_SCALINGS = ("tensor", "token")
+
+
+@cute.jit
+def decode_outer_scale(amax: Float32, e4m3_max: cutlass.Constexpr[float]) -> Float32:
+    """S_dec = 1 / S_enc (ref.formats.decode_scale: IEEE reciprocal, subnormals kept)."""
+    return E.rcp_rn(outer_encode_scale(amax, e4m3_max))
+
+
+class EpilogueFactors:
+    """alpha [1], row [M], col [N] from a_amax ([1] per tensor, [M] per token) and b_amax
+    ([1] / [N]); a side whose scaling is neither "tensor" nor "token" contributes nothing."""
+
+    def __init__(self, a_scaling: str, b_scaling: str, a_e4m3_max: int, b_e4m3_max: int):
+        self.a_scaling, self.b_scaling = a_scaling, b_scaling
+        self.a_e4m3_max, self.b_e4m3_max = float(a_e4m3_max), float(b_e4m3_max)
+        self.has_alpha = "tensor" in (a_scaling, b_scaling)
+
+    @cute.jit
+    def __call__(self, a_amax: Optional[cute.Tensor], b_amax: Optional[cute.Tensor],
+                 alpha: Optional[cute.Tensor], row: Optional[cute.Tensor],
+                 col: Optional[cute.Tensor], stream):
+        count = Int32(1)
+        if cutlass.const_expr(self.a_scaling == "token"):
+            count = cutlass.max(count, row.shape[0])
+        if cutlass.const_expr(self.b_scaling == "token"):
+            count = cutlass.max(count, col.shape[0])
+        self.kernel(a_amax, b_amax, alpha, row, col).launch(
+            grid=(cute.ceil_div(count, THREADS), 1, 1), block=(THREADS, 1, 1), stream=stream)
+
+    @cute.kernel
+    def kernel(self, a_amax: Optional[cute.Tensor], b_amax: Optional[cute.Tensor],
+               alpha: Optional[cute.Tensor], row: Optional[cute.Tensor],
+               col: Optional[cute.Tensor]):
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        i = bidx * THREADS + tidx
+        if cutlass.const_expr(self.a_scaling == "token"):
+            if i < row.shape[0]:
+                row[i] = decode_outer_scale(a_amax[i], self.a_e4m3_max)
+        if cutlass.const_expr(self.b_scaling == "token"):
+            if i < col.shape[0]:
+                col[i] = decode_outer_scale(b_amax[i], self.b_e4m3_max)
+        if cutlass.const_expr(self.has_alpha):
+            if i == 0:
+                if cutlass.const_expr(self.a_scaling == "tensor" and self.b_scaling == "tensor"):
+                    alpha[0] = E.mul_rn(decode_outer_scale(a_amax[0], self.a_e4m3_max),
+                                        decode_outer_scale(b_amax[0], self.b_e4m3_max))
+                elif cutlass.const_expr(self.a_scaling == "tensor"):
+                    alpha[0] = decode_outer_scale(a_amax[0], self.a_e4m3_max)
+                else:
+                    alpha[0] = decode_outer_scale(b_amax[0], self.b_e4m3_max)
+
+
+def factors_kernel(a_scaling: str, b_scaling: str, a_e4m3_max: int, b_e4m3_max: int):
+    """The op and fake arguments of one EpilogueFactors configuration."""
+    op = EpilogueFactors(a_scaling, b_scaling, a_e4m3_max, b_e4m3_max)
+    m, n = dyn(), dyn()
+
+    def vector(scaling, extent):
+        if scaling not in FACTOR_SCALINGS:
+            return None
+        return fake_tensor(cutlass.Float32, (extent if scaling == "token" else 1,), align=4)
+
+    return op, (
+        vector(a_scaling, m), vector(b_scaling, n),
+        fake_tensor(cutlass.Float32, (1,), align=4) if op.has_alpha else None,
+        vector(a_scaling, m) if a_scaling == "token" else None,
+        vector(b_scaling, n) if b_scaling == "token" else None,
+        env_stream(),
+    )
+
+
+def epilogue_factors(a_scaling: str, a_amax: Optional[torch.Tensor], a_e4m3_max: int,
+                     b_scaling: str, b_amax: torch.Tensor, b_e4m3_max: int, arch: str):
+    """(alpha, row, col) on b_amax's CUDA device, as `ref.gemm.epilogue_factors` returns them
+    (None where absent), in one launch. The amaxes are FP32 and contiguous (NVFP4Tensor's)."""
+    sides = [(s, t) if s in FACTOR_SCALINGS else (s, None)
+             for s, t in ((a_scaling, a_amax), (b_scaling, b_amax))]
+    (a_scaling, a_amax), (b_scaling, b_amax) = sides
+    if a_amax is None and b_amax is None:
+        return None, None, None
+    has_alpha = "tensor" in (a_scaling, b_scaling)
+    m = a_amax.shape[0] if a_scaling == "token" else 0
+    n = b_amax.shape[0] if b_scaling == "token" else 0
+    device = (b_amax if b_amax is not None else a_amax).device
+    first = int(has_alpha)
+    out = torch.empty((first + m + n,), dtype=torch.float32, device=device)
+    alpha = out[:1] if has_alpha else None
+    row = out[first:first + m] if a_scaling == "token" else None
+    col = out[first + m:] if b_scaling == "token" else None
+    if (row is not None and m == 0) or (col is not None and n == 0):
+        return alpha, row, col  # an empty GEMM: nothing to compute
+    key = ("epilogue_factors", a_scaling, b_scaling, a_e4m3_max, b_e4m3_max)
+
+    def build():
+        op, args = factors_kernel(a_scaling, b_scaling, a_e4m3_max, b_e4m3_max)
+        return compile_kernel(op, *args, arch=arch)
+
+    KERNELS.get(key, build)(a_amax, b_amax, alpha, row, col)
+    return alpha, row, col
