@@ -197,12 +197,10 @@ class _Plan:
         self.dummy = torch.empty((1, 1), dtype=torch.uint8, device=dev)
         self.dummy_f8 = self.dummy.view(torch.float8_e4m3fn)
 
-    def _piece(self, buf: torch.Tensor, spec, separate: bool) -> torch.Tensor:
-        """One uint8 output: its own allocation, or its view of the call's buffer."""
-        shape, strides, offset = spec
-        if separate:
-            return _alloc(shape[0] * shape[1], self.dev).view(shape)
-        return buf.as_strided(shape, strides, offset)
+    def _own(self, spec) -> torch.Tensor:
+        """One uint8 output (shape, strides, offset) in its own allocation."""
+        shape = spec[0]
+        return _alloc(shape[0] * shape[1], self.dev).view(shape)
 
     def run(self, x: torch.Tensor, amax_reduce, separate: bool = False) -> NVFP4Tensor:
         """One call on a validated input: the allocation, the output views, the launch(es).
@@ -210,15 +208,27 @@ class _Plan:
         one (custom-op outputs must not share memory)."""
         if self.flat is not None:
             x = x.view(self.flat)
-        buf = _alloc(self.amax_bytes if separate else self.nbytes, self.dev)
-        words = buf.view(torch.float32)
         data = scales = data_t = scales_t = None
-        if self.row:
-            data = self._piece(buf, self.data, separate)
-            scales = self._piece(buf, self.scales, separate).view(torch.float8_e4m3fn)
-        if self.col:
-            data_t = self._piece(buf, self.data_t, separate)
-            scales_t = self._piece(buf, self.scales_t, separate).view(torch.float8_e4m3fn)
+        if separate:
+            buf = _alloc(self.amax_bytes, self.dev)
+            if self.row:
+                data = self._own(self.data)
+                scales = self._own(self.scales).view(torch.float8_e4m3fn)
+            if self.col:
+                data_t = self._own(self.data_t)
+                scales_t = self._own(self.scales_t).view(torch.float8_e4m3fn)
+        else:
+            buf = _alloc(self.nbytes, self.dev)
+            if self.row:
+                data = buf.as_strided(*self.data)
+            if self.col:
+                data_t = buf.as_strided(*self.data_t)
+            f8 = buf.view(torch.float8_e4m3fn)
+            if self.row:
+                scales = f8.as_strided(*self.scales)
+            if self.col:
+                scales_t = f8.as_strided(*self.scales_t)
+        words = buf.view(torch.float32)
         m, k = self.m, self.k
         # amax_r / amax_c: the outputs; arg_r / arg_c: what the cast reads
         if self.fused:
