@@ -8,9 +8,14 @@ import torch
 
 from ..common.jit import KERNELS, compile_kernel, device_arch, dyn, env_stream, fake_tensor, \
     torch_to_cutlass
+from ..quant.dequantize import dequantize
+from ..recipe import Recipe
 from ..ref.formats import decode_scale
 from ..ref.swizzle import swizzled_shape
+from ..tensor import NVFP4Tensor
 from .operands import _check_operands, _epilogue, _prepare_data
+from .sm90_mixed import UNSCALE_W4A4, gemm_mixed_sm90, launch_mixed, predecode_nvfp4
+from .sm90_w4a16 import _aligned, gemm_w4a16_sm90, launch_w4a16
 
 
 
@@ -194,10 +199,6 @@ def decode_values(data: torch.Tensor, scales: torch.Tensor, swizzled: bool,
     shape of the padded size) -> their values e2m1 * scale as `dtype` [rows, K], exactly (at
     most 6 significant bits, 2**-10 <= |v| <= 2688: exact in BF16, FP16 and FP32). The
     dequantize kernel with a unit outer scale (amax 2688: S_enc = 1)."""
-    from ..quant.dequantize import dequantize
-    from ..recipe import Recipe
-    from ..tensor import NVFP4Tensor
-    from .sm90_w4a16 import _aligned
 
     rows, k = data.shape[0], data.shape[1] * 2
     shape = swizzled_shape(rows, k // 16) if swizzled else (rows, k // 16)
@@ -227,7 +228,6 @@ def _gemm_weight_stream(a_data, sfa, b_data, sfb, alpha, row, col, bias, out, ar
     exactly to BF16 as the W4A16 kernel's activations, the other one its weights (flat swizzled
     scales); when B is the smaller the weights are A's rows, so the kernel writes D from its
     transposed tile (`transposed`)."""
-    from .sm90_w4a16 import launch_w4a16
 
     swap = b_data.shape[0] < a_data.shape[0]
     x_data, sfx, w_data, sfw = (b_data, sfb, a_data, sfa) if swap else (a_data, sfa, b_data, sfb)
@@ -241,7 +241,6 @@ def predecode_operands(a_data, sfa, b_data, sfb, arch):
     their flat swizzled scales: the smaller operand (B on ties) decoded once to BF16 (`y`), the
     larger one (`x_data`, decoded in the kernel's registers) realigned for TMA; swap when A is
     the smaller (the kernel then computes D^T = B A^T)."""
-    from .sm90_mixed import predecode_nvfp4
 
     swap = a_data.shape[0] < b_data.shape[0]
     x_data, sfx, y_data, sfy = (b_data, sfb, a_data, sfa) if swap else (a_data, sfa, b_data, sfb)
@@ -251,7 +250,6 @@ def predecode_operands(a_data, sfa, b_data, sfb, arch):
 def _gemm_predecode(a_data, sfa, b_data, sfb, alpha, row, col, bias, out, arch, tile_n,
                     stages):
     """The predecode path of gemm_nvfp4 on sm_90a (see `predecode_operands`)."""
-    from .sm90_mixed import UNSCALE_W4A4, launch_mixed
 
     x_data, sfx, y, swap = predecode_operands(a_data, sfa, b_data, sfb, arch)
     return launch_mixed(x_data, sfx, y, out, alpha, row, col, bias, transposed=swap,
@@ -304,13 +302,9 @@ def gemm_w4a16(a: torch.Tensor, b_data: torch.Tensor, b_scales: torch.Tensor, *,
     outputs use an FP32 GEMM)."""
     if a.dim() == 2 and a.is_cuda and device_arch(a.device) == "sm_90a":
         if a.shape[0] <= W4A16_MAX_DECODE_ROWS:
-            from .sm90_w4a16 import gemm_w4a16_sm90
-
             return gemm_w4a16_sm90(a, b_data, b_scales, alpha=alpha, col=col, bias=bias,
                                    out_dtype=out_dtype, scales_swizzled=scales_swizzled)
         if a.dtype == torch.bfloat16:
-            from .sm90_mixed import gemm_mixed_sm90
-
             return gemm_mixed_sm90(b_data, b_scales, a, alpha=alpha, col=col, bias=bias,
                                    out_dtype=out_dtype, scales_swizzled=scales_swizzled)
     n, k = b_data.shape[0], b_data.shape[1] * 2

@@ -74,6 +74,8 @@ def _vector(v: Optional[torch.Tensor], n: int, name: str, device) -> Optional[to
         raise ValueError(f"{name} must be on {device}, got {v.device}")
     if v.numel() != n:
         raise ValueError(f"{name} must have {n} elements, got shape {tuple(v.shape)}")
+    if v.dtype == torch.float32 and v.dim() == 1 and v.is_contiguous():
+        return v  # as the kernels take it (the usual case: epilogue_factors' output)
     return v.reshape(-1).to(torch.float32).contiguous()
 
 

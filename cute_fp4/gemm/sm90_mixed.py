@@ -36,6 +36,7 @@ being refilled meanwhile), coalesced predicated stores.
 
 from __future__ import annotations
 
+import functools
 from typing import Optional, Type
 
 import cuda.bindings.driver as cuda
@@ -547,12 +548,14 @@ def staging_bytes(tile_n: int, out_elt: int, transposed: bool) -> int:
     return 2 * rows * (cols * out_elt + 16)
 
 
+@functools.lru_cache(maxsize=None)
 def max_stages(tile_n: int, out_elt: int, transposed: bool) -> int:
     """The deepest pipeline (at most 8) that fits shared memory next to the epilogue buffer."""
     free = SMEM_BYTES - staging_bytes(tile_n, out_elt, transposed)
     return min(8, free // _stage_bytes(tile_n))
 
 
+@functools.lru_cache(maxsize=4096)
 def pick_mixed_config(p: int, q: int, sms: int = 132, out_elt: int = 2,
                       transposed: bool = False):
     """(tile_n, stages) for P register-operand rows x Q TMA-operand rows and out_elt-byte
