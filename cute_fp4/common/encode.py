@@ -182,10 +182,14 @@ _SW_DECL = (
 _SW_CONST = (-0x4B000000 * 0x11111111) % 2**32
 
 
-def _sw_elem(i: int, x: str) -> str:
+def _sw_elem(i: int, x: str, v: str = "v") -> str:
+    """Element i (PTX register x) into the word {$w0}. v = "v": the sign by a compare and a
+    predicated add per element; else the product goes to register v (fma with +0, see
+    sign_nibbles_ptx) and the sign is left to the caller."""
+    signed = v == "v"
     lines = [
-        f"mul.rn.f32 v, {x}, e;",
-        "abs.f32 a, v;",
+        f"mul.rn.f32 v, {x}, e;" if signed else f"fma.rn.f32 {v}, {x}, e, 0f00000000;",
+        f"abs.f32 a, {v};",
         "min.f32 a, a, 0f40C00000;",
         "fma.rn.f32 c, a, 0f40000000, 0f4B000000;",
         "add.rn.f32 d, a, 0f4B000002;",
@@ -198,9 +202,40 @@ def _sw_elem(i: int, x: str) -> str:
         lines.append("mov.b32 {$w0}, b;")
     else:
         lines += [f"shl.b32 b, b, {4 * i};", "add.u32 {$w0}, {$w0}, b;"]
-    lines += ["setp.lt.f32 p, v, 0f00000000;",
-              f"@p add.u32 {{$w0}}, {{$w0}}, {8 << (4 * i)};"]
+    if signed:
+        lines += ["setp.lt.f32 p, v, 0f00000000;",
+                  f"@p add.u32 {{$w0}}, {{$w0}}, {8 << (4 * i)};"]
     return "\n".join(lines) + "\n"
+
+
+# Sign nibbles of 8 elements in 8 instructions instead of a compare and a predicated add each:
+# the products v0 .. v7 are fma(x, enc, +0), so an exact zero product is +0 and the sign bit
+# of v_i is "strictly negative" unless a nonzero product underflows to -0 (callers rule that
+# out per block: see RecipeCastKernel). prmt's sign-replicate mode (selector bit 3) turns
+# byte 3 of v_i into 0x00 / 0xFF; bytes of the even elements go to E, of the odd ones to O,
+# byte j of each from elements 2j / 2j + 1, and bit 3 of byte j of E (bit 7 of O) is bit 3
+# of nibble 2j (2j + 1) of the word.
+def sign_nibbles_ptx(v, w: str) -> str:
+    """PTX ORing the signs of the FP32 registers v[0..7] into bit 4i + 3 of register w (its
+    bits 4i + 3 must be 0); uses registers se, so, st (declared here)."""
+    return ("{\n.reg .b32 se, so, st;\n"
+            f"prmt.b32 se, {v[0]}, {v[2]}, 0xFB;\nprmt.b32 st, {v[4]}, {v[6]}, 0xFB00;\n"
+            "prmt.b32 se, se, st, 0x7610;\n"
+            f"prmt.b32 so, {v[1]}, {v[3]}, 0xFB;\nprmt.b32 st, {v[5]}, {v[7]}, 0xFB00;\n"
+            "prmt.b32 so, so, st, 0x7610;\n"
+            f"and.b32 se, se, 0x08080808;\nor.b32 {w}, {w}, se;\n"
+            f"and.b32 so, so, 0x80808080;\nor.b32 {w}, {w}, so;\n}}\n")
+
+
+def _sw_encode8_signs_ptx():
+    vs = [f"v{i}" for i in range(8)]
+    body = ["{\n", _SW_DECL, ".reg .f32 " + ", ".join(vs) + ";\n", "mov.f32 e, {$r8};\n"]
+    for i in range(8):
+        body.append(_sw_elem(i, "{$r%d}" % i, vs[i]))
+    body.append(f"add.u32 {{$w0}}, {{$w0}}, {_SW_CONST};\n")
+    body.append(sign_nibbles_ptx(vs, "{$w0}"))
+    body.append("}")
+    return "".join(body)
 
 
 def _sw_encode8_ptx():
@@ -231,6 +266,7 @@ def _hw_encode8_ptx():
 
 
 _SW_ENCODE8 = _sw_encode8_ptx()
+_SW_ENCODE8_SIGNS = _sw_encode8_signs_ptx()
 _HW_ENCODE8 = _hw_encode8_ptx()
 
 
@@ -246,6 +282,15 @@ def encode8(xs, enc, block_nan, hw: bool):
         "{\n.reg .pred p;\nsetp.ne.u32 p, {$r1}, 0;\nselp.b32 {$w0}, 0, {$r0}, p;\n}",
         Uint32, w, Uint32(block_nan),
     )
+
+
+def encode8_nonzero_products(xs, enc):
+    """sm_90 software encode8 for a block whose enc is not NaN and whose nonzero products
+    x * enc do not underflow to zero (the caller's per-block guarantee): the signs come from
+    the products' sign bits, 8 at a time (sign_nibbles_ptx); same codes as encode8."""
+    return cute.arch.inline_ptx(
+        _SW_ENCODE8_SIGNS, write_only_types=[Uint32],
+        read_only_args=[Float32(x) for x in xs] + [Float32(enc)])
 
 
 def rotl_nibbles(w, n):

@@ -33,6 +33,7 @@ from cutlass import Float32, Int32, Int64, Uint32
 
 from cute_fp4.common import encode as E
 from cute_fp4.common.philox import philox_block16, round_keys
+from cute_fp4.common.ptx import st_shared
 from cute_fp4.common.scales import (e2m1_to_f32, e4m3_to_f32, outer_encode_scale,
                                     swizzled_scale_offset)
 from cute_fp4.ref.quantize import RHT_SIGNS
@@ -40,7 +41,6 @@ from cute_fp4.ref.quantize import RHT_SIGNS
 DTYPES = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16, "fp32": cutlass.Float32}
 TILE = 64
 THREADS = 256
-SX_STRIDE = TILE + 1  # FP32 smem tile row stride (odd: column reads are conflict-free)
 ONE_SIXTH = 0.16666667  # fp32(1/6): the plain block scale multiplies S_enc by it
 G_ROW0, G_ROWS, G_Q, G_S, G_QT, G_ST, G_AR, G_AC, G_SEED, G_OFFSET = range(10)
 GTAB_COLS = 10
@@ -78,6 +78,7 @@ def neg(a):
 # The word sums bits << 4i, the constants -0x4B000000 << 4i once per word, and 8 << 4i for
 # x * enc < 0. A NaN product only occurs with a NaN enc (NaN block amax), and sr_encode8's
 # caller zeroes those words (code 0, as the reference).
+_SR_SIGN = "setp.lt.f32 p, v, 0f00000000;\n@p add.u32 {$w0}, {$w0}, {sign};\n"
 _SR_ELEM = (
     "mul.rn.f32 v, {x}, e;\n"
     "abs.f32 a, v;\nmin.f32 a, a, 0f40C00000;\n"
@@ -85,28 +86,38 @@ _SR_ELEM = (
     "fma.rz.f32 t, a, 0f3F000000, 0f40800000;\nmin.f32 g, g, t;\n"
     "prmt.b32 b, 0x43000080, {w}, {sel};\nmov.b32 y, b;\nsub.rn.f32 y, y, 0f43000000;\n"
     "add.rz.f32 g, g, y;\nadd.rz.f32 g, g, 0f4B000000;\n"
-    "mov.b32 b, g;\n{pack}"
-    "setp.lt.f32 p, v, 0f00000000;\n@p add.u32 {$w0}, {$w0}, {sign};\n"
+    "mov.b32 b, g;\n{pack}" + _SR_SIGN
 )
 # PRMT selector of byte k of the random word (bytes 4 .. 7): F's bytes (0x80, b, 0x00, 0x43)
 _SR_SEL = ("0x3140", "0x3150", "0x3160", "0x3170")
 _SR_CONST = (-0x4B000000 * 0x11111111) % 2**32
 
 
-def _sr_encode8_ptx() -> str:
+def _sr_encode8_ptx(signs: bool) -> str:
+    """signs: the products are fma(x, enc, +0) in registers v0 .. v7 and the signs are set
+    8 at a time at the end (E.sign_nibbles_ptx: nonzero products must not underflow)."""
+    vs = [f"v{i}" for i in range(8)]
     body = ["{\n.reg .f32 v, a, y, t, g, e;\n.reg .b32 b;\n.reg .pred p;\n"
-            "mov.f32 e, {$r8};\n"]
+            + (".reg .f32 " + ", ".join(vs) + ";\n" if signs else "") + "mov.f32 e, {$r8};\n"]
     for i in range(8):
         pack = "mov.b32 {$w0}, b;\n" if i == 0 else \
             f"shl.b32 b, b, {4 * i};\nadd.u32 {{$w0}}, {{$w0}}, b;\n"
-        body.append(_SR_ELEM.replace("{x}", "{$r%d}" % i).replace("{w}", "{$r%d}" % (9 + i // 4))
+        elem = _SR_ELEM
+        if signs:
+            elem = (elem.replace("mul.rn.f32 v, {x}, e;", f"fma.rn.f32 {vs[i]}, {{x}}, e, 0f00000000;")
+                    .replace("abs.f32 a, v;", f"abs.f32 a, {vs[i]};").replace(_SR_SIGN, ""))
+        body.append(elem.replace("{x}", "{$r%d}" % i).replace("{w}", "{$r%d}" % (9 + i // 4))
                     .replace("{sel}", _SR_SEL[i % 4])
                     .replace("{pack}", pack).replace("{sign}", str(8 << (4 * i))))
-    body.append(f"add.u32 {{$w0}}, {{$w0}}, {_SR_CONST};\n}}")
+    body.append(f"add.u32 {{$w0}}, {{$w0}}, {_SR_CONST};\n")
+    if signs:
+        body.append(E.sign_nibbles_ptx(vs, "{$w0}"))
+    body.append("}")
     return "".join(body)
 
 
-_SR_ENCODE8 = _sr_encode8_ptx()
+_SR_ENCODE8 = _sr_encode8_ptx(False)
+_SR_ENCODE8_SIGNS = _sr_encode8_ptx(True)
 
 
 def sr_encode8(xs, enc, words):
@@ -117,6 +128,14 @@ def sr_encode8(xs, enc, words):
         _SR_ENCODE8, write_only_types=[Uint32],
         read_only_args=[Float32(x) for x in xs] + [Float32(enc)] + [Uint32(b) for b in words])
     return Uint32(cutlass.select_(E.is_nan(enc) != Uint32(0), Uint32(0), w))
+
+
+def sr_encode8_nonzero_products(xs, enc, words):
+    """sr_encode8 for a block whose enc is not NaN and whose nonzero products x * enc do not
+    underflow to zero (the caller's guarantee): signs 8 at a time (E.sign_nibbles_ptx)."""
+    return cute.arch.inline_ptx(
+        _SR_ENCODE8_SIGNS, write_only_types=[Uint32],
+        read_only_args=[Float32(x) for x in xs] + [Float32(enc)] + [Uint32(b) for b in words])
 
 
 # Magnitudes of the round-to-nearest E2M1 values of 8 elements (the grid rounding of
@@ -262,8 +281,58 @@ def lanes_transpose_max16(vals, lane):
     return E.shfl_xor_max_nan(vals[0], 1)
 
 
+def _nonneg(v):
+    """v & 0x7FFFFFFF for an Int32 that is never negative (a row or column count or index):
+    the same value, but the compiler then knows the sign, so divisions and remainders by
+    powers of two become shifts and masks (no signed-rounding fix-ups)."""
+    return Int32(v) & Int32(0x7FFFFFFF)
+
+
+def _swizzled_in_tile(tidx):
+    """The thread's term of a swizzled scale offset in both passes: thread t writes scale
+    (r0 + t // 4, c0 + t % 4) of a 64-row by 4-column corner (r0 % 64 == 0, c0 % 4 == 0), and
+    swizzled_scale_offset(r0 + r, c0 + b, n) = swizzled_scale_offset(r0, c0, n)
+    + swizzled_scale_offset(r, b, 4) there (same 128x4 tile, rows r0 % 128 + r, whole 32-row
+    quarters), so the division-heavy part is per CTA."""
+    return swizzled_scale_offset(tidx // 4, tidx % 4, Int32(4))
+
+
+def sx_off(row, chunk):
+    """Byte offset of 16-byte chunk `chunk` (FP32 columns 4 chunk .. 4 chunk + 3) of row `row`
+    in the FP32 tile: rows of 256 bytes, the chunk XOR-swizzled within its row by
+    s = (chunk bit 3) | (row bit 0 ^ row bit 4) << 1 | (row bit 5) << 2, so that the hot
+    accesses are free of bank conflicts: the loader's 16-byte stores (8 lanes: one row, chunks
+    2 cv + e or cv), the rowwise pass's 16-byte loads (8 lanes: rows 2j, 2j + 1, chunks
+    4 b + k) and the columnwise pass's 4-byte loads (a warp: 8 columns = 2 chunks, rows
+    16 rb + i for rb = 0 .. 3). s flips no chunk bit above bit 2 and no row bit enters it
+    but bits 0, 4 and 5; the passes use that to derive a thread's offsets from one or two
+    base offsets (XOR of chunk bits 0 .. 2, row steps)."""
+    sw = ((chunk >> 3) & 1) | (((row ^ (row >> 4)) & 1) << 1) | (((row >> 5) & 1) << 2)
+    return row * (TILE * 4) + ((chunk ^ sw) << 4)
+
+
+def sx_row16(sbase, row, col0, rot=None):
+    """The 16 FP32 values of `row`, columns col0 .. col0 + 15 (col0 % 16 == 0): 4 x 16 bytes
+    (sbase 256-byte aligned: the chunks differ in address bits 4, 5 only). rot: load the
+    chunks in the order (k + rot) % 4 instead (a max over them does not care)."""
+    a0 = sbase + sx_off(row, col0 // 4)
+    xs = []
+    for k in range(4):
+        kk = k if rot is None else (rot + k) & 3
+        xs += [E.bits_f32(w) for w in E.ld_shared_v4(a0 ^ (kk << 4))]
+    return xs
+
+
+def sx_col16(sbase, row0, col):
+    """The 16 FP32 values of column `col`, rows row0 .. row0 + 15 (row0 % 16 == 0): the
+    swizzle of row row0 + i is that of row0 + i % 2."""
+    a0 = sbase + sx_off(row0, col // 4) + (col % 4) * 4
+    a = [a0, (a0 ^ 32) + TILE * 4]  # row0 + 1: swizzle bit 1 flips (address bit 5)
+    return [E.bits_f32(E.ld_shared_u32(a[i % 2] + (i - i % 2) * TILE * 4)) for i in range(16)]
+
+
 class _TileLoader:
-    """64x64 tile of a group -> FP32 smem (zeros outside)."""
+    """64x64 tile of a group -> FP32 smem (sx_off layout; zeros outside)."""
 
     def _setup(self, dtype):
         if dtype not in DTYPES:
@@ -273,11 +342,20 @@ class _TileLoader:
         self.vpr = TILE * self.esize // 16  # 16-byte vectors per tile row
         self.epv = 16 // self.esize  # elements per vector
 
-    def load_tile(self, sx, xbase, grow0, nrows, kt, K, tidx):
+    def load_tile(self, sbase, xbase, grow0, nrows, kt, K, tidx):
+        """Vector i of thread t: tile row t // vpr + i * (256 / vpr), vector t % vpr; its
+        FP32 values go to smem as 16-byte chunks. Every chunk address comes from the first
+        one: the rows of later i add 32 (2-byte inputs) or 16 (fp32) per i, which flips
+        swizzle bit 2 (bit 1 and 2 for fp32: i bits 0, 1); a vector of a 2-byte input is
+        chunks 2 cv, 2 cv + 1 (chunk bit 0, same swizzle)."""
+        rstep = THREADS // self.vpr
+        cpv = self.epv // 4  # 16-byte chunks per vector
+        a0 = sbase + sx_off(tidx // self.vpr, (tidx % self.vpr) * cpv)
         for i in range(TILE * self.vpr // THREADS):
             v = tidx + i * THREADS
             r = v // self.vpr
             cv = v % self.vpr
+            flip = (i << 6) if rstep == 32 else (i << 5)  # chunk ^ 4i / ^ 2i, in bytes
             col = kt * TILE + cv * self.epv
             ok = (r < nrows) & (col < K)
             addr = xbase + ((grow0 + Int64(r)) * Int64(K) + Int64(col)) * self.esize
@@ -290,8 +368,9 @@ class _TileLoader:
                 else:
                     vals.append(E.unpack_lo(wv, self.dtype_name))
                     vals.append(E.unpack_hi(wv, self.dtype_name))
-            for j in range(self.epv):
-                sx[r, cv * self.epv + j] = vals[j]
+            for e in range(cpv):
+                st_shared((a0 ^ (flip | (e << 4))) + i * rstep * TILE * 4,
+                          *[E.f32_bits(v) for v in vals[4 * e:4 * e + 4]], clobber=False)
 
 
 class RecipeCastKernel(_TileLoader):
@@ -330,13 +409,58 @@ class RecipeCastKernel(_TileLoader):
             grid=(n_kt, T, 1), block=(THREADS, 1, 1), stream=stream)
 
     # ------------------------------------------------------------ block numerics
-    def _encode16(self, xs, enc, idx0, stream, keys, offset):
-        """Codes of 16 values with the block's enc: two Uint32 words of 8 nibbles."""
+    def _encode16(self, xs, enc, idx0, stream, keys, offset, quarter: bool = False):
+        """Codes of 16 values with the block's enc: two Uint32 words of 8 nibbles. quarter:
+        xs are RHT outputs without their x 0.25 (2-byte inputs only), encoded as xs * 0.25."""
+        words = None
+        if cutlass.const_expr(self.stochastic):
+            words = philox_block16(idx0, offset, stream, keys)
+        if cutlass.const_expr(not self._sign_bits()):
+            return self._encode16_any(xs, enc, words)
+        return self._encode16_guarded(xs, enc, words, quarter)
+
+    def _sign_bits(self) -> bool:
+        """Whether the encoders may take the signs from the products' sign bits (blocks with
+        enc >= 2^-14, _encode16_guarded): 2-byte inputs and a software encoder (sm_90, or
+        stochastic rounding)."""
+        return self.esize == 2 and (self.stochastic or not self.hw)
+
+    def _encode16_any(self, xs, enc, words):
+        """Codes of 16 values, any enc (NaN: zeros)."""
         if cutlass.const_expr(not self.stochastic):
             nan = E.is_nan(enc)
             return E.encode8(xs[0:8], enc, nan, self.hw), E.encode8(xs[8:16], enc, nan, self.hw)
-        words = philox_block16(idx0, offset, stream, keys)
         return sr_encode8(xs[0:8], enc, words[0:2]), sr_encode8(xs[8:16], enc, words[2:4])
+
+    @cute.jit
+    def _encode16_guarded(self, xs, enc, words, quarter: cutlass.Constexpr):
+        """sm_90, 2-byte inputs: blocks with enc >= 2^-14 (not NaN) take the encoders that set
+        the signs 8 at a time from the products' sign bits. Exact there: every nonzero input
+        (and RHT output) of a bf16 / fp16 tensor is a multiple of 2^-133 / 2^-24 (sums and
+        RN of such stay multiples), so a nonzero product is at least 2^-149 in magnitude and
+        never rounds to a -0 that the reference would not call negative; an exact zero product
+        is +0 (fma with +0). With the RHT's x 0.25 left out (quarter), RN(y * 0.25) is exact
+        for such y and enc * 0.25 is exact for enc >= 2^-124, so RN(RN(y * 0.25) * enc) =
+        RN(y * RN(enc * 0.25)): one multiply per block instead of 16. Other blocks: the
+        general encoders (on y * 0.25)."""
+        w0 = Uint32(0)
+        w1 = Uint32(0)
+        if enc >= Float32(2.0 ** -14):
+            e = enc
+            if cutlass.const_expr(quarter):
+                e = E.mul_rn(enc, Float32(0.25))
+            if cutlass.const_expr(self.stochastic):
+                w0 = sr_encode8_nonzero_products(xs[0:8], e, words[0:2])
+                w1 = sr_encode8_nonzero_products(xs[8:16], e, words[2:4])
+            else:
+                w0 = E.encode8_nonzero_products(xs[0:8], e)
+                w1 = E.encode8_nonzero_products(xs[8:16], e)
+        else:
+            ys = xs
+            if cutlass.const_expr(quarter):
+                ys = [E.mul_rn(x, Float32(0.25)) for x in xs]
+            w0, w1 = self._encode16_any(ys, enc, words)
+        return w0, w1
 
     def _candidate(self, xs, refs, enc, code, g_amax):
         """4over6 error of one candidate (scale code, enc), from magnitudes: the errors are
@@ -409,13 +533,13 @@ class RecipeCastKernel(_TileLoader):
             i = 0
         return sosc[side, i, 0], sosc[side, i, 1], sosc[side, i, 2]
 
-    def _block(self, xs, eam, osc, idx0, stream, keys, offset):
+    def _block(self, xs, eam, osc, idx0, stream, keys, offset, quarter: bool = False):
         """Plain path: (scale code, w0, w1). 4over6: both candidates (code, enc) and their
-        errors. osc: the outer scale (_outer)."""
+        errors. osc: the outer scale (_outer). quarter: see _encode16 (plain path only)."""
         g_amax, s_enc, s_dec = osc
         if cutlass.const_expr(self.fos is None):
             code, enc = E.block_scale(eam, E.mul_rn(s_enc, Float32(ONE_SIXTH)), s_dec)
-            w0, w1 = self._encode16(xs, enc, idx0, stream, keys, offset)
+            w0, w1 = self._encode16(xs, enc, idx0, stream, keys, offset, quarter)
             return code, w0, w1
         base = E.mul_rn(E.div_rn(eam, Float32(6.0)), s_enc)  # IEEE amax_b / 6, as ref.true_div
         c6 = E.e4m3_code(base)
@@ -445,17 +569,18 @@ class RecipeCastKernel(_TileLoader):
         tidx, _, _ = cute.arch.thread_idx()
         kt, tt, _ = cute.arch.block_idx()
         smem = cutlass.memory.SmemAllocator()
-        sx = smem.allocate_tensor(Float32, cute.make_layout((TILE, TILE), stride=(SX_STRIDE, 1)), 16)
+        sx = smem.allocate_tensor(Float32, cute.make_layout(TILE * TILE), 256)
+        sbase = sx.iterator.toint()
         stam = smem.allocate_tensor(Float32, cute.make_layout(16), 16)
         serr = smem.allocate_tensor(Float32, cute.make_layout((2, THREADS), stride=(THREADS, 1)), 16)
         # outer scales [row / column side, tile row / column, (amax, S_enc, 1 / S_enc)]
         sosc = smem.allocate_tensor(Float32, cute.make_layout((2, TILE, 3), stride=(TILE * 3, 3, 1)), 16)
 
         g = ttab[tt, 0]
-        lr0 = ttab[tt, 1]
+        lr0 = _nonneg(ttab[tt, 1])
         row0 = gtab[g, G_ROW0]
-        Mg = Int32(gtab[g, G_ROWS])
-        K = x.shape[1]
+        Mg = _nonneg(Int32(gtab[g, G_ROWS]))
+        K = _nonneg(x.shape[1])
         nrows = Mg - lr0
         ar_base = amax_r.iterator.toint() + gtab[g, G_AR] * 4
         ac_base = amax_c.iterator.toint() + gtab[g, G_AC] * 4
@@ -471,7 +596,7 @@ class RecipeCastKernel(_TileLoader):
             osc_amax = E.ld_global_f32(cutlass.select_(
                 tidx < TILE, ar_base + Int64(cutlass.min(lr0 + osc_i, Mg - 1)) * 4,
                 ac_base + Int64(cutlass.min(kt * TILE + osc_i, K - 1)) * 4))
-        self.load_tile(sx, x.iterator.toint(), row0 + Int64(lr0), nrows, kt, K, tidx)
+        self.load_tile(sbase, x.iterator.toint(), row0 + Int64(lr0), nrows, kt, K, tidx)
         if cutlass.const_expr(self.scaling != "window64"):
             writer = tidx < 2 * TILE
             if cutlass.const_expr(self.scaling == "tensor"):
@@ -488,10 +613,7 @@ class RecipeCastKernel(_TileLoader):
             # tile amax of the 16 16x16 tiles: 16 threads per tile, one row each
             ti = tidx // 16
             j = tidx % 16
-            vals = []
-            for i in cutlass.range_constexpr(16):
-                vals.append(sx[(ti // 4) * 16 + j, (ti % 4) * 16 + i])
-            a = block_amax(vals)
+            a = block_amax(sx_row16(sbase, (ti // 4) * 16 + j, (ti % 4) * 16, j // 2))
             for m in (8, 4, 2, 1):
                 a = E.shfl_xor_max_nan(a, m)
             if j == 0:
@@ -504,16 +626,17 @@ class RecipeCastKernel(_TileLoader):
             keys = round_keys(Uint32(seed & 0xFFFFFFFF), Uint32(seed >> 32))
         offset = Uint32(gtab[g, G_OFFSET])
         if cutlass.const_expr(self.rowwise):
-            self._row_pass(sx, stam, serr, sosc, tidx, g, lr0, nrows, Mg, kt, K, gtab,
+            self._row_pass(sbase, stam, serr, sosc, tidx, g, lr0, nrows, Mg, kt, K, gtab,
                            ar_base, q, s, keys, offset)
         if cutlass.const_expr(self.columnwise):
-            self._col_pass(sx, stam, serr, sosc, tidx, g, lr0, Mg, kt, K, gtab, ac_base,
+            self._col_pass(sbase, stam, serr, sosc, tidx, g, lr0, Mg, kt, K, gtab, ac_base,
                            qt, st, keys, offset)
 
-    def _finish(self, xs, eam, osc, idx0, stream, keys, offset, serr, tidx):
+    def _finish(self, xs, eam, osc, idx0, stream, keys, offset, serr, tidx,
+                quarter: bool = False):
         """(scale code, w0, w1) of this thread's block; 16x16 4over6 sums the errors of the
         tile's 16 blocks (thread slots 4 * j + (tidx % 4) + 64 * (tidx // 64)) in tree order."""
-        res = self._block(xs, eam, osc, idx0, stream, keys, offset)
+        res = self._block(xs, eam, osc, idx0, stream, keys, offset, quarter)
         if cutlass.const_expr(self.fos is None):
             return res
         e6 = res[4]
@@ -535,14 +658,12 @@ class RecipeCastKernel(_TileLoader):
 
     # ------------------------------------------------------------ rowwise pass
     @cute.jit
-    def _row_pass(self, sx, stam, serr, sosc, tidx, g, lr0, nrows, Mg, kt, K, gtab, ar_base,
+    def _row_pass(self, sbase, stam, serr, sosc, tidx, g, lr0, nrows, Mg, kt, K, gtab, ar_base,
                   q, s, keys, offset):
         r = tidx // 4
         b = tidx % 4
         lrow = lr0 + r
-        xs = []
-        for i in cutlass.range_constexpr(16):
-            xs.append(sx[r, b * 16 + i])
+        xs = sx_row16(sbase, r, b * 16)
         am = block_amax(xs)
         row_ok = r < nrows
         col0 = kt * TILE + b * 16
@@ -569,7 +690,8 @@ class RecipeCastKernel(_TileLoader):
         if cutlass.const_expr(self.swizzle):
             in_pad = (lrow < (Mg + 127) // 128 * 128) & (scol < (nsc + 3) // 4 * 4)
             if in_pad:
-                E.st_global_u8(s_base + Int64(swizzled_scale_offset(lrow, scol, nsc)),
+                E.st_global_u8(s_base + Int64(swizzled_scale_offset(lr0, kt * 4, nsc)
+                                              + _swizzled_in_tile(tidx)),
                                Uint32(cutlass.select_(ok, code, Uint32(0))))
         else:
             if ok:
@@ -577,18 +699,21 @@ class RecipeCastKernel(_TileLoader):
 
     # ------------------------------------------------------------ columnwise pass
     @cute.jit
-    def _col_pass(self, sx, stam, serr, sosc, tidx, g, lr0, Mg, kt, K, gtab, ac_base,
+    def _col_pass(self, sbase, stam, serr, sosc, tidx, g, lr0, Mg, kt, K, gtab, ac_base,
                   qt, st, keys, offset):
         c = tidx // 4
         rb = tidx % 4
         kc = kt * TILE + c
         mb = lr0 // 16 + rb  # group-local 16-row block = scale column of the twin
-        xs = []
-        for i in cutlass.range_constexpr(16):
-            xs.append(sx[rb * 16 + i, c])
+        xs = sx_col16(sbase, rb * 16, c)
+        # plain 1x16 blocks on the sign-bit encoders: the RHT's x 0.25 goes into the block
+        # amax (amax(|y| * 0.25) = amax(|y|) * 0.25, exact here) and enc (_encode16_guarded)
+        quarter = self.rht and self._sign_bits() and self.fos is None and self.block_rows == 1
         if cutlass.const_expr(self.rht):
-            xs = rht16(xs)
+            xs = rht16(xs, scale=not quarter)
         am = block_amax(xs)
+        if cutlass.const_expr(quarter):
+            am = E.mul_rn(am, Float32(0.25))
         ok = (kc < K) & (lr0 + rb * 16 < Mg)
         osc = self._shared_outer(sosc, 1, c)
         if cutlass.const_expr(self.scaling == "window64"):
@@ -601,7 +726,7 @@ class RecipeCastKernel(_TileLoader):
         if cutlass.const_expr(self.block_rows == 16):
             eam = stam[rb * 4 + c // 16]
         idx0 = Int64(kc) * Int64(Mg) + Int64(lr0 + rb * 16)
-        code, w0, w1 = self._finish(xs, eam, osc, idx0, 1, keys, offset, serr, tidx)
+        code, w0, w1 = self._finish(xs, eam, osc, idx0, 1, keys, offset, serr, tidx, quarter)
 
         if ok:
             E.st_global_v2(qt.iterator.toint() + gtab[g, G_QT] + Int64(kc) * Int64(Mg // 2)
@@ -611,7 +736,8 @@ class RecipeCastKernel(_TileLoader):
         if cutlass.const_expr(self.swizzle):
             in_pad = (kc < (K + 127) // 128 * 128) & (mb < (nsc + 3) // 4 * 4)
             if in_pad:
-                E.st_global_u8(st_base + Int64(swizzled_scale_offset(kc, mb, nsc)),
+                E.st_global_u8(st_base + Int64(swizzled_scale_offset(kt * TILE, lr0 // 16, nsc)
+                                               + _swizzled_in_tile(tidx)),
                                Uint32(cutlass.select_(ok, code, Uint32(0))))
         else:
             if ok:
