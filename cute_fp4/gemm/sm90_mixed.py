@@ -187,13 +187,17 @@ class Sm90Epilogue(EpilogueOperands):
         tCcD = thr_mma.partition_C(cute.local_tile(cD, (TILE_M, tile_n), (p_tile, q_tile)))
         tCgD = thr_mma.partition_C(cute.local_tile(gD, (TILE_M, tile_n), (p_tile, q_tile)))
         scale = self.acc_scale(2.0 ** self.unscale_exp, epi)
+        cache = {}
         for i in cutlass.range_constexpr(cute.size(acc)):
             p, q = tCcD[i]
-            m, n = p, q
+            kp, kq = tCcD.layout(i)  # trace-time offsets within the fragment
+            m, n, km, kn = p, q, kp, kq
             if const_expr(self.transposed):
-                m, n = q, p
+                m, n, km, kn = q, p, kq, kp
+            vals = self.load_operands(cache, km, kn, m, n, mD.shape[0], mD.shape[1], epi)
             if p < p_rows and q < q_cols:
-                tCgD[i] = self.apply_operands(acc[i] * scale, m, n, epi).to(self.out_dtype)
+                tCgD[i] = self.apply_operands(acc[i] * scale, m, n, epi,
+                                              vals).to(self.out_dtype)
 
 
     def staging_bytes(self) -> int:
@@ -224,17 +228,21 @@ class Sm90Epilogue(EpilogueOperands):
         scale = self.acc_scale(2.0 ** self.unscale_exp, epi)
         # this warpgroup's stores of the previous tile have read the staging buffer
         cute.arch.barrier(barrier_id=2 + mma_wg, number_of_threads=128)
+        cache = {}
         for i in cutlass.range_constexpr(cute.size(acc)):
             pl, ql = tCcT[i]
+            kp, kq = tCcT.layout(i)  # trace-time offsets within the fragment
             p = p_tile * TILE_M + pl
             q = q_tile * tile_n + ql
-            m, n = p, q
+            m, n, km, kn = p, q, kp, kq
             r, c = pl - mma_wg * 64, ql
             if const_expr(self.transposed):
-                m, n = q, p
+                m, n, km, kn = q, p, kq, kp
                 r, c = ql, pl - mma_wg * 64
+            vals = self.load_operands(cache, km, kn, m, n, m_rows, n_cols, epi)
             if p < p_rows and q < q_cols:
-                sD[r, c] = self.apply_operands(acc[i] * scale, m, n, epi).to(self.out_dtype)
+                sD[r, c] = self.apply_operands(acc[i] * scale, m, n, epi,
+                                               vals).to(self.out_dtype)
         cute.arch.barrier(barrier_id=2 + mma_wg, number_of_threads=128)
         m0 = p_tile * TILE_M + mma_wg * 64
         n0 = q_tile * tile_n
