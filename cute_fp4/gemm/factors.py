@@ -25,6 +25,11 @@ THREADS = 256
 FACTOR_SCALINGS = ("tensor", "token")
 
 
+def factor_kind(scaling: str):
+    """The scaling of an operand as the factors see it: "tensor", "token", or None (it makes no factor)."""
+    return scaling if scaling in FACTOR_SCALINGS else None
+
+
 @cute.jit
 def decode_outer_scale(amax: Float32, e4m3_max: cutlass.Constexpr[float]) -> Float32:
     """S_dec = 1 / S_enc (ref.formats.decode_scale: IEEE reciprocal, subnormals kept)."""
@@ -36,18 +41,18 @@ class EpilogueFactors:
     ([1] / [N]); a side whose scaling is neither "tensor" nor "token" contributes nothing."""
 
     def __init__(self, a_scaling: str, b_scaling: str, a_e4m3_max: int, b_e4m3_max: int):
-        self.a_scaling, self.b_scaling = a_scaling, b_scaling
+        self.a_kind, self.b_kind = factor_kind(a_scaling), factor_kind(b_scaling)
         self.a_e4m3_max, self.b_e4m3_max = float(a_e4m3_max), float(b_e4m3_max)
-        self.has_alpha = "tensor" in (a_scaling, b_scaling)
+        self.has_alpha = "tensor" in (self.a_kind, self.b_kind)
 
     @cute.jit
     def __call__(self, a_amax: Optional[cute.Tensor], b_amax: Optional[cute.Tensor],
                  alpha: Optional[cute.Tensor], row: Optional[cute.Tensor],
                  col: Optional[cute.Tensor], stream):
         count = Int32(1)
-        if cutlass.const_expr(self.a_scaling == "token"):
+        if cutlass.const_expr(self.a_kind == "token"):
             count = cutlass.max(count, row.shape[0])
-        if cutlass.const_expr(self.b_scaling == "token"):
+        if cutlass.const_expr(self.b_kind == "token"):
             count = cutlass.max(count, col.shape[0])
         self.kernel(a_amax, b_amax, alpha, row, col).launch(
             grid=(cute.ceil_div(count, THREADS), 1, 1), block=(THREADS, 1, 1), stream=stream)
@@ -59,18 +64,18 @@ class EpilogueFactors:
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         i = bidx * THREADS + tidx
-        if cutlass.const_expr(self.a_scaling == "token"):
+        if cutlass.const_expr(self.a_kind == "token"):
             if i < row.shape[0]:
                 row[i] = decode_outer_scale(a_amax[i], self.a_e4m3_max)
-        if cutlass.const_expr(self.b_scaling == "token"):
+        if cutlass.const_expr(self.b_kind == "token"):
             if i < col.shape[0]:
                 col[i] = decode_outer_scale(b_amax[i], self.b_e4m3_max)
         if cutlass.const_expr(self.has_alpha):
             if i == 0:
-                if cutlass.const_expr(self.a_scaling == "tensor" and self.b_scaling == "tensor"):
+                if cutlass.const_expr(self.a_kind == "tensor" and self.b_kind == "tensor"):
                     alpha[0] = E.mul_rn(decode_outer_scale(a_amax[0], self.a_e4m3_max),
                                         decode_outer_scale(b_amax[0], self.b_e4m3_max))
-                elif cutlass.const_expr(self.a_scaling == "tensor"):
+                elif cutlass.const_expr(self.a_kind == "tensor"):
                     alpha[0] = decode_outer_scale(a_amax[0], self.a_e4m3_max)
                 else:
                     alpha[0] = decode_outer_scale(b_amax[0], self.b_e4m3_max)
@@ -81,16 +86,17 @@ def factors_kernel(a_scaling: str, b_scaling: str, a_e4m3_max: int, b_e4m3_max: 
     op = EpilogueFactors(a_scaling, b_scaling, a_e4m3_max, b_e4m3_max)
     m, n = dyn(), dyn()
 
-    def vector(scaling, extent):
-        if scaling not in FACTOR_SCALINGS:
-            return None
-        return fake_tensor(cutlass.Float32, (extent if scaling == "token" else 1,), align=4)
+    def vector(extent):
+        return fake_tensor(cutlass.Float32, (extent,), align=4)
+
+    def amax(kind, extent):
+        return None if kind is None else vector(extent if kind == "token" else 1)
 
     return op, (
-        vector(a_scaling, m), vector(b_scaling, n),
-        fake_tensor(cutlass.Float32, (1,), align=4) if op.has_alpha else None,
-        vector(a_scaling, m) if a_scaling == "token" else None,
-        vector(b_scaling, n) if b_scaling == "token" else None,
+        amax(op.a_kind, m), amax(op.b_kind, n),
+        vector(1) if op.has_alpha else None,
+        vector(m) if op.a_kind == "token" else None,
+        vector(n) if op.b_kind == "token" else None,
         env_stream(),
     )
 
@@ -99,26 +105,25 @@ def epilogue_factors(a_scaling: str, a_amax: Optional[torch.Tensor], a_e4m3_max:
                      b_scaling: str, b_amax: torch.Tensor, b_e4m3_max: int, arch: str):
     """(alpha, row, col) on b_amax's CUDA device, as `ref.gemm.epilogue_factors` returns them
     (None where absent), in one launch. The amaxes are FP32 and contiguous (NVFP4Tensor's)."""
-    sides = [(s, t) if s in FACTOR_SCALINGS else (s, None)
-             for s, t in ((a_scaling, a_amax), (b_scaling, b_amax))]
-    (a_scaling, a_amax), (b_scaling, b_amax) = sides
-    if a_amax is None and b_amax is None:
+    a_kind, b_kind = factor_kind(a_scaling), factor_kind(b_scaling)
+    if a_kind is None and b_kind is None:
         return None, None, None
-    has_alpha = "tensor" in (a_scaling, b_scaling)
-    m = a_amax.shape[0] if a_scaling == "token" else 0
-    n = b_amax.shape[0] if b_scaling == "token" else 0
-    device = (b_amax if b_amax is not None else a_amax).device
+    a_amax, b_amax = (a_amax if a_kind else None), (b_amax if b_kind else None)
+    has_alpha = "tensor" in (a_kind, b_kind)
+    m = a_amax.shape[0] if a_kind == "token" else 0
+    n = b_amax.shape[0] if b_kind == "token" else 0
+    device = (b_amax if b_kind else a_amax).device
     first = int(has_alpha)
     out = torch.empty((first + m + n,), dtype=torch.float32, device=device)
     alpha = out[:1] if has_alpha else None
-    row = out[first:first + m] if a_scaling == "token" else None
-    col = out[first + m:] if b_scaling == "token" else None
+    row = out[first:first + m] if a_kind == "token" else None
+    col = out[first + m:] if b_kind == "token" else None
     if (row is not None and m == 0) or (col is not None and n == 0):
         return alpha, row, col  # an empty GEMM: nothing to compute
-    key = ("epilogue_factors", a_scaling, b_scaling, a_e4m3_max, b_e4m3_max)
+    key = ("epilogue_factors", a_kind, b_kind, a_e4m3_max, b_e4m3_max)
 
     def build():
-        op, args = factors_kernel(a_scaling, b_scaling, a_e4m3_max, b_e4m3_max)
+        op, args = factors_kernel(a_kind, b_kind, a_e4m3_max, b_e4m3_max)
         return compile_kernel(op, *args, arch=arch)
 
     KERNELS.get(key, build)(a_amax, b_amax, alpha, row, col)
