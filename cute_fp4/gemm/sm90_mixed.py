@@ -190,15 +190,22 @@ class Sm90Epilogue(EpilogueOperands):
         cache = {}
         for i in cutlass.range_constexpr(cute.size(acc)):
             p, q = tCcD[i]
-            kp, kq = tCcD.layout(i)  # trace-time offsets within the fragment
-            m, n, km, kn = p, q, kp, kq
-            if const_expr(self.transposed):
-                m, n, km, kn = q, p, kq, kp
-            vals = self.load_operands(cache, km, kn, m, n, mD.shape[0], mD.shape[1], epi)
+            m, n, vals = self.element_operands(cache, tCcD, i, p, q, mD, epi)
             if p < p_rows and q < q_cols:
                 tCgD[i] = self.apply_operands(acc[i] * scale, m, n, epi,
                                               vals).to(self.out_dtype)
 
+
+    def element_operands(self, cache: dict, coords, i: int, p, q, mD, epi):
+        """(m, n, the epilogue operand values) of accumulator element i at kernel coordinate
+        (p, q): D's coordinate (swapped when transposed) and `load_operands` keyed by i's
+        trace-time offsets within the thread's fragment (the layout of its partition `coords`
+        of the identity tensor)."""
+        kp, kq = coords.layout(i)
+        m, n, km, kn = p, q, kp, kq
+        if const_expr(self.transposed):
+            m, n, km, kn = q, p, kq, kp
+        return m, n, self.load_operands(cache, km, kn, m, n, mD.shape[0], mD.shape[1], epi)
 
     def staging_bytes(self) -> int:
         """Shared memory of `epilogue_staged`."""
@@ -231,15 +238,12 @@ class Sm90Epilogue(EpilogueOperands):
         cache = {}
         for i in cutlass.range_constexpr(cute.size(acc)):
             pl, ql = tCcT[i]
-            kp, kq = tCcT.layout(i)  # trace-time offsets within the fragment
             p = p_tile * TILE_M + pl
             q = q_tile * tile_n + ql
-            m, n, km, kn = p, q, kp, kq
+            m, n, vals = self.element_operands(cache, tCcT, i, p, q, mD, epi)
             r, c = pl - mma_wg * 64, ql
             if const_expr(self.transposed):
-                m, n, km, kn = q, p, kq, kp
                 r, c = ql, pl - mma_wg * 64
-            vals = self.load_operands(cache, km, kn, m, n, m_rows, n_cols, epi)
             if p < p_rows and q < q_cols:
                 sD[r, c] = self.apply_operands(acc[i] * scale, m, n, epi,
                                                vals).to(self.out_dtype)

@@ -202,9 +202,9 @@ def _run(x2: torch.Tensor, sizes: List[int], recipe: Recipe, seed: int, offset: 
     ar_len, ac_len = max(plan.ar_len, 1), max(plan.ac_len, 1)
     if scaling == "window64":
         amax_r, amax_c = _alloc_f32(ar_len, dev), _alloc_f32(ac_len, dev)
-    elif plan.alias:  # reduced with red.global.max: zeroed first
+    elif plan.alias:  # zeroed first (reduced with red.global.max); one amax serves both
         amax_r = amax_c = torch.zeros(ar_len, dtype=torch.float32, device=dev)
-    else:  # one zeroed buffer for both
+    else:  # zeroed first, one buffer for both
         both = torch.zeros(ar_len + ac_len, dtype=torch.float32, device=dev)
         amax_r, amax_c = both[:ar_len], both[ar_len:]
 
