@@ -9,12 +9,14 @@ CPU tensors run the bit-exact torch references in `cute_fp4.ref`.
 # function is bound, and a later `import cute_fp4.gemm.dispatch` leaves `cute_fp4.gemm` alone.
 from . import gemm as _gemm_kernels  # noqa: F401  (isort: skip)
 from . import nn, ref
-from .api import dequantize, gemm, mxfp8_dequantize, quantize, quantize_grouped
+from .api import (dequantize, gemm, mxfp8_dequantize, quantize, quantize_dbias,
+                  quantize_grouped)
 from .nn import LinearRecipe, convert
 from .recipe import Recipe
 from .tensor import NVFP4Tensor
 
 __version__ = "0.1.0"
 
-__all__ = ["Recipe", "LinearRecipe", "NVFP4Tensor", "quantize", "quantize_grouped", "dequantize",
+__all__ = ["Recipe", "LinearRecipe", "NVFP4Tensor", "quantize", "quantize_dbias",
+           "quantize_grouped", "dequantize",
            "gemm", "mxfp8_dequantize", "convert", "nn", "ref", "__version__"]

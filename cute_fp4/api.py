@@ -3,7 +3,7 @@ references (same results, slower)."""
 
 from __future__ import annotations
 
-from typing import List, Optional, Sequence, Union
+from typing import List, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -35,6 +35,26 @@ def quantize(x: torch.Tensor, recipe: Recipe = Recipe(), *, seed: int = 0, offse
     aside: its bits are indexed by local position). Per-row and per-window (window64; slices
     of whole 64-row windows) amaxes are local and not reduced.
     """
+    x2 = _check_quantize_args(x, recipe, rng_state, amax_group)
+    return ops.quantize(x2, recipe, x.shape, x.dtype, seed, offset, rng_state, amax_group)
+
+
+def quantize_dbias(dy: torch.Tensor, recipe: Recipe = Recipe(), *, seed: int = 0,
+                   offset: int = 0, rng_state: Optional[torch.Tensor] = None,
+                   amax_group=None) -> Tuple[NVFP4Tensor, torch.Tensor]:
+    """`quantize(dy, recipe, ...)` and the sums of dy's columns over all leading dimensions,
+    float32 [K]: a Linear's bias gradient (local to the rank under `amax_group`, like a BF16
+    Linear's). On CUDA the recipe kernels (RHT, stochastic rounding, 16x16 blocks, 4over6 with
+    scaling "tensor" / "token") read it in their amax pass: per-CTA FP32 partials in a fixed
+    order, then one small sum, so no extra read of dy and a deterministic result; the plain
+    cast and window64 take a torch sum (one more read of dy)."""
+    x2 = _check_quantize_args(dy, recipe, rng_state, amax_group)
+    return ops.quantize(x2, recipe, dy.shape, dy.dtype, seed, offset, rng_state, amax_group,
+                        column_sum=True)
+
+
+def _check_quantize_args(x, recipe, rng_state, amax_group) -> torch.Tensor:
+    """quantize's checks; x as 2D [M, K]."""
     x2 = check_quantize_input(x, recipe)
     _check_contiguous(x, "x")
     if rng_state is not None and (rng_state.dtype != torch.int64 or rng_state.shape != (2,)
@@ -47,7 +67,7 @@ def quantize(x: torch.Tensor, recipe: Recipe = Recipe(), *, seed: int = 0, offse
         if not isinstance(amax_group, dist.ProcessGroup):
             raise TypeError(f"amax_group must be a torch.distributed.ProcessGroup, got "
                             f"{type(amax_group).__name__}")
-    return ops.quantize(x2, recipe, x.shape, x.dtype, seed, offset, rng_state, amax_group)
+    return x2
 
 
 def quantize_grouped(x: torch.Tensor, split_sizes: Sequence[int], recipe: Recipe = Recipe(), *,

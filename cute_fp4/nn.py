@@ -105,15 +105,20 @@ class _LinearFunction(torch.autograd.Function):
         # Fresh stochastic-rounding bits every step: advance the module's Philox offset (on
         # the module's device, so a captured CUDA graph advances it at every replay).
         ctx.module.rng_state[1:].add_(1)
-        dyq = api.quantize(dy2, _with_outputs(ctx.recipe.grad, need_dgrad, need_wgrad),
-                           rng_state=ctx.module.rng_state, amax_group=ctx.module.amax_group)
-        dx = dw = db = None
+        grad_recipe = _with_outputs(ctx.recipe.grad, need_dgrad, need_wgrad)
+        db = None
+        if ctx.has_bias and ctx.needs_input_grad[2]:  # the bias gradient from the same pass
+            dyq, db = api.quantize_dbias(dy2, grad_recipe, rng_state=ctx.module.rng_state,
+                                         amax_group=ctx.module.amax_group)
+            db = db.to(ctx.module.bias.dtype)
+        else:
+            dyq = api.quantize(dy2, grad_recipe, rng_state=ctx.module.rng_state,
+                               amax_group=ctx.module.amax_group)
+        dx = dw = None
         if need_dgrad:
             dx = api.gemm(dyq, ctx.w_twin, out_dtype=dy.dtype).view(ctx.shape)
         if need_wgrad:
             dw = api.gemm(dyq.t(), ctx.x_twin, out_dtype=ctx.module.weight.dtype)
-        if ctx.has_bias and ctx.needs_input_grad[2]:
-            db = dy2.sum(dim=0).to(ctx.module.bias.dtype)
         return dx, dw, db, None, None
 
 

@@ -77,16 +77,23 @@ def _cuda():
 
 
 def quantize_impl(x2: Tensor, recipe: Recipe, seed: int, offset: int, amax_group=None,
-                  rng_device: Optional[Tensor] = None, separate: bool = False) -> NVFP4Tensor:
+                  rng_device: Optional[Tensor] = None, separate: bool = False,
+                  column_sum: Optional[Tensor] = None) -> NVFP4Tensor:
     """rng_device: an int64 [seed, offset] on x2's CUDA device replacing seed / offset (read by
     the kernel on the device: CUDA-graph safe). separate: outputs in their own allocations
-    (the plain cast otherwise carves them out of one)."""
+    (the plain cast otherwise carves them out of one). column_sum: a float32 [K] tensor that
+    receives x2's column sums: read by the recipe kernels' amax pass on CUDA (scaling tensor /
+    token), else a torch sum (one more read of x2)."""
     reduce = amax_reducer(amax_group)
+    fused_sum = x2.is_cuda and not plain_cast(recipe) and recipe.scaling != "window64"
+    if column_sum is not None and not fused_sum:
+        torch.sum(x2, 0, dtype=torch.float32, out=column_sum)
     if x2.is_cuda:
         if plain_cast(recipe):
             return _cuda().quantize(x2, recipe, amax_reduce=reduce, separate=separate)
         return _cuda().quantize_recipe(x2, recipe, seed=seed, offset=offset, amax_reduce=reduce,
-                                       rng_state=rng_device)
+                                       rng_state=rng_device,
+                                       column_sum=column_sum if fused_sum else None)
     return ref.quantize(x2, recipe, seed=seed, offset=offset, amax_reduce=reduce)
 
 
@@ -110,17 +117,20 @@ def rng_args(rng_state: Tensor):
 @torch.library.custom_op("cute_fp4::quantize", mutates_args=())
 def quantize_op(x: Tensor, scaling: str, block_rows: int, rht: bool, sr: bool,
                 four_over_six: str, e4m3_max: int, fast_math: bool, rowwise: bool,
-                columnwise: bool, swizzle: bool, rng_state: Tensor, amax_group: str
-                ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+                columnwise: bool, swizzle: bool, rng_state: Tensor, amax_group: str,
+                column_sum: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor,
+                                           Tensor]:
     recipe = recipe_from_args(scaling, block_rows, rht, sr, four_over_six, e4m3_max, fast_math,
                               rowwise, columnwise, swizzle)
     seed, offset, rng_device = rng_args(rng_state)
+    sums = x.new_empty((x.shape[1] if column_sum else 0,), dtype=torch.float32)
     t = quantize_impl(x, recipe, seed, offset, _group_from_name(amax_group), rng_device,
-                      separate=True)
+                      separate=True, column_sum=sums if column_sum else None)
     return _unaliased(
         (_or_empty(t.data, x, torch.uint8), _or_empty(t.scales, x, torch.float8_e4m3fn),
          _or_empty(t.amax, x, torch.float32), _or_empty(t.data_t, x, torch.uint8),
-         _or_empty(t.scales_t, x, torch.float8_e4m3fn), _or_empty(t.amax_t, x, torch.float32)))
+         _or_empty(t.scales_t, x, torch.float8_e4m3fn), _or_empty(t.amax_t, x, torch.float32),
+         sums))
 
 
 def _unaliased(outs: Tuple[Tensor, ...]) -> Tuple[Tensor, ...]:
@@ -144,7 +154,7 @@ def _output_shapes(rows: int, cols: int, recipe: Recipe):
 
 @quantize_op.register_fake
 def _(x, scaling, block_rows, rht, sr, four_over_six, e4m3_max, fast_math, rowwise, columnwise,
-      swizzle, rng_state, amax_group):
+      swizzle, rng_state, amax_group, column_sum):
     recipe = recipe_from_args(scaling, block_rows, rht, sr, four_over_six, e4m3_max, fast_math,
                               rowwise, columnwise, swizzle)
     m, k = x.shape
@@ -157,30 +167,34 @@ def _(x, scaling, block_rows, rht, sr, four_over_six, e4m3_max, fast_math, rowwi
         else:
             outs += [x.new_empty((0,), dtype=dt)
                      for dt in (torch.uint8, torch.float8_e4m3fn, torch.float32)]
+    outs.append(x.new_empty((k if column_sum else 0,), dtype=torch.float32))
     return tuple(outs)
 
 
 def quantize(x2: Tensor, recipe: Recipe, shape, dtype, seed: int, offset: int,
-             rng_state: Optional[Tensor] = None, amax_group=None) -> NVFP4Tensor:
+             rng_state: Optional[Tensor] = None, amax_group=None, column_sum: bool = False):
     """Quantize a validated 2D input; through the custom op while torch.compile traces.
     rng_state (int64 [seed, offset], on the CPU or x's device), when given, replaces seed and
     offset; amax_group (a ProcessGroup) all-reduces the amaxes that span the rows (sequence
-    parallelism)."""
+    parallelism). With column_sum: (the NVFP4Tensor, x2's column sums as float32 [K])."""
     if not torch.compiler.is_compiling():
         rng_device = None
         if rng_state is not None:
             seed, offset, rng_device = rng_args(rng_state)
-        t = quantize_impl(x2, recipe, seed, offset, amax_group, rng_device)
+        sums = (torch.empty(x2.shape[1], dtype=torch.float32, device=x2.device)
+                if column_sum else None)
+        t = quantize_impl(x2, recipe, seed, offset, amax_group, rng_device, column_sum=sums)
         t.shape, t.dtype = tuple(shape), dtype
-        return t
+        return (t, sums) if column_sum else t
     if rng_state is None:
         rng_state = torch.tensor([seed, offset], dtype=torch.int64)
     outs = quantize_op(x2, *recipe_args(recipe), rng_state,
-                       "" if amax_group is None else amax_group.group_name)
+                       "" if amax_group is None else amax_group.group_name, column_sum)
     present = (recipe.rowwise,) * 3 + (recipe.columnwise,) * 3
     data, scales, amax, data_t, scales_t, amax_t = (o if p else None
                                                      for o, p in zip(outs, present))
-    return NVFP4Tensor(data, scales, amax, data_t, scales_t, amax_t, recipe, tuple(shape), dtype)
+    t = NVFP4Tensor(data, scales, amax, data_t, scales_t, amax_t, recipe, tuple(shape), dtype)
+    return (t, outs[6]) if column_sum else t
 
 
 def dequantize_impl(t: NVFP4Tensor, dtype) -> Tensor:

@@ -76,3 +76,43 @@ def test_reference_is_device_independent(recipe):
     for name in ("data", "scales", "amax", "data_t", "scales_t", "amax_t"):
         a, b = getattr(cpu, name), getattr(gpu, name).cpu()
         assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)), name
+
+
+def _same_quantization(a, b):
+    for name in ("data", "scales", "amax", "data_t", "scales_t", "amax_t"):
+        x, y = getattr(a, name), getattr(b, name)
+        assert (x is None) == (y is None), name
+        if x is not None:
+            assert torch.equal(x.view(torch.uint8), y.view(torch.uint8)), name
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("recipe", [
+    Recipe(scaling="token", columnwise=True, rht=True, stochastic_rounding=True, swizzle=True),
+    Recipe(scaling="tensor", columnwise=True, rht=True, stochastic_rounding=True),
+    Recipe(scaling="tensor", rowwise=True, stochastic_rounding=True),  # rowwise only: no RHT
+    Recipe(scaling="token", columnwise=True, four_over_six="mse"),
+    Recipe(scaling="tensor", columnwise=True),  # the plain cast: a torch sum
+    Recipe(scaling="window64", columnwise=True),  # no amax pass: a torch sum
+], ids=["token_rht_sr", "tensor_rht_sr", "tensor_row_sr", "token_4over6", "plain", "window64"])
+@pytest.mark.parametrize("shape", [(64, 16), (1088, 2064), (4160, 768)])
+def test_quantize_dbias(recipe, dtype, shape):
+    """The column sums next to the quantization: the NVFP4 outputs are the bytes of quantize()
+    with the same Philox state, the sums are within FP32 summation-order error of the float64
+    column sums (a bound of 1e-5 x sum |x| per column: at most ~100 FP32 roundings along any
+    path of the fixed-order reduction), and repeated calls give identical sums."""
+    torch.manual_seed(torch.randint(0, 2**31, (1,)).item())
+    m, k = shape
+    if recipe.scaling == "window64" and k % 64:
+        k += 64 - k % 64
+    dy = (torch.randn(m, k, device="cuda") * torch.logspace(-3, 3, k, device="cuda")
+          + 0.5).to(dtype)
+    rng = torch.tensor([11, 5], dtype=torch.int64, device="cuda")
+    t, sums = cute_fp4.quantize_dbias(dy, recipe, rng_state=rng)
+    again = cute_fp4.quantize_dbias(dy, recipe, rng_state=rng)[1]
+    _same_quantization(t, cute_fp4.quantize(dy, recipe, rng_state=rng))
+    exact = dy.double().sum(0)
+    assert sums.dtype == torch.float32 and sums.shape == (k,)
+    assert ((sums.double() - exact).abs() <= 1e-5 * dy.double().abs().sum(0)).all()
+    assert torch.equal(sums, again)
+    assert not torch.equal(sums, torch.zeros_like(sums))

@@ -73,6 +73,22 @@ def test_amax_recipe_ptx(arch, dtype, per_token, rht):
     _ieee_only(ptx)
 
 
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("dtype,per_token,rht", [("bf16", True, True), ("fp32", False, True),
+                                                 ("fp16", False, False)])
+def test_amax_recipe_column_sum_ptx(arch, dtype, per_token, rht):
+    """With col_sum the amax pass also sums the columns: correctly rounded FP32 adds, stored
+    as plain (non-atomic) partials - the order is fixed, so the result is deterministic."""
+    ptx = compile_ptx(*amax_recipe_kernel(dtype, per_token, rht, True, not per_token, True),
+                      arch=arch)
+    plain = compile_ptx(*amax_recipe_kernel(dtype, per_token, rht, True, not per_token),
+                        arch=arch)
+    assert missing_instructions(ptx, [r"add\.rn\.f32", r"st\.global\.b32"]) == []
+    assert ptx.count("add.rn.f32") > plain.count("add.rn.f32") and "st.global" not in plain
+    assert "atom.global.add" not in ptx and "red.global.add" not in ptx
+    _ieee_only(ptx)
+
+
 def _hex_f32(h: str) -> np.float32:
     return np.array([int(h[2:], 16)], dtype=np.uint32).view(np.float32)[0]
 

@@ -219,7 +219,8 @@ def test_quantize_op_fake_shapes():
     recipe = Recipe(scaling="window64", columnwise=True, swizzle=True)
     with FakeTensorMode():
         x = torch.empty(192, 320, dtype=torch.bfloat16)
-        outs = quantize_op(x, *recipe_args(recipe), torch.tensor([0, 0]), "")
+        outs = quantize_op(x, *recipe_args(recipe), torch.tensor([0, 0]), "", True)
+    assert tuple(outs[6].shape) == (320,) and outs[6].dtype == torch.float32
     real = ref.quantize(torch.randn(192, 320), recipe)
     for fake, got in zip(outs, (real.data, real.scales, real.amax, real.data_t, real.scales_t,
                                 real.amax_t)):
@@ -241,6 +242,11 @@ def test_linear_gpu_matches_reference_recipe(name):
     for got, want in ((y, y_ref), (x.grad, dx_ref), (q.weight.grad, dw_ref)):
         err = (got.float() - want.float()).norm() / want.float().norm()
         assert err < 1e-2
+    # the bias gradient (fused into dy's amax pass): the float64 sum rounded once to bf16
+    g2 = g.double().reshape(-1, g.shape[-1])
+    exact = g2.sum(0)
+    bound = 2.0**-8 * exact.abs() + 1e-5 * g2.abs().sum(0)
+    assert ((q.bias.grad.double() - exact).abs() <= bound).all()
 
 
 @pytest.mark.gpu

@@ -109,21 +109,6 @@ def canonical_nan_bits(x):
 
 
 # ---------------------------------------------------------------- scales
-def encode_scale(amax):
-    """S_enc = min(2688 / amax, FLT_MAX); 1 where amax == 0 or the quotient is 0."""
-    return _ptx1(
-        "{\n.reg .f32 q;\n.reg .pred z;\n"
-        "div.rn.f32 q, 0f45280000, {$r0};\n"
-        "min.NaN.f32 q, q, " + FLT_MAX_HEX + ";\n"
-        "setp.eq.f32 z, q, 0f00000000;\n"
-        "@z mov.f32 q, 0f3F800000;\n"
-        "setp.eq.f32 z, {$r0}, 0f00000000;\n"
-        "@z mov.f32 q, 0f3F800000;\n"
-        "mov.f32 {$w0}, q;\n}",
-        Float32, Float32(amax),
-    )
-
-
 def e4m3_code(p):
     """E4M3 code (Uint32) of min(p, 448), RN (min.NaN: +Inf saturates to 448, NaN -> 0x7F)."""
     return _ptx1(

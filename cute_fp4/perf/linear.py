@@ -96,7 +96,8 @@ def breakdown(m: int, k: int, n: int, recipe_name: str):
     steps = [
         ("quantize x (row+col)", lambda: api.quantize(x, x_recipe), None),
         ("quantize w (row+col)", lambda: api.quantize(w, w_recipe), None),
-        ("quantize dy (row+col)", lambda: api.quantize(dy, dy_recipe, rng_state=rng), None),
+        ("quantize dy (row+col) + bias grad",
+         lambda: api.quantize_dbias(dy, dy_recipe, rng_state=rng), lambda: dy.sum(0)),
         ("fprop x.wT", lambda: api.gemm(xq, wq, out_dtype=torch.bfloat16), lambda: x @ w.t()),
         ("dgrad dy.w", lambda: api.gemm(dyq, wq.t(), out_dtype=torch.bfloat16), lambda: dy @ w),
         ("wgrad dyT.x", lambda: api.gemm(dyq.t(), xq.t(), out_dtype=torch.bfloat16),

@@ -32,7 +32,7 @@ from cutlass import Float32, Int32, Int64, Uint32
 from cutlass.cute.nvgpu import cpasync
 
 from cute_fp4.common import encode as E
-from cute_fp4.common.scales import swizzled_scale_offset
+from cute_fp4.common.scales import outer_encode_scale, swizzled_scale_offset
 from cute_fp4.quant.amax import vec_abs_max, vec_values
 
 DTYPES = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16, "fp32": cutlass.Float32}
@@ -117,7 +117,7 @@ class CastKernel:
 
     @cute.jit
     def _outer_of(self, amax):
-        s_enc = E.encode_scale(amax)
+        s_enc = outer_encode_scale(amax, E.E4M3_MAX)
         return E.mul_rn(s_enc, Float32(ONE_SIXTH)), E.rcp_rn(s_enc)
 
     @cute.jit

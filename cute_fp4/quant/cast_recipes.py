@@ -21,11 +21,15 @@ shuffles); 16x16 tile amaxes and the 16x16 4over6 error trees go through smem.
 RecipeAmax: the tensor / token outer amax of a group (after the RHT for the columnwise twin),
 over chunks of tiles that stay inside one group, from global memory straight into registers
 (a thread holds 16 rows x one 16-byte column vector: whole column blocks for the RHT); maxima
-flushed with `red.global.max.u32` on the bit pattern (outputs zeroed beforehand).
+flushed with `red.global.max.u32` on the bit pattern (outputs zeroed beforehand). Optionally
+the column sums of the input too (a Linear's bias gradient, read in the same pass): one FP32
+partial per CTA row and column, in a fixed order (deterministic), summed by the host.
 
 Every FP32 step is one explicit correctly rounded PTX operation in the reference's order
 (no contraction, no approximate division, no flush-to-zero).
 """
+
+from typing import Optional
 
 import cutlass
 import cutlass.cute as cute
@@ -755,7 +759,8 @@ class RecipeAmax:
 
     WARPS = THREADS // 32
 
-    def __init__(self, dtype: str, per_token: bool, rht: bool, do_row: bool, do_col: bool):
+    def __init__(self, dtype: str, per_token: bool, rht: bool, do_row: bool, do_col: bool,
+                 col_sum: bool = False):
         if dtype not in DTYPES:
             raise TypeError(f"unsupported input dtype {dtype!r} (bf16, fp16, fp32)")
         if not (do_row or do_col):
@@ -765,12 +770,16 @@ class RecipeAmax:
         self.epv = 16 // self.esize  # elements per 16-byte vector = columns per thread
         self.slab = 32 * self.epv
         self.per_token, self.rht, self.do_row, self.do_col = per_token, rht, do_row, do_col
+        self.col_sum = col_sum
 
     @cute.jit
     def __call__(self, x: cute.Tensor, ttab: cute.Tensor, gtab: cute.Tensor, atab: cute.Tensor,
-                 amax_r: cute.Tensor, amax_c: cute.Tensor, stream):
+                 amax_r: cute.Tensor, amax_c: cute.Tensor, psum: Optional[cute.Tensor],
+                 stream):
+        """psum (with col_sum, single-group inputs): FP32 [C * K], row c of it receives the
+        column sums of the rows of CTA row c."""
         C = atab.shape[0]
-        self.kernel(x, ttab, gtab, atab, amax_r, amax_c).launch(
+        self.kernel(x, ttab, gtab, atab, amax_r, amax_c, psum).launch(
             grid=((x.shape[1] + self.slab - 1) // self.slab, C, 1), block=(THREADS, 1, 1),
             stream=stream)
 
@@ -805,7 +814,7 @@ class RecipeAmax:
 
     @cute.kernel
     def kernel(self, x: cute.Tensor, ttab: cute.Tensor, gtab: cute.Tensor, atab: cute.Tensor,
-               amax_r: cute.Tensor, amax_c: cute.Tensor):
+               amax_r: cute.Tensor, amax_c: cute.Tensor, psum: Optional[cute.Tensor]):
         tidx, _, _ = cute.arch.thread_idx()
         bx, by, _ = cute.arch.block_idx()
         warp = tidx // 32
@@ -814,6 +823,12 @@ class RecipeAmax:
         # cross-warp reduction: [warp, column of the slab] (token) or [warp, row / column]
         red = smem.allocate_tensor(Float32, cute.make_layout((self.WARPS, self.slab),
                                                              stride=(self.slab, 1)), 16)
+        if cutlass.const_expr(self.col_sum):
+            red_sum = smem.allocate_tensor(Float32, cute.make_layout(
+                (self.WARPS, self.slab), stride=(self.slab, 1)), 16)
+            sacc = cute.make_rmem_tensor((self.epv,), Float32)
+            for j in cutlass.range_constexpr(self.epv):
+                sacc[j] = Float32(0.0)
         K = x.shape[1]
         t0 = atab[by, 0]
         count = atab[by, 1]
@@ -849,6 +864,12 @@ class RecipeAmax:
             for i in cutlass.range_constexpr(16):
                 r = cutlass.min(s * 16 + i, nrows - 1)
                 rows.append(list(E.ld_global_nc_v4(base + Int64(r) * rbytes)))
+            if cutlass.const_expr(self.col_sum):
+                for i in cutlass.range_constexpr(16):
+                    keep = s * 16 + i < nrows  # rows past the group are clamped copies
+                    for j in cutlass.range_constexpr(self.epv):
+                        sacc[j] = add_rn(sacc[j], cutlass.select_(keep, self._elem(rows[i], j),
+                                                                  Float32(0.0)))
             if cutlass.const_expr(self.do_row and self.per_token):
                 rm = lanes_transpose_max16([self._row_max(w) for w in rows], lane)
                 r = s * 16 + lane // 2  # the row whose max this lane now holds
@@ -872,6 +893,16 @@ class RecipeAmax:
                     if cutlass.const_expr(self.rht):
                         xs = rht16(xs, scale=False)
                     facc[1 + j] = E.fmax_nan(facc[1 + j], block_amax(xs))
+        if cutlass.const_expr(self.col_sum):
+            for j in cutlass.range_constexpr(self.epv):
+                red_sum[warp, lane * self.epv + j] = sacc[j]
+            cute.arch.barrier()
+            c = bx * self.slab + tidx
+            if (tidx < self.slab) & (c < K):
+                v = red_sum[0, tidx]
+                for w in cutlass.range_constexpr(1, self.WARPS):
+                    v = add_rn(v, red_sum[w, tidx])
+                psum[by * K + c] = v
         racc, cacc = self._maxima(facc, pacc)
         if cutlass.const_expr(self.per_token):
             if cutlass.const_expr(self.do_col):

@@ -63,11 +63,12 @@ def cast_recipe_kernel(dtype: str, recipe: Recipe):
     return (op, *_common_fakes(dtype), *f32, *u8, cutlass.Int32(1), env_stream())
 
 
-def amax_recipe_kernel(dtype: str, per_token: bool, rht: bool, do_row: bool, do_col: bool):
-    op = RecipeAmax(dtype, per_token, rht, do_row, do_col)
-    f32 = [fake_tensor(cutlass.Float32, (None,), align=4) for _ in range(2)]
+def amax_recipe_kernel(dtype: str, per_token: bool, rht: bool, do_row: bool, do_col: bool,
+                       col_sum: bool = False):
+    op = RecipeAmax(dtype, per_token, rht, do_row, do_col, col_sum)
+    f32 = [fake_tensor(cutlass.Float32, (None,), align=4) for _ in range(3 if col_sum else 2)]
     return (op, *_common_fakes(dtype), fake_tensor(cutlass.Int32, (None, 2), align=4), *f32,
-            env_stream())
+            *(() if col_sum else (None,)), env_stream())
 
 
 def _alloc(shape, device) -> torch.Tensor:
@@ -131,7 +132,7 @@ class _Plan:
     compiled kernels. A call then allocates, launches and builds views."""
 
     def __init__(self, sizes: tuple, k: int, recipe: Recipe, name: str, dev, seed: int,
-                 offset: int):
+                 offset: int, col_sum: bool):
         row, col, swz, scaling = recipe.rowwise, recipe.columnwise, recipe.swizzle, recipe.scaling
         nsc = k // 16
         ttab, atab, gtab = [], [], []
@@ -171,29 +172,33 @@ class _Plan:
         self.amax_fn = None
         if scaling != "window64" and atab:
             do_row, do_col = row or self.alias, col and not self.alias
-            akey = ("amax_recipe", name, scaling == "token", recipe.rht, do_row, do_col, arch)
+            akey = ("amax_recipe", name, scaling == "token", recipe.rht, do_row, do_col,
+                    col_sum, arch)
             self.amax_fn = KERNELS.get(akey, lambda: compile_kernel(
-                *amax_recipe_kernel(name, scaling == "token", recipe.rht, do_row, do_col),
-                arch=arch))
+                *amax_recipe_kernel(name, scaling == "token", recipe.rht, do_row, do_col,
+                                    col_sum), arch=arch))
+        self.sum_rows = len(atab)  # column-sum partials: one row per amax CTA row
         ckey = ("cast_recipe",) + _cast_config(name, recipe) + (arch,)
         self.cast_fn = KERNELS.get(ckey, lambda: compile_kernel(
             *cast_recipe_kernel(name, recipe), arch=arch))
 
 
 @functools.lru_cache(maxsize=256)
-def _plan(sizes: tuple, k: int, recipe: Recipe, name: str, dev, seed: int, offset: int) -> _Plan:
-    return _Plan(sizes, k, recipe, name, dev, seed, offset)
+def _plan(sizes: tuple, k: int, recipe: Recipe, name: str, dev, seed: int, offset: int,
+          col_sum: bool) -> _Plan:
+    return _Plan(sizes, k, recipe, name, dev, seed, offset, col_sum)
 
 
 def _run(x2: torch.Tensor, sizes: List[int], recipe: Recipe, seed: int, offset: int,
-         shapes, amax_reduce=None, rng_state: Optional[torch.Tensor] = None
-         ) -> List[NVFP4Tensor]:
+         shapes, amax_reduce=None, rng_state: Optional[torch.Tensor] = None,
+         column_sum: Optional[torch.Tensor] = None) -> List[NVFP4Tensor]:
     check_seed_offset(seed, offset)
     dev = x2.device
     k = x2.shape[1]
     row, col, swz, scaling = recipe.rowwise, recipe.columnwise, recipe.swizzle, recipe.scaling
     nsc = k // 16
-    plan = _plan(tuple(sizes), k, recipe, _DTYPE_NAMES[x2.dtype], dev, seed, offset)
+    plan = _plan(tuple(sizes), k, recipe, _DTYPE_NAMES[x2.dtype], dev, seed, offset,
+                 column_sum is not None)
     q_len, s_len, qt_len, st_len = plan.lens
     q = _alloc(max(q_len, 1), dev) if row else None
     s = _alloc(max(s_len, 1), dev) if row else None
@@ -214,7 +219,14 @@ def _run(x2: torch.Tensor, sizes: List[int], recipe: Recipe, seed: int, offset: 
             gt = gt.clone()
             gt[:, G_SEED:G_OFFSET + 1] = rng_state
         if plan.amax_fn is not None:
-            plan.amax_fn(x2, plan.tt, gt, plan.at, amax_r, amax_c)
+            psum = None
+            if column_sum is not None:
+                psum = torch.empty((plan.sum_rows, k), dtype=torch.float32, device=dev)
+            plan.amax_fn(x2, plan.tt, gt, plan.at, amax_r, amax_c, psum)
+            if psum is not None:
+                torch.sum(psum, 0, out=column_sum)
+    if column_sum is not None and plan.amax_fn is None:  # nothing to sum (no rows or columns)
+        column_sum.zero_()
     if amax_reduce is not None:
         _reduce_amaxes(amax_reduce, recipe, amax_r, amax_c, plan.alias)
     if plan.launch:
@@ -262,11 +274,23 @@ def _reduce_amaxes(amax_reduce, recipe: Recipe, amax_r: torch.Tensor, amax_c: to
 
 def quantize_recipe(x: torch.Tensor, recipe: Recipe = Recipe(), *, seed: int = 0,
                     offset: int = 0, amax_reduce: Optional[Callable[[torch.Tensor], object]] = None,
-                    rng_state: Optional[torch.Tensor] = None) -> NVFP4Tensor:
+                    rng_state: Optional[torch.Tensor] = None,
+                    column_sum: Optional[torch.Tensor] = None) -> NVFP4Tensor:
     """NVFP4 quantize of a CUDA tensor [..., K] (flattened to [M, K]) with any Recipe.
     `amax_reduce`: in-place cross-rank reduction of the amaxes that span M; `rng_state`: a
-    device int64 [seed, offset] replacing seed / offset (module doc)."""
+    device int64 [seed, offset] replacing seed / offset (module doc); `column_sum`: a float32
+    [K] tensor on x's device that receives the sums over M of x's columns (a Linear's bias
+    gradient), read by the amax pass (scaling "tensor" / "token"): FP32 partials per amax CTA
+    row in a fixed order, then a torch sum over them - deterministic."""
     x2 = _check(x, recipe)
+    if column_sum is not None:
+        if recipe.scaling == "window64":
+            raise ValueError("column_sum needs scaling 'tensor' or 'token' (window64 has no "
+                             "amax pass to read it in)")
+        if (column_sum.dtype != torch.float32 or column_sum.device != x.device
+                or tuple(column_sum.shape) != (x2.shape[1],)):
+            raise ValueError(f"column_sum must be a float32 [{x2.shape[1]}] tensor on "
+                             f"{x.device}")
     _check_rows(x2.shape[0], recipe, "x: the flattened leading dimensions")
     if amax_reduce is not None and not callable(amax_reduce):
         raise TypeError("amax_reduce must be a callable reducing a float32 tensor in place")
@@ -276,7 +300,7 @@ def quantize_recipe(x: torch.Tensor, recipe: Recipe = Recipe(), *, seed: int = 0
     if rng_state is not None:
         seed = offset = 0  # placeholders: the device values replace them in the table
     return _run(x2, [x2.shape[0]], recipe, int(seed), int(offset), [tuple(x.shape)],
-                amax_reduce, rng_state)[0]
+                amax_reduce, rng_state, column_sum)[0]
 
 
 def quantize_grouped(x: torch.Tensor, split_sizes: Sequence[int], recipe: Recipe = Recipe(), *,
