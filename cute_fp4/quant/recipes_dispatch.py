@@ -222,7 +222,8 @@ def _run(x2: torch.Tensor, sizes: List[int], recipe: Recipe, seed: int, offset: 
             psum = None
             if column_sum is not None:
                 psum = torch.empty((plan.sum_rows, k), dtype=torch.float32, device=dev)
-            plan.amax_fn(x2, plan.tt, gt, plan.at, amax_r, amax_c, psum)
+            plan.amax_fn(x2, plan.tt, gt, plan.at, amax_r, amax_c,
+                         None if psum is None else psum.view(-1))
             if psum is not None:
                 torch.sum(psum, 0, out=column_sum)
     if column_sum is not None and plan.amax_fn is None:  # nothing to sum (no rows or columns)
