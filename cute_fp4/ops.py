@@ -85,15 +85,15 @@ def quantize_impl(x2: Tensor, recipe: Recipe, seed: int, offset: int, amax_group
     receives x2's column sums: read by the recipe kernels' amax pass on CUDA (scaling tensor /
     token), else a torch sum (one more read of x2)."""
     reduce = amax_reducer(amax_group)
-    fused_sum = x2.is_cuda and not plain_cast(recipe) and recipe.scaling != "window64"
-    if column_sum is not None and not fused_sum:
+    if column_sum is not None and not (x2.is_cuda and not plain_cast(recipe)
+                                       and recipe.scaling != "window64"):
         torch.sum(x2, 0, dtype=torch.float32, out=column_sum)
+        column_sum = None
     if x2.is_cuda:
         if plain_cast(recipe):
             return _cuda().quantize(x2, recipe, amax_reduce=reduce, separate=separate)
         return _cuda().quantize_recipe(x2, recipe, seed=seed, offset=offset, amax_reduce=reduce,
-                                       rng_state=rng_device,
-                                       column_sum=column_sum if fused_sum else None)
+                                       rng_state=rng_device, column_sum=column_sum)
     return ref.quantize(x2, recipe, seed=seed, offset=offset, amax_reduce=reduce)
 
 

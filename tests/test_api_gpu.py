@@ -4,6 +4,8 @@ window64 operands, twins) against the reference on the same quantized operands."
 import pytest
 import torch
 
+from quant_checks import check
+
 import cute_fp4
 from cute_fp4 import Recipe, ref
 
@@ -78,14 +80,6 @@ def test_reference_is_device_independent(recipe):
         assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)), name
 
 
-def _same_quantization(a, b):
-    for name in ("data", "scales", "amax", "data_t", "scales_t", "amax_t"):
-        x, y = getattr(a, name), getattr(b, name)
-        assert (x is None) == (y is None), name
-        if x is not None:
-            assert torch.equal(x.view(torch.uint8), y.view(torch.uint8)), name
-
-
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize("recipe", [
     Recipe(scaling="token", columnwise=True, rht=True, stochastic_rounding=True, swizzle=True),
@@ -110,7 +104,7 @@ def test_quantize_dbias(recipe, dtype, shape):
     rng = torch.tensor([11, 5], dtype=torch.int64, device="cuda")
     t, sums = cute_fp4.quantize_dbias(dy, recipe, rng_state=rng)
     again = cute_fp4.quantize_dbias(dy, recipe, rng_state=rng)[1]
-    _same_quantization(t, cute_fp4.quantize(dy, recipe, rng_state=rng))
+    check(t, cute_fp4.quantize(dy, recipe, rng_state=rng), recipe)
     exact = dy.double().sum(0)
     assert sums.dtype == torch.float32 and sums.shape == (k,)
     assert ((sums.double() - exact).abs() <= 1e-5 * dy.double().abs().sum(0)).all()

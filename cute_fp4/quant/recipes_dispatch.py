@@ -177,7 +177,6 @@ class _Plan:
             self.amax_fn = KERNELS.get(akey, lambda: compile_kernel(
                 *amax_recipe_kernel(name, scaling == "token", recipe.rht, do_row, do_col,
                                     col_sum), arch=arch))
-        self.sum_rows = len(atab)  # column-sum partials: one row per amax CTA row
         ckey = ("cast_recipe",) + _cast_config(name, recipe) + (arch,)
         self.cast_fn = KERNELS.get(ckey, lambda: compile_kernel(
             *cast_recipe_kernel(name, recipe), arch=arch))
@@ -221,7 +220,8 @@ def _run(x2: torch.Tensor, sizes: List[int], recipe: Recipe, seed: int, offset: 
         if plan.amax_fn is not None:
             psum = None
             if column_sum is not None:
-                psum = torch.empty((plan.sum_rows, k), dtype=torch.float32, device=dev)
+                # one row of partials per amax CTA row
+                psum = torch.empty((plan.at.shape[0], k), dtype=torch.float32, device=dev)
             plan.amax_fn(x2, plan.tt, gt, plan.at, amax_r, amax_c,
                          None if psum is None else psum.view(-1))
             if psum is not None:
