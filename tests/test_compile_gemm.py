@@ -13,12 +13,16 @@ from cute_fp4.gemm.dispatch import _w4a4_kernel
 from cute_fp4.gemm.sm90_w4a4 import BUFFERS
 
 
-def _sm90_gemm_ptx(op, args, tile_n: int, extra=()) -> str:
+# registers per thread that a 384-thread CTA gets at launch with 1, 2, 3 CTAs per SM
+LAUNCH_REGS = {1: 168, 2: 80, 3: 56}
+
+
+def _sm90_gemm_ptx(op, args, tile_n: int, extra=(), ctas_per_sm: int = 1) -> str:
     """Compile an sm_90 wgmma GEMM and check what every one relies on: BF16 wgmma with FP32
     accumulation 64 x tile_n, TMA loads, the BF16x2 decode multiplies, register reallocation
-    inside the launch allocation (168 per thread at 384 threads: one producer warpgroup, two
-    MMA warpgroups; asking for more makes the increase wait forever), and the `extra`
-    instruction patterns. Returns the PTX."""
+    inside the launch allocation (LAUNCH_REGS per thread at 384 threads: one producer
+    warpgroup, two MMA warpgroups; asking for more makes the increase wait forever), and the
+    `extra` instruction patterns. Returns the PTX."""
     ptx = compile_ptx(op, *args, arch="sm_90a")
     assert ptx_target(ptx) == "sm_90a"
     assert missing_instructions(ptx, [
@@ -30,7 +34,7 @@ def _sm90_gemm_ptx(op, args, tile_n: int, extra=()) -> str:
     ]) == []
     dec = int(re.search(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+(\d+);", ptx).group(1))
     inc = int(re.search(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+(\d+);", ptx).group(1))
-    assert dec * 128 + inc * 256 <= 168 * 384
+    assert dec * 128 + inc * 256 <= LAUNCH_REGS[ctas_per_sm] * 384
     return ptx
 
 
@@ -93,6 +97,21 @@ def test_mixed_sm90_ptx(tile_n, transposed, vec_store):
     assert len(re.findall(r"wgmma\.mma_async", ptx)) == 8
 
 
+@pytest.mark.parametrize("tile_n,ctas_per_sm", [(16, 3), (32, 2), (64, 2), (64, 1)])
+def test_mixed_sm90_narrow_ptx(tile_n, ctas_per_sm):
+    """Decode-sized tiles: a 64 x tile_n wgmma, and with several CTAs per SM the launch
+    bound that makes ptxas fit them (.minnctapersm) and a register split inside it."""
+    from cute_fp4.gemm.sm90_mixed import UNSCALE_W4A16, max_stages, mixed_kernel
+
+    op, args = mixed_kernel(torch.bfloat16, tile_n, max_stages(tile_n, 2, True, ctas_per_sm),
+                            (True, False, True, True), torch.float32, True, UNSCALE_W4A16,
+                            True, 132, ctas_per_sm)
+    ptx = _sm90_gemm_ptx(op, args, tile_n, ctas_per_sm=ctas_per_sm)
+    assert len(re.findall(r"wgmma\.mma_async", ptx)) == 8
+    minctas = re.search(r"\.minnctapersm\s+(\d+)", ptx)
+    assert (int(minctas.group(1)) if minctas else 1) == ctas_per_sm
+
+
 def test_predecode_sm90_ptx():
     """The pre-pass: 16-byte global loads and stores, the BF16x2 decode multiplies."""
     from cute_fp4.gemm.sm90_mixed import predecode_kernel
@@ -126,8 +145,12 @@ def test_mixed_config_errors():
     import cutlass
     from cute_fp4.gemm.sm90_mixed import Sm90GemmMixed
 
-    with pytest.raises(ValueError, match="tile_n"):
-        Sm90GemmMixed(cutlass.BFloat16, tile_n=64)
+    with pytest.raises(ValueError, match="tile_n must be one of"):
+        Sm90GemmMixed(cutlass.BFloat16, tile_n=48)
+    with pytest.raises(ValueError, match="ctas_per_sm"):
+        Sm90GemmMixed(cutlass.BFloat16, tile_n=128, ctas_per_sm=2)
+    with pytest.raises(ValueError, match="ctas_per_sm"):
+        Sm90GemmMixed(cutlass.BFloat16, tile_n=32, ctas_per_sm=3)
     with pytest.raises(ValueError, match="stages must be 2..4"):
         Sm90GemmMixed(cutlass.BFloat16, tile_n=256, stages=5)
     # the epilogue buffer of a 256-wide FP32 tile leaves room for 2 stages
@@ -151,16 +174,25 @@ def test_permute_k_matches_kperm64():
 
 
 def test_pick_mixed_config():
-    """Tile width by waves per SM and cost per FLOP (the shapes measured in notes/gemm.md); stages:
-    what shared memory holds next to the epilogue buffer."""
+    """Tile width by waves per SM and cost per FLOP (the shapes measured in notes/gemm.md);
+    decode sizes (Q <= 64): the narrowest width, split while the tiles fit the SMs, two CTAs
+    per SM past them (notes/gemm_w4a16.md, session 7); stages: what shared memory holds next
+    to the epilogue buffer."""
     from cute_fp4.gemm.sm90_mixed import pick_mixed_config
 
-    assert pick_mixed_config(2048, 2048) == (256, 4)   # 128 tiles: 1 wave of 256 = 2 of 128
-    assert pick_mixed_config(4096, 1024, transposed=True) == (256, 4)  # 1024x4096x4096
-    assert pick_mixed_config(2048, 1024) == (128, 8)   # 1024x2048x2048: 64 tiles of 256
-    assert pick_mixed_config(8192, 8192) == (256, 4)
-    assert pick_mixed_config(8192, 100) == (128, 8)    # Q <= 128
+    assert pick_mixed_config(2048, 2048) == (256, 4, 1)   # 128 tiles: 1 wave of 256 = 2 of 128
+    assert pick_mixed_config(4096, 1024, transposed=True) == (256, 4, 1)  # 1024x4096x4096
+    assert pick_mixed_config(2048, 1024) == (128, 8, 1)   # 1024x2048x2048: 64 tiles of 256
+    assert pick_mixed_config(8192, 8192) == (256, 4, 1)
+    assert pick_mixed_config(8192, 100) == (128, 8, 1)    # Q <= 128
     # many waves: 2% fewer SM-waves at 128 do not pay for its decode (16384x7168x2048 dgrad)
-    assert pick_mixed_config(16384, 7168) == (256, 4)
+    assert pick_mixed_config(16384, 7168) == (256, 4, 1)
     # FP32 output: a 256-wide epilogue buffer would leave 2 stages
-    assert pick_mixed_config(8192, 8192, out_elt=4) == (128, 7)
+    assert pick_mixed_config(8192, 8192, out_elt=4) == (128, 7, 1)
+    # decode sizes, W4A16 (transposed): 64 weight tiles split in two along the tokens
+    assert pick_mixed_config(8192, 64, transposed=True) == (32, 8, 1)
+    assert pick_mixed_config(8192, 16, transposed=True) == (16, 8, 1)
+    # 224 weight tiles > 132 SMs: two CTAs per SM, each with half the shared memory
+    assert pick_mixed_config(28672, 64, transposed=True) == (64, 7, 2)
+    assert pick_mixed_config(28672, 32, transposed=True) == (32, 8, 2)
+    assert pick_mixed_config(28672, 64, out_elt=4, transposed=True) == (64, 6, 2)

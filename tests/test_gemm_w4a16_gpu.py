@@ -301,17 +301,18 @@ WS_SHAPES = [(1, 300, 512), (1, 1001, 16), (3, 129, 8192), (16, 4100, 1056), (64
 @pytest.mark.parametrize("small", ["a", "b"])
 @pytest.mark.parametrize("m,n,k", WS_SHAPES)
 def test_weight_stream_shapes(m, n, k, small, weight_stream_calls, gen):
-    """The weight_stream path (taken by "auto" up to WEIGHT_STREAM_MAX_ROWS rows, asked for by
+    """The weight_stream path (taken by "auto" where `stream_weights` says so, asked for by
     name beyond), with the small operand as A (the activations) or as B (then A's rows are the
     kernel's weight rows, D written from the transposed tile); odd N, K = 16 and 8192,
     K % 32 != 0."""
-    from cute_fp4.gemm.dispatch import WEIGHT_STREAM_MAX_ROWS
+    from cute_fp4.gemm.dispatch import stream_weights
 
     m, n = orient(m, n, small)
     a, sa = rand_fp4(m, k, gen)
     b, sb = rand_fp4(n, k, gen)
-    out = run_nvfp4(a, sa, b, sb,
-                    path="auto" if min(m, n) <= WEIGHT_STREAM_MAX_ROWS else "weight_stream")
+    auto = stream_weights(min(m, n), max(m, n), torch.cuda.get_device_properties(0)
+                          .multi_processor_count)
+    out = run_nvfp4(a, sa, b, sb, path="auto" if auto else "weight_stream")
     assert weight_stream_calls == [(m, n)]
     d64, mag = expected_nvfp4(a, sa, b, sb)
     check(out, d64, mag, k, torch.bfloat16)
@@ -407,13 +408,15 @@ def test_weight_stream_exact_small_sums(small, gen):
 
 
 def test_weight_stream_dispatch(weight_stream_calls, gen):
-    """"auto" takes weight_stream exactly when min(M, N) <= WEIGHT_STREAM_MAX_ROWS and no
-    window64 operand is given (else predecode / decode_both)."""
-    from cute_fp4.gemm.dispatch import WEIGHT_STREAM_MAX_ROWS as LIMIT
-
-    k = 256
-    for m, n, taken in ((LIMIT, 300, True), (300, LIMIT, True), (LIMIT + 1, 300, False),
-                        (300, LIMIT + 1, False)):
+    """"auto" takes weight_stream exactly when `stream_weights` says so (up to 16 rows; 32
+    while the other operand has at most 64 * SMs rows) and no window64 operand is given (else
+    predecode / decode_both)."""
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    k = 64
+    many = 64 * sms + 1
+    for m, n, taken in ((16, 300, True), (300, 16, True), (17, 300, True), (32, 300, True),
+                        (300, 32, True), (33, 300, False), (300, 33, False), (16, many, True),
+                        (17, many, False), (many, 32, False)):
         weight_stream_calls.clear()
         a, sa = rand_fp4(m, k, gen)
         b, sb = rand_fp4(n, k, gen)

@@ -7,6 +7,7 @@ from typing import Optional
 import torch
 
 from ..common.jit import KERNELS, compile_kernel, device_arch, dyn, env_stream, fake_tensor, \
+    num_sms, \
     torch_to_cutlass
 from ..quant.dequantize import dequantize
 from ..recipe import Recipe
@@ -107,8 +108,8 @@ def gemm_nvfp4(a_data: torch.Tensor, a_scales: torch.Tensor, b_data: torch.Tenso
     `out` (optional, contiguous [M, N] of out_dtype) receives the result; tile_n / stages
     override the kernel configuration (benchmarks).
 
-    sm_90a kernels (`path`): "weight_stream" (the "auto" choice without window64 operands when
-    min(M, N) <= WEIGHT_STREAM_MAX_ROWS: decode sizes) decodes the smaller operand (A on ties)
+    sm_90a kernels (`path`): "weight_stream" (the "auto" choice without window64 operands at
+    decode sizes: `stream_weights(min(M, N), max(M, N), SMs)`) decodes the smaller operand (A on ties)
     exactly to BF16 values e2m1 * scale (`decode_values`) and runs the weight-streaming W4A16
     kernel (`sm90_w4a16.gemm_w4a16_sm90`) with the other operand as its weights (when B is the
     smaller, A's rows are the weight rows and the kernel writes D row by row from them:
@@ -143,7 +144,7 @@ def gemm_nvfp4(a_data: torch.Tensor, a_scales: torch.Tensor, b_data: torch.Tenso
         return out
     if arch != "sm_90a":
         raise NotImplementedError(f"gemm_nvfp4 runs on sm_90a and sm_100a (device is {arch})")
-    path = pick_sm90_path(path, m, n, windowed)
+    path = pick_sm90_path(path, m, n, windowed, num_sms(device))
     if path == "weight_stream":
         if tile_n is not None or stages is not None:
             raise ValueError("tile_n and stages configure the wgmma kernels, not the "
@@ -173,13 +174,20 @@ def gemm_nvfp4(a_data: torch.Tensor, a_scales: torch.Tensor, b_data: torch.Tenso
 
 
 SM90_PATHS = ("auto", "weight_stream", "predecode", "decode_both")
-# W4A4 problems whose smaller operand has at most this many rows take the weight_stream path:
-# H100, graph replays, K = 8192: 1.0-3.4x the predecode path up to 32 rows, 0.65-0.71x at 48
-# and 64 rows with N = 28672 (notes/gemm.md, "W4A4 at decode sizes").
-WEIGHT_STREAM_MAX_ROWS = 32
 
 
-def pick_sm90_path(path: str, m: int, n: int, windowed: bool) -> str:
+def stream_weights(rows: int, weight_rows: int, sms: int) -> bool:
+    """Whether `rows` tokens x `weight_rows` weight rows (min and max of M, N) run faster on the
+    weight-streaming kernel (`sm90_w4a16`) than on the mixed wgmma kernel with its narrow
+    decode tiles. H100, graph replays, K = 8192 (notes/gemm_w4a16.md, session 7): streaming
+    wins up to 16 tokens (21 vs 44 us at N = 8192, a tie at 28672) and at 32 tokens while the
+    mixed kernel's 128-row tiles would leave SMs idle (N = 8192: 37 vs 45 us); the mixed
+    kernel wins at 32 tokens with N = 28672 (76 vs 118 us) and from 48 on (64 x 28672: 93 vs
+    180 us)."""
+    return rows <= 16 or (rows <= 32 and weight_rows <= 64 * sms)
+
+
+def pick_sm90_path(path: str, m: int, n: int, windowed: bool, sms: int) -> str:
     """The sm_90a kernel path of gemm_nvfp4 (see its docstring) for `path` ("auto" or one of
     the named paths, checked against the operands)."""
     if path not in SM90_PATHS:
@@ -190,7 +198,7 @@ def pick_sm90_path(path: str, m: int, n: int, windowed: bool) -> str:
         return path
     if windowed:
         return "decode_both"
-    return "weight_stream" if min(m, n) <= WEIGHT_STREAM_MAX_ROWS else "predecode"
+    return "weight_stream" if stream_weights(min(m, n), max(m, n), sms) else "predecode"
 
 
 def decode_values(data: torch.Tensor, scales: torch.Tensor, swizzled: bool,
@@ -276,10 +284,9 @@ def _gemm_sm100(a_data, sfa, b_data, sfb, alpha, row, col, bias, out_dtype, out,
     return out
 
 
-# Activations with more rows than this leave the weight-streaming kernel, which reads the
-# weights once per 64 tokens (0.26x cuBLAS at M = 512, notes/gemm_w4a16.md), for the mixed
-# wgmma kernel of sm90_mixed (BF16 activations; notes/gemm.md) or, for FP16 activations,
-# dequantize-then-cuBLAS.
+# FP16 activations with more rows than this leave the weight-streaming kernel, which reads
+# the weights once per 64 tokens (0.26x cuBLAS at M = 512, notes/gemm_w4a16.md), for
+# dequantize-then-cuBLAS (the mixed wgmma kernel takes BF16 activations only).
 W4A16_MAX_DECODE_ROWS = 64
 # S_enc = 448 * 6 / 2688 = 1: the dequantize kernel then returns e2m1 * scale exactly.
 _UNIT_SCALE_AMAX = 2688.0
@@ -292,20 +299,24 @@ def gemm_w4a16(a: torch.Tensor, b_data: torch.Tensor, b_scales: torch.Tensor, *,
     """BF16/FP16 activations [M, K] x NVFP4 weights [N, K/2] (E4M3 block scales, compact or
     swizzled): D = cast(alpha * col[n] * sum_k a[m, k] * b[n, k] + bias[n]).
 
-    On sm_90a, decode sizes (M <= W4A16_MAX_DECODE_ROWS) run the weight-streaming W4A16 kernel
-    (`sm90_w4a16`) and larger M with BF16 activations the mixed wgmma kernel
-    (`sm90_mixed.gemm_mixed_sm90`: weights decoded in registers, activations by TMA), both
-    with FP32 accumulation of exact products. FP16 activations at larger M, and sm_100a,
+    On sm_90a, BF16 activations run the weight-streaming W4A16 kernel (`sm90_w4a16`) where
+    `stream_weights(M, N, SMs)` says it is faster (up to 16 tokens, 32 with few weight rows)
+    and the mixed wgmma kernel (`sm90_mixed.gemm_mixed_sm90`: weights decoded in registers,
+    activations by TMA, narrow tiles at decode sizes) otherwise; FP16 activations run the
+    streaming kernel up to W4A16_MAX_DECODE_ROWS tokens. Both accumulate exact products in
+    FP32. FP16 activations at larger M, and sm_100a,
     dequantize the weights once (exact e2m1 * scale, in the activation dtype) and run cuBLAS,
     then apply the epilogue in FP32: the same sum up to its rounding (the dense GEMM rounds
     its result to the activation dtype before the epilogue when out_dtype is 16-bit; fp32
     outputs use an FP32 GEMM)."""
     if a.dim() == 2 and a.is_cuda and device_arch(a.device) == "sm_90a":
-        if a.shape[0] <= W4A16_MAX_DECODE_ROWS:
-            return gemm_w4a16_sm90(a, b_data, b_scales, alpha=alpha, col=col, bias=bias,
-                                   out_dtype=out_dtype, scales_swizzled=scales_swizzled)
-        if a.dtype == torch.bfloat16:
+        m = a.shape[0]
+        if a.dtype == torch.bfloat16 and not stream_weights(m, b_data.shape[0],
+                                                              num_sms(a.device)):
             return gemm_mixed_sm90(b_data, b_scales, a, alpha=alpha, col=col, bias=bias,
+                                   out_dtype=out_dtype, scales_swizzled=scales_swizzled)
+        if m <= W4A16_MAX_DECODE_ROWS:
+            return gemm_w4a16_sm90(a, b_data, b_scales, alpha=alpha, col=col, bias=bias,
                                    out_dtype=out_dtype, scales_swizzled=scales_swizzled)
     n, k = b_data.shape[0], b_data.shape[1] * 2
     if a.dim() != 2 or a.shape[1] != k:

@@ -60,6 +60,12 @@ TILE_M = 128
 TILE_K = 64  # elements per k-tile: 4 NVFP4 blocks, 32 packed bytes, 128 BF16 bytes per row
 SF_TILE_BYTES = 512  # one 128-row x 4-block tile of swizzled scales
 SMEM_BYTES = 220 * 1024  # pipeline stages + epilogue staging (227 KB per CTA, barriers aside)
+# wgmma widths of the mixed kernel: the narrow ones serve decode-sized token counts (the
+# MMA work of a 64-token activation tile padded to 128 is half wasted)
+MIXED_TILE_NS = (16, 32, 64, 128, 256)
+# CTAs per SM -> (producer, consumer registers, widest tile_n that fits them without spills):
+# producer * 128 + consumer * 256 <= the launch allocation * 384 (168 / 80 / 56 per thread)
+MIXED_REGS = {1: (40, 232, 256), 2: (24, 104, 64), 3: (24, 72, 16)}
 # NVFP4 x predecoded NVFP4: both carry 2**-7; NVFP4 x raw BF16: one factor
 UNSCALE_W4A4 = 2 * DECODE_EXP_SHIFT
 UNSCALE_W4A16 = DECODE_EXP_SHIFT
@@ -278,20 +284,18 @@ class Sm90Epilogue(EpilogueOperands):
 class Sm90Gemm(Sm90Epilogue):
     """What the sm_90 wgmma GEMMs share: 384 threads, a TMA mainloop pipeline of `stages`
     stages feeding two MMA warpgroups (threads 128..383) that run RS wgmmas on decoded A
-    fragments, tiles of 128 x tile_n (128 or 256), the FP32 epilogue."""
+    fragments, tiles of 128 x tile_n, the FP32 epilogue."""
 
     def __init__(self, out_dtype: Type[cutlass.Numeric], tile_n: int, stages: int, flags,
                  producer_regs: int, consumer_regs: int):
-        if tile_n not in (128, 256):
-            raise ValueError(f"tile_n must be 128 or 256, got {tile_n}")
         self.out_dtype = out_dtype
         self.tile_n = tile_n
         self.stages = stages
         self.set_epilogue_flags(*flags)
         self.threads = 384
         # setmaxnreg only moves registers inside the CTA's launch allocation (168 per thread
-        # at 384 threads): producer_regs * 128 + consumer_regs * 256 <= 168 * 384, or the
-        # increase never returns
+        # at 384 threads and one CTA per SM, 80 at two): producer_regs * 128 +
+        # consumer_regs * 256 <= that * 384, or the increase never returns
         self.producer_regs = producer_regs
         self.consumer_regs = consumer_regs
 
@@ -333,9 +337,12 @@ class Sm90Gemm(Sm90Epilogue):
 
 
 class Sm90GemmMixed(Sm90Gemm):
-    """Compile-time config: tile_n (128 or 256), pipeline stages, output dtype, the epilogue
+    """Compile-time config: tile_n (MIXED_TILE_NS), pipeline stages, output dtype, the epilogue
     operands present, `transposed` (D[q, p]), unscale_exp, vec_store (D 16-byte aligned:
-    base and row pitch) and num_ctas (the persistent grid's size: the SM count). `__call__` takes packed x
+    base and row pitch), num_ctas (the SM count) and ctas_per_sm (MIXED_REGS: more warps to
+    hide the per-k-tile decode latency of narrow tiles, a share of the registers and shared
+    memory each); the persistent grid is num_ctas * ctas_per_sm CTAs
+    at most. `__call__` takes packed x
     [P, K/2] (uint8, K/2 a multiple of 16), its swizzled scales (flat uint8), y [Q, >= K] BF16
     (row pitch a multiple of 16 bytes), D [M, N] and the optional alpha [1], row [M], col [N],
     bias [N]."""
@@ -344,15 +351,21 @@ class Sm90GemmMixed(Sm90Gemm):
                  has_alpha: bool = False, has_row: bool = False, has_col: bool = False,
                  has_bias: bool = False, transposed: bool = False,
                  unscale_exp: int = UNSCALE_W4A4, vec_store: bool = False,
-                 num_ctas: int = 132):
-        # 40 * 128 + 232 * 256 = 168 * 384
+                 num_ctas: int = 132, ctas_per_sm: int = 1):
+        if tile_n not in MIXED_TILE_NS:
+            raise ValueError(f"tile_n must be one of {MIXED_TILE_NS}, got {tile_n}")
+        if ctas_per_sm not in MIXED_REGS or tile_n > MIXED_REGS[ctas_per_sm][2]:
+            raise ValueError(f"ctas_per_sm must be 1, 2 with tile_n <= 64 or 3 with tile_n "
+                             f"16; got {ctas_per_sm} with tile_n {tile_n}")
+        producer_regs, consumer_regs, _ = MIXED_REGS[ctas_per_sm]
         super().__init__(out_dtype, tile_n, stages, (has_alpha, has_row, has_col, has_bias),
-                         producer_regs=40, consumer_regs=232)
-        most = max_stages(tile_n, out_dtype.width // 8, transposed)
+                         producer_regs=producer_regs, consumer_regs=consumer_regs)
+        most = max_stages(tile_n, out_dtype.width // 8, transposed, ctas_per_sm)
         if stages < 2 or stages > most:
             raise ValueError(f"stages must be 2..{most} for tile_n {tile_n}, "
-                             f"{out_dtype.__name__} output, transposed={transposed}; "
-                             f"got {stages}")
+                             f"{out_dtype.__name__} output, transposed={transposed}, "
+                             f"{ctas_per_sm} CTA(s) per SM; got {stages}")
+        self.ctas_per_sm = ctas_per_sm
         self.transposed = transposed
         self.unscale_exp = unscale_exp
         self.vec_store = vec_store
@@ -384,11 +397,13 @@ class Sm90GemmMixed(Sm90Gemm):
             sD=smem_array(cutlass.Uint8, self.staging_bytes()),
         )
 
-        grid = (cutlass.min(tiles, self.num_ctas), 1, 1)
+        grid = (cutlass.min(tiles, self.num_ctas * self.ctas_per_sm), 1, 1)
         self.kernel(
             tma_x, tma_mX, tma_sf, tma_mSF, tma_y, tma_mY, mD, (mAlpha, mRow, mCol, mBias),
             tiled_mma, (pk_layout, sf_layout, y_layout), tx_bytes,
-        ).launch(grid=grid, block=[self.threads, 1, 1], stream=stream)
+        ).launch(grid=grid, block=[self.threads, 1, 1], stream=stream,
+                 min_blocks_per_mp=self.ctas_per_sm,
+                 preferred_smem_carveout=100 if self.ctas_per_sm > 1 else None)
 
     @cute.kernel
     def kernel(self, tma_x: cute.CopyAtom, mX: cute.Tensor, tma_sf: cute.CopyAtom,
@@ -561,33 +576,49 @@ def staging_bytes(tile_n: int, out_elt: int, transposed: bool) -> int:
 
 
 @functools.lru_cache(maxsize=None)
-def max_stages(tile_n: int, out_elt: int, transposed: bool) -> int:
-    """The deepest pipeline (at most 8) that fits shared memory next to the epilogue buffer."""
-    free = SMEM_BYTES - staging_bytes(tile_n, out_elt, transposed)
+def max_stages(tile_n: int, out_elt: int, transposed: bool, ctas_per_sm: int = 1) -> int:
+    """The deepest pipeline (at most 8) that fits a CTA's share of shared memory next to the
+    epilogue buffer."""
+    free = SMEM_BYTES // ctas_per_sm - staging_bytes(tile_n, out_elt, transposed)
     return min(8, free // _stage_bytes(tile_n))
 
 
 @functools.lru_cache(maxsize=4096)
 def pick_mixed_config(p: int, q: int, sms: int = 132, out_elt: int = 2,
                       transposed: bool = False):
-    """(tile_n, stages) for P register-operand rows x Q TMA-operand rows and out_elt-byte
-    outputs: the tile width with the least time per SM, counted as waves (ceil(tiles / sms))
+    """(tile_n, stages, ctas_per_sm) for P register-operand rows x Q TMA-operand rows and
+    out_elt-byte outputs.
+
+    Q <= 64 (decode sizes): a tile costs about the same at any width up to 64 (the register
+    decode of its 128 x K weights and the wgmma chain of each k-tile bound it: H100, K = 8192,
+    44-49 us per tile at widths 16-64), so the narrowest power of two >= Q, halved while the
+    tiles still fit one per SM (more tiles for idle SMs), and two CTAs per SM when the tiles
+    outnumber the SMs (2 CTAs/SM: 69 us for two tiles; notes/gemm_w4a16.md, session 7).
+    Wider Q: the tile width with the least time per SM, counted as waves (ceil(tiles / sms))
     x tile_n x the cost per FLOP, which is 1.17x higher at tile_n 128 (twice the register
     decode per FLOP; measured 2048^3: 482 vs 412 TFLOP/s; 1024x2048x2048, 64 tiles of 256:
     262 vs 332 for 128) - unless the 256-wide epilogue buffer leaves fewer than 3 stages (FP32
-    outputs); the deepest pipeline that fits."""
+    outputs). The deepest pipeline that fits."""
+    p_tiles = -(-p // TILE_M)
+    if q <= 64:
+        tile_n = max(16, 1 << (q - 1).bit_length())
+        while tile_n > 16 and p_tiles * -(-q // (tile_n // 2)) <= sms:
+            tile_n //= 2
+        ctas_per_sm = 2 if p_tiles * -(-q // tile_n) > sms else 1
+        return tile_n, max_stages(tile_n, out_elt, transposed, ctas_per_sm), ctas_per_sm
+
     def cost(tile_n):
-        waves = -(-(-(-p // TILE_M) * -(-q // tile_n)) // sms)
+        waves = -(-(p_tiles * -(-q // tile_n)) // sms)
         return waves * tile_n * (1.17 if tile_n == 128 else 1.0)
 
     tile_n = 128 if q <= 128 or cost(128) < cost(256) else 256
     if max_stages(tile_n, out_elt, transposed) < 3:
         tile_n = 128
-    return tile_n, max_stages(tile_n, out_elt, transposed)
+    return tile_n, max_stages(tile_n, out_elt, transposed), 1
 
 
 def mixed_kernel(out_dtype, tile_n, stages, flags, bias_dtype, transposed, unscale_exp,
-                 vec_store, num_ctas=132):
+                 vec_store, num_ctas=132, ctas_per_sm=1):
     """The compile-time op and fake arguments of one Sm90GemmMixed configuration."""
     import cutlass
 
@@ -595,7 +626,7 @@ def mixed_kernel(out_dtype, tile_n, stages, flags, bias_dtype, transposed, unsca
     op = Sm90GemmMixed(torch_to_cutlass(out_dtype), tile_n=tile_n, stages=stages,
                        has_alpha=has_alpha, has_row=has_row, has_col=has_col, has_bias=has_bias,
                        transposed=transposed, unscale_exp=unscale_exp, vec_store=vec_store,
-                       num_ctas=num_ctas)
+                       num_ctas=num_ctas, ctas_per_sm=ctas_per_sm)
     elt = torch.empty((), dtype=out_dtype).element_size()
     p, q = dyn(), dyn()
     m, n = (q, p) if transposed else (p, q)
@@ -658,24 +689,28 @@ def predecode_nvfp4(data: torch.Tensor, sf_flat: torch.Tensor, arch: str) -> tor
 
 def launch_mixed(x_data, sfx, y, out, alpha, row, col, bias, *, transposed: bool,
                  unscale_exp: int, arch: str, tile_n: Optional[int] = None,
-                 stages: Optional[int] = None):
+                 stages: Optional[int] = None, ctas_per_sm: Optional[int] = None):
     """Run Sm90GemmMixed on prepared operands: x_data [P, K/2] uint8 with 16-byte rows and
     base, sfx its flat swizzled scales, y [Q, >= K] BF16 in the kernel's K order with 16-byte
     row pitch, out [M, N] contiguous, the epilogue operands as `operands._epilogue` returns
     them."""
     sms = num_sms(out.device)
     elt = out.element_size()
-    tile_n = tile_n or pick_mixed_config(x_data.shape[0], y.shape[0], sms, elt, transposed)[0]
-    stages = stages or max_stages(tile_n, elt, transposed)
+    if tile_n is None:
+        tile_n, _, picked_ctas = pick_mixed_config(x_data.shape[0], y.shape[0], sms, elt,
+                                                   transposed)
+        ctas_per_sm = ctas_per_sm or picked_ctas
+    ctas_per_sm = ctas_per_sm or 1
+    stages = stages or max_stages(tile_n, elt, transposed, ctas_per_sm)
     flags = (alpha is not None, row is not None, col is not None, bias is not None)
     bias_dtype = bias.dtype if bias is not None else None
     vec_store = (out.shape[1] * elt) % 16 == 0 and out.data_ptr() % 16 == 0
     key = ("gemm_mixed_sm90", out.dtype, tile_n, stages, flags, bias_dtype, transposed,
-           unscale_exp, vec_store, sms)
+           unscale_exp, vec_store, sms, ctas_per_sm)
 
     def build():
         op, args = mixed_kernel(out.dtype, tile_n, stages, flags, bias_dtype, transposed,
-                                unscale_exp, vec_store, sms)
+                                unscale_exp, vec_store, sms, ctas_per_sm)
         return compile_kernel(op, *args, arch=arch)
 
     KERNELS.get(key, build)(x_data, sfx, y, out, alpha, row, col, bias)
@@ -687,7 +722,8 @@ def gemm_mixed_sm90(w_data: torch.Tensor, w_scales: torch.Tensor, a: torch.Tenso
                     col: Optional[torch.Tensor] = None, bias: Optional[torch.Tensor] = None,
                     out_dtype: torch.dtype = torch.bfloat16, scales_swizzled: bool = False,
                     out: Optional[torch.Tensor] = None, tile_n: Optional[int] = None,
-                    stages: Optional[int] = None) -> torch.Tensor:
+                    stages: Optional[int] = None,
+                    ctas_per_sm: Optional[int] = None) -> torch.Tensor:
     """W4A16 for any M (prefill): D[m, n] = cast(alpha * row[m] * col[n] *
     sum_k a[m, k] * w[n, k] + bias[n]) with BF16 activations a [M, K] (natural K order) and
     NVFP4 weights w [N, K/2] (E4M3 scales, compact or swizzled), FP32 accumulation. The weights
@@ -718,4 +754,4 @@ def gemm_mixed_sm90(w_data: torch.Tensor, w_scales: torch.Tensor, a: torch.Tenso
     w_prep = _prepare_data(w_data)
     return launch_mixed(w_prep, sfw, permute_k(a, k_pad(w_prep.shape[1])), out, alpha, row,
                         col, bias, transposed=True, unscale_exp=UNSCALE_W4A16, arch=arch,
-                        tile_n=tile_n, stages=stages)
+                        tile_n=tile_n, stages=stages, ctas_per_sm=ctas_per_sm)

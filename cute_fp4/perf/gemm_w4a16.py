@@ -3,8 +3,9 @@ dequantize-then-cuBLAS.
 
 Per shape (M x N x K), in one process: cuBLAS BF16 (torch.matmul, BF16 weights), dequantize-then-
 cuBLAS (cute_fp4.dequantize of the NVFP4 weights every call, then torch.matmul) and the W4A16
-kernel that `cute_fp4.gemm` dispatches to (the weight-streaming gemm_w4a16_sm90 for M <= 64,
-the mixed wgmma gemm_mixed_sm90 above; BF16 activations, swizzled scales, BF16 out), each eager
+kernel that `cute_fp4.gemm` dispatches to (the weight-streaming gemm_w4a16_sm90 where
+`dispatch.stream_weights` says so, the mixed wgmma gemm_mixed_sm90 otherwise, column "kernel";
+BF16 activations, swizzled scales, BF16 out), each eager
 and replayed from a CUDA graph. Reports microseconds, speedups over cuBLAS BF16 of the same mode
 and the W4A16 kernel's weight bandwidth (packed bytes + scales, GB/s).
 """
@@ -18,14 +19,15 @@ import torch
 
 from .common import bench_graph_ms, bench_ms, progress, report
 
-DECODE_M = [1, 16, 64]
+DECODE_M = [1, 16, 32, 64]
 DECODE_NK = [(8192, 8192), (28672, 8192)]
 PREFILL = [(512, 8192, 8192)]
 
 
 def bench_configs(m: int, n: int, k: int, graphs: bool, configs) -> List[dict]:
     """One row per W4A16 configuration (None: automatic), the baselines timed once."""
-    from ..gemm.dispatch import W4A16_MAX_DECODE_ROWS
+    from ..common.jit import num_sms
+    from ..gemm.dispatch import W4A16_MAX_DECODE_ROWS, stream_weights
     from ..gemm.sm90_mixed import gemm_mixed_sm90
     from ..gemm.sm90_w4a16 import gemm_w4a16_sm90
     from ..ref.swizzle import swizzle_scales
@@ -34,6 +36,7 @@ def bench_configs(m: int, n: int, k: int, graphs: bool, configs) -> List[dict]:
     if m > W4A16_MAX_DECODE_ROWS and configs != [None]:
         raise ValueError(f"--config sets the decode kernel (M <= {W4A16_MAX_DECODE_ROWS}), "
                          f"got M = {m}")
+    stream = configs != [None] or stream_weights(m, n, num_sms(torch.device("cuda")))
     b = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, device="cuda")
     sb_c = torch.exp2(torch.rand(n, k // 16, device="cuda") * 4 - 2).to(torch.float8_e4m3fn)
     sb = swizzle_scales(sb_c)
@@ -48,7 +51,7 @@ def bench_configs(m: int, n: int, k: int, graphs: bool, configs) -> List[dict]:
     weight_bytes = b.numel() + sb_c.numel()
     rows = []
     for config in configs:
-        row = {"M": m, "N": n, "K": k}
+        row = {"M": m, "N": n, "K": k, "kernel": "stream" if stream else "mixed"}
         if len(configs) > 1:
             row["config"] = ",".join(map(str, config)) if config else "auto"
         rows.append(row)
@@ -59,7 +62,7 @@ def bench_configs(m: int, n: int, k: int, graphs: bool, configs) -> List[dict]:
         base_ms = {name: timer(fn) for name, fn in base.items()}
         for config, row in zip(configs, rows):
             ms = dict(base_ms)
-            if m <= W4A16_MAX_DECODE_ROWS:
+            if stream:
                 ms["w4a16"] = timer(lambda: gemm_w4a16_sm90(a, b, sb, scales_swizzled=True,
                                                              out=out, config=config))
             else:
