@@ -97,19 +97,23 @@ def test_mixed_sm90_ptx(tile_n, transposed, vec_store):
     assert len(re.findall(r"wgmma\.mma_async", ptx)) == 8
 
 
-@pytest.mark.parametrize("tile_n,ctas_per_sm", [(16, 3), (32, 2), (64, 2), (64, 1)])
-def test_mixed_sm90_narrow_ptx(tile_n, ctas_per_sm):
-    """Decode-sized tiles: a 64 x tile_n wgmma, and with several CTAs per SM the launch
-    bound that makes ptxas fit them (.minnctapersm) and a register split inside it."""
+@pytest.mark.parametrize("tile_n,ctas_per_sm,k_split", [(16, 3, False), (32, 2, False),
+                                                        (64, 2, True), (64, 1, True)])
+def test_mixed_sm90_narrow_ptx(tile_n, ctas_per_sm, k_split):
+    """Decode-sized tiles: a 64 x tile_n wgmma, with several CTAs per SM the launch bound that
+    makes ptxas fit them (.minnctapersm) and a register split inside it; k_split's hand-over
+    of the accumulators (two named barriers: one arrive and one wait each side)."""
     from cute_fp4.gemm.sm90_mixed import UNSCALE_W4A16, max_stages, mixed_kernel
 
-    op, args = mixed_kernel(torch.bfloat16, tile_n, max_stages(tile_n, 2, True, ctas_per_sm),
-                            (True, False, True, True), torch.float32, True, UNSCALE_W4A16,
-                            True, 132, ctas_per_sm)
+    stages = max_stages(tile_n, 2, True, ctas_per_sm, k_split)
+    op, args = mixed_kernel(torch.bfloat16, tile_n, stages, (True, False, True, True),
+                            torch.float32, True, UNSCALE_W4A16, True, 132, ctas_per_sm,
+                            k_split)
     ptx = _sm90_gemm_ptx(op, args, tile_n, ctas_per_sm=ctas_per_sm)
     assert len(re.findall(r"wgmma\.mma_async", ptx)) == 8
     minctas = re.search(r"\.minnctapersm\s+(\d+)", ptx)
     assert (int(minctas.group(1)) if minctas else 1) == ctas_per_sm
+    assert len(re.findall(r"\bbar(rier)?\.arrive", ptx)) == (2 if k_split else 0)
 
 
 def test_predecode_sm90_ptx():
@@ -151,6 +155,8 @@ def test_mixed_config_errors():
         Sm90GemmMixed(cutlass.BFloat16, tile_n=128, ctas_per_sm=2)
     with pytest.raises(ValueError, match="ctas_per_sm"):
         Sm90GemmMixed(cutlass.BFloat16, tile_n=32, ctas_per_sm=3)
+    with pytest.raises(ValueError, match="k_split needs tile_n <= 64"):
+        Sm90GemmMixed(cutlass.BFloat16, tile_n=128, k_split=True)
     with pytest.raises(ValueError, match="stages must be 2..4"):
         Sm90GemmMixed(cutlass.BFloat16, tile_n=256, stages=5)
     # the epilogue buffer of a 256-wide FP32 tile leaves room for 2 stages
@@ -180,19 +186,20 @@ def test_pick_mixed_config():
     to the epilogue buffer."""
     from cute_fp4.gemm.sm90_mixed import pick_mixed_config
 
-    assert pick_mixed_config(2048, 2048) == (256, 4, 1)   # 128 tiles: 1 wave of 256 = 2 of 128
-    assert pick_mixed_config(4096, 1024, transposed=True) == (256, 4, 1)  # 1024x4096x4096
-    assert pick_mixed_config(2048, 1024) == (128, 8, 1)   # 1024x2048x2048: 64 tiles of 256
-    assert pick_mixed_config(8192, 8192) == (256, 4, 1)
-    assert pick_mixed_config(8192, 100) == (128, 8, 1)    # Q <= 128
+    assert pick_mixed_config(2048, 2048) == (256, 4, 1, False)  # 1 wave of 256 = 2 of 128
+    assert pick_mixed_config(4096, 1024, transposed=True) == (256, 4, 1, False)
+    assert pick_mixed_config(2048, 1024) == (128, 8, 1, False)  # 64 tiles of 256
+    assert pick_mixed_config(8192, 8192) == (256, 4, 1, False)
+    assert pick_mixed_config(8192, 100) == (128, 8, 1, False)  # Q <= 128
     # many waves: 2% fewer SM-waves at 128 do not pay for its decode (16384x7168x2048 dgrad)
-    assert pick_mixed_config(16384, 7168) == (256, 4, 1)
+    assert pick_mixed_config(16384, 7168) == (256, 4, 1, False)
     # FP32 output: a 256-wide epilogue buffer would leave 2 stages
-    assert pick_mixed_config(8192, 8192, out_elt=4) == (128, 7, 1)
-    # decode sizes, W4A16 (transposed): 64 weight tiles split in two along the tokens
-    assert pick_mixed_config(8192, 64, transposed=True) == (32, 8, 1)
-    assert pick_mixed_config(8192, 16, transposed=True) == (16, 8, 1)
-    # 224 weight tiles > 132 SMs: two CTAs per SM, each with half the shared memory
-    assert pick_mixed_config(28672, 64, transposed=True) == (64, 7, 2)
-    assert pick_mixed_config(28672, 32, transposed=True) == (32, 8, 2)
-    assert pick_mixed_config(28672, 64, out_elt=4, transposed=True) == (64, 6, 2)
+    assert pick_mixed_config(8192, 8192, out_elt=4) == (128, 7, 1, False)
+    # decode sizes, W4A16 (transposed): 64 weight tiles of 128 rows -> 128 k_split tiles
+    assert pick_mixed_config(8192, 64, transposed=True) == (64, 8, 1, True)
+    assert pick_mixed_config(8192, 3, transposed=True) == (16, 8, 1, True)
+    # 128 tiles: one per SM, k_split's 256 would not fit
+    assert pick_mixed_config(16384, 32, transposed=True) == (32, 8, 1, False)
+    # 224 tiles > 132 SMs: two CTAs per SM, each with half the shared memory
+    assert pick_mixed_config(28672, 64, transposed=True) == (64, 7, 2, False)
+    assert pick_mixed_config(28672, 64, out_elt=4, transposed=True) == (64, 6, 2, False)

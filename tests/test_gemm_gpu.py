@@ -191,16 +191,20 @@ def test_mixed_w4a16(m, n, k, swizzled, gen):
     check(out, d64, mag, k, torch.float32)
 
 
-@pytest.mark.parametrize("tile_n,ctas_per_sm", [(16, 1), (16, 3), (32, 2), (64, 1), (64, 2)])
-@pytest.mark.parametrize("m,n", [(1, 300), (17, 136), (40, 34000), (64, 257), (100, 520)])
-def test_mixed_narrow_tiles(tile_n, ctas_per_sm, m, n, gen):
+@pytest.mark.parametrize("tile_n,ctas_per_sm,k_split", [
+    (16, 1, False), (16, 3, False), (32, 2, False), (64, 1, False), (64, 2, False),
+    (16, 1, True), (32, 2, True), (64, 1, True), (64, 2, True)])
+@pytest.mark.parametrize("m,n,k", [(1, 300, 192), (17, 136, 64), (40, 34000, 192),
+                                   (64, 257, 320), (100, 520, 192)])
+def test_mixed_narrow_tiles(tile_n, ctas_per_sm, k_split, m, n, k, gen):
     """The decode-sized configurations of the mixed kernel (64 x tile_n wgmma, several CTAs
-    per SM): tokens past one tile (m > tile_n), partial weight tiles, more tiles than CTAs
-    (n = 34000: 266 weight tiles). Bit-equal to the 128-wide tile (the same k16 sums in the
-    same order) and within the GEMM bound of float64; BF16 out with alpha, col, bias."""
+    per SM, k_split): tokens past one tile (m > tile_n), partial weight tiles, more tiles than
+    CTAs (n = 34000: 266 weight tiles of 128 rows), one k-tile (k_split's second warpgroup
+    idle) and odd k-tile counts. Bit-equal to the 128-wide tile without k_split (the same
+    k16 sums in the same order), with k_split to the narrowest k_split tile (its even-then-odd
+    order), and within the GEMM bound of float64; FP32 out with alpha, col, bias."""
     from cute_fp4.gemm.sm90_mixed import gemm_mixed_sm90
 
-    k = 192
     a = torch.randn(m, k, generator=gen).to(torch.bfloat16)
     w, sw = rand_fp4(n, k, gen)
     alpha = torch.rand(1, generator=gen) + 0.5
@@ -209,17 +213,22 @@ def test_mixed_narrow_tiles(tile_n, ctas_per_sm, m, n, gen):
     args = (w.cuda(), sw.cuda(), a.cuda())
     kw = dict(alpha=alpha.cuda(), col=col.cuda(), bias=bias.cuda(), out_dtype=torch.float32)
     out = torch.full((m, n), float("nan"), device="cuda")
-    gemm_mixed_sm90(*args, **kw, out=out, tile_n=tile_n, ctas_per_sm=ctas_per_sm)
-    wide = gemm_mixed_sm90(*args, **kw, tile_n=128)
-    assert torch.equal(out, wide)
+    gemm_mixed_sm90(*args, **kw, out=out, tile_n=tile_n, ctas_per_sm=ctas_per_sm,
+                    k_split=k_split)
+    if k_split:
+        same_order = gemm_mixed_sm90(*args, **kw, tile_n=16, ctas_per_sm=1, k_split=True)
+    else:
+        same_order = gemm_mixed_sm90(*args, **kw, tile_n=128, k_split=False)
+    assert torch.equal(out, same_order)
     d64, mag = expected64(a.double(), values64(w, sw), alpha, None, col, bias)
     check(out, d64, mag, k, torch.float32)
 
 
 def test_w4a16_dispatch(monkeypatch, gen):
     """cute_fp4.gemm's W4A16 choice: BF16 activations stream the weights where
-    `stream_weights` says so and run the mixed kernel otherwise (its narrow tiles at 33-64
-    tokens); FP16 activations stream up to 64 tokens. Results within the GEMM bound."""
+    `stream_weights` says so and run the mixed kernel otherwise (decode-size configurations
+    from 17 tokens on this many weight rows); FP16 activations stream up to 64 tokens.
+    Results within the GEMM bound."""
     from cute_fp4.gemm import dispatch
 
     calls = []
@@ -228,12 +237,13 @@ def test_w4a16_dispatch(monkeypatch, gen):
         monkeypatch.setattr(dispatch, name,
                             lambda *a, _real=real, _name=name, **kw:
                             calls.append(_name) or _real(*a, **kw))
-    k, n = 128, 264
+    k = 128
+    n = 32 * torch.cuda.get_device_properties(0).multi_processor_count + 8
     w, sw = rand_fp4(n, k, gen)
     for m, dtype, want in ((16, torch.bfloat16, "gemm_w4a16_sm90"),
-                           (32, torch.bfloat16, "gemm_w4a16_sm90"),
-                           (33, torch.bfloat16, "gemm_mixed_sm90"),
+                           (17, torch.bfloat16, "gemm_mixed_sm90"),
                            (64, torch.bfloat16, "gemm_mixed_sm90"),
+                           (65, torch.bfloat16, "gemm_mixed_sm90"),
                            (64, torch.float16, "gemm_w4a16_sm90")):
         calls.clear()
         a = torch.randn(m, k, generator=gen).to(dtype)

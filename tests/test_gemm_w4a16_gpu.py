@@ -408,15 +408,15 @@ def test_weight_stream_exact_small_sums(small, gen):
 
 
 def test_weight_stream_dispatch(weight_stream_calls, gen):
-    """"auto" takes weight_stream exactly when `stream_weights` says so (up to 16 rows; 32
-    while the other operand has at most 64 * SMs rows) and no window64 operand is given (else
+    """"auto" takes weight_stream exactly when `stream_weights` says so (up to 16 rows; 64
+    while the other operand has at most 32 * SMs rows) and no window64 operand is given (else
     predecode / decode_both)."""
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     k = 64
-    many = 64 * sms + 1
-    for m, n, taken in ((16, 300, True), (300, 16, True), (17, 300, True), (32, 300, True),
-                        (300, 32, True), (33, 300, False), (300, 33, False), (16, many, True),
-                        (17, many, False), (many, 32, False)):
+    many = 32 * sms + 1
+    for m, n, taken in ((16, 300, True), (300, 16, True), (64, 300, True), (300, 64, True),
+                        (65, 300, False), (300, 65, False), (16, many, True),
+                        (17, many, False), (many, 17, False)):
         weight_stream_calls.clear()
         a, sa = rand_fp4(m, k, gen)
         b, sb = rand_fp4(n, k, gen)

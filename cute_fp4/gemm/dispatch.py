@@ -178,13 +178,14 @@ SM90_PATHS = ("auto", "weight_stream", "predecode", "decode_both")
 
 def stream_weights(rows: int, weight_rows: int, sms: int) -> bool:
     """Whether `rows` tokens x `weight_rows` weight rows (min and max of M, N) run faster on the
-    weight-streaming kernel (`sm90_w4a16`) than on the mixed wgmma kernel with its narrow
-    decode tiles. H100, graph replays, K = 8192 (notes/gemm_w4a16.md, session 7): streaming
-    wins up to 16 tokens (21 vs 44 us at N = 8192, a tie at 28672) and at 32 tokens while the
-    mixed kernel's 128-row tiles would leave SMs idle (N = 8192: 37 vs 45 us); the mixed
-    kernel wins at 32 tokens with N = 28672 (76 vs 118 us) and from 48 on (64 x 28672: 93 vs
-    180 us)."""
-    return rows <= 16 or (rows <= 32 and weight_rows <= 64 * sms)
+    weight-streaming kernel (`sm90_w4a16`) than on the mixed wgmma kernel with its decode-size
+    configurations. H100, graph replays, K = 8192 (notes/gemm_w4a16.md, session 7): streaming
+    wins up to 16 tokens (8192 weight rows: 17-21 vs 27 us; 28672: 53-69 vs 69-71 us); from 17
+    tokens on the mixed kernel wins (32 x 8192: 29 vs 37 us, 64 x 8192: 32 vs 53 us, 64 x
+    28672: 93 vs 182 us) except on small weight matrices, where the streaming time, which
+    falls with N, is below the mixed kernel's per-tile time, which does not (kept below
+    32 * SMs weight rows)."""
+    return rows <= 16 or (rows <= 64 and weight_rows <= 32 * sms)
 
 
 def pick_sm90_path(path: str, m: int, n: int, windowed: bool, sms: int) -> str:
@@ -300,8 +301,8 @@ def gemm_w4a16(a: torch.Tensor, b_data: torch.Tensor, b_scales: torch.Tensor, *,
     swizzled): D = cast(alpha * col[n] * sum_k a[m, k] * b[n, k] + bias[n]).
 
     On sm_90a, BF16 activations run the weight-streaming W4A16 kernel (`sm90_w4a16`) where
-    `stream_weights(M, N, SMs)` says it is faster (up to 16 tokens, 32 with few weight rows)
-    and the mixed wgmma kernel (`sm90_mixed.gemm_mixed_sm90`: weights decoded in registers,
+    `stream_weights(M, N, SMs)` says it is faster (up to 16 tokens, 64 on small weight
+    matrices) and the mixed wgmma kernel (`sm90_mixed.gemm_mixed_sm90`: weights decoded in registers,
     activations by TMA, narrow tiles at decode sizes) otherwise; FP16 activations run the
     streaming kernel up to W4A16_MAX_DECODE_ROWS tokens. Both accumulate exact products in
     FP32. FP16 activations at larger M, and sm_100a,

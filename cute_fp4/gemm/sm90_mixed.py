@@ -37,7 +37,7 @@ being refilled meanwhile), coalesced predicated stores.
 from __future__ import annotations
 
 import functools
-from typing import Optional, Type
+from typing import NamedTuple, Optional, Type
 
 import cuda.bindings.driver as cuda
 import torch
@@ -66,6 +66,8 @@ MIXED_TILE_NS = (16, 32, 64, 128, 256)
 # CTAs per SM -> (producer, consumer registers, widest tile_n that fits them without spills):
 # producer * 128 + consumer * 256 <= the launch allocation * 384 (168 / 80 / 56 per thread)
 MIXED_REGS = {1: (40, 232, 256), 2: (24, 104, 64), 3: (24, 72, 16)}
+# named barriers of the k_split accumulator hand-over (the staged epilogue uses 2 and 3)
+BAR_RED_FULL, BAR_RED_FREE = 4, 5
 # NVFP4 x predecoded NVFP4: both carry 2**-7; NVFP4 x raw BF16: one factor
 UNSCALE_W4A4 = 2 * DECODE_EXP_SHIFT
 UNSCALE_W4A16 = DECODE_EXP_SHIFT
@@ -166,13 +168,15 @@ def smem_array(dtype, count, align: int = 128):
     return cute.struct.Align[cute.struct.MemRange[dtype, count], align]
 
 
-def rs_tiled_mma(tile_n: int) -> cute.TiledMma:
-    """BF16 wgmma with FP32 accumulation, A from registers, two warpgroups of 64 x tile_n."""
+def rs_tiled_mma(tile_n: int, warpgroups: int = 2) -> cute.TiledMma:
+    """BF16 wgmma with FP32 accumulation, A from registers, `warpgroups` warpgroups of
+    64 x tile_n stacked along M."""
     return sm90_utils.make_trivial_tiled_mma(
         cutlass.BFloat16, cutlass.BFloat16,
         LayoutEnum.ROW_MAJOR.sm90_mma_major_mode(),
         LayoutEnum.ROW_MAJOR.sm90_mma_major_mode(),
-        Float32, (2, 1, 1), tiler_mn=(64, tile_n), a_source=warpgroup.OperandSource.RMEM)
+        Float32, (warpgroups, 1, 1), tiler_mn=(64, tile_n),
+        a_source=warpgroup.OperandSource.RMEM)
 
 
 class Sm90Epilogue(EpilogueOperands):
@@ -190,8 +194,8 @@ class Sm90Epilogue(EpilogueOperands):
             gD = cute.make_tensor(mD.iterator, cute.select(mD.layout, mode=[1, 0]))
         p_rows, q_cols = gD.shape
         cD = cute.make_identity_tensor(gD.shape)
-        tCcD = thr_mma.partition_C(cute.local_tile(cD, (TILE_M, tile_n), (p_tile, q_tile)))
-        tCgD = thr_mma.partition_C(cute.local_tile(gD, (TILE_M, tile_n), (p_tile, q_tile)))
+        tCcD = thr_mma.partition_C(cute.local_tile(cD, (self.tile_m, tile_n), (p_tile, q_tile)))
+        tCgD = thr_mma.partition_C(cute.local_tile(gD, (self.tile_m, tile_n), (p_tile, q_tile)))
         scale = self.acc_scale(2.0 ** self.unscale_exp, epi)
         cache = {}
         for i in cutlass.range_constexpr(cute.size(acc)):
@@ -237,14 +241,14 @@ class Sm90Epilogue(EpilogueOperands):
         sD = cute.make_tensor(cute.recast_ptr(stage_ptr, dtype=self.out_dtype)
                               + mma_wg * rows * pitch,
                               cute.make_layout((rows, cols), stride=(pitch, 1)))
-        tCcT = thr_mma.partition_C(cute.make_identity_tensor((TILE_M, tile_n)))
+        tCcT = thr_mma.partition_C(cute.make_identity_tensor((self.tile_m, tile_n)))
         scale = self.acc_scale(2.0 ** self.unscale_exp, epi)
         # this warpgroup's stores of the previous tile have read the staging buffer
         cute.arch.barrier(barrier_id=2 + mma_wg, number_of_threads=128)
         cache = {}
         for i in cutlass.range_constexpr(cute.size(acc)):
             pl, ql = tCcT[i]
-            p = p_tile * TILE_M + pl
+            p = p_tile * self.tile_m + pl
             q = q_tile * tile_n + ql
             m, n, vals = self.element_operands(cache, tCcT, i, p, q, mD, epi)
             r, c = pl - mma_wg * 64, ql
@@ -254,11 +258,11 @@ class Sm90Epilogue(EpilogueOperands):
                 sD[r, c] = self.apply_operands(acc[i] * scale, m, n, epi,
                                                vals).to(self.out_dtype)
         cute.arch.barrier(barrier_id=2 + mma_wg, number_of_threads=128)
-        m0 = p_tile * TILE_M + mma_wg * 64
+        m0 = p_tile * self.tile_m + mma_wg * 64
         n0 = q_tile * tile_n
         if const_expr(self.transposed):
             m0 = q_tile * tile_n
-            n0 = p_tile * TILE_M + mma_wg * 64
+            n0 = p_tile * self.tile_m + mma_wg * 64
         if const_expr(self.vec_store):
             vec = 16 // elt
             per_row = cols // vec
@@ -284,11 +288,12 @@ class Sm90Epilogue(EpilogueOperands):
 class Sm90Gemm(Sm90Epilogue):
     """What the sm_90 wgmma GEMMs share: 384 threads, a TMA mainloop pipeline of `stages`
     stages feeding two MMA warpgroups (threads 128..383) that run RS wgmmas on decoded A
-    fragments, tiles of 128 x tile_n, the FP32 epilogue."""
+    fragments, tiles of tile_m (128) x tile_n, the FP32 epilogue."""
 
     def __init__(self, out_dtype: Type[cutlass.Numeric], tile_n: int, stages: int, flags,
                  producer_regs: int, consumer_regs: int):
         self.out_dtype = out_dtype
+        self.tile_m = TILE_M
         self.tile_n = tile_n
         self.stages = stages
         self.set_epilogue_flags(*flags)
@@ -323,15 +328,14 @@ class Sm90Gemm(Sm90Epilogue):
         return pipeline.PipelineState(self.stages, kt, kt % self.stages,
                                       (kt // self.stages) & 1)
 
-    @staticmethod
-    def mma_operands(tiled_mma, ctid, mma_wg, sB, buffers: int):
-        """For MMA thread `ctid` (0..255) of warpgroup `mma_wg`: the warpgroup's wgmma slice,
-        the B fragments of the staged shared-memory operand sB and `buffers` register tiles of
-        the thread's A fragment."""
+    def mma_operands(self, tiled_mma, ctid, mma_wg, sB, buffers: int):
+        """For MMA thread `ctid` of warpgroup `mma_wg` (indices within `tiled_mma`): the
+        warpgroup's wgmma slice, the B fragments of the staged shared-memory operand sB and
+        `buffers` register tiles of the thread's A fragment."""
         thr_mma = tiled_mma.get_slice(mma_wg * 128)
         tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sB))
         a_shape = tiled_mma.get_slice(ctid).partition_A(
-            cute.make_identity_tensor((TILE_M, TILE_K))).shape
+            cute.make_identity_tensor((self.tile_m, TILE_K))).shape
         return thr_mma, tCrB, [cute.make_rmem_tensor(a_shape, cutlass.BFloat16)
                                for _ in range(buffers)]
 
@@ -341,9 +345,11 @@ class Sm90GemmMixed(Sm90Gemm):
     operands present, `transposed` (D[q, p]), unscale_exp, vec_store (D 16-byte aligned:
     base and row pitch), num_ctas (the SM count) and ctas_per_sm (MIXED_REGS: more warps to
     hide the per-k-tile decode latency of narrow tiles, a share of the registers and shared
-    memory each); the persistent grid is num_ctas * ctas_per_sm CTAs
-    at most. `__call__` takes packed x
-    [P, K/2] (uint8, K/2 a multiple of 16), its swizzled scales (flat uint8), y [Q, >= K] BF16
+    memory each; the persistent grid is num_ctas * ctas_per_sm CTAs at most) and k_split
+    (tile_n <= 64: a tile is 64 rows and its two MMA warpgroups take the even and the odd
+    k-tiles, then add their accumulators, the even ones' first, through shared memory: twice
+    the tiles at half the k-loop each, for weights with fewer 128-row tiles than SMs).
+    `__call__` takes packed x [P, K/2] (uint8, K/2 a multiple of 16), its swizzled scales (flat uint8), y [Q, >= K] BF16
     (row pitch a multiple of 16 bytes), D [M, N] and the optional alpha [1], row [M], col [N],
     bias [N]."""
 
@@ -351,7 +357,7 @@ class Sm90GemmMixed(Sm90Gemm):
                  has_alpha: bool = False, has_row: bool = False, has_col: bool = False,
                  has_bias: bool = False, transposed: bool = False,
                  unscale_exp: int = UNSCALE_W4A4, vec_store: bool = False,
-                 num_ctas: int = 132, ctas_per_sm: int = 1):
+                 num_ctas: int = 132, ctas_per_sm: int = 1, k_split: bool = False):
         if tile_n not in MIXED_TILE_NS:
             raise ValueError(f"tile_n must be one of {MIXED_TILE_NS}, got {tile_n}")
         if ctas_per_sm not in MIXED_REGS or tile_n > MIXED_REGS[ctas_per_sm][2]:
@@ -365,12 +371,17 @@ class Sm90GemmMixed(Sm90Gemm):
             raise ValueError(f"stages must be 2..{most} for tile_n {tile_n}, "
                              f"{out_dtype.__name__} output, transposed={transposed}, "
                              f"{ctas_per_sm} CTA(s) per SM; got {stages}")
+        if k_split and tile_n > 64:
+            raise ValueError(f"k_split needs tile_n <= 64, got {tile_n}")
         self.ctas_per_sm = ctas_per_sm
+        self.k_split = k_split
+        self.tile_m = 64 if k_split else TILE_M
         self.transposed = transposed
         self.unscale_exp = unscale_exp
         self.vec_store = vec_store
         self.num_ctas = num_ctas
-        self.consumer_warps = 8
+        # warps that consume (release) each pipeline stage
+        self.consumer_warps = 4 if k_split else 8
 
     @cute.jit
     def __call__(self, mX: cute.Tensor, mSFX: cute.Tensor, mY: cute.Tensor, mD: cute.Tensor,
@@ -379,22 +390,25 @@ class Sm90GemmMixed(Sm90Gemm):
                  stream: cuda.CUstream):
         tile_n = self.tile_n
         p_rows, q_rows, k_tiles = extents(mX, mY)
-        tiles = cute.ceil_div(p_rows, TILE_M) * cute.ceil_div(q_rows, tile_n)
+        tile_m = self.tile_m
+        tiles = cute.ceil_div(p_rows, tile_m) * cute.ceil_div(q_rows, tile_n)
         sfx = scale_tiles(mSFX, p_rows, k_tiles)
-        pk_layout = packed_stages(TILE_M, self.stages)
+        pk_layout = packed_stages(tile_m, self.stages)
         sf_layout = scale_stages(self.stages)
         y_layout = sm90_utils.make_smem_layout_b(
-            LayoutEnum.ROW_MAJOR, (TILE_M, tile_n, TILE_K), cutlass.BFloat16, self.stages)
-        tma_x, tma_mX = tma_load(mX, pk_layout, (TILE_M, TILE_K // 2))
+            LayoutEnum.ROW_MAJOR, (tile_m, tile_n, TILE_K), cutlass.BFloat16, self.stages)
+        tma_x, tma_mX = tma_load(mX, pk_layout, (tile_m, TILE_K // 2))
         tma_sf, tma_mSF = tma_load(sfx, sf_layout, (128, 4))
         tma_y, tma_mY = tma_load(mY, y_layout, (tile_n, TILE_K))
-        tx_bytes = TILE_M * TILE_K // 2 + SF_TILE_BYTES + tile_n * TILE_K * 2
-        tiled_mma = rs_tiled_mma(tile_n)
+        tx_bytes = tile_m * TILE_K // 2 + SF_TILE_BYTES + tile_n * TILE_K * 2
+        tiled_mma = rs_tiled_mma(tile_n, 1 if self.k_split else 2)
         self.set_shared_storage(
             sY=smem_array(cutlass.BFloat16, cute.cosize(y_layout), 1024),
             sX=smem_array(cutlass.Uint8, cute.cosize(pk_layout)),
             sSF=smem_array(cutlass.Uint8, cute.cosize(sf_layout)),
             sD=smem_array(cutlass.Uint8, self.staging_bytes()),
+            # k_split: the odd k-tiles' accumulators (one 64 x tile_n tile)
+            sRed=smem_array(Float32, 64 * tile_n if self.k_split else 4),
         )
 
         grid = (cutlass.min(tiles, self.num_ctas * self.ctas_per_sm), 1, 1)
@@ -428,7 +442,8 @@ class Sm90GemmMixed(Sm90Gemm):
         sSF = storage.sSF.get_tensor(sf_layout)
         sY = storage.sY.get_tensor(y_layout.outer, swizzle=y_layout.inner)
         k_tiles = cute.size(cute.ceil_div(mX.shape[1], TILE_K // 2))
-        p_tiles = cute.ceil_div(mX.shape[0], TILE_M)
+        tile_m = self.tile_m
+        p_tiles = cute.ceil_div(mX.shape[0], tile_m)
         tiles = p_tiles * cute.ceil_div(mY.shape[0], tile_n)
         my_tiles = (tiles - bid + n_ctas - 1) // n_ctas
 
@@ -440,7 +455,9 @@ class Sm90GemmMixed(Sm90Gemm):
                                                      self.stages)
                 for i in cutlass.range(my_tiles, unroll=1):
                     p_tile, q_tile = self.tile_coords(bid + i * n_ctas, p_tiles)
-                    gX = cute.local_tile(mX, (TILE_M, TILE_K // 2), (p_tile, None))
+                    gX = cute.local_tile(mX, (tile_m, TILE_K // 2), (p_tile, None))
+                    # scales come in tiles of 128 rows
+                    sf_tile = p_tile // (TILE_M // tile_m)
                     gY = cute.local_tile(mY, (tile_n, TILE_K), (q_tile, None))
                     tXsX, tXgX = tma_slices(tma_x, sX, gX)
                     tYsY, tYgY = tma_slices(tma_y, sY, gY)
@@ -449,7 +466,7 @@ class Sm90GemmMixed(Sm90Gemm):
                         bar = mainloop.producer_get_barrier(state)
                         s = state.index
                         cute.copy(tma_x, tXgX[(None, kt)], tXsX[(None, s)], tma_bar_ptr=bar)
-                        cute.copy(tma_sf, tSgS[(None, p_tile * k_tiles + kt)],
+                        cute.copy(tma_sf, tSgS[(None, sf_tile * k_tiles + kt)],
                                   tSsS[(None, s)], tma_bar_ptr=bar)
                         cute.copy(tma_y, tYgY[(None, kt)], tYsY[(None, s)], tma_bar_ptr=bar)
                         mainloop.producer_commit(state)
@@ -459,43 +476,86 @@ class Sm90GemmMixed(Sm90Gemm):
             cute.arch.setmaxregister_increase(self.consumer_regs)
             ctid = tidx - 128
             mma_wg = wg_idx - 1
+            # k_split: both warpgroups cover the tile's 64 rows, warpgroup w the k-tiles
+            # w, w + 2, ...; else warpgroup w rows 64 w.., every k-tile
+            mma_tid, k_first, k_step = ctid, 0, 1
+            if const_expr(self.k_split):
+                mma_tid, k_first, k_step = ctid % 128, mma_wg, 2
             # two A register buffers, selected statically (the k-loop is unrolled by 2)
-            thr_mma, tCrY, rA = self.mma_operands(tiled_mma, ctid, mma_wg, sY, 2)
+            thr_mma, tCrY, rA = self.mma_operands(tiled_mma, mma_tid, mma_tid // 128, sY, 2)
             acc = cute.make_rmem_tensor(
-                thr_mma.partition_C(cute.make_identity_tensor((TILE_M, tile_n))).shape, Float32)
+                thr_mma.partition_C(cute.make_identity_tensor((tile_m, tile_n))).shape, Float32)
             tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
 
-            pk_off, sf_off, sf_shift = a_fragment_offsets(ctid)
+            pk_off, sf_off, sf_shift = a_fragment_offsets(mma_tid)
             x_base = sX.iterator.toint() + pk_off
-            sf_base = sSF.iterator.toint() + sf_off
+            n_own = (k_tiles - k_first + k_step - 1) // k_step
 
             for i in cutlass.range(my_tiles, unroll=1):
                 p_tile, q_tile = self.tile_coords(bid + i * n_ctas, p_tiles)
+                # a 64-row tile's rows sit at row 64 (p_tile % 2) of their 128-row scale tile
+                sf_base = sSF.iterator.toint() + sf_off
+                if const_expr(self.k_split):
+                    sf_base = sf_base + (p_tile % 2) * 8
                 # pipeline position of this tile's first k-tile
-                g0 = i * k_tiles
+                g0 = i * k_tiles + k_first
                 acc.fill(0.0)
-                self.decode_stage(mainloop, g0, x_base, sf_base, sf_shift, rA[0])
-                for kq in cutlass.range(cute.ceil_div(k_tiles, 2), unroll=1):
+                if n_own > 0:
+                    self.decode_stage(mainloop, g0, x_base, sf_base, sf_shift, rA[0])
+                for kq in cutlass.range(cute.ceil_div(n_own, 2), unroll=1):
                     for j in cutlass.range_constexpr(2):
-                        kt = kq * 2 + j
-                        if kt < k_tiles:
-                            s = (g0 + kt) % self.stages
+                        kl = kq * 2 + j
+                        if kl < n_own:
+                            s = (g0 + kl * k_step) % self.stages
                             warpgroup.fence()
                             for kb in cutlass.range_constexpr(TILE_K // 16):
                                 cute.gemm(tiled_mma, acc, rA[j][(None, None, kb)],
                                           tCrY[(None, None, kb, s)], acc)
                             warpgroup.commit_group()
-                            # k-tile kt - 1 done: its stage and A buffer (1 - j) are free
+                            # the previous own k-tile is done: its stage and A buffer (1 - j)
+                            # are free
                             warpgroup.wait_group(1)
-                            if kt > 0:
-                                mainloop.consumer_release(self.consumer_state(g0 + kt - 1))
-                            if kt + 1 < k_tiles:
-                                self.decode_stage(mainloop, g0 + kt + 1, x_base, sf_base,
-                                                  sf_shift, rA[1 - j])
+                            if kl > 0:
+                                mainloop.consumer_release(
+                                    self.consumer_state(g0 + (kl - 1) * k_step))
+                            if kl + 1 < n_own:
+                                self.decode_stage(mainloop, g0 + (kl + 1) * k_step, x_base,
+                                                  sf_base, sf_shift, rA[1 - j])
                 warpgroup.wait_group(0)
-                mainloop.consumer_release(self.consumer_state(g0 + k_tiles - 1))
-                self.epilogue_staged(acc, tiled_mma.get_slice(ctid), mD, epi, p_tile, q_tile,
-                                     storage.sD.data_ptr(), mma_wg, ctid % 128)
+                if n_own > 0:
+                    mainloop.consumer_release(self.consumer_state(g0 + (n_own - 1) * k_step))
+                if const_expr(self.k_split):
+                    self.add_partials(acc, storage.sRed.data_ptr(), mma_wg, mma_tid, i,
+                                      my_tiles)
+                    if mma_wg == 0:
+                        self.epilogue_staged(acc, tiled_mma.get_slice(mma_tid), mD, epi,
+                                             p_tile, q_tile, storage.sD.data_ptr(), 0,
+                                             mma_tid)
+                else:
+                    self.epilogue_staged(acc, tiled_mma.get_slice(ctid), mD, epi, p_tile,
+                                         q_tile, storage.sD.data_ptr(), mma_wg, ctid % 128)
+
+    @cute.jit
+    def add_partials(self, acc, red_ptr, mma_wg, t, i, my_tiles):
+        """k_split: warpgroup 1 hands its accumulators of the CTA's i-th tile to warpgroup 0
+        through shared memory (thread t's element j at j * 128 + t: conflict-free), which adds
+        them to its own (even k-tiles + odd k-tiles, a fixed order). Named barriers:
+        BAR_RED_FULL (the partials are written), BAR_RED_FREE (warpgroup 0 has read the
+        previous tile's, so they may be overwritten)."""
+        red = cute.make_tensor(cute.recast_ptr(red_ptr, dtype=Float32),
+                               cute.make_layout((cute.size(acc), 128), stride=(128, 1)))
+        if mma_wg == 1:
+            if i > 0:
+                cute.arch.barrier(barrier_id=BAR_RED_FREE, number_of_threads=256)
+            for j in cutlass.range_constexpr(cute.size(acc)):
+                red[j, t] = acc[j]
+            cute.arch.barrier_arrive(barrier_id=BAR_RED_FULL, number_of_threads=256)
+        else:
+            cute.arch.barrier(barrier_id=BAR_RED_FULL, number_of_threads=256)
+            for j in cutlass.range_constexpr(cute.size(acc)):
+                acc[j] = acc[j] + red[j, t]
+            if i + 1 < my_tiles:
+                cute.arch.barrier_arrive(barrier_id=BAR_RED_FREE, number_of_threads=256)
 
     @staticmethod
     def tile_coords(t, p_tiles):
@@ -509,7 +569,7 @@ class Sm90GemmMixed(Sm90Gemm):
         state = self.consumer_state(kt)
         mainloop.consumer_wait(state)
         s = state.index
-        decode_a_fragment(rA, x_base + s * (TILE_M * TILE_K // 2),
+        decode_a_fragment(rA, x_base + s * (self.tile_m * TILE_K // 2),
                           sf_base + s * SF_TILE_BYTES, sf_shift)
 
 
@@ -564,8 +624,8 @@ class Sm90PredecodeNVFP4:
 
 # ---- host side ----
 
-def _stage_bytes(tile_n: int) -> int:
-    return tile_n * TILE_K * 2 + TILE_M * TILE_K // 2 + SF_TILE_BYTES
+def _stage_bytes(tile_n: int, tile_m: int = TILE_M) -> int:
+    return tile_n * TILE_K * 2 + tile_m * TILE_K // 2 + SF_TILE_BYTES
 
 
 def staging_bytes(tile_n: int, out_elt: int, transposed: bool) -> int:
@@ -576,24 +636,35 @@ def staging_bytes(tile_n: int, out_elt: int, transposed: bool) -> int:
 
 
 @functools.lru_cache(maxsize=None)
-def max_stages(tile_n: int, out_elt: int, transposed: bool, ctas_per_sm: int = 1) -> int:
+def max_stages(tile_n: int, out_elt: int, transposed: bool, ctas_per_sm: int = 1,
+               k_split: bool = False) -> int:
     """The deepest pipeline (at most 8) that fits a CTA's share of shared memory next to the
-    epilogue buffer."""
+    epilogue buffer (and k_split's accumulator buffer)."""
     free = SMEM_BYTES // ctas_per_sm - staging_bytes(tile_n, out_elt, transposed)
+    if k_split:
+        return min(8, (free - 64 * tile_n * 4) // _stage_bytes(tile_n, 64))
     return min(8, free // _stage_bytes(tile_n))
+
+
+class MixedConfig(NamedTuple):
+    tile_n: int
+    stages: int
+    ctas_per_sm: int = 1
+    k_split: bool = False
 
 
 @functools.lru_cache(maxsize=4096)
 def pick_mixed_config(p: int, q: int, sms: int = 132, out_elt: int = 2,
-                      transposed: bool = False):
-    """(tile_n, stages, ctas_per_sm) for P register-operand rows x Q TMA-operand rows and
-    out_elt-byte outputs.
+                      transposed: bool = False) -> MixedConfig:
+    """MixedConfig(tile_n, stages, ctas_per_sm, k_split) for P register-operand rows x Q
+    TMA-operand rows and out_elt-byte outputs.
 
     Q <= 64 (decode sizes): a tile costs about the same at any width up to 64 (the register
     decode of its 128 x K weights and the wgmma chain of each k-tile bound it: H100, K = 8192,
-    44-49 us per tile at widths 16-64), so the narrowest power of two >= Q, halved while the
-    tiles still fit one per SM (more tiles for idle SMs), and two CTAs per SM when the tiles
-    outnumber the SMs (2 CTAs/SM: 69 us for two tiles; notes/gemm_w4a16.md, session 7).
+    44-49 us per tile at widths 16-64), so the narrowest power of two >= Q; k_split (64-row
+    tiles, half the k-loop each: 27-32 us) when the split tiles still fit one per SM, and two
+    CTAs per SM when the tiles outnumber the SMs (69-93 us for two tiles per SM against 86-93
+    with one; notes/gemm_w4a16.md, session 7).
     Wider Q: the tile width with the least time per SM, counted as waves (ceil(tiles / sms))
     x tile_n x the cost per FLOP, which is 1.17x higher at tile_n 128 (twice the register
     decode per FLOP; measured 2048^3: 482 vs 412 TFLOP/s; 1024x2048x2048, 64 tiles of 256:
@@ -602,10 +673,13 @@ def pick_mixed_config(p: int, q: int, sms: int = 132, out_elt: int = 2,
     p_tiles = -(-p // TILE_M)
     if q <= 64:
         tile_n = max(16, 1 << (q - 1).bit_length())
-        while tile_n > 16 and p_tiles * -(-q // (tile_n // 2)) <= sms:
-            tile_n //= 2
-        ctas_per_sm = 2 if p_tiles * -(-q // tile_n) > sms else 1
-        return tile_n, max_stages(tile_n, out_elt, transposed, ctas_per_sm), ctas_per_sm
+        tiles = p_tiles * -(-q // tile_n)
+        if 2 * tiles <= sms:
+            return MixedConfig(tile_n, max_stages(tile_n, out_elt, transposed, 1, True), 1,
+                               True)
+        ctas_per_sm = 2 if tiles > sms else 1
+        return MixedConfig(tile_n, max_stages(tile_n, out_elt, transposed, ctas_per_sm),
+                           ctas_per_sm)
 
     def cost(tile_n):
         waves = -(-(p_tiles * -(-q // tile_n)) // sms)
@@ -614,11 +688,11 @@ def pick_mixed_config(p: int, q: int, sms: int = 132, out_elt: int = 2,
     tile_n = 128 if q <= 128 or cost(128) < cost(256) else 256
     if max_stages(tile_n, out_elt, transposed) < 3:
         tile_n = 128
-    return tile_n, max_stages(tile_n, out_elt, transposed), 1
+    return MixedConfig(tile_n, max_stages(tile_n, out_elt, transposed))
 
 
 def mixed_kernel(out_dtype, tile_n, stages, flags, bias_dtype, transposed, unscale_exp,
-                 vec_store, num_ctas=132, ctas_per_sm=1):
+                 vec_store, num_ctas=132, ctas_per_sm=1, k_split=False):
     """The compile-time op and fake arguments of one Sm90GemmMixed configuration."""
     import cutlass
 
@@ -626,7 +700,7 @@ def mixed_kernel(out_dtype, tile_n, stages, flags, bias_dtype, transposed, unsca
     op = Sm90GemmMixed(torch_to_cutlass(out_dtype), tile_n=tile_n, stages=stages,
                        has_alpha=has_alpha, has_row=has_row, has_col=has_col, has_bias=has_bias,
                        transposed=transposed, unscale_exp=unscale_exp, vec_store=vec_store,
-                       num_ctas=num_ctas, ctas_per_sm=ctas_per_sm)
+                       num_ctas=num_ctas, ctas_per_sm=ctas_per_sm, k_split=k_split)
     elt = torch.empty((), dtype=out_dtype).element_size()
     p, q = dyn(), dyn()
     m, n = (q, p) if transposed else (p, q)
@@ -689,7 +763,8 @@ def predecode_nvfp4(data: torch.Tensor, sf_flat: torch.Tensor, arch: str) -> tor
 
 def launch_mixed(x_data, sfx, y, out, alpha, row, col, bias, *, transposed: bool,
                  unscale_exp: int, arch: str, tile_n: Optional[int] = None,
-                 stages: Optional[int] = None, ctas_per_sm: Optional[int] = None):
+                 stages: Optional[int] = None, ctas_per_sm: Optional[int] = None,
+                 k_split: Optional[bool] = None):
     """Run Sm90GemmMixed on prepared operands: x_data [P, K/2] uint8 with 16-byte rows and
     base, sfx its flat swizzled scales, y [Q, >= K] BF16 in the kernel's K order with 16-byte
     row pitch, out [M, N] contiguous, the epilogue operands as `operands._epilogue` returns
@@ -697,20 +772,22 @@ def launch_mixed(x_data, sfx, y, out, alpha, row, col, bias, *, transposed: bool
     sms = num_sms(out.device)
     elt = out.element_size()
     if tile_n is None:
-        tile_n, _, picked_ctas = pick_mixed_config(x_data.shape[0], y.shape[0], sms, elt,
-                                                   transposed)
-        ctas_per_sm = ctas_per_sm or picked_ctas
+        picked = pick_mixed_config(x_data.shape[0], y.shape[0], sms, elt, transposed)
+        tile_n = picked.tile_n
+        ctas_per_sm = ctas_per_sm or picked.ctas_per_sm
+        k_split = picked.k_split if k_split is None else k_split
     ctas_per_sm = ctas_per_sm or 1
-    stages = stages or max_stages(tile_n, elt, transposed, ctas_per_sm)
+    k_split = bool(k_split)
+    stages = stages or max_stages(tile_n, elt, transposed, ctas_per_sm, k_split)
     flags = (alpha is not None, row is not None, col is not None, bias is not None)
     bias_dtype = bias.dtype if bias is not None else None
     vec_store = (out.shape[1] * elt) % 16 == 0 and out.data_ptr() % 16 == 0
     key = ("gemm_mixed_sm90", out.dtype, tile_n, stages, flags, bias_dtype, transposed,
-           unscale_exp, vec_store, sms, ctas_per_sm)
+           unscale_exp, vec_store, sms, ctas_per_sm, k_split)
 
     def build():
         op, args = mixed_kernel(out.dtype, tile_n, stages, flags, bias_dtype, transposed,
-                                unscale_exp, vec_store, sms, ctas_per_sm)
+                                unscale_exp, vec_store, sms, ctas_per_sm, k_split)
         return compile_kernel(op, *args, arch=arch)
 
     KERNELS.get(key, build)(x_data, sfx, y, out, alpha, row, col, bias)
@@ -722,8 +799,8 @@ def gemm_mixed_sm90(w_data: torch.Tensor, w_scales: torch.Tensor, a: torch.Tenso
                     col: Optional[torch.Tensor] = None, bias: Optional[torch.Tensor] = None,
                     out_dtype: torch.dtype = torch.bfloat16, scales_swizzled: bool = False,
                     out: Optional[torch.Tensor] = None, tile_n: Optional[int] = None,
-                    stages: Optional[int] = None,
-                    ctas_per_sm: Optional[int] = None) -> torch.Tensor:
+                    stages: Optional[int] = None, ctas_per_sm: Optional[int] = None,
+                    k_split: Optional[bool] = None) -> torch.Tensor:
     """W4A16 for any M (prefill): D[m, n] = cast(alpha * row[m] * col[n] *
     sum_k a[m, k] * w[n, k] + bias[n]) with BF16 activations a [M, K] (natural K order) and
     NVFP4 weights w [N, K/2] (E4M3 scales, compact or swizzled), FP32 accumulation. The weights
@@ -754,4 +831,5 @@ def gemm_mixed_sm90(w_data: torch.Tensor, w_scales: torch.Tensor, a: torch.Tenso
     w_prep = _prepare_data(w_data)
     return launch_mixed(w_prep, sfw, permute_k(a, k_pad(w_prep.shape[1])), out, alpha, row,
                         col, bias, transposed=True, unscale_exp=UNSCALE_W4A16, arch=arch,
-                        tile_n=tile_n, stages=stages, ctas_per_sm=ctas_per_sm)
+                        tile_n=tile_n, stages=stages, ctas_per_sm=ctas_per_sm,
+                        k_split=k_split)
