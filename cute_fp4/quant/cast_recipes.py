@@ -46,8 +46,8 @@ DTYPES = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16, "fp32": cutlass.Flo
 TILE = 64
 THREADS = 256
 ONE_SIXTH = 0.16666667  # fp32(1/6): the plain block scale multiplies S_enc by it
-G_ROW0, G_ROWS, G_Q, G_S, G_QT, G_ST, G_AR, G_AC, G_SEED, G_OFFSET = range(10)
-GTAB_COLS = 10
+G_ROW0, G_ROWS, G_Q, G_S, G_QT, G_ST, G_AR, G_AC = range(8)
+GTAB_COLS = 8
 FOUR_OVER_SIX = (None, "mae", "mse")
 
 
@@ -406,10 +406,11 @@ class RecipeCastKernel(_TileLoader):
     @cute.jit
     def __call__(self, x: cute.Tensor, ttab: cute.Tensor, gtab: cute.Tensor,
                  amax_r: cute.Tensor, amax_c: cute.Tensor, q: cute.Tensor, s: cute.Tensor,
-                 qt: cute.Tensor, st: cute.Tensor, n_kt: Int32, stream):
+                 qt: cute.Tensor, st: cute.Tensor, rng: cute.Tensor, n_kt: Int32, stream):
+        """rng: int64 [seed, offset] of the Philox stream (read by stochastic rounding only)."""
         self.hw = E.has_hw_e2m1()
         T = ttab.shape[0]
-        self.kernel(x, ttab, gtab, amax_r, amax_c, q, s, qt, st).launch(
+        self.kernel(x, ttab, gtab, amax_r, amax_c, q, s, qt, st, rng).launch(
             grid=(n_kt, T, 1), block=(THREADS, 1, 1), stream=stream)
 
     # ------------------------------------------------------------ block numerics
@@ -569,7 +570,7 @@ class RecipeCastKernel(_TileLoader):
     @cute.kernel
     def kernel(self, x: cute.Tensor, ttab: cute.Tensor, gtab: cute.Tensor,
                amax_r: cute.Tensor, amax_c: cute.Tensor, q: cute.Tensor, s: cute.Tensor,
-               qt: cute.Tensor, st: cute.Tensor):
+               qt: cute.Tensor, st: cute.Tensor, rng: cute.Tensor):
         tidx, _, _ = cute.arch.thread_idx()
         kt, tt, _ = cute.arch.block_idx()
         smem = cutlass.memory.SmemAllocator()
@@ -624,11 +625,12 @@ class RecipeCastKernel(_TileLoader):
                 stam[ti] = a
             cute.arch.barrier()
 
-        seed = gtab[g, G_SEED]
         keys = []
+        offset = Uint32(0)
         if cutlass.const_expr(self.stochastic):
+            seed = rng[0]
             keys = round_keys(Uint32(seed & 0xFFFFFFFF), Uint32(seed >> 32))
-        offset = Uint32(gtab[g, G_OFFSET])
+            offset = Uint32(rng[1])
         if cutlass.const_expr(self.rowwise):
             self._row_pass(sbase, stam, serr, sosc, tidx, g, lr0, nrows, Mg, kt, K, gtab,
                            ar_base, q, s, keys, offset)

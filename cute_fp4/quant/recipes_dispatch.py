@@ -16,11 +16,11 @@ amax and the post-RHT columnwise amax); scaling "token" -> the column amax [K] o
 row amaxes are local). scaling "window64": nothing spans M (a window covers 64 rows of one
 shard), so it is never called. Every rank calls it, also with an empty shard.
 
-Stochastic rounding reads the Philox seed and offset from the group table at run time. They come
-from `seed=` / `offset=` (host integers, baked into the cached table), or from `rng_state=`, an
-int64 [seed, offset] tensor on x's device copied into the table on the device: the call then
-makes no host-to-device copy, so a CUDA graph can capture it and each replay uses the values
-the tensor holds then (a module advances the offset on the device between steps).
+Stochastic rounding reads the Philox seed and offset from an int64 [seed, offset] device tensor
+at run time: the plan's, made once from `seed=` / `offset=` (host integers), or `rng_state=`
+itself, a tensor on x's device passed straight to the cast: the call then makes no
+host-to-device copy, so a CUDA graph can capture it and each replay uses the values the tensor
+holds then (a module advances the offset on the device between steps).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from ..common.jit import KERNELS, compile_kernel, device_arch, dyn, env_stream, 
 from ..recipe import Recipe
 from ..ref.philox import check_seed_offset
 from ..tensor import NVFP4Tensor
-from .cast_recipes import G_OFFSET, G_SEED, GTAB_COLS, TILE, RecipeAmax, RecipeCastKernel
+from .cast_recipes import GTAB_COLS, TILE, RecipeAmax, RecipeCastKernel
 
 _DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 _CUTLASS = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16, "fp32": cutlass.Float32}
@@ -60,7 +60,8 @@ def cast_recipe_kernel(dtype: str, recipe: Recipe):
     op = RecipeCastKernel(*_cast_config(dtype, recipe))
     f32 = [fake_tensor(cutlass.Float32, (None,), align=4) for _ in range(2)]
     u8 = [fake_tensor(cutlass.Uint8, (None,), align=1) for _ in range(4)]
-    return (op, *_common_fakes(dtype), *f32, *u8, cutlass.Int32(1), env_stream())
+    rng = fake_tensor(cutlass.Int64, (2,), align=8)
+    return (op, *_common_fakes(dtype), *f32, *u8, rng, cutlass.Int32(1), env_stream())
 
 
 def amax_recipe_kernel(dtype: str, per_token: bool, rht: bool, do_row: bool, do_col: bool,
@@ -147,7 +148,7 @@ class _Plan:
             atab += [(base + i, min(AMAX_TILES_PER_CTA, real - i))
                      for i in range(0, real, AMAX_TILES_PER_CTA)]
             ar, ac = _amax_offsets(scaling, g, row0, k)
-            gtab.append((row0, mg, q_len, s_len, qt_len, st_len, ar, ac, seed_i64, offset))
+            gtab.append((row0, mg, q_len, s_len, qt_len, st_len, ar, ac))
             q_len += mg * k // 2
             s_len += _ceil(mg, 128) * 128 * _ceil(nsc, 4) * 4 if swz else mg * nsc
             qt_len += k * mg // 2
@@ -165,6 +166,7 @@ class _Plan:
         # can be captured in a CUDA graph once warmed up
         self.tt = torch.tensor(ttab, dtype=torch.int32, device=dev)
         self.gt = torch.tensor(gtab, dtype=torch.int64, device=dev)
+        self.rng = torch.tensor([seed_i64, offset], dtype=torch.int64, device=dev)
         self.at = torch.tensor(atab if atab else ((0, 0),), dtype=torch.int32, device=dev)
         self.dummy = torch.empty(1, dtype=torch.uint8, device=dev)  # for absent outputs
         self.n_kt = 2 * _ceil(k, 128) if swz and col else _ceil(k, TILE)
@@ -213,16 +215,12 @@ def _run(x2: torch.Tensor, sizes: List[int], recipe: Recipe, seed: int, offset: 
         amax_r, amax_c = both[:ar_len], both[ar_len:]
 
     if plan.launch:
-        gt = plan.gt
-        if rng_state is not None and recipe.stochastic_rounding:
-            gt = gt.clone()
-            gt[:, G_SEED:G_OFFSET + 1] = rng_state
         if plan.amax_fn is not None:
             psum = None
             if column_sum is not None:
                 # one row of partials per amax CTA row
                 psum = torch.empty((plan.at.shape[0], k), dtype=torch.float32, device=dev)
-            plan.amax_fn(x2, plan.tt, gt, plan.at, amax_r, amax_c,
+            plan.amax_fn(x2, plan.tt, plan.gt, plan.at, amax_r, amax_c,
                          None if psum is None else psum.view(-1))
             if psum is not None:
                 torch.sum(psum, 0, out=column_sum)
@@ -232,8 +230,10 @@ def _run(x2: torch.Tensor, sizes: List[int], recipe: Recipe, seed: int, offset: 
         _reduce_amaxes(amax_reduce, recipe, amax_r, amax_c, plan.alias)
     if plan.launch:
         dummy = plan.dummy
-        plan.cast_fn(x2, plan.tt, gt, amax_r, amax_c, q if row else dummy, s if row else dummy,
-                     qt if col else dummy, st if col else dummy, plan.n_kt)
+        rng = plan.rng if rng_state is None else rng_state.contiguous()
+        plan.cast_fn(x2, plan.tt, plan.gt, amax_r, amax_c, q if row else dummy,
+                     s if row else dummy, qt if col else dummy, st if col else dummy, rng,
+                     plan.n_kt)
 
     out = []
     for g, mg in enumerate(sizes):
