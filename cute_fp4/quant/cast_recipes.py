@@ -799,6 +799,22 @@ class RecipeAmax:
             return block_amax([E.bits_f32(w) for w in words])
         return E.amax_fold(E.amax_pairs(words, self.dtype_name), self.dtype_name)
 
+    @cute.jit
+    def _fold_columns(self, buf, vals, warp, lane, tidx, bx, K, fold, store):
+        """Fold this lane's column values `vals` (its epv columns of the slab) over the warps
+        through the shared [WARPS, slab] buffer `buf`, in warp order (`fold(acc, next)`), then
+        thread c of the slab calls `store(column, value)` for the columns inside K. (The column
+        maxima fold amaxes, >= 0 or NaN, so starting from warp 0's value is max(0, ...).)"""
+        for j in cutlass.range_constexpr(self.epv):
+            buf[warp, lane * self.epv + j] = vals[j]
+        cute.arch.barrier()
+        c = bx * self.slab + tidx
+        if (tidx < self.slab) & (c < K):
+            v = buf[0, tidx]
+            for w in cutlass.range_constexpr(1, self.WARPS):
+                v = fold(v, buf[w, tidx])
+            store(c, v)
+
     def _maxima(self, facc, pacc):
         """(row max, [column maxima]) of this thread from its accumulators."""
         racc = facc[0]
@@ -896,27 +912,15 @@ class RecipeAmax:
                         xs = rht16(xs, scale=False)
                     facc[1 + j] = E.fmax_nan(facc[1 + j], block_amax(xs))
         if cutlass.const_expr(self.col_sum):
-            for j in cutlass.range_constexpr(self.epv):
-                red_sum[warp, lane * self.epv + j] = sacc[j]
-            cute.arch.barrier()
-            c = bx * self.slab + tidx
-            if (tidx < self.slab) & (c < K):
-                v = red_sum[0, tidx]
-                for w in cutlass.range_constexpr(1, self.WARPS):
-                    v = add_rn(v, red_sum[w, tidx])
+            def store_sum(c, v):
                 psum[by * K + c] = v
+            self._fold_columns(red_sum, sacc, warp, lane, tidx, bx, K, add_rn, store_sum)
         racc, cacc = self._maxima(facc, pacc)
         if cutlass.const_expr(self.per_token):
             if cutlass.const_expr(self.do_col):
-                for j in cutlass.range_constexpr(self.epv):
-                    red[warp, lane * self.epv + j] = cacc[j]
-                cute.arch.barrier()
-                c = bx * self.slab + tidx
-                if (tidx < self.slab) & (c < K):
-                    v = Float32(0.0)
-                    for w in cutlass.range_constexpr(self.WARPS):
-                        v = E.fmax_nan(v, red[w, tidx])
+                def store_max(c, v):
                     E.red_max_u32(ac_base + Int64(c) * 4, E.canonical_nan_bits(v))
+                self._fold_columns(red, cacc, warp, lane, tidx, bx, K, E.fmax_nan, store_max)
         else:
             racc = E.warp_max_nan(racc)
             cm = E.warp_max_nan(block_amax(cacc))
