@@ -1,7 +1,7 @@
 """Compile tests (CPU, no GPU needed) of the sm_90 W4A16 GEMM (cute_fp4.gemm.sm90_w4a16): the
 kernel builds for sm_90a and sm_100a in every variant and uses the instructions it relies on:
 mma.sync m16n8k16 with FP32 accumulation (BF16 or FP16 operands), 16-byte non-allocating weight
-loads (8-byte ones when K % 32 != 0), unpredicated in the main loop, the BF16x2 / FP16x2 decode
+loads with the L2 256-byte prefetch hint (8-byte ones when K % 32 != 0), unpredicated in the main loop, the BF16x2 / FP16x2 decode
 multiply (FP16: E4M3 scales through cvt.rn.f16x2.e4m3x2), and the byte permutes of the K order
 (activations up to 16 tokens, weights beyond)."""
 
@@ -33,8 +33,8 @@ def test_w4a16_ptx(arch, act, out, tile_m, unroll, row_warps, wide, swizzled, fl
     ptx = compile_ptx(op, *args, arch=arch)
     assert ptx_target(ptx) == arch
     ty = "f16" if act == torch.float16 else "bf16"
-    weight_load = (r"ld\.global\.nc\.L1::no_allocate\.v4\.u32" if wide
-                   else r"ld\.global\.nc\.L1::no_allocate\.v2\.u32")
+    weight_load = (r"ld\.global\.nc\.L1::no_allocate\.L2::256B\.v4\.u32" if wide
+                   else r"ld\.global\.nc\.L1::no_allocate\.L2::256B\.v2\.u32")
     assert missing_instructions(ptx, [
         rf"mma\.sync\.aligned\.m16n8k16\.row\.col\.f32\.{ty}\.{ty}\.f32",
         weight_load,
@@ -84,3 +84,17 @@ def test_w4a16_row_vector_ptx(arch, transposed):
                             r"st\.global\.b16")]
     assert counts[True] == [counts[False][0] + 1, counts[False][1] + 1] + counts[False][2:]
     assert counts[True][2] == 2 * 8 * 2 * 2  # loop + masked tail, k16 steps, row tiles, tokens
+
+
+def test_pick_w4a16_config():
+    """The streaming configurations of the H100 sweep (notes/gemm_w4a16.md, session 8): the
+    smallest token tile holding M, 32 weight rows per CTA, 8 K-warps, or 4 up to 16 tokens on
+    weight matrices of more than 16384 rows."""
+    from cute_fp4.gemm.sm90_w4a16 import pick_w4a16_config
+
+    assert pick_w4a16_config(1, 8192) == (8, 2, 8, 1, 1)
+    assert pick_w4a16_config(1, 28672) == (8, 2, 4, 1, 1)
+    assert pick_w4a16_config(9, 16384) == (16, 2, 8, 1, 1)
+    assert pick_w4a16_config(16, 16385) == (16, 2, 4, 1, 1)
+    assert pick_w4a16_config(17, 28672) == (32, 2, 8, 1, 1)
+    assert pick_w4a16_config(100, 28672) == (64, 2, 8, 1, 1)

@@ -10,8 +10,10 @@ The accessors state what changes the generated code, at every call:
 - `ty`: the PTX type of the access (`b32`, `u32`, `f32`; `u8` / `u16` loads zero-extend,
   `b8` stores the low byte); `dtype`: the DSL type of the 32-bit words read (Int32 or Uint32).
 - global loads: `nc` (the read-only data path), `no_allocate` (the `L1::no_allocate` cache
-  hint: data read once) and `pred` (a predicate word: the load runs where it is nonzero and
-  reads zeros elsewhere).
+  hint: data read once), `l2_prefetch` (64 / 128 / 256: the `L2::<n>B` prefetch-size hint, L2
+  fetches that aligned block around the access: fewer, larger DRAM requests for data that
+  neighbouring warps read next) and `pred` (a predicate word: the load runs where it is
+  nonzero and reads zeros elsewhere).
 """
 
 from __future__ import annotations
@@ -96,11 +98,14 @@ def st_shared(addr: Int32, *words, clobber: bool, loc=None, ip=None):
 
 @dsl_user_op
 def ld_global(addr: Int64, count: int = 1, *, volatile: bool, ty: str = "b32", nc: bool = False,
-              no_allocate: bool = False, pred: Optional[Int32] = None, dtype=Int32, loc=None,
-              ip=None):
+              no_allocate: bool = False, l2_prefetch: int = 0, pred: Optional[Int32] = None,
+              dtype=Int32, loc=None, ip=None):
     """`count` (1, 2 or 4) values of PTX type `ty` from a global address aligned to their size:
     one value, or a tuple (Float32 for `f32`, else `dtype` words)."""
-    path = (".nc" if nc else "") + (".L1::no_allocate" if no_allocate else "")
+    if l2_prefetch not in (0, 64, 128, 256):
+        raise ValueError(f"l2_prefetch must be 0, 64, 128 or 256, got {l2_prefetch}")
+    path = ((".nc" if nc else "") + (".L1::no_allocate" if no_allocate else "")
+            + (f".L2::{l2_prefetch}B" if l2_prefetch else ""))
     code = f"ld.global{path}{_vec(count)}.{ty} {_regs(0, count)}, [${count}];"
     reg = "f" if ty == "f32" else "r"
     constraints = f"={reg}," * count + "l"

@@ -312,15 +312,17 @@ class Sm90GemmW4A16(EpilogueOperands):
             kb = c * 8 + t * 2  # first of this thread's two blocks
             for i in range(RT2):
                 off = Int64(c * (CHUNK_K // 2))
-                # weights are read once: not allocated in L1
+                # weights are read once: not allocated in L1; L2 fetches 256 bytes around
+                # each access (the warp reads 64 bytes of a row, the next warps the rest)
                 if const_expr(self.wide):
                     w = ld_global(b_addr[i] + off, 4, ty="u32", nc=True, no_allocate=True,
-                                  pred=v0, volatile=False)
+                                  l2_prefetch=256, pred=v0, volatile=False)
                 else:
                     lo = ld_global(b_addr[i] + off, 2, ty="u32", nc=True, no_allocate=True,
-                                   pred=v0, volatile=False)
+                                   l2_prefetch=256, pred=v0, volatile=False)
                     hi = ld_global(b_addr[i] + off + Int64(8), 2, ty="u32", nc=True,
-                                   no_allocate=True, pred=v1, volatile=False)
+                                   no_allocate=True, l2_prefetch=256, pred=v1,
+                                   volatile=False)
                     w = (lo[0], lo[1], hi[0], hi[1])
                 for q in range(4):
                     buf[u * words + 4 * i + q] = w[q]
@@ -407,11 +409,12 @@ ACT_DTYPES = (torch.bfloat16, torch.float16)
 def pick_w4a16_config(m: int, n: int):
     """(tile_m, row_tiles, k_warps, unroll, row_warps) for M tokens and N weight rows: the
     smallest token tile that holds M (64 for larger M, one grid row per 64 tokens), 32 weight
-    rows x 8 K-warps per CTA, one chunk per stage; up to 8 tokens and N > 16384, 16 rows and
-    two chunks per stage (H100 sweep, notes/gemm_w4a16.md)."""
+    rows x 8 K-warps per CTA, one chunk per stage; up to 16 tokens and N > 16384, 4 K-warps
+    (H100 sweep with the L2 prefetch hint, notes/gemm_w4a16.md session 8: 1 x 28672 x 8192
+    50.2-50.6 us vs 51.8-53.7 for the other configurations, 16 x 28672 66.4-67.2 vs 68-70)."""
     tile_m = next((tm for tm in (8, 16, 32) if m <= tm), 64)
-    if tile_m == 8 and n > 16384:
-        return tile_m, 1, 8, 2, 1
+    if tile_m <= 16 and n > 16384:
+        return tile_m, 2, 4, 1, 1
     return tile_m, 2, 8, 1, 1
 
 
