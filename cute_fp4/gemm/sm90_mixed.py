@@ -402,14 +402,14 @@ class Sm90GemmMixed(Sm90Gemm):
         tma_y, tma_mY = tma_load(mY, y_layout, (tile_n, TILE_K))
         tx_bytes = tile_m * TILE_K // 2 + SF_TILE_BYTES + tile_n * TILE_K * 2
         tiled_mma = rs_tiled_mma(tile_n, 1 if self.k_split else 2)
-        self.set_shared_storage(
-            sY=smem_array(cutlass.BFloat16, cute.cosize(y_layout), 1024),
-            sX=smem_array(cutlass.Uint8, cute.cosize(pk_layout)),
-            sSF=smem_array(cutlass.Uint8, cute.cosize(sf_layout)),
-            sD=smem_array(cutlass.Uint8, self.staging_bytes()),
-            # k_split: the odd k-tiles' accumulators (one 64 x tile_n tile)
-            sRed=smem_array(Float32, 64 * tile_n if self.k_split else 4),
-        )
+        arrays = dict(sY=smem_array(cutlass.BFloat16, cute.cosize(y_layout), 1024),
+                      sX=smem_array(cutlass.Uint8, cute.cosize(pk_layout)),
+                      sSF=smem_array(cutlass.Uint8, cute.cosize(sf_layout)),
+                      sD=smem_array(cutlass.Uint8, self.staging_bytes()))
+        if const_expr(self.k_split):
+            # the odd k-tiles' accumulators (one 64 x tile_n tile)
+            arrays["sRed"] = smem_array(Float32, 64 * tile_n)
+        self.set_shared_storage(**arrays)
 
         grid = (cutlass.min(tiles, self.num_ctas * self.ctas_per_sm), 1, 1)
         self.kernel(
