@@ -168,8 +168,8 @@ def test_div_const_zero_signs_and_specials(d):
 # The PTX of one element, as emulated below (a = min(|x * enc|, 6), w the random word):
 SR_PTX = ("add.rn.f32 g, a, a;\nadd.rz.f32 t, a, 0f40000000;\nmin.f32 g, g, t;\n"
           "fma.rz.f32 t, a, 0f3F000000, 0f40800000;\nmin.f32 g, g, t;\n"
-          "prmt.b32 b, 0x43000080, {w}, {sel};\nmov.b32 y, b;\nsub.rn.f32 y, y, 0f43000000;\n"
-          "add.rz.f32 g, g, y;\nadd.rz.f32 g, g, 0f4B000000;\n")
+          "prmt.b32 b, 0x43000080, {w}, {sel};\nmov.b32 f, b;\n"
+          "add.rz.f32 g, g, f;\nadd.rz.f32 g, g, 0f4AFFFF00;\n")
 
 
 def _prmt(a: int, b: np.ndarray, sel: int) -> np.ndarray:
@@ -199,8 +199,7 @@ def sr_encode_emulated(v: np.ndarray, word: np.ndarray, k: int) -> np.ndarray:
     a = np.minimum(np.abs(v), np.float32(6)).astype(np.float64)
     g = np.minimum(np.minimum(2 * a, _rz32(a, np.float64(2))), _rz32(0.5 * a, np.float64(4)))
     f = _prmt(0x43000080, word, int(_SR_SEL[k], 16)).view(np.float32).astype(np.float64)
-    y = (f - 128).astype(np.float32).astype(np.float64)  # exact (Sterbenz)
-    code = (_rz32(_rz32(g, y), np.float64(2**23)) - 2**23).astype(np.int64)
+    code = (_rz32(_rz32(g, f), np.float64(2**23 - 128)) - 2**23).astype(np.int64)
     return (code + 8 * (v < 0)).astype(np.uint8)
 
 

@@ -75,10 +75,11 @@ def neg(a):
 #     code = floor(min(2a + y, a + 2 + y, a / 2 + 4 + y)) = floor(y + g(a)),
 #     g(a) = min(2a, a + 2, a / 2 + 4)
 # (one term per grid gap 0.5, 1, 2: the same min-of-terms shape as common/encode.py's RN
-# encoder). g is computed with rz operations: min of RZ = RZ of min, and floor(y + RZ(g)) =
-# floor(y + g) because the bounds n - y are FP32 numbers (RZ is monotone); likewise one rz add
-# of y and one rz add of the magic 2^23 (ulp 1) give 0x4B000000 + code. One PRMT puts b into
-# F = float(0x43000080 | b << 8) = 128 + y, one exact add gives y (no conversion instruction).
+# encoder). g is computed with rz operations: min of RZ = RZ of min, and floor(F + RZ(g)) =
+# floor(F + g) for F = 128 + y because the bounds n - F are FP32 numbers (RZ is monotone).
+# One PRMT puts b into F = float(0x43000080 | b << 8) = 128 + y (no conversion instruction);
+# t = add.rz(g, F) has floor(t) = 128 + code (integers are FP32 numbers there), and one rz
+# add of 2^23 - 128 (exact: the sum lies in [2^23, 2^24), ulp 1) gives 0x4B000000 + code.
 # The word sums bits << 4i, the constants -0x4B000000 << 4i once per word, and 8 << 4i for
 # x * enc < 0. A NaN product only occurs with a NaN enc (NaN block amax), and sr_encode8's
 # caller zeroes those words (code 0, as the reference).
@@ -88,8 +89,8 @@ _SR_ELEM = (
     "abs.f32 a, v;\nmin.f32 a, a, 0f40C00000;\n"
     "add.rn.f32 g, a, a;\nadd.rz.f32 t, a, 0f40000000;\nmin.f32 g, g, t;\n"
     "fma.rz.f32 t, a, 0f3F000000, 0f40800000;\nmin.f32 g, g, t;\n"
-    "prmt.b32 b, 0x43000080, {w}, {sel};\nmov.b32 y, b;\nsub.rn.f32 y, y, 0f43000000;\n"
-    "add.rz.f32 g, g, y;\nadd.rz.f32 g, g, 0f4B000000;\n"
+    "prmt.b32 b, 0x43000080, {w}, {sel};\nmov.b32 f, b;\n"
+    "add.rz.f32 g, g, f;\nadd.rz.f32 g, g, 0f4AFFFF00;\n"
     "mov.b32 b, g;\n{pack}" + _SR_SIGN
 )
 # PRMT selector of byte k of the random word (bytes 4 .. 7): F's bytes (0x80, b, 0x00, 0x43)
@@ -101,7 +102,7 @@ def _sr_encode8_ptx(signs: bool) -> str:
     """signs: the products are fma(x, enc, +0) in registers v0 .. v7 and the signs are set
     8 at a time at the end (E.sign_nibbles_ptx: nonzero products must not underflow)."""
     vs = [f"v{i}" for i in range(8)]
-    body = ["{\n.reg .f32 v, a, y, t, g, e;\n.reg .b32 b;\n.reg .pred p;\n"
+    body = ["{\n.reg .f32 v, a, f, t, g, e;\n.reg .b32 b;\n.reg .pred p;\n"
             + (".reg .f32 " + ", ".join(vs) + ";\n" if signs else "") + "mov.f32 e, {$r8};\n"]
     for i in range(8):
         pack = "mov.b32 {$w0}, b;\n" if i == 0 else \
