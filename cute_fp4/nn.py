@@ -10,8 +10,8 @@ asks for it: the transform is orthogonal along the contracted dimension, so it c
 from __future__ import annotations
 
 import dataclasses
-import functools
 import fnmatch
+import functools
 from typing import Callable, Dict, Optional, Union
 
 import torch

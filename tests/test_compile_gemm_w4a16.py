@@ -1,9 +1,10 @@
 """Compile tests (CPU, no GPU needed) of the sm_90 W4A16 GEMM (cute_fp4.gemm.sm90_w4a16): the
 kernel builds for sm_90a and sm_100a in every variant and uses the instructions it relies on:
 mma.sync m16n8k16 with FP32 accumulation (BF16 or FP16 operands), 16-byte non-allocating weight
-loads with the L2 256-byte prefetch hint (8-byte ones when K % 32 != 0), unpredicated in the main loop, the BF16x2 / FP16x2 decode
-multiply (FP16: E4M3 scales through cvt.rn.f16x2.e4m3x2), and the byte permutes of the K order
-(activations up to 16 tokens, weights beyond)."""
+loads with the L2 256-byte prefetch hint (8-byte ones when K % 32 != 0), unpredicated in the
+main loop, the BF16x2 / FP16x2 decode multiply (FP16: E4M3 scales through
+cvt.rn.f16x2.e4m3x2), and the byte permutes of the K order (activations up to 16 tokens,
+weights beyond)."""
 
 import re
 

@@ -6,9 +6,8 @@ from typing import Optional
 
 import torch
 
-from ..common.jit import KERNELS, compile_kernel, device_arch, dyn, env_stream, fake_tensor, \
-    num_sms, \
-    torch_to_cutlass
+from ..common.jit import (KERNELS, compile_kernel, device_arch, dyn, env_stream, fake_tensor,
+                          num_sms, torch_to_cutlass)
 from ..quant.dequantize import dequantize
 from ..recipe import Recipe
 from ..ref.formats import decode_scale
@@ -109,8 +108,8 @@ def gemm_nvfp4(a_data: torch.Tensor, a_scales: torch.Tensor, b_data: torch.Tenso
     override the kernel configuration (benchmarks).
 
     sm_90a kernels (`path`): "weight_stream" (the "auto" choice without window64 operands at
-    decode sizes: `stream_weights(min(M, N), max(M, N), SMs)`) decodes the smaller operand (A on ties)
-    exactly to BF16 values e2m1 * scale (`decode_values`) and runs the weight-streaming W4A16
+    decode sizes: `stream_weights(min(M, N), max(M, N), SMs)`) decodes the smaller operand (A
+    on ties) exactly to BF16 values e2m1 * scale (`decode_values`) and runs the weight-streaming W4A16
     kernel (`sm90_w4a16.gemm_w4a16_sm90`) with the other operand as its weights (when B is the
     smaller, A's rows are the weight rows and the kernel writes D row by row from them:
     `transposed`); "predecode" (the "auto" choice for larger operands) decodes the smaller
@@ -250,7 +249,6 @@ def predecode_operands(a_data, sfa, b_data, sfb, arch):
     their flat swizzled scales: the smaller operand (B on ties) decoded once to BF16 (`y`), the
     larger one (`x_data`, decoded in the kernel's registers) realigned for TMA; swap when A is
     the smaller (the kernel then computes D^T = B A^T)."""
-
     swap = a_data.shape[0] < b_data.shape[0]
     x_data, sfx, y_data, sfy = (b_data, sfb, a_data, sfa) if swap else (a_data, sfa, b_data, sfb)
     return _prepare_data(x_data), sfx, predecode_nvfp4(y_data, sfy, arch), swap
@@ -259,7 +257,6 @@ def predecode_operands(a_data, sfa, b_data, sfb, arch):
 def _gemm_predecode(a_data, sfa, b_data, sfb, alpha, row, col, bias, out, arch, tile_n,
                     stages):
     """The predecode path of gemm_nvfp4 on sm_90a (see `predecode_operands`)."""
-
     x_data, sfx, y, swap = predecode_operands(a_data, sfa, b_data, sfb, arch)
     return launch_mixed(x_data, sfx, y, out, alpha, row, col, bias, transposed=swap,
                         unscale_exp=UNSCALE_W4A4, arch=arch, tile_n=tile_n, stages=stages)
@@ -302,11 +299,10 @@ def gemm_w4a16(a: torch.Tensor, b_data: torch.Tensor, b_scales: torch.Tensor, *,
 
     On sm_90a, BF16 activations run the weight-streaming W4A16 kernel (`sm90_w4a16`) where
     `stream_weights(M, N, SMs)` says it is faster (up to 16 tokens, 64 on small weight
-    matrices) and the mixed wgmma kernel (`sm90_mixed.gemm_mixed_sm90`: weights decoded in registers,
-    activations by TMA, narrow tiles at decode sizes) otherwise; FP16 activations run the
-    streaming kernel up to W4A16_MAX_DECODE_ROWS tokens. Both accumulate exact products in
-    FP32. FP16 activations at larger M, and sm_100a,
-    dequantize the weights once (exact e2m1 * scale, in the activation dtype) and run cuBLAS,
+    matrices) and the mixed wgmma kernel (`sm90_mixed.gemm_mixed_sm90`: weights decoded in
+    registers, activations by TMA, narrow tiles at decode sizes) otherwise; FP16 activations
+    run the streaming kernel up to W4A16_MAX_DECODE_ROWS tokens. Both accumulate exact
+    products in FP32. FP16 activations at larger M, and sm_100a, dequantize the weights once (exact e2m1 * scale, in the activation dtype) and run cuBLAS,
     then apply the epilogue in FP32: the same sum up to its rounding (the dense GEMM rounds
     its result to the activation dtype before the epilogue when out_dtype is 16-bit; fp32
     outputs use an FP32 GEMM)."""

@@ -26,7 +26,8 @@ FACTOR_SCALINGS = ("tensor", "token")
 
 
 def factor_kind(scaling: str):
-    """The scaling of an operand as the factors see it: "tensor", "token", or None (it makes no factor)."""
+    """The scaling of an operand as the factors see it: "tensor", "token", or None (it makes
+    no factor)."""
     return scaling if scaling in FACTOR_SCALINGS else None
 
 

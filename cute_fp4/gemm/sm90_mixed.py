@@ -205,7 +205,6 @@ class Sm90Epilogue(EpilogueOperands):
                 tCgD[i] = self.apply_operands(acc[i] * scale, m, n, epi,
                                               vals).to(self.out_dtype)
 
-
     def element_operands(self, cache: dict, coords, i: int, p, q, mD, epi):
         """(m, n, the epilogue operand values) of accumulator element i at kernel coordinate
         (p, q): D's coordinate (swapped when transposed) and `load_operands` keyed by i's
@@ -225,8 +224,8 @@ class Sm90Epilogue(EpilogueOperands):
     def epilogue_staged(self, acc, thr_mma, mD, epi, p_tile, q_tile, stage_ptr, mma_wg,
                         wg_tid):
         """The epilogue math of `epilogue`, staged through shared memory (`stage_ptr`, a buffer
-        of `staging_bytes` of its own) so that the global stores are coalesced: 16-byte vectors when `vec_store` (D's base and row pitch 16-byte aligned),
-        else one element per thread with consecutive threads on consecutive columns. Each
+        of `staging_bytes` of its own) so that the global stores are coalesced: 16-byte vectors
+        when `vec_store` (D's base and row pitch 16-byte aligned), else one element per thread with consecutive threads on consecutive columns. Each
         MMA warpgroup (thread `wg_tid` of 128) stages and stores its own 64 kernel rows."""
         tile_n = self.tile_n
         elt = self.out_dtype.width // 8
@@ -349,9 +348,9 @@ class Sm90GemmMixed(Sm90Gemm):
     (tile_n <= 64: a tile is 64 rows and its two MMA warpgroups take the even and the odd
     k-tiles, then add their accumulators, the even ones' first, through shared memory: twice
     the tiles at half the k-loop each, for weights with fewer 128-row tiles than SMs).
-    `__call__` takes packed x [P, K/2] (uint8, K/2 a multiple of 16), its swizzled scales (flat uint8), y [Q, >= K] BF16
-    (row pitch a multiple of 16 bytes), D [M, N] and the optional alpha [1], row [M], col [N],
-    bias [N]."""
+    `__call__` takes packed x [P, K/2] (uint8, K/2 a multiple of 16), its swizzled scales (flat
+    uint8), y [Q, >= K] BF16 (row pitch a multiple of 16 bytes), D [M, N] and the optional
+    alpha [1], row [M], col [N], bias [N]."""
 
     def __init__(self, out_dtype: Type[cutlass.Numeric], *, tile_n: int = 256, stages: int = 5,
                  has_alpha: bool = False, has_row: bool = False, has_col: bool = False,

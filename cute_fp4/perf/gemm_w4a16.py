@@ -4,10 +4,10 @@ dequantize-then-cuBLAS.
 Per shape (M x N x K), in one process: cuBLAS BF16 (torch.matmul, BF16 weights), dequantize-then-
 cuBLAS (cute_fp4.dequantize of the NVFP4 weights every call, then torch.matmul) and the W4A16
 kernel that `cute_fp4.gemm` dispatches to (the weight-streaming gemm_w4a16_sm90 where
-`dispatch.stream_weights` says so, the mixed wgmma gemm_mixed_sm90 otherwise, column "kernel";
-BF16 activations, swizzled scales, BF16 out), each eager
-and replayed from a CUDA graph. Reports microseconds, speedups over cuBLAS BF16 of the same mode
-and the W4A16 kernel's weight bandwidth (packed bytes + scales, GB/s).
+`dispatch.stream_weights` says so, the mixed wgmma gemm_mixed_sm90 otherwise, column
+"kernel"; BF16 activations, swizzled scales, BF16 out), each eager and replayed from a CUDA
+graph. Reports microseconds, speedups over cuBLAS BF16 of the same mode and the W4A16
+kernel's weight bandwidth (packed bytes + scales, GB/s).
 """
 
 from __future__ import annotations

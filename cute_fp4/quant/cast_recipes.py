@@ -109,7 +109,8 @@ def _sr_encode8_ptx(signs: bool) -> str:
             f"shl.b32 b, b, {4 * i};\nadd.u32 {{$w0}}, {{$w0}}, b;\n"
         elem = _SR_ELEM
         if signs:
-            elem = (elem.replace("mul.rn.f32 v, {x}, e;", f"fma.rn.f32 {vs[i]}, {{x}}, e, 0f00000000;")
+            elem = (elem.replace("mul.rn.f32 v, {x}, e;",
+                                 f"fma.rn.f32 {vs[i]}, {{x}}, e, 0f00000000;")
                     .replace("abs.f32 a, v;", f"abs.f32 a, {vs[i]};").replace(_SR_SIGN, ""))
         body.append(elem.replace("{x}", "{$r%d}" % i).replace("{w}", "{$r%d}" % (9 + i // 4))
                     .replace("{sel}", _SR_SEL[i % 4])

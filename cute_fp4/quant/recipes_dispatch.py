@@ -299,7 +299,7 @@ def quantize_recipe(x: torch.Tensor, recipe: Recipe = Recipe(), *, seed: int = 0
                                   or tuple(rng_state.shape) != (2,)):
         raise ValueError(f"rng_state must be an int64 tensor [seed, offset] on {x.device}")
     if rng_state is not None:
-        seed = offset = 0  # placeholders: the device values replace them in the table
+        seed = offset = 0  # unused: the cast reads rng_state (and one plan serves every state)
     return _run(x2, [x2.shape[0]], recipe, int(seed), int(offset), [tuple(x.shape)],
                 amax_reduce, rng_state, column_sum)[0]
 
