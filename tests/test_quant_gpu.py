@@ -53,6 +53,31 @@ def test_columnwise_any_k(gen):
         check(dispatch.quantize(x, recipe), ref.quantize(x, recipe), recipe)
 
 
+@pytest.fixture
+def cold_walk(monkeypatch):
+    """Every input takes the cast walk of large inputs (forwards, amaxes loaded where used):
+    dispatch.L2_WARM_MAX_BYTES = 0; cached plans are dropped before and after."""
+    monkeypatch.setattr(dispatch, "L2_WARM_MAX_BYTES", 0)
+    dispatch._plan.cache_clear()
+    yield
+    dispatch._plan.cache_clear()
+
+
+@pytest.mark.parametrize("shape", [(128, 128), (112, 336), (640, 2064), (1024, 4096)])
+@pytest.mark.parametrize("kind", ["outliers", "special"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("scaling", ["tensor", "token"])
+def test_cold_walk_bit_exact(shape, kind, dtype, scaling, gen, cold_walk):
+    """The walk of inputs >= L2_WARM_MAX_BYTES (the other tests' inputs are below it)."""
+    x = make_input(shape, kind, dtype, gen)
+    walk = dispatch.cast_walk(*shape, x.element_size(), scaling == "token", False)
+    assert walk == ((2, False, False) if scaling == "token" else (1, False, False))
+    for row, col in [(True, True), (True, False), (False, True)]:
+        for swizzle in (False, True):
+            recipe = Recipe(scaling=scaling, rowwise=row, columnwise=col, swizzle=swizzle)
+            check(dispatch.quantize(x, recipe), ref.quantize(x, recipe), recipe)
+
+
 def test_large(gen):
     x = make_input((8192, 8192), "outliers", torch.bfloat16, gen)
     recipe = Recipe(scaling="token", rowwise=True, columnwise=True, swizzle=True)

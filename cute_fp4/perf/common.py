@@ -36,18 +36,22 @@ def bench_ms(fn: Callable[[], object], warmup: int = 10, iters: int = 50) -> flo
     return statistics.median(times)
 
 
-def bench_graph_ms(fn: Callable[[], object], replays_per_graph: int = 10) -> float:
-    """Median milliseconds of one `fn()` replayed from a captured CUDA graph."""
+def bench_graph_ms(fn, replays_per_graph: int = 10) -> float:
+    """Median milliseconds of one call replayed from a captured CUDA graph. `fn` is a callable
+    or a list of callables taken in turn (e.g. the same op on distinct inputs, so that no
+    call finds its input in L2 from the call before)."""
+    fns = list(fn) if isinstance(fn, (list, tuple)) else [fn]
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
         for _ in range(3):
-            fn()
+            for f in fns:
+                f()
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        for _ in range(replays_per_graph):
-            fn()
+        for i in range(replays_per_graph):
+            fns[i % len(fns)]()
     return bench_ms(graph.replay) / replays_per_graph
 
 

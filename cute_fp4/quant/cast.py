@@ -22,6 +22,11 @@ tile twice from smem: rowwise (lanes on consecutive blocks of consecutive rows, 
 conflict-free thanks to the swizzle) and columnwise (lane = (block row, 4-byte column word),
 16 conflict-free 4-byte loads per lane, see _col_offsets). Packed bytes go out with 8-byte
 vector stores that together cover whole sectors (32 bytes per row, 64 bytes per column).
+
+Tile walk (compile-time, chosen per input by dispatch.cast_walk): `ctas_per_sm` resident CTAs;
+`reverse` walks from the last tile down, so the cast first reads the end of the input, which
+the amax pass read last and L2 still holds (inputs up to a few times L2); `prefetch_amax` (per
+token) loads a thread's row / column amaxes one tile ahead instead of where they are used.
 """
 
 import cutlass
@@ -49,7 +54,7 @@ class CastKernel:
 
     def __init__(self, dtype: str, rowwise: bool, columnwise: bool, swizzle: bool,
                  per_token: bool, num_sms: int, stages: int = 4, ctas_per_sm: int = 2,
-                 fused_amax: bool = False):
+                 fused_amax: bool = False, reverse: bool = False, prefetch_amax: bool = False):
         if dtype not in DTYPES:
             raise TypeError(f"CastKernel: unsupported input dtype {dtype!r} (bf16, fp16, fp32)")
         if not (rowwise or columnwise):
@@ -66,6 +71,8 @@ class CastKernel:
         self.stages = stages
         self.ctas_per_sm = ctas_per_sm
         self.fused_amax = fused_amax
+        self.reverse = reverse
+        self.prefetch_amax = prefetch_amax
         self.threads = 32 * (self.num_consumer_warps + 1)
         self.consumer_threads = 32 * self.num_consumer_warps
         # blocks per consumer thread in each pass
@@ -110,11 +117,6 @@ class CastKernel:
         )
 
     # ------------------------------------------------------------------ helpers
-    @cute.jit
-    def _outer(self, amax_ptr_i64):
-        """(S_enc * fp32(1/6), 1 / S_enc) from an amax in global memory."""
-        return self._outer_of(E.ld_global_f32(amax_ptr_i64))
-
     @cute.jit
     def _outer_of(self, amax):
         s_enc = outer_encode_scale(amax, E.E4M3_MAX)
@@ -259,8 +261,13 @@ class CastKernel:
         n_tm = (M + self.tile_m - 1) // self.tile_m
         n_tk = (K + self.tile_k - 1) // self.tile_k
         n_tiles = n_tm * n_tk
-        # tile t = tm * n_tk + tk; a CTA steps by gdim tiles: (step_m, step_k) without divisions
+        # the walk goes from the last tile down (the amax pass read the end of the input last:
+        # those lines are still in L2); a CTA's i-th tile is n_tiles - 1 - (bidx + i * gdim),
+        # stepped down by (step_m, step_k) without divisions
         step_m, step_k = gdim // n_tk, gdim % n_tk
+        first = n_tiles - 1 - bidx
+        if cutlass.const_expr(not self.reverse):
+            first = bidx
 
         if warp == self.num_consumer_warps:
             # ---------------- producer: TMA loads into the ring
@@ -269,7 +276,7 @@ class CastKernel:
                 tma_atom, 0, cute.make_layout(1), cute.group_modes(sx, 0, 2), cute.group_modes(gx, 0, 2)
             )
             pstate = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
-            tm, tk = bidx // n_tk, bidx % n_tk
+            tm, tk = first // n_tk, first % n_tk
             for t in cutlass.range(bidx, n_tiles, gdim, unroll=1):
                 pipe.producer_acquire(pstate)
                 cute.copy(tma_atom, tgx[(None, tm, tk)], tsx[(None, pstate.index)],
@@ -315,22 +322,30 @@ class CastKernel:
             row_thr = self._row_thread_offsets(tidx, half_k, nsc_r)
             col_thr = self._col_thread_offsets(tidx, half_m, nsc_c)
             cstate = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
-            tm, tk = bidx // n_tk, bidx % n_tk
+            tm, tk = first // n_tk, first % n_tk
+            # per token with prefetch_amax: the thread's row / column amaxes of the next tile,
+            # loaded one tile ahead (their latency hides behind a tile's work); otherwise the
+            # passes load them where they use them
+            amax_next = self._token_amaxes(tm, tk, M, K, row_thr, col_thr, ar_base, ac_base)
             for t in cutlass.range(bidx, n_tiles, gdim, unroll=1):
+                amax_cur = amax_next
+                tm_n, tk_n = self._next_tile(tm, tk, step_m, step_k, n_tk)
+                amax_next = self._token_amaxes(tm_n, tk_n, M, K, row_thr, col_thr,
+                                               ar_base, ac_base)
                 pipe.consumer_wait(cstate)
                 stage_addr = sbase + cstate.index * stage_bytes
 
                 if cutlass.const_expr(self.rowwise):
                     self._row_pass(stage_addr, tidx, tm, tk, M, K, half_k, nsc_r, row_thr,
-                                   q_base, s_base, ar_base, s6_r, sdec_r)
+                                   q_base, s_base, ar_base, amax_cur[0], s6_r, sdec_r)
                 if cutlass.const_expr(self.columnwise):
                     self._col_pass(stage_addr, tidx, tm, tk, M, K, half_m, nsc_c, pad_c_c, col_thr,
-                                   qt_base, st_base, ac_base, s6_c, sdec_c, offs)
+                                   qt_base, st_base, ac_base, amax_cur[1], s6_c, sdec_c, offs)
 
                 cute.arch.sync_warp()
                 pipe.consumer_release(cstate)
                 cstate.advance()
-                tm, tk = self._next_tile(tm, tk, step_m, step_k, n_tk)
+                tm, tk = tm_n, tk_n
 
             if cutlass.const_expr(self.swizzle):
                 self._zero_padding(tidx, bidx, gdim, M, K, Ml, Kl, n_tk, nsc_r, pad_c_r, pad_c_c,
@@ -339,11 +354,37 @@ class CastKernel:
     # ------------------------------------------------------------------ tile walk
     @cute.jit
     def _next_tile(self, tm, tk, step_m, step_k, n_tk):
-        """(tm, tk) of tile tm * n_tk + tk + gdim (gdim = step_m * n_tk + step_k)."""
+        """(tm, tk) of tile tm * n_tk + tk - gdim (gdim = step_m * n_tk + step_k); negative
+        past the first tile (the row amax loads clamp it)."""
+        if cutlass.const_expr(self.reverse):
+            tk = tk - step_k
+            wrap = tk < 0
+            return (tm - step_m - cutlass.select_(wrap, Int32(1), Int32(0)),
+                    cutlass.select_(wrap, tk + n_tk, tk))
         tk = tk + step_k
         wrap = tk >= n_tk
         return (tm + step_m + cutlass.select_(wrap, Int32(1), Int32(0)),
                 cutlass.select_(wrap, tk - n_tk, tk))
+
+    @cute.jit
+    def _token_amaxes(self, tm, tk, M, K, row_thr, col_thr, ar_base, ac_base):
+        """Per token with prefetch_amax: ([amax of the thread's row per rowwise step], [amax of
+        the thread's column per word column]) of tile (tm, tk), indices clamped into the
+        tensor; otherwise (None, None)."""
+        rows = None
+        cols = None
+        if cutlass.const_expr(self.per_token and self.prefetch_amax):
+            rows = []
+            cols = []
+            if cutlass.const_expr(self.rowwise):
+                for j in cutlass.range_constexpr(self.row_steps):
+                    gr = cutlass.max(cutlass.min(tm * self.tile_m + row_thr[j][0], M - 1), 0)
+                    rows.append(E.ld_global_f32(ar_base + Int64(gr) * 4))
+            if cutlass.const_expr(self.columnwise):
+                for cc in cutlass.range_constexpr(4 // self.esize):
+                    gk = cutlass.max(cutlass.min(tk * self.tile_k + col_thr[cc][0], K - 1), 0)
+                    cols.append(E.ld_global_f32(ac_base + Int64(gk) * 4))
+        return rows, cols
 
     # ------------------------------------------------------------------ rowwise pass
     @cute.jit
@@ -363,7 +404,7 @@ class CastKernel:
 
     @cute.jit
     def _row_pass(self, stage_addr, tidx, tm, tk, M, K, half_k, nsc_r, row_thr,
-                  q_base, s_base, ar_base, s6, sdec):
+                  q_base, s_base, ar_base, amax_rows, s6, sdec):
         """Lanes of a warp take consecutive 16-element blocks of consecutive rows, so one warp
         store covers whole 32-byte sectors (bpr blocks of 8 bytes per row)."""
         bpr = self.tile_k // 16  # blocks per tile row
@@ -379,8 +420,11 @@ class CastKernel:
             r, q_off, s_off = row_thr[j]
             gr = row0 + r
             if cutlass.const_expr(self.per_token):
-                grc = cutlass.min(gr, M - 1)
-                s6, sdec = self._outer(ar_base + Int64(grc) * 4)
+                if cutlass.const_expr(amax_rows is None):
+                    outer_amax = E.ld_global_f32(ar_base + Int64(cutlass.min(gr, M - 1)) * 4)
+                else:
+                    outer_amax = amax_rows[j]
+                s6, sdec = self._outer_of(outer_amax)
             row_addr = stage_addr + r * self.tile_bytes
             sw = r % 8
             words = []
@@ -444,7 +488,7 @@ class CastKernel:
 
     @cute.jit
     def _col_pass(self, stage_addr, tidx, tm, tk, M, K, half_m, nsc_c, pad_c_c, col_thr,
-                  qt_base, st_base, ac_base, s6, sdec, offs):
+                  qt_base, st_base, ac_base, amax_cols, s6, sdec, offs):
         """Lanes with consecutive block rows store consecutive 8-byte pieces of one output row
         (64 bytes per input column and tile)."""
         lane = tidx % 32
@@ -467,8 +511,11 @@ class CastKernel:
             c, q_off, s_off = col_thr[cc]
             gk = col0 + c
             if cutlass.const_expr(self.per_token):
-                gkc = cutlass.min(gk, K - 1)
-                s6, sdec = self._outer(ac_base + Int64(gkc) * 4)
+                if cutlass.const_expr(amax_cols is None):
+                    outer_amax = E.ld_global_f32(ac_base + Int64(cutlass.min(gk, K - 1)) * 4)
+                else:
+                    outer_amax = amax_cols[cc]
+                s6, sdec = self._outer_of(outer_amax)
             xs = []
             for i in cutlass.range_constexpr(16):
                 if cutlass.const_expr(self.esize == 4):

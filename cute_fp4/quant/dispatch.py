@@ -39,10 +39,13 @@ def _f8_2d():
 
 
 def cast_kernel(dtype: str, rowwise: bool, columnwise: bool, swizzle: bool, per_token: bool,
-                num_sms: int = 132, fused_amax: bool = False):
-    """(kernel, *fake compile arguments) of the K2 cast for a configuration."""
+                num_sms: int = 132, fused_amax: bool = False, walk: tuple = (2, False, False)):
+    """(kernel, *fake compile arguments) of the K2 cast for a configuration; walk =
+    (CTAs per SM, reverse tile walk, per-token amax prefetch), see cast_walk."""
+    ctas_per_sm, reverse, prefetch_amax = walk
     op = CastKernel(dtype, rowwise, columnwise, swizzle, per_token, num_sms,
-                    fused_amax=fused_amax)
+                    ctas_per_sm=ctas_per_sm, fused_amax=fused_amax, reverse=reverse,
+                    prefetch_amax=prefetch_amax)
     esize = _CUTLASS[dtype].width // 8
     m, k = dyn(), dyn(16 // esize)
     return (op, fake_tensor(_CUTLASS[dtype], (m, k)),
@@ -116,6 +119,23 @@ def cast_tiles(m: int, k: int, esize: int) -> int:
     return -(-m // CastKernel.tile_m) * -(-k // tile_k)
 
 
+# Inputs below this many bytes are cast walking the tiles backwards (the amax pass read the
+# end of the input last: up to ~40 MB of it is still in L2) and, per token, with the amax
+# loads one tile ahead; larger ones walk forwards and load the amaxes where they are used
+# (notes/quant.md "Session 9": both measured better for each side of the threshold).
+L2_WARM_MAX_BYTES = 256 << 20
+
+
+def cast_walk(m: int, k: int, esize: int, per_token: bool, fused: bool) -> tuple:
+    """(CTAs per SM, reverse walk, amax prefetch) of the cast of an [m, k] input: per tensor
+    one CTA per SM (8 consumer warps: measured 1.1-1.2x faster from 2^26 elements than two),
+    per token two (its per-row amax loads need the warps to hide their latency)."""
+    if fused:
+        return (2, False, False)
+    warm = m * k * esize < L2_WARM_MAX_BYTES
+    return (2, warm, warm) if per_token else (1, warm, False)
+
+
 def _ffi(compiled):
     """The tvm_ffi.Function under a compiled kernel: called positionally, without the DSL's
     Python wrapper layers."""
@@ -177,9 +197,10 @@ class _Plan:
             self.amax = _ffi(KERNELS.get(
                 ("amax_tensor", name, sms, arch),
                 lambda: compile_kernel(*amax_tensor_kernel(name, sms), arch=arch)))
+        walk = cast_walk(m, k, esize, per_token, fused)
         self.cast = _ffi(KERNELS.get(
-            ("cast", name, row, col, swz, per_token, sms, fused, arch),
-            lambda: compile_kernel(*cast_kernel(name, row, col, swz, per_token, sms, fused),
+            ("cast", name, row, col, swz, per_token, sms, fused, walk, arch),
+            lambda: compile_kernel(*cast_kernel(name, row, col, swz, per_token, sms, fused, walk),
                                    arch=arch)))
         off = self.amax_bytes = (4 * n_amax + 255) // 256 * 256
         self.m, self.k, self.n_amax = m, k, n_amax
