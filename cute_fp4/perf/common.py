@@ -36,6 +36,11 @@ def bench_ms(fn: Callable[[], object], warmup: int = 10, iters: int = 50) -> flo
     return statistics.median(times)
 
 
+# Distinct inputs that graph-mode quantize benchmarks rotate over (each is larger than half of
+# the 50 MB L2 at the sweep sizes, so a call never finds its input left by the call before).
+GRAPH_INPUTS = 3
+
+
 def bench_graph_ms(fn, replays_per_graph: int = 10) -> float:
     """Median milliseconds of one call replayed from a captured CUDA graph. `fn` is a callable
     or a list of callables taken in turn (e.g. the same op on distinct inputs, so that no

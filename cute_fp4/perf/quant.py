@@ -23,11 +23,11 @@ import json
 import torch
 
 from ..recipe import Recipe
-from .common import bench_graph_ms, bench_ms, copy_bandwidth_gbs, host_overhead_us, progress, report
+from .common import (GRAPH_INPUTS, bench_graph_ms, bench_ms, copy_bandwidth_gbs,
+                     host_overhead_us, progress, report)
 
 M_DEFAULT = [1024, 2048, 4096, 8192, 16384, 32768]
 K_DEFAULT = [2048, 4096, 8192]
-GRAPH_INPUTS = 3
 
 
 def floor_bytes(m: int, k: int, elem: int, rowwise: bool, columnwise: bool) -> int:

@@ -18,7 +18,7 @@ import argparse
 import torch
 
 from ..recipe import Recipe
-from .common import bench_graph_ms, bench_ms, copy_bandwidth_gbs, progress, report
+from .common import GRAPH_INPUTS, bench_graph_ms, bench_ms, copy_bandwidth_gbs, progress, report
 
 
 def floor_bytes(m: int, k: int, elem: int, recipe: Recipe) -> int:
@@ -102,9 +102,15 @@ def main(argv=None):
     shapes = [(m, k) for m in args.m for k in args.k]
     for i, (m, k) in enumerate(shapes, 1):
         progress(i, len(shapes), f"M={m} K={k}")
-        x = torch.randn(m, k, device="cuda", dtype=dtype)
+        # graph replays rotate over distinct inputs (no call reads its input from L2 after the
+        # previous call), as in `perf quant`
+        xs = [torch.randn(m, k, device="cuda", dtype=dtype) for _ in range(GRAPH_INPUTS)]
+        x = xs[0]
         for mode in args.modes:
-            bench = bench_graph_ms if mode == "graph" else bench_ms
+            def bench(f, mode=mode):
+                if mode == "graph":
+                    return bench_graph_ms([lambda xi=xi: f(xi) for xi in xs])
+                return bench_ms(lambda: f(x))
             plain_ms, single_ms = {}, {}
 
             def row(label, recipe, ms, vs_plain, vs_one):
@@ -116,16 +122,16 @@ def main(argv=None):
             for label, recipe, groups in todo:
                 base = _plain_recipe(recipe)
                 if base not in plain_ms:
-                    plain_ms[base] = bench(lambda: plain(x, base))
+                    plain_ms[base] = bench(lambda xi: plain(xi, base))
                     row(f"plain cast ({base.scaling})", base, plain_ms[base], 1.0, float("nan"))
                 if groups:
                     if recipe not in single_ms:
-                        single_ms[recipe] = bench(lambda: quantize_recipe(x, recipe, seed=1))
+                        single_ms[recipe] = bench(lambda xi: quantize_recipe(xi, recipe, seed=1))
                     sizes = _splits(m, groups, 64 if recipe.scaling == "window64" else 16)
-                    ms = bench(lambda: quantize_grouped(x, sizes, recipe, seed=1))
+                    ms = bench(lambda xi: quantize_grouped(xi, sizes, recipe, seed=1))
                     row(label, recipe, ms, ms / plain_ms[base], ms / single_ms[recipe])
                 else:
-                    ms = bench(lambda: quantize_recipe(x, recipe, seed=1))
+                    ms = bench(lambda xi: quantize_recipe(xi, recipe, seed=1))
                     single_ms[recipe] = ms
                     row(label, recipe, ms, ms / plain_ms[base], float("nan"))
     what = "every recipe" if args.suite else str(todo[0][1])
