@@ -261,9 +261,9 @@ class CastKernel:
         n_tm = (M + self.tile_m - 1) // self.tile_m
         n_tk = (K + self.tile_k - 1) // self.tile_k
         n_tiles = n_tm * n_tk
-        # the walk goes from the last tile down (the amax pass read the end of the input last:
-        # those lines are still in L2); a CTA's i-th tile is n_tiles - 1 - (bidx + i * gdim),
-        # stepped down by (step_m, step_k) without divisions
+        # a CTA's i-th tile is bidx + i * gdim, or with reverse n_tiles - 1 - (bidx + i * gdim)
+        # (the amax pass read the end of the input last: those lines are still in L2), stepped
+        # by (step_m, step_k) without divisions
         step_m, step_k = gdim // n_tk, gdim % n_tk
         first = n_tiles - 1 - bidx
         if cutlass.const_expr(not self.reverse):
@@ -354,8 +354,8 @@ class CastKernel:
     # ------------------------------------------------------------------ tile walk
     @cute.jit
     def _next_tile(self, tm, tk, step_m, step_k, n_tk):
-        """(tm, tk) of tile tm * n_tk + tk - gdim (gdim = step_m * n_tk + step_k); negative
-        past the first tile (the row amax loads clamp it)."""
+        """(tm, tk) of tile tm * n_tk + tk + gdim (gdim = step_m * n_tk + step_k), or - gdim
+        with reverse (tm then negative past the first tile: _token_amaxes clamps it)."""
         if cutlass.const_expr(self.reverse):
             tk = tk - step_k
             wrap = tk < 0
@@ -374,17 +374,18 @@ class CastKernel:
         rows = None
         cols = None
         if cutlass.const_expr(self.per_token and self.prefetch_amax):
-            rows = []
-            cols = []
-            if cutlass.const_expr(self.rowwise):
-                for j in cutlass.range_constexpr(self.row_steps):
-                    gr = cutlass.max(cutlass.min(tm * self.tile_m + row_thr[j][0], M - 1), 0)
-                    rows.append(E.ld_global_f32(ar_base + Int64(gr) * 4))
-            if cutlass.const_expr(self.columnwise):
-                for cc in cutlass.range_constexpr(4 // self.esize):
-                    gk = cutlass.max(cutlass.min(tk * self.tile_k + col_thr[cc][0], K - 1), 0)
-                    cols.append(E.ld_global_f32(ac_base + Int64(gk) * 4))
+            row0 = cutlass.max(tm, 0) * self.tile_m
+            col0 = tk * self.tile_k
+            rows = [self._load_amax(ar_base, row0 + row_thr[j][0], M)
+                    for j in range(self.row_steps)] if self.rowwise else []
+            cols = [self._load_amax(ac_base, col0 + col_thr[cc][0], K)
+                    for cc in range(4 // self.esize)] if self.columnwise else []
         return rows, cols
+
+    @cute.jit
+    def _load_amax(self, base, i, n):
+        """Per-token amax i of n (index clamped to n - 1: tail rows / columns of the last tile)."""
+        return E.ld_global_f32(base + Int64(cutlass.min(i, n - 1)) * 4)
 
     # ------------------------------------------------------------------ rowwise pass
     @cute.jit
@@ -421,7 +422,7 @@ class CastKernel:
             gr = row0 + r
             if cutlass.const_expr(self.per_token):
                 if cutlass.const_expr(amax_rows is None):
-                    outer_amax = E.ld_global_f32(ar_base + Int64(cutlass.min(gr, M - 1)) * 4)
+                    outer_amax = self._load_amax(ar_base, gr, M)
                 else:
                     outer_amax = amax_rows[j]
                 s6, sdec = self._outer_of(outer_amax)
@@ -512,7 +513,7 @@ class CastKernel:
             gk = col0 + c
             if cutlass.const_expr(self.per_token):
                 if cutlass.const_expr(amax_cols is None):
-                    outer_amax = E.ld_global_f32(ac_base + Int64(cutlass.min(gk, K - 1)) * 4)
+                    outer_amax = self._load_amax(ac_base, gk, K)
                 else:
                     outer_amax = amax_cols[cc]
                 s6, sdec = self._outer_of(outer_amax)
