@@ -19,6 +19,7 @@ indexed at run time); on Blackwell (``sm_100a`` and friends) the hardware
 arch (``CUTE_DSL_ARCH`` or the current GPU).
 """
 
+import cutlass
 from cutlass import Float32, Uint32
 from cutlass.base_dsl import BaseDSL
 import cutlass.cute as cute
@@ -56,6 +57,18 @@ def mul_rn(a, b):
     return _ptx1("mul.rn.f32 {$w0}, {$r0}, {$r1};", Float32, Float32(a), Float32(b))
 
 
+def add_rn(a, b):
+    return _ptx1("add.rn.f32 {$w0}, {$r0}, {$r1};", Float32, Float32(a), Float32(b))
+
+
+def sub_rn(a, b):
+    return _ptx1("sub.rn.f32 {$w0}, {$r0}, {$r1};", Float32, Float32(a), Float32(b))
+
+
+def neg(a):
+    return _ptx1("neg.f32 {$w0}, {$r0};", Float32, Float32(a))
+
+
 def rcp_rn(a):
     return _ptx1("rcp.rn.f32 {$w0}, {$r0};", Float32, Float32(a))
 
@@ -82,6 +95,14 @@ def abs_max_nan(acc, x):
         "{\n.reg .f32 t;\nabs.f32 t, {$r1};\nmax.NaN.f32 {$w0}, {$r0}, t;\n}",
         Float32, Float32(acc), Float32(x),
     )
+
+
+def block_amax(xs):
+    """max.NaN of |x| over a list of FP32 values (a block amax)."""
+    a = Float32(0.0)
+    for x in xs:
+        a = abs_max_nan(a, x)
+    return a
 
 
 def f32_bits(x):
@@ -276,6 +297,46 @@ def encode8_nonzero_products(xs, enc):
     return cute.arch.inline_ptx(
         _SW_ENCODE8_SIGNS, write_only_types=[Uint32],
         read_only_args=[Float32(x) for x in xs] + [Float32(enc)])
+
+
+def encode16(xs, enc, hw: bool):
+    """Codes of 16 FP32 values with their block's ``enc`` (any enc; NaN: code 0 everywhere):
+    two words of 8 nibbles."""
+    nan = is_nan(enc)
+    return encode8(xs[0:8], enc, nan, hw), encode8(xs[8:16], enc, nan, hw)
+
+
+# Smallest enc of the sign-bit encoders (encode16_guarded).
+SIGN_BITS_MIN_ENC = 2.0 ** -14
+
+
+@cute.jit
+def encode16_guarded(xs, enc, quarter: cutlass.Constexpr, fast8: cutlass.Constexpr,
+                     any16: cutlass.Constexpr):
+    """Codes of 16 values of a bf16 / fp16 input (or its RHT outputs) with a software encoder:
+    blocks with enc >= 2^-14 (not NaN) take ``fast8(xs8, e, half)``, an encoder that sets the
+    signs 8 at a time from the products' sign bits (encode8_nonzero_products); other blocks
+    ``any16(xs, enc)``. Exact there: every nonzero bf16 / fp16 input (and RHT output) is a
+    multiple of 2^-133 / 2^-24 (sums and RN of such stay multiples), so a nonzero product is at
+    least 2^-147 in magnitude and never rounds to a -0 that the reference would not call
+    negative; an exact zero product is +0 (fma with +0). quarter: the xs are RHT outputs
+    without their x 0.25, encoded as xs * 0.25: RN(y * 0.25) is exact for such y and
+    enc * 0.25 is exact for enc >= 2^-124, so RN(RN(y * 0.25) * enc) = RN(y * RN(enc * 0.25)):
+    one multiply per block instead of 16."""
+    w0 = Uint32(0)
+    w1 = Uint32(0)
+    if enc >= Float32(SIGN_BITS_MIN_ENC):
+        e = enc
+        if cutlass.const_expr(quarter):
+            e = mul_rn(enc, Float32(0.25))
+        w0 = fast8(xs[0:8], e, 0)
+        w1 = fast8(xs[8:16], e, 1)
+    else:
+        ys = xs
+        if cutlass.const_expr(quarter):
+            ys = [mul_rn(x, Float32(0.25)) for x in xs]
+        w0, w1 = any16(ys, enc)
+    return w0, w1
 
 
 def rotl_nibbles(w, n):

@@ -37,6 +37,7 @@ from cutlass import Float32, Int32, Int64, Uint32
 from cutlass.cute.nvgpu import cpasync
 
 from cute_fp4.common import encode as E
+from cute_fp4.common.rht import rht16, rht_sign_factors
 from cute_fp4.common.scales import outer_encode_scale, swizzled_scale_offset
 from cute_fp4.quant.amax import vec_abs_max, vec_values
 
@@ -54,11 +55,15 @@ class CastKernel:
 
     def __init__(self, dtype: str, rowwise: bool, columnwise: bool, swizzle: bool,
                  per_token: bool, num_sms: int, stages: int = 4, ctas_per_sm: int = 2,
-                 fused_amax: bool = False, reverse: bool = False, prefetch_amax: bool = False):
+                 fused_amax: bool = False, reverse: bool = False, prefetch_amax: bool = False,
+                 rht: bool = False):
         if dtype not in DTYPES:
             raise TypeError(f"CastKernel: unsupported input dtype {dtype!r} (bf16, fp16, fp32)")
         if not (rowwise or columnwise):
             raise ValueError("CastKernel: at least one of rowwise/columnwise is required")
+        if rht and (fused_amax or not columnwise):
+            raise ValueError("CastKernel: rht needs the columnwise output and an amax pass "
+                             "(RecipeAmax: the columnwise amax after the RHT), not fused_amax")
         self.dtype_name = dtype
         self.dtype = DTYPES[dtype]
         self.esize = self.dtype.width // 8
@@ -73,6 +78,7 @@ class CastKernel:
         self.fused_amax = fused_amax
         self.reverse = reverse
         self.prefetch_amax = prefetch_amax
+        self.rht = rht
         self.threads = 32 * (self.num_consumer_warps + 1)
         self.consumer_threads = 32 * self.num_consumer_warps
         # blocks per consumer thread in each pass
@@ -90,6 +96,9 @@ class CastKernel:
     def __call__(self, x: cute.Tensor, amax_r: cute.Tensor, amax_c: cute.Tensor,
                  q: cute.Tensor, s: cute.Tensor, qt: cute.Tensor, st: cute.Tensor, stream):
         self.hw = E.has_hw_e2m1()
+        # RHT of 2-byte inputs on the software encoder: the x 0.25 goes into the block amax
+        # and enc, and the signs are set 8 at a time (E.encode16_guarded)
+        self.quarter = self.rht and self.esize == 2 and not self.hw
         smem_layout = sm90_utils.make_smem_layout_a(
             cutlass.tensor_utils.LayoutEnum.ROW_MAJOR, (self.tile_m, 8, self.tile_k), self.dtype, self.stages
         )
@@ -107,7 +116,7 @@ class CastKernel:
         @cute.struct
         class Storage:
             bars: cute.struct.MemRange[cutlass.Int64, 2 * self.stages]
-            red: cute.struct.MemRange[Float32, self.num_consumer_warps]
+            red: cute.struct.MemRange[Float32, (1 + int(self.rht)) * self.num_consumer_warps]
             colred: cute.struct.MemRange[Float32, self.colred_words]
             sx: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(smem_layout)], 1024]
 
@@ -215,22 +224,16 @@ class CastKernel:
                 cute.arch.barrier(barrier_id=1, number_of_threads=self.consumer_threads)
         cute.arch.barrier(barrier_id=1, number_of_threads=self.consumer_threads)
 
-    @cute.jit
-    def _amax16(self, xs):
-        """Block amax of 16 FP32 values (NaN-propagating)."""
-        amax = E.fabs(xs[0])
-        for i in cutlass.range_constexpr(1, 16):
-            amax = E.abs_max_nan(amax, xs[i])
-        return amax
-
-    @cute.jit
-    def _quantize16(self, xs, amax, s6, sdec):
-        """16 FP32 values with their block amax -> (scale byte, word0, word1)."""
+    def _quantize16(self, xs, amax, s6, sdec, quarter: bool = False):
+        """16 FP32 values with their block amax -> (scale byte, word0, word1). quarter: xs
+        are RHT outputs without their x 0.25 (E.encode16_guarded), amax includes it."""
         code = E.e4m3_code(E.mul_rn(amax, s6))
-        enc = E.enc_from_code(code, sdec)
-        nan = E.is_nan(enc)  # NaN block amax or NaN outer scale
-        w0 = E.encode8(xs[0:8], enc, nan, self.hw)
-        w1 = E.encode8(xs[8:16], enc, nan, self.hw)
+        enc = E.enc_from_code(code, sdec)  # NaN: NaN block amax or NaN outer scale
+        if cutlass.const_expr(not quarter):
+            return (code, *E.encode16(xs, enc, self.hw))
+        w0, w1 = E.encode16_guarded(
+            xs, enc, quarter, lambda v, e, half: E.encode8_nonzero_products(v, e),
+            lambda ys, e: E.encode16(ys, e, False))
         return code, w0, w1
 
     # ------------------------------------------------------------------ kernel
@@ -317,8 +320,16 @@ class CastKernel:
                                                storage.red.data_ptr().toint())
                 s6_r, sdec_r = self._outer_of(amax_t)
                 s6_c, sdec_c = s6_r, sdec_r
+                if cutlass.const_expr(self.rht):  # the columnwise amax is the RHT output's
+                    amax_tc = self._tensor_amax(
+                        ac_base, amax_c.shape[0] - 1, tidx, bidx,
+                        storage.red.data_ptr().toint() + 4 * self.num_consumer_warps)
+                    s6_c, sdec_c = self._outer_of(amax_tc)
 
             offs = self._col_offsets(tidx)
+            rht_signs = None
+            if cutlass.const_expr(self.rht):
+                rht_signs = rht_sign_factors((tidx % 32) // 4)
             row_thr = self._row_thread_offsets(tidx, half_k, nsc_r)
             col_thr = self._col_thread_offsets(tidx, half_m, nsc_c)
             cstate = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
@@ -340,7 +351,8 @@ class CastKernel:
                                    q_base, s_base, ar_base, amax_cur[0], s6_r, sdec_r)
                 if cutlass.const_expr(self.columnwise):
                     self._col_pass(stage_addr, tidx, tm, tk, M, K, half_m, nsc_c, pad_c_c, col_thr,
-                                   qt_base, st_base, ac_base, amax_cur[1], s6_c, sdec_c, offs)
+                                   qt_base, st_base, ac_base, amax_cur[1], s6_c, sdec_c, offs,
+                                   rht_signs)
 
                 cute.arch.sync_warp()
                 pipe.consumer_release(cstate)
@@ -435,7 +447,7 @@ class CastKernel:
             xs = []
             if cutlass.const_expr(self.esize == 4):
                 xs = [E.bits_f32(v) for v in words]
-                amax = self._amax16(xs)
+                amax = E.block_amax(xs)
             else:
                 for v in words:
                     xs += [E.unpack_lo(v, self.dtype_name), E.unpack_hi(v, self.dtype_name)]
@@ -462,14 +474,15 @@ class CastKernel:
         rows, 4-byte word cp of the chunk. At step i lane rb reads row rb*16 + ((i + rb) % 8)
         (and + 8 for the second half), so the 8 block rows hit 8 different swizzled chunks:
         conflict-free. The value read at step i is element (i + rb) % 8 of its half block: the
-        encoded word is rotated left by rb nibbles (_col_pass)."""
+        encoded word is rotated left by rb nibbles (_col_pass). With the RHT, which mixes the
+        elements, the order is i ^ rb instead (as conflict-free; common/rht.py)."""
         warp = tidx // 32
         lane = tidx % 32
         rb = lane // 4
         cp = lane % 4
         offs = []
         for i in cutlass.range_constexpr(8):
-            ii = (Int32(i) + rb) % 8
+            ii = (Int32(i) ^ rb) if self.rht else (Int32(i) + rb) % 8
             offs.append((rb * 16 + ii) * self.tile_bytes + ((warp ^ ii) * 16) + cp * 4)
         return offs
 
@@ -489,16 +502,16 @@ class CastKernel:
 
     @cute.jit
     def _col_pass(self, stage_addr, tidx, tm, tk, M, K, half_m, nsc_c, pad_c_c, col_thr,
-                  qt_base, st_base, ac_base, amax_cols, s6, sdec, offs):
+                  qt_base, st_base, ac_base, amax_cols, s6, sdec, offs, rht_signs):
         """Lanes with consecutive block rows store consecutive 8-byte pieces of one output row
-        (64 bytes per input column and tile)."""
+        (64 bytes per input column and tile). rht_signs: rht_sign_factors of the lane."""
         lane = tidx % 32
         rb = lane // 4
         cols = 4 // self.esize  # input columns per 4-byte word
         words = []
         for i in cutlass.range_constexpr(16):
             words.append(E.ld_shared_u32(stage_addr + offs[i % 8] + (i // 8) * 8 * self.tile_bytes))
-        if cutlass.const_expr(self.esize == 2):
+        if cutlass.const_expr(self.esize == 2 and not self.rht):
             # block amax of both columns of the words at once (low / high halves)
             pair = E.amax_pairs(words, self.dtype_name)
             amax2 = (E.unpack_lo(pair, self.dtype_name), E.unpack_hi(pair, self.dtype_name))
@@ -525,13 +538,23 @@ class CastKernel:
                     xs.append(E.unpack_lo(words[i], self.dtype_name))
                 else:
                     xs.append(E.unpack_hi(words[i], self.dtype_name))
-            if cutlass.const_expr(self.esize == 4):
-                amax = self._amax16(xs)
+            if cutlass.const_expr(self.rht):
+                # XOR-permuted RHT (common/rht.py): input sign flips, butterflies, output signs
+                flips, out_signs = rht_signs
+                xs = [E.mul_rn(x, f) for x, f in zip(xs, flips)]
+                xs = rht16(xs, scale=not self.quarter, signs=False)
+                amax = E.block_amax(xs)
+                if cutlass.const_expr(self.quarter):
+                    amax = E.mul_rn(amax, Float32(0.25))
+                xs = [E.mul_rn(x, out_signs[i % 8]) for i, x in enumerate(xs)]
+            elif cutlass.const_expr(self.esize == 4):
+                amax = E.block_amax(xs)
             else:
                 amax = amax2[cc]
-            code, w0, w1 = self._quantize16(xs, amax, s6, sdec)
-            w0 = E.rotl_nibbles(w0, rb)
-            w1 = E.rotl_nibbles(w1, rb)
+            code, w0, w1 = self._quantize16(xs, amax, s6, sdec, self.quarter)
+            if cutlass.const_expr(not self.rht):
+                w0 = E.rotl_nibbles(w0, rb)
+                w1 = E.rotl_nibbles(w1, rb)
             valid = (gk < K) & row_ok
             if valid:
                 E.st_global_v2(qt_tile + q_off, w0, w1)
