@@ -64,31 +64,6 @@ def test_cast_walks_ptx(arch, per_token):
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("dtype,row,per_token", [("bf16", True, False), ("fp16", False, True),
-                                                 ("fp32", True, True)])
-def test_cast_rht_ptx(arch, dtype, row, per_token):
-    """The cast with the columnwise RHT (XOR sign masks, butterflies of correctly rounded adds
-    / subs): TMA, hardware E2M1 on sm_100a only; the sign-bit encoder (prmt sign replicate)
-    on sm_90a for 2-byte inputs."""
-    walk = (2, True, True) if per_token else (1, True, False)
-    ptx = compile_ptx(*cast_kernel(dtype, row, True, True, per_token, walk=walk, rht=True),
-                      arch=arch)
-    plain = compile_ptx(*cast_kernel(dtype, row, True, True, per_token, walk=walk), arch=arch)
-    need = [r"cp\.async\.bulk\.tensor", r"sub\.rn\.f32", r"add\.rn\.f32", r"xor\.b32"]
-    assert missing_instructions(ptx, need) == []
-    assert "sub.rn.f32" not in plain
-    assert (E2M1_CVT in ptx) == (arch == "sm_100a")
-    assert ("prmt.b32 se" in ptx) == (arch == "sm_90a" and dtype != "fp32")
-
-
-def test_cast_rht_config_errors():
-    with pytest.raises(ValueError, match="rht needs the columnwise"):
-        cast_kernel("bf16", True, False, False, False, rht=True)
-    with pytest.raises(ValueError, match="not fused_amax"):
-        cast_kernel("bf16", True, True, False, False, fused_amax=True, rht=True)
-
-
-@pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("dtype", ["bf16", "fp32"])
 def test_amax_ptx(arch, dtype):
     ptx = compile_ptx(*amax_tensor_kernel(dtype), arch=arch)

@@ -10,7 +10,6 @@ import torch
 
 import quant_checks
 from cute_fp4 import Recipe, ref
-from cute_fp4.quant import dispatch
 from cute_fp4.quant import recipes_dispatch as rd
 from cute_fp4.ref.formats import e2m1_decode, unpack_fp4
 from quant_checks import check
@@ -60,28 +59,6 @@ def test_block16_rowwise_any_m(shape, gen):
 @pytest.mark.parametrize("scaling", ["tensor", "token"])
 def test_rht(shape, kind, dtype, scaling, gen):
     run_all(make_input(shape, kind, dtype, gen), Recipe(scaling=scaling, rht=True))
-
-
-@pytest.mark.parametrize("warm", [False, True])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
-@pytest.mark.parametrize("scaling", ["tensor", "token"])
-def test_rht_plain_cast_walks(warm, dtype, scaling, gen, monkeypatch):
-    """The RHT recipes the plain cast runs (rd.rht_on_plain_cast) over many tiles and CTAs
-    (M, K not multiples of its 128-row tile), in both tile walks of dispatch.cast_walk
-    (warm: backwards from the end the amax pass read last; else forwards)."""
-    monkeypatch.setattr(dispatch, "L2_WARM_MAX_BYTES", (1 << 40) if warm else 0)
-    rd._plan.cache_clear()
-    x = make_input((4112, 2096), "outliers", dtype, gen)
-    x[-1, -5] = 7000.0
-    for row in (True, False):
-        for swizzle in (False, True):
-            recipe = Recipe(scaling=scaling, rht=True, rowwise=row, columnwise=True,
-                            swizzle=swizzle)
-            plan = rd._plan((x.shape[0],), x.shape[1], recipe, rd._DTYPE_NAMES[dtype],
-                            x.device, 0, 0, False)
-            assert plan.plain
-            check(rd.quantize_recipe(x, recipe), ref.quantize(x, recipe), recipe)
-    rd._plan.cache_clear()
 
 
 @pytest.mark.parametrize("shape", [(16, 32), (96, 80), (256, 1024)])

@@ -19,7 +19,6 @@ indexed at run time); on Blackwell (``sm_100a`` and friends) the hardware
 arch (``CUTE_DSL_ARCH`` or the current GPU).
 """
 
-import cutlass
 from cutlass import Float32, Uint32
 from cutlass.base_dsl import BaseDSL
 import cutlass.cute as cute
@@ -304,39 +303,6 @@ def encode16(xs, enc, hw: bool):
     two words of 8 nibbles."""
     nan = is_nan(enc)
     return encode8(xs[0:8], enc, nan, hw), encode8(xs[8:16], enc, nan, hw)
-
-
-# Smallest enc of the sign-bit encoders (encode16_guarded).
-SIGN_BITS_MIN_ENC = 2.0 ** -14
-
-
-@cute.jit
-def encode16_guarded(xs, enc, quarter: cutlass.Constexpr, fast8: cutlass.Constexpr,
-                     any16: cutlass.Constexpr):
-    """Codes of 16 values of a bf16 / fp16 input (or its RHT outputs) with a software encoder:
-    blocks with enc >= 2^-14 (not NaN) take ``fast8(xs8, e, half)``, an encoder that sets the
-    signs 8 at a time from the products' sign bits (encode8_nonzero_products); other blocks
-    ``any16(xs, enc)``. Exact there: every nonzero bf16 / fp16 input (and RHT output) is a
-    multiple of 2^-133 / 2^-24 (sums and RN of such stay multiples), so a nonzero product is at
-    least 2^-147 in magnitude and never rounds to a -0 that the reference would not call
-    negative; an exact zero product is +0 (fma with +0). quarter: the xs are RHT outputs
-    without their x 0.25, encoded as xs * 0.25: RN(y * 0.25) is exact for such y and
-    enc * 0.25 is exact for enc >= 2^-124, so RN(RN(y * 0.25) * enc) = RN(y * RN(enc * 0.25)):
-    one multiply per block instead of 16."""
-    w0 = Uint32(0)
-    w1 = Uint32(0)
-    if enc >= Float32(SIGN_BITS_MIN_ENC):
-        e = enc
-        if cutlass.const_expr(quarter):
-            e = mul_rn(enc, Float32(0.25))
-        w0 = fast8(xs[0:8], e, 0)
-        w1 = fast8(xs[8:16], e, 1)
-    else:
-        ys = xs
-        if cutlass.const_expr(quarter):
-            ys = [mul_rn(x, Float32(0.25)) for x in xs]
-        w0, w1 = any16(ys, enc)
-    return w0, w1
 
 
 def rotl_nibbles(w, n):

@@ -37,7 +37,6 @@ from cutlass import Float32, Int32, Int64, Uint32
 from cutlass.cute.nvgpu import cpasync
 
 from cute_fp4.common import encode as E
-from cute_fp4.common.rht import rht16, rht_sign_factors
 from cute_fp4.common.scales import outer_encode_scale, swizzled_scale_offset
 from cute_fp4.quant.amax import vec_abs_max, vec_values
 
@@ -55,15 +54,11 @@ class CastKernel:
 
     def __init__(self, dtype: str, rowwise: bool, columnwise: bool, swizzle: bool,
                  per_token: bool, num_sms: int, stages: int = 4, ctas_per_sm: int = 2,
-                 fused_amax: bool = False, reverse: bool = False, prefetch_amax: bool = False,
-                 rht: bool = False):
+                 fused_amax: bool = False, reverse: bool = False, prefetch_amax: bool = False):
         if dtype not in DTYPES:
             raise TypeError(f"CastKernel: unsupported input dtype {dtype!r} (bf16, fp16, fp32)")
         if not (rowwise or columnwise):
             raise ValueError("CastKernel: at least one of rowwise/columnwise is required")
-        if rht and (fused_amax or not columnwise):
-            raise ValueError("CastKernel: rht needs the columnwise output and an amax pass "
-                             "(RecipeAmax: the columnwise amax after the RHT), not fused_amax")
         self.dtype_name = dtype
         self.dtype = DTYPES[dtype]
         self.esize = self.dtype.width // 8
@@ -78,7 +73,6 @@ class CastKernel:
         self.fused_amax = fused_amax
         self.reverse = reverse
         self.prefetch_amax = prefetch_amax
-        self.rht = rht
         self.threads = 32 * (self.num_consumer_warps + 1)
         self.consumer_threads = 32 * self.num_consumer_warps
         # blocks per consumer thread in each pass
@@ -96,9 +90,6 @@ class CastKernel:
     def __call__(self, x: cute.Tensor, amax_r: cute.Tensor, amax_c: cute.Tensor,
                  q: cute.Tensor, s: cute.Tensor, qt: cute.Tensor, st: cute.Tensor, stream):
         self.hw = E.has_hw_e2m1()
-        # RHT of 2-byte inputs on the software encoder: the x 0.25 goes into the block amax
-        # and enc, and the signs are set 8 at a time (E.encode16_guarded)
-        self.quarter = self.rht and self.esize == 2 and not self.hw
         smem_layout = sm90_utils.make_smem_layout_a(
             cutlass.tensor_utils.LayoutEnum.ROW_MAJOR, (self.tile_m, 8, self.tile_k), self.dtype, self.stages
         )
@@ -116,7 +107,7 @@ class CastKernel:
         @cute.struct
         class Storage:
             bars: cute.struct.MemRange[cutlass.Int64, 2 * self.stages]
-            red: cute.struct.MemRange[Float32, (1 + int(self.rht)) * self.num_consumer_warps]
+            red: cute.struct.MemRange[Float32, self.num_consumer_warps]
             colred: cute.struct.MemRange[Float32, self.colred_words]
             sx: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(smem_layout)], 1024]
 
@@ -224,17 +215,10 @@ class CastKernel:
                 cute.arch.barrier(barrier_id=1, number_of_threads=self.consumer_threads)
         cute.arch.barrier(barrier_id=1, number_of_threads=self.consumer_threads)
 
-    def _quantize16(self, xs, amax, s6, sdec, quarter: bool = False):
-        """16 FP32 values with their block amax -> (scale byte, word0, word1). quarter: xs
-        are RHT outputs without their x 0.25 (E.encode16_guarded), amax includes it."""
-        code = E.e4m3_code(E.mul_rn(amax, s6))
-        enc = E.enc_from_code(code, sdec)  # NaN: NaN block amax or NaN outer scale
-        if cutlass.const_expr(not quarter):
-            return (code, *E.encode16(xs, enc, self.hw))
-        w0, w1 = E.encode16_guarded(
-            xs, enc, quarter, lambda v, e, half: E.encode8_nonzero_products(v, e),
-            lambda ys, e: E.encode16(ys, e, False))
-        return code, w0, w1
+    def _quantize16(self, xs, amax, s6, sdec):
+        """16 FP32 values with their block amax -> (scale byte, word0, word1)."""
+        code, enc = E.block_scale(amax, s6, sdec)  # enc NaN: NaN block amax or outer scale
+        return (code, *E.encode16(xs, enc, self.hw))
 
     # ------------------------------------------------------------------ kernel
     @cute.kernel
@@ -320,16 +304,8 @@ class CastKernel:
                                                storage.red.data_ptr().toint())
                 s6_r, sdec_r = self._outer_of(amax_t)
                 s6_c, sdec_c = s6_r, sdec_r
-                if cutlass.const_expr(self.rht):  # the columnwise amax is the RHT output's
-                    amax_tc = self._tensor_amax(
-                        ac_base, amax_c.shape[0] - 1, tidx, bidx,
-                        storage.red.data_ptr().toint() + 4 * self.num_consumer_warps)
-                    s6_c, sdec_c = self._outer_of(amax_tc)
 
             offs = self._col_offsets(tidx)
-            rht_signs = None
-            if cutlass.const_expr(self.rht):
-                rht_signs = rht_sign_factors((tidx % 32) // 4)
             row_thr = self._row_thread_offsets(tidx, half_k, nsc_r)
             col_thr = self._col_thread_offsets(tidx, half_m, nsc_c)
             cstate = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
@@ -351,8 +327,7 @@ class CastKernel:
                                    q_base, s_base, ar_base, amax_cur[0], s6_r, sdec_r)
                 if cutlass.const_expr(self.columnwise):
                     self._col_pass(stage_addr, tidx, tm, tk, M, K, half_m, nsc_c, pad_c_c, col_thr,
-                                   qt_base, st_base, ac_base, amax_cur[1], s6_c, sdec_c, offs,
-                                   rht_signs)
+                                   qt_base, st_base, ac_base, amax_cur[1], s6_c, sdec_c, offs)
 
                 cute.arch.sync_warp()
                 pipe.consumer_release(cstate)
@@ -403,7 +378,11 @@ class CastKernel:
     @cute.jit
     def _row_thread_offsets(self, tidx, half_k, nsc_r):
         """Per rowwise step j: (row r in the tile, data byte offset r * K/2 + b * 8, compact
-        scale offset r * K/16 + b) of the thread's block b; a tile adds a uniform base."""
+        scale offset r * K/16 + b, swizzled scale offset) of the thread's block b; a tile adds
+        a uniform base. Swizzled: a tile's scales (128 rows from a multiple of 128, tile_k / 16
+        <= 4 columns from a multiple of tile_k / 16) lie in one 128x4 scale tile, so
+        swizzled_scale_offset(row0 + r, c0 + b) = swizzled_scale_offset(row0, c0)
+        + (r % 32) * 16 + (r // 32) * 4 + b: the divisions are per tile, not per block."""
         bpr = self.tile_k // 16  # blocks per tile row
         rows_per_step = 32 // bpr
         warp = tidx // 32
@@ -412,7 +391,8 @@ class CastKernel:
         out = []
         for j in cutlass.range_constexpr(self.row_steps):
             r = (warp * self.row_steps + j) * rows_per_step + lane // bpr
-            out.append((r, Int64(r) * half_k + Int64(b) * 8, Int64(r) * nsc_r + Int64(b)))
+            out.append((r, Int64(r) * half_k + Int64(b) * 8, Int64(r) * nsc_r + Int64(b),
+                        (r % 32) * 16 + (r // 32) * 4 + b))
         return out
 
     @cute.jit
@@ -429,8 +409,11 @@ class CastKernel:
         row0 = tm * self.tile_m
         q_tile = q_base + Int64(row0) * half_k + Int64(tk * bpr) * 8
         s_tile = s_base + Int64(row0) * nsc_r + Int64(tk * bpr)
+        sw_tile = s_base
+        if cutlass.const_expr(self.swizzle):
+            sw_tile = s_base + Int64(swizzled_scale_offset(row0, tk * bpr, Int32(nsc_r)))
         for j in cutlass.range_constexpr(self.row_steps):
-            r, q_off, s_off = row_thr[j]
+            r, q_off, s_off, sw_off = row_thr[j]
             gr = row0 + r
             if cutlass.const_expr(self.per_token):
                 if cutlass.const_expr(amax_rows is None):
@@ -458,8 +441,7 @@ class CastKernel:
                 E.st_global_v2(q_tile + q_off, w0, w1)
             if cutlass.const_expr(self.swizzle):
                 # padding entries (rows >= M, blocks >= K/16) must be 0 whatever the outer scale
-                E.st_global_u8(s_base + Int64(swizzled_scale_offset(gr, gcol_blk, Int32(nsc_r))),
-                               cutlass.select_(valid, code, Uint32(0)))
+                E.st_global_u8(sw_tile + Int64(sw_off), cutlass.select_(valid, code, Uint32(0)))
             else:
                 if valid:
                     E.st_global_u8(s_tile + s_off, code)
@@ -474,22 +456,26 @@ class CastKernel:
         rows, 4-byte word cp of the chunk. At step i lane rb reads row rb*16 + ((i + rb) % 8)
         (and + 8 for the second half), so the 8 block rows hit 8 different swizzled chunks:
         conflict-free. The value read at step i is element (i + rb) % 8 of its half block: the
-        encoded word is rotated left by rb nibbles (_col_pass). With the RHT, which mixes the
-        elements, the order is i ^ rb instead (as conflict-free; common/rht.py)."""
+        encoded word is rotated left by rb nibbles (_col_pass)."""
         warp = tidx // 32
         lane = tidx % 32
         rb = lane // 4
         cp = lane % 4
         offs = []
         for i in cutlass.range_constexpr(8):
-            ii = (Int32(i) ^ rb) if self.rht else (Int32(i) + rb) % 8
+            ii = (Int32(i) + rb) % 8
             offs.append((rb * 16 + ii) * self.tile_bytes + ((warp ^ ii) * 16) + cp * 4)
         return offs
 
     @cute.jit
     def _col_thread_offsets(self, tidx, half_m, nsc_c):
         """Per input column cc of the thread's word: (column c in the tile, data byte offset
-        c * M/2 + rb * 8, compact scale offset c * M/16 + rb); a tile adds a uniform base."""
+        c * M/2 + rb * 8, compact scale offset c * M/16 + rb, swizzled scale offset); a tile
+        adds a uniform base. Swizzled: the twin's scale rows col0 + c (col0 a multiple of
+        tile_k >= 32, c < tile_k) stay in one 128-row scale tile and its scale columns
+        blk0 + rb (blk0 a multiple of 8) in two 4-column ones, so swizzled_scale_offset(col0 + c,
+        blk0 + rb) = swizzled_scale_offset(col0, blk0) + (c % 32) * 16 + (c // 32) * 4
+        + (rb // 4) * 512 + rb % 4."""
         warp = tidx // 32
         lane = tidx % 32
         rb = lane // 4
@@ -497,21 +483,22 @@ class CastKernel:
         out = []
         for cc in cutlass.range_constexpr(cols):
             c = warp * (16 // self.esize) + (lane % 4) * cols + cc
-            out.append((c, Int64(c) * half_m + Int64(rb) * 8, Int64(c) * nsc_c + Int64(rb)))
+            out.append((c, Int64(c) * half_m + Int64(rb) * 8, Int64(c) * nsc_c + Int64(rb),
+                        (c % 32) * 16 + (c // 32) * 4 + (rb // 4) * 512 + rb % 4))
         return out
 
     @cute.jit
     def _col_pass(self, stage_addr, tidx, tm, tk, M, K, half_m, nsc_c, pad_c_c, col_thr,
-                  qt_base, st_base, ac_base, amax_cols, s6, sdec, offs, rht_signs):
+                  qt_base, st_base, ac_base, amax_cols, s6, sdec, offs):
         """Lanes with consecutive block rows store consecutive 8-byte pieces of one output row
-        (64 bytes per input column and tile). rht_signs: rht_sign_factors of the lane."""
+        (64 bytes per input column and tile)."""
         lane = tidx % 32
         rb = lane // 4
         cols = 4 // self.esize  # input columns per 4-byte word
         words = []
         for i in cutlass.range_constexpr(16):
             words.append(E.ld_shared_u32(stage_addr + offs[i % 8] + (i // 8) * 8 * self.tile_bytes))
-        if cutlass.const_expr(self.esize == 2 and not self.rht):
+        if cutlass.const_expr(self.esize == 2):
             # block amax of both columns of the words at once (low / high halves)
             pair = E.amax_pairs(words, self.dtype_name)
             amax2 = (E.unpack_lo(pair, self.dtype_name), E.unpack_hi(pair, self.dtype_name))
@@ -521,8 +508,11 @@ class CastKernel:
         col0 = tk * self.tile_k
         qt_tile = qt_base + Int64(col0) * half_m + Int64(blk0) * 8
         st_tile = st_base + Int64(col0) * nsc_c + Int64(blk0)
+        sw_tile = st_base
+        if cutlass.const_expr(self.swizzle):
+            sw_tile = st_base + Int64(swizzled_scale_offset(col0, blk0, Int32(nsc_c)))
         for cc in cutlass.range_constexpr(cols):
-            c, q_off, s_off = col_thr[cc]
+            c, q_off, s_off, sw_off = col_thr[cc]
             gk = col0 + c
             if cutlass.const_expr(self.per_token):
                 if cutlass.const_expr(amax_cols is None):
@@ -538,29 +528,19 @@ class CastKernel:
                     xs.append(E.unpack_lo(words[i], self.dtype_name))
                 else:
                     xs.append(E.unpack_hi(words[i], self.dtype_name))
-            if cutlass.const_expr(self.rht):
-                # XOR-permuted RHT (common/rht.py): input sign flips, butterflies, output signs
-                flips, out_signs = rht_signs
-                xs = [E.mul_rn(x, f) for x, f in zip(xs, flips)]
-                xs = rht16(xs, scale=not self.quarter, signs=False)
-                amax = E.block_amax(xs)
-                if cutlass.const_expr(self.quarter):
-                    amax = E.mul_rn(amax, Float32(0.25))
-                xs = [E.mul_rn(x, out_signs[i % 8]) for i, x in enumerate(xs)]
-            elif cutlass.const_expr(self.esize == 4):
+            if cutlass.const_expr(self.esize == 4):
                 amax = E.block_amax(xs)
             else:
                 amax = amax2[cc]
-            code, w0, w1 = self._quantize16(xs, amax, s6, sdec, self.quarter)
-            if cutlass.const_expr(not self.rht):
-                w0 = E.rotl_nibbles(w0, rb)
-                w1 = E.rotl_nibbles(w1, rb)
+            code, w0, w1 = self._quantize16(xs, amax, s6, sdec)
+            w0 = E.rotl_nibbles(w0, rb)
+            w1 = E.rotl_nibbles(w1, rb)
             valid = (gk < K) & row_ok
             if valid:
                 E.st_global_v2(qt_tile + q_off, w0, w1)
             if cutlass.const_expr(self.swizzle):
                 if Int64(gblk) < pad_c_c:
-                    E.st_global_u8(st_base + Int64(swizzled_scale_offset(gk, gblk, Int32(nsc_c))),
+                    E.st_global_u8(sw_tile + Int64(sw_off),
                                    cutlass.select_(valid, code, Uint32(0)))
             else:
                 if valid:

@@ -39,15 +39,13 @@ def _f8_2d():
 
 
 def cast_kernel(dtype: str, rowwise: bool, columnwise: bool, swizzle: bool, per_token: bool,
-                num_sms: int = 132, fused_amax: bool = False, walk: tuple = (2, False, False),
-                rht: bool = False):
+                num_sms: int = 132, fused_amax: bool = False, walk: tuple = (2, False, False)):
     """(kernel, *fake compile arguments) of the K2 cast for a configuration; walk =
-    (CTAs per SM, reverse tile walk, per-token amax prefetch), see cast_walk; rht: the
-    columnwise twin of the RHT'd input (recipes_dispatch)."""
+    (CTAs per SM, reverse tile walk, per-token amax prefetch), see cast_walk."""
     ctas_per_sm, reverse, prefetch_amax = walk
     op = CastKernel(dtype, rowwise, columnwise, swizzle, per_token, num_sms,
                     ctas_per_sm=ctas_per_sm, fused_amax=fused_amax, reverse=reverse,
-                    prefetch_amax=prefetch_amax, rht=rht)
+                    prefetch_amax=prefetch_amax)
     esize = _CUTLASS[dtype].width // 8
     m, k = dyn(), dyn(16 // esize)
     return (op, fake_tensor(_CUTLASS[dtype], (m, k)),

@@ -31,13 +31,11 @@ from typing import Callable, List, Optional, Sequence
 import cutlass
 import torch
 
-from ..common.jit import (KERNELS, compile_kernel, device_arch, dyn, env_stream, fake_tensor,
-                          num_sms)
+from ..common.jit import KERNELS, compile_kernel, device_arch, dyn, env_stream, fake_tensor
 from ..recipe import Recipe
 from ..ref.philox import check_seed_offset
 from ..tensor import NVFP4Tensor
 from .cast_recipes import GTAB_COLS, TILE, RecipeAmax, RecipeCastKernel
-from .dispatch import cast_kernel, cast_walk
 
 _DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 _CUTLASS = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16, "fp32": cutlass.Float32}
@@ -72,16 +70,6 @@ def amax_recipe_kernel(dtype: str, per_token: bool, rht: bool, do_row: bool, do_
     f32 = [fake_tensor(cutlass.Float32, (None,), align=4) for _ in range(3 if col_sum else 2)]
     return (op, *_common_fakes(dtype), fake_tensor(cutlass.Int32, (None, 2), align=4), *f32,
             *(() if col_sum else (None,)), env_stream())
-
-
-def rht_on_plain_cast(recipe: Recipe, n_groups: int) -> bool:
-    """Whether the plain cast kernel (CastKernel with rht, after RecipeAmax) runs this recipe:
-    one tensor, the columnwise RHT, 1x16 blocks, round to nearest, no 4over6, scaling tensor or
-    token. Its persistent TMA walk is faster than the recipe kernel's tile per CTA
-    (notes/quant_recipes.md "Session 10")."""
-    return (n_groups == 1 and recipe.rht and recipe.columnwise and recipe.block_rows == 1
-            and not recipe.stochastic_rounding and recipe.four_over_six is None
-            and recipe.scaling in ("tensor", "token"))
 
 
 def _alloc(shape, device) -> torch.Tensor:
@@ -127,11 +115,6 @@ def _check_rows(m: int, recipe: Recipe, what: str):
     if recipe.columnwise and m % unit:
         raise ValueError(f"{what} ({m}) must be a multiple of {unit} for the columnwise "
                          f"{recipe.scaling!r} twin")
-
-
-def _scale_shape(rows: int, blocks: int, swz: bool):
-    """Scale matrix shape of `rows` rows of `blocks` 16-element blocks."""
-    return (_ceil(rows, 128) * 128, _ceil(blocks, 4) * 4) if swz else (rows, blocks)
 
 
 def _amax_offsets(scaling: str, g: int, row0: int, k: int):
@@ -196,16 +179,6 @@ class _Plan:
             self.amax_fn = KERNELS.get(akey, lambda: compile_kernel(
                 *amax_recipe_kernel(name, scaling == "token", recipe.rht, do_row, do_col,
                                     col_sum), arch=arch))
-        self.plain = rht_on_plain_cast(recipe, len(sizes))
-        if self.plain:
-            m, sms, per_token = sizes[0], num_sms(dev), scaling == "token"
-            walk = cast_walk(m, k, _CUTLASS[name].width // 8, per_token, False)
-            ckey = ("cast", name, row, col, swz, per_token, sms, False, walk, True, arch)
-            self.cast_fn = KERNELS.get(ckey, lambda: compile_kernel(
-                *cast_kernel(name, row, col, swz, per_token, sms, False, walk, rht=True),
-                arch=arch))
-            self.dummy2 = self.dummy.view(1, 1)
-            return
         ckey = ("cast_recipe",) + _cast_config(name, recipe) + (arch,)
         self.cast_fn = KERNELS.get(ckey, lambda: compile_kernel(
             *cast_recipe_kernel(name, recipe), arch=arch))
@@ -233,14 +206,7 @@ def _run(x2: torch.Tensor, sizes: List[int], recipe: Recipe, seed: int, offset: 
     qt = _alloc(max(qt_len, 1), dev) if col else None
     st = _alloc(max(st_len, 1), dev) if col else None
     ar_len, ac_len = max(plan.ar_len, 1), max(plan.ac_len, 1)
-    arg_r = arg_c = None  # the plain cast's amax arguments
-    if plan.launch and plan.plain and scaling == "tensor":
-        # the plain cast reads [amax, partial]: RecipeAmax writes the partials, the cast
-        # the amaxes
-        words = torch.zeros(4, dtype=torch.float32, device=dev)
-        arg_r, arg_c = words[0:2], words[2:4]
-        amax_r, amax_c = words[1:2], words[3:4]
-    elif scaling == "window64":
+    if scaling == "window64":
         amax_r, amax_c = _alloc_f32(ar_len, dev), _alloc_f32(ac_len, dev)
     elif plan.alias:  # zeroed first (reduced with red.global.max); one amax serves both
         amax_r = amax_c = torch.zeros(ar_len, dtype=torch.float32, device=dev)
@@ -262,19 +228,7 @@ def _run(x2: torch.Tensor, sizes: List[int], recipe: Recipe, seed: int, offset: 
         column_sum.zero_()
     if amax_reduce is not None:
         _reduce_amaxes(amax_reduce, recipe, amax_r, amax_c, plan.alias)
-    if plan.launch and plan.plain:
-        if arg_r is None:
-            arg_r, arg_c = amax_r, amax_c
-        else:
-            amax_r, amax_c = arg_r[:1], arg_c[:1]
-        m = x2.shape[0]
-        d2 = plan.dummy2
-        f8 = torch.float8_e4m3fn
-        plan.cast_fn(
-            x2, arg_r, arg_c, q.view(m, k // 2) if row else d2,
-            s.view(_scale_shape(m, nsc, swz)).view(f8) if row else d2.view(f8),
-            qt.view(k, m // 2), st.view(_scale_shape(k, m // 16, swz)).view(f8))
-    elif plan.launch:
+    if plan.launch:
         dummy = plan.dummy
         rng = plan.rng if rng_state is None else rng_state.contiguous()
         plan.cast_fn(x2, plan.tt, plan.gt, amax_r, amax_c, q if row else dummy,
@@ -287,11 +241,11 @@ def _run(x2: torch.Tensor, sizes: List[int], recipe: Recipe, seed: int, offset: 
         data = scales = amax = data_t = scales_t = amax_t = None
         if row:
             data = q[qo:qo + mg * k // 2].view(mg, k // 2)
-            srows, scols = _scale_shape(mg, nsc, swz)
+            srows, scols = (_ceil(mg, 128) * 128, _ceil(nsc, 4) * 4) if swz else (mg, nsc)
             scales = s[so:so + srows * scols].view(srows, scols).view(torch.float8_e4m3fn)
         if col:
             data_t = qt[qto:qto + k * mg // 2].view(k, mg // 2)
-            srows, scols = _scale_shape(k, mg // 16, swz)
+            srows, scols = (_ceil(k, 128) * 128, _ceil(mg // 16, 4) * 4) if swz else (k, mg // 16)
             scales_t = st[sto:sto + srows * scols].view(srows, scols).view(torch.float8_e4m3fn)
         if scaling == "tensor":
             amax, amax_t = amax_r[g:g + 1], amax_c[g:g + 1]
