@@ -381,8 +381,8 @@ class CastKernel:
         scale offset r * K/16 + b, swizzled scale offset) of the thread's block b; a tile adds
         a uniform base. Swizzled: a tile's scales (128 rows from a multiple of 128, tile_k / 16
         <= 4 columns from a multiple of tile_k / 16) lie in one 128x4 scale tile, so
-        swizzled_scale_offset(row0 + r, c0 + b) = swizzled_scale_offset(row0, c0)
-        + (r % 32) * 16 + (r // 32) * 4 + b: the divisions are per tile, not per block."""
+        swizzled_scale_offset(row0 + r, c0 + b, n) = swizzled_scale_offset(row0, c0, n)
+        + swizzled_scale_offset(r, b, 4): the divisions are per tile, not per block."""
         bpr = self.tile_k // 16  # blocks per tile row
         rows_per_step = 32 // bpr
         warp = tidx // 32
@@ -392,7 +392,7 @@ class CastKernel:
         for j in cutlass.range_constexpr(self.row_steps):
             r = (warp * self.row_steps + j) * rows_per_step + lane // bpr
             out.append((r, Int64(r) * half_k + Int64(b) * 8, Int64(r) * nsc_r + Int64(b),
-                        (r % 32) * 16 + (r // 32) * 4 + b))
+                        swizzled_scale_offset(r, b, Int32(4))))
         return out
 
     @cute.jit
@@ -474,8 +474,7 @@ class CastKernel:
         adds a uniform base. Swizzled: the twin's scale rows col0 + c (col0 a multiple of
         tile_k >= 32, c < tile_k) stay in one 128-row scale tile and its scale columns
         blk0 + rb (blk0 a multiple of 8) in two 4-column ones, so swizzled_scale_offset(col0 + c,
-        blk0 + rb) = swizzled_scale_offset(col0, blk0) + (c % 32) * 16 + (c // 32) * 4
-        + (rb // 4) * 512 + rb % 4."""
+        blk0 + rb, n) = swizzled_scale_offset(col0, blk0, n) + swizzled_scale_offset(c, rb, 8)."""
         warp = tidx // 32
         lane = tidx % 32
         rb = lane // 4
@@ -484,7 +483,7 @@ class CastKernel:
         for cc in cutlass.range_constexpr(cols):
             c = warp * (16 // self.esize) + (lane % 4) * cols + cc
             out.append((c, Int64(c) * half_m + Int64(rb) * 8, Int64(c) * nsc_c + Int64(rb),
-                        (c % 32) * 16 + (c // 32) * 4 + (rb // 4) * 512 + rb % 4))
+                        swizzled_scale_offset(c, rb, Int32(8))))
         return out
 
     @cute.jit
