@@ -25,10 +25,15 @@ THREADS = 256
 CTAS_PER_SM = 8
 
 
+def max_tensor_partials(num_sms: int) -> int:
+    """The most CTAs (= partial maxima) AmaxTensor launches on a GPU with num_sms SMs."""
+    return num_sms * CTAS_PER_SM
+
+
 def tensor_partials(m: int, k: int, esize: int, num_sms: int) -> int:
     """Number of CTAs (= partial maxima) of AmaxTensor for an [m, k] input."""
     nvec = m * (k * esize // 16)
-    return max(1, min((nvec + THREADS - 1) // THREADS, num_sms * CTAS_PER_SM))
+    return max(1, min((nvec + THREADS - 1) // THREADS, max_tensor_partials(num_sms)))
 
 
 def vec_values(words, dtype_name):
@@ -64,7 +69,7 @@ class AmaxTensor:
     def __call__(self, x: cute.Tensor, amax: cute.Tensor, stream):
         nvec = x.shape[0] * (x.shape[1] * self.esize // 16)
         blocks = cutlass.max(cutlass.min((nvec + THREADS - 1) // THREADS,
-                                         self.num_sms * CTAS_PER_SM), 1)
+                                         max_tensor_partials(self.num_sms)), 1)
         self.kernel(x, amax, nvec).launch(grid=(blocks, 1, 1), block=(THREADS, 1, 1), stream=stream)
 
     @cute.kernel

@@ -38,7 +38,7 @@ from cutlass.cute.nvgpu import cpasync
 
 from cute_fp4.common import encode as E
 from cute_fp4.common.scales import outer_encode_scale, swizzled_scale_offset
-from cute_fp4.quant.amax import vec_abs_max, vec_values
+from cute_fp4.quant.amax import max_tensor_partials, vec_abs_max, vec_values
 
 DTYPES = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16, "fp32": cutlass.Float32}
 ONE_SIXTH = 0.16666667  # fp32(1/6) = 0x3E2AAAAB
@@ -124,10 +124,16 @@ class CastKernel:
 
     @cute.jit
     def _tensor_amax(self, ar_base, n_partials, tidx, bidx, red_addr):
-        """Per-tensor amax from the AmaxTensor partials amax[1:]; CTA 0 writes amax[0]."""
+        """Per-tensor amax from the AmaxTensor partials amax[1:]; CTA 0 writes amax[0]. Every
+        load of a thread is issued before the first max (one L2 round trip per CTA start
+        instead of one per 256 partials): indices past the last partial re-read it."""
+        loads = -(-max_tensor_partials(self.num_sms) // self.consumer_threads)
+        vals = [E.ld_global_f32(ar_base + Int64(1 + cutlass.min(tidx + u * self.consumer_threads,
+                                                                n_partials - 1)) * 4)
+                for u in range(loads)]
         acc = Float32(0.0)
-        for i in cutlass.range(tidx, n_partials, self.consumer_threads, unroll=1):
-            acc = E.fmax_nan(acc, E.ld_global_f32(ar_base + Int64(1 + i) * 4))
+        for v in vals:
+            acc = E.fmax_nan(acc, v)
         return self._cta_amax(acc, tidx, bidx, red_addr, ar_base)
 
     @cute.jit
@@ -288,10 +294,10 @@ class CastKernel:
             ar_base = amax_r.iterator.toint()
             ac_base = amax_c.iterator.toint()
 
-            s6_r = Float32(0.0)
-            sdec_r = Float32(0.0)
-            s6_c = Float32(0.0)
-            sdec_c = Float32(0.0)
+            # per tensor: the outer scale (S_enc / 6, 1 / S_enc); per token: the outer scale of
+            # the lane's row or column (_lane_amax), recomputed per tile
+            s6 = Float32(0.0)
+            sdec = Float32(0.0)
             if cutlass.const_expr(self.fused_amax and self.per_token):
                 self._fused_token_amax(x.iterator.toint(), M, K, tidx, ar_base, ac_base,
                                        storage.colred.data_ptr().toint())
@@ -302,32 +308,34 @@ class CastKernel:
                 else:
                     amax_t = self._tensor_amax(ar_base, amax_r.shape[0] - 1, tidx, bidx,
                                                storage.red.data_ptr().toint())
-                s6_r, sdec_r = self._outer_of(amax_t)
-                s6_c, sdec_c = s6_r, sdec_r
+                s6, sdec = self._outer_of(amax_t)
 
             offs = self._col_offsets(tidx)
             row_thr = self._row_thread_offsets(tidx, half_k, nsc_r)
             col_thr = self._col_thread_offsets(tidx, half_m, nsc_c)
             cstate = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
             tm, tk = first // n_tk, first % n_tk
-            # per token with prefetch_amax: the thread's row / column amaxes of the next tile,
-            # loaded one tile ahead (their latency hides behind a tile's work); otherwise the
-            # passes load them where they use them
-            amax_next = self._token_amaxes(tm, tk, M, K, row_thr, col_thr, ar_base, ac_base)
+            # per token: the lane's amax of the next tile with prefetch_amax (loaded one tile
+            # ahead, its latency hides behind a tile's work), else of the current one
+            amax_next = self._lane_amax(tm, tk, M, K, tidx, ar_base, ac_base)
             for t in cutlass.range(bidx, n_tiles, gdim, unroll=1):
-                amax_cur = amax_next
                 tm_n, tk_n = self._next_tile(tm, tk, step_m, step_k, n_tk)
-                amax_next = self._token_amaxes(tm_n, tk_n, M, K, row_thr, col_thr,
-                                               ar_base, ac_base)
+                amax_cur = amax_next
+                if cutlass.const_expr(self.prefetch_amax):
+                    amax_next = self._lane_amax(tm_n, tk_n, M, K, tidx, ar_base, ac_base)
+                else:
+                    amax_cur = self._lane_amax(tm, tk, M, K, tidx, ar_base, ac_base)
+                if cutlass.const_expr(self.per_token):
+                    s6, sdec = self._outer_of(amax_cur)
                 pipe.consumer_wait(cstate)
                 stage_addr = sbase + cstate.index * stage_bytes
 
                 if cutlass.const_expr(self.rowwise):
                     self._row_pass(stage_addr, tidx, tm, tk, M, K, half_k, nsc_r, row_thr,
-                                   q_base, s_base, ar_base, amax_cur[0], s6_r, sdec_r)
+                                   q_base, s_base, s6, sdec)
                 if cutlass.const_expr(self.columnwise):
                     self._col_pass(stage_addr, tidx, tm, tk, M, K, half_m, nsc_c, pad_c_c, col_thr,
-                                   qt_base, st_base, ac_base, amax_cur[1], s6_c, sdec_c, offs)
+                                   qt_base, st_base, s6, sdec, offs)
 
                 cute.arch.sync_warp()
                 pipe.consumer_release(cstate)
@@ -342,7 +350,7 @@ class CastKernel:
     @cute.jit
     def _next_tile(self, tm, tk, step_m, step_k, n_tk):
         """(tm, tk) of tile tm * n_tk + tk + gdim (gdim = step_m * n_tk + step_k), or - gdim
-        with reverse (tm then negative past the first tile: _token_amaxes clamps it)."""
+        with reverse (tm then negative past the first tile: _lane_amax clamps it)."""
         if cutlass.const_expr(self.reverse):
             tk = tk - step_k
             wrap = tk < 0
@@ -354,25 +362,29 @@ class CastKernel:
                 cutlass.select_(wrap, tk - n_tk, tk))
 
     @cute.jit
-    def _token_amaxes(self, tm, tk, M, K, row_thr, col_thr, ar_base, ac_base):
-        """Per token with prefetch_amax: ([amax of the thread's row per rowwise step], [amax of
-        the thread's column per word column]) of tile (tm, tk), indices clamped into the
-        tensor; otherwise (None, None)."""
-        rows = None
-        cols = None
-        if cutlass.const_expr(self.per_token and self.prefetch_amax):
-            row0 = cutlass.max(tm, 0) * self.tile_m
-            col0 = tk * self.tile_k
-            rows = [self._load_amax(ar_base, row0 + row_thr[j][0], M)
-                    for j in range(self.row_steps)] if self.rowwise else []
-            cols = [self._load_amax(ac_base, col0 + col_thr[cc][0], K)
-                    for cc in range(4 // self.esize)] if self.columnwise else []
-        return rows, cols
-
-    @cute.jit
-    def _load_amax(self, base, i, n):
-        """Per-token amax i of n (index clamped to n - 1: tail rows / columns of the last tile)."""
-        return E.ld_global_f32(base + Int64(cutlass.min(i, n - 1)) * 4)
+    def _lane_amax(self, tm, tk, M, K, tidx, ar_base, ac_base):
+        """Per token: the amax whose outer scale this lane computes for its warp in tile
+        (tm, tk), once per tile instead of once per thread and block: lanes 0..15 take the
+        warp's 16 rows (the rowwise pass's lanes of row r read lane r % 16), lanes 16.. its
+        16 / esize columns (the columnwise pass's); indices clamped into the tensor (tail
+        rows / columns, spare lanes). Per tensor: 0, unused."""
+        amax = Float32(0.0)
+        if cutlass.const_expr(self.per_token):
+            warp = tidx // 32
+            lane = tidx % 32
+            ncols = 16 // self.esize
+            row = cutlass.min(cutlass.max(tm, 0) * self.tile_m + warp * 16 + lane, M - 1)
+            col = cutlass.min(tk * self.tile_k + warp * ncols
+                              + cutlass.min(cutlass.max(lane - 16, 0), ncols - 1), K - 1)
+            addr = ar_base + Int64(row) * 4
+            if cutlass.const_expr(self.columnwise):
+                col_addr = ac_base + Int64(col) * 4
+                if cutlass.const_expr(self.rowwise):
+                    addr = cutlass.select_(lane < 16, addr, col_addr)
+                else:
+                    addr = col_addr
+            amax = E.ld_global_f32(addr)
+        return amax
 
     # ------------------------------------------------------------------ rowwise pass
     @cute.jit
@@ -397,9 +409,10 @@ class CastKernel:
 
     @cute.jit
     def _row_pass(self, stage_addr, tidx, tm, tk, M, K, half_k, nsc_r, row_thr,
-                  q_base, s_base, ar_base, amax_rows, s6, sdec):
+                  q_base, s_base, s6, sdec):
         """Lanes of a warp take consecutive 16-element blocks of consecutive rows, so one warp
-        store covers whole 32-byte sectors (bpr blocks of 8 bytes per row)."""
+        store covers whole 32-byte sectors (bpr blocks of 8 bytes per row). Per token, s6 /
+        sdec are the lane's (_lane_amax)."""
         bpr = self.tile_k // 16  # blocks per tile row
         lane = tidx % 32
         b = lane % bpr
@@ -415,12 +428,11 @@ class CastKernel:
         for j in cutlass.range_constexpr(self.row_steps):
             r, q_off, s_off, sw_off = row_thr[j]
             gr = row0 + r
+            s6_r, sdec_r = s6, sdec
             if cutlass.const_expr(self.per_token):
-                if cutlass.const_expr(amax_rows is None):
-                    outer_amax = self._load_amax(ar_base, gr, M)
-                else:
-                    outer_amax = amax_rows[j]
-                s6, sdec = self._outer_of(outer_amax)
+                src = j * (32 // bpr) + lane // bpr  # row r - 16 * warp
+                s6_r = cute.arch.shuffle_sync(s6, src)
+                sdec_r = cute.arch.shuffle_sync(sdec, src)
             row_addr = stage_addr + r * self.tile_bytes
             sw = r % 8
             words = []
@@ -435,7 +447,7 @@ class CastKernel:
                 for v in words:
                     xs += [E.unpack_lo(v, self.dtype_name), E.unpack_hi(v, self.dtype_name)]
                 amax = E.amax_fold(E.amax_pairs(words, self.dtype_name), self.dtype_name)
-            code, w0, w1 = self._quantize16(xs, amax, s6, sdec)
+            code, w0, w1 = self._quantize16(xs, amax, s6_r, sdec_r)
             valid = (gr < M) & col_ok
             if valid:
                 E.st_global_v2(q_tile + q_off, w0, w1)
@@ -488,9 +500,10 @@ class CastKernel:
 
     @cute.jit
     def _col_pass(self, stage_addr, tidx, tm, tk, M, K, half_m, nsc_c, pad_c_c, col_thr,
-                  qt_base, st_base, ac_base, amax_cols, s6, sdec, offs):
+                  qt_base, st_base, s6, sdec, offs):
         """Lanes with consecutive block rows store consecutive 8-byte pieces of one output row
-        (64 bytes per input column and tile)."""
+        (64 bytes per input column and tile). Per token, s6 / sdec are the lane's
+        (_lane_amax)."""
         lane = tidx % 32
         rb = lane // 4
         cols = 4 // self.esize  # input columns per 4-byte word
@@ -513,12 +526,11 @@ class CastKernel:
         for cc in cutlass.range_constexpr(cols):
             c, q_off, s_off, sw_off = col_thr[cc]
             gk = col0 + c
+            s6_c, sdec_c = s6, sdec
             if cutlass.const_expr(self.per_token):
-                if cutlass.const_expr(amax_cols is None):
-                    outer_amax = self._load_amax(ac_base, gk, K)
-                else:
-                    outer_amax = amax_cols[cc]
-                s6, sdec = self._outer_of(outer_amax)
+                src = 16 + (lane % 4) * cols + cc  # column c - warp * 16 / esize
+                s6_c = cute.arch.shuffle_sync(s6, src)
+                sdec_c = cute.arch.shuffle_sync(sdec, src)
             xs = []
             for i in cutlass.range_constexpr(16):
                 if cutlass.const_expr(self.esize == 4):
@@ -531,7 +543,7 @@ class CastKernel:
                 amax = E.block_amax(xs)
             else:
                 amax = amax2[cc]
-            code, w0, w1 = self._quantize16(xs, amax, s6, sdec)
+            code, w0, w1 = self._quantize16(xs, amax, s6_c, sdec_c)
             w0 = E.rotl_nibbles(w0, rb)
             w1 = E.rotl_nibbles(w1, rb)
             valid = (gk < K) & row_ok
