@@ -52,15 +52,16 @@ def test_cast_ptx(arch, fused_amax, dtype, row, col, swizzle, per_token):
 def test_cast_walks_ptx(arch, per_token):
     """Every tile walk dispatch.cast_walk picks compiles; the reverse walk and the amax
     prefetch change the code (one PTX per walk)."""
-    walks = {(2, False, False), (1, True, False), (2, True, True), (1, False, False)}
+    walks = {(2, False, False, 1), (1, True, False, 1), (2, True, True, 1), (1, False, False, 1),
+             (1, True, False, 4), (2, False, False, 4)}
     ptxs = set()
     for walk in walks:
         ptx = compile_ptx(*cast_kernel("bf16", True, True, False, per_token, walk=walk), arch=arch)
         assert missing_instructions(ptx, [r"cp\.async\.bulk\.tensor", r"mbarrier"]) == []
         ptxs.add(ptx.split(".entry", 1)[1].split("(", 1)[1])
-    # the CTA count is a launch parameter only: (2, F, F) and (1, F, F) share their PTX; the
-    # prefetch exists per token only
-    assert len(ptxs) == (3 if per_token else 2)
+    # the CTA count is a launch parameter only: (2, F, F, b) and (1, F, F, b) share their PTX;
+    # the prefetch exists per token only
+    assert len(ptxs) == (5 if per_token else 4)
 
 
 @pytest.mark.parametrize("arch", ARCHS)

@@ -71,11 +71,30 @@ def test_cold_walk_bit_exact(shape, kind, dtype, scaling, gen, cold_walk):
     """The walk of inputs >= L2_WARM_MAX_BYTES (the other tests' inputs are below it)."""
     x = make_input(shape, kind, dtype, gen)
     walk = dispatch.cast_walk(*shape, x.element_size(), scaling == "token", False)
-    assert walk == ((2, False, False) if scaling == "token" else (1, False, False))
+    assert walk == ((2, False, False, 1) if scaling == "token" else (1, False, False, 1))
     for row, col in [(True, True), (True, False), (False, True)]:
         for swizzle in (False, True):
             recipe = Recipe(scaling=scaling, rowwise=row, columnwise=col, swizzle=swizzle)
             check(dispatch.quantize(x, recipe), ref.quantize(x, recipe), recipe)
+
+
+@pytest.mark.parametrize("shape", [(1008, 2064), (512, 80), (4096, 192)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("scaling", ["tensor", "token"])
+@pytest.mark.parametrize("warm", [True, False])
+def test_band_walk_bit_exact(shape, dtype, scaling, warm, gen, monkeypatch):
+    """The band-ordered tile walk of compact twins (tile rows in whole bands; a tail tile row
+    and column in (1008, 2064)), walking backwards (warm) and forwards."""
+    monkeypatch.setattr(dispatch, "L2_WARM_MAX_BYTES", 1 << 40 if warm else 0)
+    dispatch._plan.cache_clear()
+    x = make_input(shape, "outliers", dtype, gen)
+    for row in (True, False):
+        recipe = Recipe(scaling=scaling, rowwise=row, columnwise=True)
+        plan = dispatch.plan_for(x, recipe)
+        walk = dispatch.cast_walk(*shape, x.element_size(), scaling == "token", False, True)
+        assert walk[1] == warm and walk[3] == dispatch.COMPACT_TWIN_BAND and not plan.fused
+        check(dispatch.quantize(x, recipe), ref.quantize(x, recipe), recipe)
+    dispatch._plan.cache_clear()
 
 
 def test_large(gen):

@@ -26,7 +26,8 @@ vector stores that together cover whole sectors (32 bytes per row, 64 bytes per 
 Tile walk (compile-time, chosen per input by dispatch.cast_walk): `ctas_per_sm` resident CTAs;
 `reverse` walks from the last tile down, so the cast first reads the end of the input, which
 the amax pass read last and L2 still holds (inputs up to a few times L2); `prefetch_amax` (per
-token) loads a thread's row / column amaxes one tile ahead instead of where they are used.
+token) loads the lane's amax one tile ahead instead of at the tile; `band` orders the tiles by
+bands of that many tile rows (the tiles sharing compact twin scale sectors in one wave).
 """
 
 import cutlass
@@ -54,7 +55,8 @@ class CastKernel:
 
     def __init__(self, dtype: str, rowwise: bool, columnwise: bool, swizzle: bool,
                  per_token: bool, num_sms: int, stages: int = 4, ctas_per_sm: int = 2,
-                 fused_amax: bool = False, reverse: bool = False, prefetch_amax: bool = False):
+                 fused_amax: bool = False, reverse: bool = False, prefetch_amax: bool = False,
+                 band: int = 1):
         if dtype not in DTYPES:
             raise TypeError(f"CastKernel: unsupported input dtype {dtype!r} (bf16, fp16, fp32)")
         if not (rowwise or columnwise):
@@ -73,6 +75,9 @@ class CastKernel:
         self.fused_amax = fused_amax
         self.reverse = reverse
         self.prefetch_amax = prefetch_amax
+        if band & (band - 1) or band < 1:
+            raise ValueError(f"CastKernel: band must be a power of two, got {band}")
+        self.band = band
         self.threads = 32 * (self.num_consumer_warps + 1)
         self.consumer_threads = 32 * self.num_consumer_warps
         # blocks per consumer thread in each pass
@@ -255,12 +260,18 @@ class CastKernel:
         n_tk = (K + self.tile_k - 1) // self.tile_k
         n_tiles = n_tm * n_tk
         # a CTA's i-th tile is bidx + i * gdim, or with reverse n_tiles - 1 - (bidx + i * gdim)
-        # (the amax pass read the end of the input last: those lines are still in L2), stepped
-        # by (step_m, step_k) without divisions
-        step_m, step_k = gdim // n_tk, gdim % n_tk
+        # (the amax pass read the end of the input last: those lines are still in L2), in the
+        # band order of _next_tile (n_tm a multiple of band), stepped without divisions
         first = n_tiles - 1 - bidx
         if cutlass.const_expr(not self.reverse):
             first = bidx
+        steps = (gdim // n_tk, gdim % n_tk, 0)
+        first_tm, first_tk = first // n_tk, first % n_tk
+        if cutlass.const_expr(self.band > 1):
+            span = self.band * n_tk  # tiles per band of tile rows
+            steps = (gdim // span, (gdim // self.band) % n_tk, gdim % self.band)
+            first_tm = first // span * self.band + first % self.band
+            first_tk = first % span // self.band
 
         if warp == self.num_consumer_warps:
             # ---------------- producer: TMA loads into the ring
@@ -269,14 +280,14 @@ class CastKernel:
                 tma_atom, 0, cute.make_layout(1), cute.group_modes(sx, 0, 2), cute.group_modes(gx, 0, 2)
             )
             pstate = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
-            tm, tk = first // n_tk, first % n_tk
+            tm, tk = first_tm, first_tk
             for t in cutlass.range(bidx, n_tiles, gdim, unroll=1):
                 pipe.producer_acquire(pstate)
                 cute.copy(tma_atom, tgx[(None, tm, tk)], tsx[(None, pstate.index)],
                           tma_bar_ptr=pipe.producer_get_barrier(pstate))
                 pipe.producer_commit(pstate)
                 pstate.advance()
-                tm, tk = self._next_tile(tm, tk, step_m, step_k, n_tk)
+                tm, tk = self._next_tile(tm, tk, steps, n_tk)
         else:
             # ---------------- consumers
             Kl = Int64(K)
@@ -314,12 +325,12 @@ class CastKernel:
             row_thr = self._row_thread_offsets(tidx, half_k, nsc_r)
             col_thr = self._col_thread_offsets(tidx, half_m, nsc_c)
             cstate = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
-            tm, tk = first // n_tk, first % n_tk
+            tm, tk = first_tm, first_tk
             # per token: the lane's amax of the next tile with prefetch_amax (loaded one tile
             # ahead, its latency hides behind a tile's work), else of the current one
             amax_next = self._lane_amax(tm, tk, M, K, tidx, ar_base, ac_base)
             for t in cutlass.range(bidx, n_tiles, gdim, unroll=1):
-                tm_n, tk_n = self._next_tile(tm, tk, step_m, step_k, n_tk)
+                tm_n, tk_n = self._next_tile(tm, tk, steps, n_tk)
                 amax_cur = amax_next
                 if cutlass.const_expr(self.prefetch_amax):
                     amax_next = self._lane_amax(tm_n, tk_n, M, K, tidx, ar_base, ac_base)
@@ -348,17 +359,41 @@ class CastKernel:
 
     # ------------------------------------------------------------------ tile walk
     @cute.jit
-    def _next_tile(self, tm, tk, step_m, step_k, n_tk):
-        """(tm, tk) of tile tm * n_tk + tk + gdim (gdim = step_m * n_tk + step_k), or - gdim
-        with reverse (tm then negative past the first tile: _lane_amax clamps it)."""
+    def _next_tile(self, tm, tk, steps, n_tk):
+        """The tile gdim after (tm, tk), or before it with reverse (tm then negative past the
+        first tile: _lane_amax clamps it). Tiles are ordered by band of `band` tile rows, then
+        tk, then tm within the band: tile t is (t // span * band + t % band, t % span // band)
+        with span = band * n_tk, and gdim = (bands, tk, rows) steps = (gdim // span,
+        gdim // band % n_tk, gdim % band). Band order puts the tiles sharing a 32-byte sector
+        of the compact twin's scales (band 4: 4 x 8 bytes along M) in one wave of CTAs."""
+        step_b, step_k, step_r = steps
+        one, zero = Int32(1), Int32(0)
+        band = self.band
+        if cutlass.const_expr(band == 1):
+            if cutlass.const_expr(self.reverse):
+                tk = tk - step_k
+                wrap = tk < 0
+                return (tm - step_b - cutlass.select_(wrap, one, zero),
+                        cutlass.select_(wrap, tk + n_tk, tk))
+            tk = tk + step_k
+            wrap = tk >= n_tk
+            return (tm + step_b + cutlass.select_(wrap, one, zero),
+                    cutlass.select_(wrap, tk - n_tk, tk))
+        r = tm & (band - 1)
         if cutlass.const_expr(self.reverse):
-            tk = tk - step_k
+            r2 = r - step_r
+            carry = r2 < 0
+            tk = tk - step_k - cutlass.select_(carry, one, zero)
             wrap = tk < 0
-            return (tm - step_m - cutlass.select_(wrap, Int32(1), Int32(0)),
+            return (tm - r - (step_b + cutlass.select_(wrap, one, zero)) * band
+                    + cutlass.select_(carry, r2 + band, r2),
                     cutlass.select_(wrap, tk + n_tk, tk))
-        tk = tk + step_k
+        r2 = r + step_r
+        carry = r2 >= band
+        tk = tk + step_k + cutlass.select_(carry, one, zero)
         wrap = tk >= n_tk
-        return (tm + step_m + cutlass.select_(wrap, Int32(1), Int32(0)),
+        return (tm - r + (step_b + cutlass.select_(wrap, one, zero)) * band
+                + cutlass.select_(carry, r2 - band, r2),
                 cutlass.select_(wrap, tk - n_tk, tk))
 
     @cute.jit

@@ -39,13 +39,14 @@ def _f8_2d():
 
 
 def cast_kernel(dtype: str, rowwise: bool, columnwise: bool, swizzle: bool, per_token: bool,
-                num_sms: int = 132, fused_amax: bool = False, walk: tuple = (2, False, False)):
+                num_sms: int = 132, fused_amax: bool = False,
+                walk: tuple = (2, False, False, 1)):
     """(kernel, *fake compile arguments) of the K2 cast for a configuration; walk =
-    (CTAs per SM, reverse tile walk, per-token amax prefetch), see cast_walk."""
-    ctas_per_sm, reverse, prefetch_amax = walk
+    (CTAs per SM, reverse tile walk, per-token amax prefetch, band), see cast_walk."""
+    ctas_per_sm, reverse, prefetch_amax, band = walk
     op = CastKernel(dtype, rowwise, columnwise, swizzle, per_token, num_sms,
                     ctas_per_sm=ctas_per_sm, fused_amax=fused_amax, reverse=reverse,
-                    prefetch_amax=prefetch_amax)
+                    prefetch_amax=prefetch_amax, band=band)
     esize = _CUTLASS[dtype].width // 8
     m, k = dyn(), dyn(16 // esize)
     return (op, fake_tensor(_CUTLASS[dtype], (m, k)),
@@ -126,14 +127,28 @@ def cast_tiles(m: int, k: int, esize: int) -> int:
 L2_WARM_MAX_BYTES = 256 << 20
 
 
-def cast_walk(m: int, k: int, esize: int, per_token: bool, fused: bool) -> tuple:
-    """(CTAs per SM, reverse walk, amax prefetch) of the cast of an [m, k] input: per tensor
-    one CTA per SM (8 consumer warps: measured 1.1-1.2x faster from 2^26 elements than two),
-    per token two (its per-row amax loads need the warps to hide their latency)."""
+# Tile rows walked together (CastKernel band) when the cast writes the twin with compact
+# scales: a 32-byte sector of a twin scale row spans 4 tile rows (4 x 8 bytes along M). In
+# row-major tile order those tiles are n_tk tiles apart and at 2^27+ elements L2 evicts
+# sectors before all four are written (ncu: ~30 MB of extra DRAM reads and writes at
+# 32768x8192); in band order one wave writes them whole (notes/quant.md "Session 11").
+COMPACT_TWIN_BAND = 4
+
+
+def cast_walk(m: int, k: int, esize: int, per_token: bool, fused: bool,
+              compact_twin: bool = False) -> tuple:
+    """(CTAs per SM, reverse walk, amax prefetch, band) of the cast of an [m, k] input: per
+    tensor one CTA per SM (8 consumer warps: measured 1.1-1.2x faster from 2^26 elements than
+    two), per token two (its per-row amax loads need the warps to hide their latency); band
+    COMPACT_TWIN_BAND with compact_twin (a columnwise output with compact scales) when the
+    tile rows divide into bands, else 1."""
     if fused:
-        return (2, False, False)
+        return (2, False, False, 1)
     warm = m * k * esize < L2_WARM_MAX_BYTES
-    return (2, warm, warm) if per_token else (1, warm, False)
+    band = 1
+    if compact_twin and -(-m // CastKernel.tile_m) % COMPACT_TWIN_BAND == 0:
+        band = COMPACT_TWIN_BAND
+    return (2, warm, warm, band) if per_token else (1, warm, False, band)
 
 
 def _ffi(compiled):
@@ -197,7 +212,7 @@ class _Plan:
             self.amax = _ffi(KERNELS.get(
                 ("amax_tensor", name, sms, arch),
                 lambda: compile_kernel(*amax_tensor_kernel(name, sms), arch=arch)))
-        walk = cast_walk(m, k, esize, per_token, fused)
+        walk = cast_walk(m, k, esize, per_token, fused, col and not swz)
         self.cast = _ffi(KERNELS.get(
             ("cast", name, row, col, swz, per_token, sms, fused, walk, arch),
             lambda: compile_kernel(*cast_kernel(name, row, col, swz, per_token, sms, fused, walk),
