@@ -79,6 +79,10 @@ class CastKernel:
             raise ValueError(f"CastKernel: band must be a power of two, got {band}")
         self.band = band
         self.threads = 32 * (self.num_consumer_warps + 1)
+        # rows of a tile per consumer warp (both passes); per token the warp's lanes compute
+        # the outer scales of these rows and of the warp's 16 / esize columns (_lane_amax)
+        self.warp_rows = self.tile_m // self.num_consumer_warps
+        assert self.warp_rows + 16 // self.esize <= 32
         self.consumer_threads = 32 * self.num_consumer_warps
         # blocks per consumer thread in each pass
         # rowwise pass: each warp step covers 32 // (tile_k / 16) rows
@@ -399,23 +403,24 @@ class CastKernel:
     @cute.jit
     def _lane_amax(self, tm, tk, M, K, tidx, ar_base, ac_base):
         """Per token: the amax whose outer scale this lane computes for its warp in tile
-        (tm, tk), once per tile instead of once per thread and block: lanes 0..15 take the
-        warp's 16 rows (the rowwise pass's lanes of row r read lane r % 16), lanes 16.. its
-        16 / esize columns (the columnwise pass's); indices clamped into the tensor (tail
-        rows / columns, spare lanes). Per tensor: 0, unused."""
+        (tm, tk), once per tile instead of once per thread and block: lanes 0 .. warp_rows - 1
+        take the warp's rows (the rowwise pass's lanes of row r read lane r % warp_rows), the
+        next 16 / esize lanes its columns (the columnwise pass's); indices clamped into the
+        tensor (tail rows / columns, spare lanes). Per tensor: 0, unused."""
         amax = Float32(0.0)
         if cutlass.const_expr(self.per_token):
             warp = tidx // 32
             lane = tidx % 32
             ncols = 16 // self.esize
-            row = cutlass.min(cutlass.max(tm, 0) * self.tile_m + warp * 16 + lane, M - 1)
+            wr = self.warp_rows
+            row = cutlass.min(cutlass.max(tm, 0) * self.tile_m + warp * wr + lane, M - 1)
             col = cutlass.min(tk * self.tile_k + warp * ncols
-                              + cutlass.min(cutlass.max(lane - 16, 0), ncols - 1), K - 1)
+                              + cutlass.min(cutlass.max(lane - wr, 0), ncols - 1), K - 1)
             addr = ar_base + Int64(row) * 4
             if cutlass.const_expr(self.columnwise):
                 col_addr = ac_base + Int64(col) * 4
                 if cutlass.const_expr(self.rowwise):
-                    addr = cutlass.select_(lane < 16, addr, col_addr)
+                    addr = cutlass.select_(lane < wr, addr, col_addr)
                 else:
                     addr = col_addr
             amax = E.ld_global_f32(addr)
@@ -465,7 +470,7 @@ class CastKernel:
             gr = row0 + r
             s6_r, sdec_r = s6, sdec
             if cutlass.const_expr(self.per_token):
-                src = j * (32 // bpr) + lane // bpr  # row r - 16 * warp
+                src = j * (32 // bpr) + lane // bpr  # row r - warp_rows * warp
                 s6_r = cute.arch.shuffle_sync(s6, src)
                 sdec_r = cute.arch.shuffle_sync(sdec, src)
             row_addr = stage_addr + r * self.tile_bytes
@@ -563,7 +568,7 @@ class CastKernel:
             gk = col0 + c
             s6_c, sdec_c = s6, sdec
             if cutlass.const_expr(self.per_token):
-                src = 16 + (lane % 4) * cols + cc  # column c - warp * 16 / esize
+                src = self.warp_rows + (lane % 4) * cols + cc  # column c - warp * 16 / esize
                 s6_c = cute.arch.shuffle_sync(s6, src)
                 sdec_c = cute.arch.shuffle_sync(sdec, src)
             xs = []
