@@ -332,11 +332,13 @@ class CastKernel:
             tm, tk = first_tm, first_tk
             # per token: the lane's amax of the next tile with prefetch_amax (loaded one tile
             # ahead, its latency hides behind a tile's work), else of the current one
-            amax_next = self._lane_amax(tm, tk, M, K, tidx, ar_base, ac_base)
+            amax_next = Float32(0.0)
+            if cutlass.const_expr(self.prefetch_amax):
+                amax_next = self._lane_amax(tm, tk, M, K, tidx, ar_base, ac_base)
             for t in cutlass.range(bidx, n_tiles, gdim, unroll=1):
                 tm_n, tk_n = self._next_tile(tm, tk, steps, n_tk)
-                amax_cur = amax_next
                 if cutlass.const_expr(self.prefetch_amax):
+                    amax_cur = amax_next
                     amax_next = self._lane_amax(tm_n, tk_n, M, K, tidx, ar_base, ac_base)
                 else:
                     amax_cur = self._lane_amax(tm, tk, M, K, tidx, ar_base, ac_base)
@@ -373,16 +375,6 @@ class CastKernel:
         step_b, step_k, step_r = steps
         one, zero = Int32(1), Int32(0)
         band = self.band
-        if cutlass.const_expr(band == 1):
-            if cutlass.const_expr(self.reverse):
-                tk = tk - step_k
-                wrap = tk < 0
-                return (tm - step_b - cutlass.select_(wrap, one, zero),
-                        cutlass.select_(wrap, tk + n_tk, tk))
-            tk = tk + step_k
-            wrap = tk >= n_tk
-            return (tm + step_b + cutlass.select_(wrap, one, zero),
-                    cutlass.select_(wrap, tk - n_tk, tk))
         r = tm & (band - 1)
         if cutlass.const_expr(self.reverse):
             r2 = r - step_r
