@@ -204,10 +204,7 @@ class CastKernel:
                             cols[j] = E.abs_max_nan(cols[j], vals[j])
                     if cutlass.const_expr(self.rowwise):
                         r = r0 + u * nw
-                        rmax = Float32(0.0)
-                        for j in cutlass.range_constexpr(self.vec):
-                            rmax = E.abs_max_nan(rmax, vals[j])
-                        rmax = E.warp_max_nan(rmax)
+                        rmax = E.warp_max_nan(E.block_amax(vals))
                         if (lane == 0) & (r < M):
                             addr = ar_base + Int64(r) * 4
                             prev = Float32(0.0)
