@@ -7,6 +7,7 @@ import re
 import pytest
 
 from cute_fp4.common.compile_check import compile_ptx, missing_instructions, ptx_target
+from cute_fp4.quant.cast import CastKernel
 from cute_fp4.quant.dispatch import amax_tensor_kernel, amax_token_kernel, cast_kernel
 
 ARCHS = ["sm_90a", "sm_100a"]
@@ -50,18 +51,33 @@ def test_cast_ptx(arch, fused_amax, dtype, row, col, swizzle, per_token):
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("per_token", [False, True])
 def test_cast_walks_ptx(arch, per_token):
-    """Every tile walk dispatch.cast_walk picks compiles; the reverse walk and the amax
-    prefetch change the code (one PTX per walk)."""
-    walks = {(2, False, False, 1), (1, True, False, 1), (2, True, True, 1), (1, False, False, 1),
-             (1, True, False, 4), (2, False, False, 4)}
+    """Every tile walk dispatch.cast_walk picks compiles; the reverse walk, the amax
+    prefetch, the band and the run change the code (one PTX per walk). The run walk stages
+    the rowwise scales in smem (byte stores) and writes them with 16-byte stores."""
+    walks = {(2, False, False, 1, 1), (1, True, False, 1, 1), (2, True, True, 1, 1),
+             (1, False, False, 1, 1), (1, True, False, 4, 1), (2, False, False, 4, 1),
+             (1, True, False, 4, 8), (2, False, False, 1, 8)}
     ptxs = set()
     for walk in walks:
         ptx = compile_ptx(*cast_kernel("bf16", True, True, False, per_token, walk=walk), arch=arch)
         assert missing_instructions(ptx, [r"cp\.async\.bulk\.tensor", r"mbarrier"]) == []
+        run_stores = [r"st\.shared\.b8", r"st\.global\.v4\.b32"]
+        assert (missing_instructions(ptx, run_stores) == []) == (walk[4] > 1)
         ptxs.add(ptx.split(".entry", 1)[1].split("(", 1)[1])
-    # the CTA count is a launch parameter only: (2, F, F, b) and (1, F, F, b) share their PTX;
-    # the prefetch exists per token only
-    assert len(ptxs) == (5 if per_token else 4)
+    # the CTA count is a launch parameter only: (2, F, F, b, r) and (1, F, F, b, r) share
+    # their PTX; the prefetch exists per token only
+    assert len(ptxs) == (7 if per_token else 6)
+
+
+def test_cast_run_rules():
+    """The run covers one 32-byte sector of rowwise scales (8 tiles of bf16, 16 of fp32) and
+    needs compact rowwise scales."""
+    assert CastKernel("bf16", True, True, False, False, 132, run=8).run == 8
+    assert CastKernel("fp32", True, False, False, True, 132, run=16).run == 16
+    for dtype, rowwise, swizzle, run in [("bf16", True, False, 4), ("fp32", True, False, 8),
+                                         ("bf16", False, False, 8), ("bf16", True, True, 8)]:
+        with pytest.raises(ValueError, match="run must be"):
+            CastKernel(dtype, rowwise, True, swizzle, False, 132, run=run)
 
 
 @pytest.mark.parametrize("arch", ARCHS)

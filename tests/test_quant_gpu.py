@@ -71,7 +71,7 @@ def test_cold_walk_bit_exact(shape, kind, dtype, scaling, gen, cold_walk):
     """The walk of inputs >= L2_WARM_MAX_BYTES (the other tests' inputs are below it)."""
     x = make_input(shape, kind, dtype, gen)
     walk = dispatch.cast_walk(*shape, x.element_size(), scaling == "token", False)
-    assert walk == ((2, False, False, 1) if scaling == "token" else (1, False, False, 1))
+    assert walk == ((2, False, False, 1, 1) if scaling == "token" else (1, False, False, 1, 1))
     for row, col in [(True, True), (True, False), (False, True)]:
         for swizzle in (False, True):
             recipe = Recipe(scaling=scaling, rowwise=row, columnwise=col, swizzle=swizzle)
@@ -94,6 +94,30 @@ def test_band_walk_bit_exact(shape, dtype, scaling, warm, gen, monkeypatch):
         walk = dispatch.cast_walk(*shape, x.element_size(), scaling == "token", False, True)
         assert walk[1] == warm and walk[3] == dispatch.COMPACT_TWIN_BAND and not plan.fused
         check(dispatch.quantize(x, recipe), ref.quantize(x, recipe), recipe)
+    dispatch._plan.cache_clear()
+
+
+@pytest.mark.parametrize("shape", [(1008, 1024), (200, 512), (8192, 4096), (1001, 512)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("scaling", ["tensor", "token"])
+@pytest.mark.parametrize("warm", [True, False])
+def test_run_walk_bit_exact(shape, dtype, scaling, warm, gen, monkeypatch):
+    """The run walk (compact rowwise scales staged per run of tiles along K and stored as
+    whole sectors), forced at any size: tail tile rows ((1008, 1024), (1001, 512) rowwise
+    only), one run per tile row, several runs per CTA ((8192, 4096): both smem buffers), with
+    and without the compact twin (and its band walk), backwards (warm) and forwards."""
+    monkeypatch.setattr(dispatch, "L2_WARM_MAX_BYTES", 1 << 40 if warm else 0)
+    monkeypatch.setattr(dispatch, "RUN_MIN_UNITS_PER_SM", 0)
+    monkeypatch.setattr(dispatch, "RUN_TWIN_MIN_BYTES", {True: 0, False: 0})
+    dispatch._plan.cache_clear()
+    x = make_input(shape, "outliers", dtype, gen)
+    run = 512 * x.element_size() // 128  # tiles of 128 bytes per row in 512 columns
+    for col in ((False,) if shape[0] % 16 else (False, True)):
+        recipe = Recipe(scaling=scaling, rowwise=True, columnwise=col)
+        walk = dispatch.cast_walk(*shape, x.element_size(), scaling == "token", False, col, True)
+        assert walk[1] == warm and walk[4] == run and not dispatch.plan_for(x, recipe).fused
+        out = dispatch.quantize(x, recipe)
+        check(out, ref.quantize(x, recipe), recipe)
     dispatch._plan.cache_clear()
 
 

@@ -386,6 +386,10 @@ def st_shared_u32(addr, v):
     st_shared(addr, Uint32(v), clobber=False)
 
 
+def st_shared_u8(addr, v):
+    st_shared(addr, Uint32(v), clobber=False, ty="b8")
+
+
 def ld_shared_u32(addr):
     return ld_shared(addr, clobber=False, dtype=Uint32)
 
@@ -400,6 +404,10 @@ def st_global_u32(addr, v):
 
 def st_global_v2(addr, v0, v1):
     st_global(addr, Uint32(v0), Uint32(v1), clobber=False)
+
+
+def st_global_v4(addr, words):
+    st_global(addr, *[Uint32(w) for w in words], clobber=False)
 
 
 def ld_global_nc_v4(addr):

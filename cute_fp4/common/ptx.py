@@ -89,9 +89,13 @@ def ld_shared(addr: Int32, count: int = 1, *, clobber: bool, dtype=Int32, loc=No
 
 
 @dsl_user_op
-def st_shared(addr: Int32, *words, clobber: bool, loc=None, ip=None):
-    """1, 2 or 4 32-bit words to a shared address aligned to their size."""
-    code = f"st.shared{_vec(len(words))}.b32 [$0], {_regs(1, len(words))};"
+def st_shared(addr: Int32, *words, clobber: bool, ty: str = "b32", loc=None, ip=None):
+    """1, 2 or 4 32-bit words to a shared address aligned to their size, or with `ty="b8"`
+    the low byte of one word."""
+    if ty == "b8":
+        code = "{\n.reg .b16 h;\ncvt.u16.u32 h, $1;\nst.shared.b8 [$0], h;\n}"
+    else:
+        code = f"st.shared{_vec(len(words))}.b32 [$0], {_regs(1, len(words))};"
     inline_asm(code, ",".join("r" * (1 + len(words))) + _clobber(clobber), [addr, *words],
                volatile=True, loc=loc, ip=ip)
 

@@ -27,7 +27,9 @@ Tile walk (compile-time, chosen per input by dispatch.cast_walk): `ctas_per_sm` 
 `reverse` walks from the last tile down, so the cast first reads the end of the input, which
 the amax pass read last and L2 still holds (inputs up to a few times L2); `prefetch_amax` (per
 token) loads the lane's amax one tile ahead instead of at the tile; `band` orders the tiles by
-bands of that many tile rows (the tiles sharing compact twin scale sectors in one wave).
+bands of that many tile rows (the tiles sharing compact twin scale sectors in one wave); `run`
+(compact rowwise scales) makes the walk's unit a run of tiles along K whose rowwise scales fill
+one 32-byte sector per row: they are staged in smem and stored whole at the end of the run.
 """
 
 import cutlass
@@ -44,6 +46,7 @@ from cute_fp4.quant.amax import max_tensor_partials, vec_abs_max, vec_values
 DTYPES = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16, "fp32": cutlass.Float32}
 ONE_SIXTH = 0.16666667  # fp32(1/6) = 0x3E2AAAAB
 FUSED_BATCH = 4  # 16-byte loads in flight per thread in the fused amax pre-pass
+RUN_SCALE_BYTES = 32  # a run's compact rowwise scales per row: one whole 32-byte sector
 
 
 class CastKernel:
@@ -56,7 +59,7 @@ class CastKernel:
     def __init__(self, dtype: str, rowwise: bool, columnwise: bool, swizzle: bool,
                  per_token: bool, num_sms: int, stages: int = 4, ctas_per_sm: int = 2,
                  fused_amax: bool = False, reverse: bool = False, prefetch_amax: bool = False,
-                 band: int = 1):
+                 band: int = 1, run: int = 1):
         if dtype not in DTYPES:
             raise TypeError(f"CastKernel: unsupported input dtype {dtype!r} (bf16, fp16, fp32)")
         if not (rowwise or columnwise):
@@ -78,6 +81,11 @@ class CastKernel:
         if band & (band - 1) or band < 1:
             raise ValueError(f"CastKernel: band must be a power of two, got {band}")
         self.band = band
+        full_run = RUN_SCALE_BYTES * 16 // self.tile_k  # tiles whose scales fill a sector
+        if run not in (1, full_run) or (run > 1 and (not rowwise or swizzle or fused_amax)):
+            raise ValueError(f"CastKernel: run must be 1 or {full_run} ({dtype}), and 1 unless "
+                             f"the kernel writes compact rowwise scales, got {run}")
+        self.run = run
         self.threads = 32 * (self.num_consumer_warps + 1)
         # rows of a tile per consumer warp (both passes); per token the warp's lanes compute
         # the outer scales of these rows and of the warp's 16 / esize columns (_lane_amax)
@@ -93,6 +101,7 @@ class CastKernel:
         self.chunk_cols = 32 * self.vec
         fused_cols = fused_amax and per_token and columnwise
         self.colred_words = self.num_consumer_warps * self.chunk_cols if fused_cols else 1
+        self.runsc_bytes = 2 * self.tile_m * RUN_SCALE_BYTES if run > 1 else 16
 
     # ------------------------------------------------------------------ host side
     @cute.jit
@@ -118,6 +127,8 @@ class CastKernel:
             bars: cute.struct.MemRange[cutlass.Int64, 2 * self.stages]
             red: cute.struct.MemRange[Float32, self.num_consumer_warps]
             colred: cute.struct.MemRange[Float32, self.colred_words]
+            # run > 1: the compact rowwise scales of a run (tile_m rows x 32 bytes), two buffers
+            runsc: cute.struct.Align[cute.struct.MemRange[cutlass.Uint8, self.runsc_bytes], 16]
             sx: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(smem_layout)], 1024]
 
         self.storage = Storage
@@ -259,20 +270,25 @@ class CastKernel:
 
         n_tm = (M + self.tile_m - 1) // self.tile_m
         n_tk = (K + self.tile_k - 1) // self.tile_k
-        n_tiles = n_tm * n_tk
-        # a CTA's i-th tile is bidx + i * gdim, or with reverse n_tiles - 1 - (bidx + i * gdim)
+        # the walk's units: tiles, or with run > 1 runs of `run` tiles along K (n_tk a
+        # multiple of run); n_uk units per tile row
+        n_uk = n_tk
+        if cutlass.const_expr(self.run > 1):
+            n_uk = n_tk // self.run
+        n_units = n_tm * n_uk
+        # a CTA's i-th unit is bidx + i * gdim, or with reverse n_units - 1 - (bidx + i * gdim)
         # (the amax pass read the end of the input last: those lines are still in L2), in the
         # band order of _next_tile (n_tm a multiple of band), stepped without divisions
-        first = n_tiles - 1 - bidx
+        first = n_units - 1 - bidx
         if cutlass.const_expr(not self.reverse):
             first = bidx
-        steps = (gdim // n_tk, gdim % n_tk, 0)
-        first_tm, first_tk = first // n_tk, first % n_tk
+        steps = (gdim // n_uk, gdim % n_uk, 0)
+        first_tm, first_uk = first // n_uk, first % n_uk
         if cutlass.const_expr(self.band > 1):
-            span = self.band * n_tk  # tiles per band of tile rows
-            steps = (gdim // span, (gdim // self.band) % n_tk, gdim % self.band)
+            span = self.band * n_uk  # units per band of tile rows
+            steps = (gdim // span, (gdim // self.band) % n_uk, gdim % self.band)
             first_tm = first // span * self.band + first % self.band
-            first_tk = first % span // self.band
+            first_uk = first % span // self.band
 
         if warp == self.num_consumer_warps:
             # ---------------- producer: TMA loads into the ring
@@ -281,14 +297,18 @@ class CastKernel:
                 tma_atom, 0, cute.make_layout(1), cute.group_modes(sx, 0, 2), cute.group_modes(gx, 0, 2)
             )
             pstate = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
-            tm, tk = first_tm, first_tk
-            for t in cutlass.range(bidx, n_tiles, gdim, unroll=1):
-                pipe.producer_acquire(pstate)
-                cute.copy(tma_atom, tgx[(None, tm, tk)], tsx[(None, pstate.index)],
-                          tma_bar_ptr=pipe.producer_get_barrier(pstate))
-                pipe.producer_commit(pstate)
-                pstate.advance()
-                tm, tk = self._next_tile(tm, tk, steps, n_tk)
+            tm, uk = first_tm, first_uk
+            for t in cutlass.range(bidx, n_units, gdim, unroll=1):
+                # (the pipeline states advance in the loop bodies themselves: the DSL carries
+                # them through its loops only where they are seen changing)
+                if cutlass.const_expr(self.run == 1):
+                    self._produce(pipe, pstate, tma_atom, tgx, tsx, tm, uk)
+                    pstate.advance()
+                else:
+                    for i in cutlass.range(self.run, unroll=1):
+                        self._produce(pipe, pstate, tma_atom, tgx, tsx, tm, uk * self.run + i)
+                        pstate.advance()
+                tm, uk = self._next_tile(tm, uk, steps, n_uk)
         else:
             # ---------------- consumers
             Kl = Int64(K)
@@ -326,39 +346,94 @@ class CastKernel:
             row_thr = self._row_thread_offsets(tidx, half_k, nsc_r)
             col_thr = self._col_thread_offsets(tidx, half_m, nsc_c)
             cstate = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
-            tm, tk = first_tm, first_tk
+            tm, uk = first_tm, first_uk
             # per token: the lane's amax of the next tile with prefetch_amax (loaded one tile
             # ahead, its latency hides behind a tile's work), else of the current one
             amax_next = Float32(0.0)
             if cutlass.const_expr(self.prefetch_amax):
-                amax_next = self._lane_amax(tm, tk, M, K, tidx, ar_base, ac_base)
-            for t in cutlass.range(bidx, n_tiles, gdim, unroll=1):
-                tm_n, tk_n = self._next_tile(tm, tk, steps, n_tk)
-                if cutlass.const_expr(self.prefetch_amax):
-                    amax_cur = amax_next
-                    amax_next = self._lane_amax(tm_n, tk_n, M, K, tidx, ar_base, ac_base)
+                amax_next = self._lane_amax(tm, uk * self.run, M, K, tidx, ar_base, ac_base)
+            runsc = storage.runsc.data_ptr().toint()
+            run_off = Int32(0)  # the run's buffer: runs alternate between the two
+            for t in cutlass.range(bidx, n_units, gdim, unroll=1):
+                tm_n, uk_n = self._next_tile(tm, uk, steps, n_uk)
+                if cutlass.const_expr(self.run == 1):
+                    amax_next, s6, sdec = self._cast_tile(
+                        pipe, cstate, sbase, tidx, tm, uk, tm_n, uk_n, M, K, half_k, half_m,
+                        nsc_r, nsc_c, pad_c_c, row_thr, col_thr, offs, q_base, s_base, qt_base,
+                        st_base, ar_base, ac_base, amax_next, s6, sdec, runsc)
+                    cstate.advance()
                 else:
-                    amax_cur = self._lane_amax(tm, tk, M, K, tidx, ar_base, ac_base)
-                if cutlass.const_expr(self.per_token):
-                    s6, sdec = self._outer_of(amax_cur)
-                pipe.consumer_wait(cstate)
-                stage_addr = sbase + cstate.index * stage_bytes
-
-                if cutlass.const_expr(self.rowwise):
-                    self._row_pass(stage_addr, tidx, tm, tk, M, K, half_k, nsc_r, row_thr,
-                                   q_base, s_base, s6, sdec)
-                if cutlass.const_expr(self.columnwise):
-                    self._col_pass(stage_addr, tidx, tm, tk, M, K, half_m, nsc_c, pad_c_c, col_thr,
-                                   qt_base, st_base, s6, sdec, offs)
-
-                cute.arch.sync_warp()
-                pipe.consumer_release(cstate)
-                cstate.advance()
-                tm, tk = tm_n, tk_n
+                    # the run's rowwise scales go to smem (buffer runsc), then out as whole
+                    # sectors (_flush_run_scales)
+                    for i in cutlass.range(self.run, unroll=1):
+                        last = i == self.run - 1
+                        tk = uk * self.run + i
+                        amax_next, s6, sdec = self._cast_tile(
+                            pipe, cstate, sbase, tidx, tm, tk, cutlass.select_(last, tm_n, tm),
+                            cutlass.select_(last, uk_n * self.run, tk + 1), M, K, half_k, half_m,
+                            nsc_r, nsc_c, pad_c_c, row_thr, col_thr, offs, q_base, s_base,
+                            qt_base, st_base, ar_base, ac_base, amax_next, s6, sdec,
+                            runsc + run_off + i * (self.tile_k // 16))
+                        cstate.advance()
+                    self._flush_run_scales(runsc + run_off, tidx, tm, uk, M, nsc_r, s_base)
+                    run_off = self.tile_m * RUN_SCALE_BYTES - run_off
+                tm, uk = tm_n, uk_n
 
             if cutlass.const_expr(self.swizzle):
                 self._zero_padding(tidx, bidx, gdim, M, K, Ml, Kl, n_tk, nsc_r, pad_c_r, pad_c_c,
                                    s_base, st_base)
+
+    @cute.jit
+    def _produce(self, pipe, pstate, tma_atom, tgx, tsx, tm, tk):
+        """Producer: TMA load of tile (tm, tk) into stage pstate of the ring."""
+        pipe.producer_acquire(pstate)
+        cute.copy(tma_atom, tgx[(None, tm, tk)], tsx[(None, pstate.index)],
+                  tma_bar_ptr=pipe.producer_get_barrier(pstate))
+        pipe.producer_commit(pstate)
+
+    @cute.jit
+    def _cast_tile(self, pipe, cstate, sbase, tidx, tm, tk, tm_n, tk_n, M, K, half_k, half_m,
+                   nsc_r, nsc_c, pad_c_c, row_thr, col_thr, offs, q_base, s_base, qt_base,
+                   st_base, ar_base, ac_base, amax_next, s6, sdec, run_sc):
+        """Consumers: both passes over tile (tm, tk) in stage cstate of the ring; (tm_n,
+        tk_n) is the CTA's next tile. Returns (amax_next, s6, sdec): per token the lane's amax
+        of the next tile (prefetch_amax) and this tile's outer scale."""
+        stage_bytes = self.tile_m * self.tile_bytes
+        if cutlass.const_expr(self.prefetch_amax):
+            amax_cur = amax_next
+            amax_next = self._lane_amax(tm_n, tk_n, M, K, tidx, ar_base, ac_base)
+        else:
+            amax_cur = self._lane_amax(tm, tk, M, K, tidx, ar_base, ac_base)
+        if cutlass.const_expr(self.per_token):
+            s6, sdec = self._outer_of(amax_cur)
+        pipe.consumer_wait(cstate)
+        stage_addr = sbase + cstate.index * stage_bytes
+
+        if cutlass.const_expr(self.rowwise):
+            self._row_pass(stage_addr, tidx, tm, tk, M, K, half_k, nsc_r, row_thr,
+                           q_base, s_base, s6, sdec, run_sc)
+        if cutlass.const_expr(self.columnwise):
+            self._col_pass(stage_addr, tidx, tm, tk, M, K, half_m, nsc_c, pad_c_c, col_thr,
+                           qt_base, st_base, s6, sdec, offs)
+
+        cute.arch.sync_warp()
+        pipe.consumer_release(cstate)
+        return amax_next, s6, sdec
+
+    @cute.jit
+    def _flush_run_scales(self, buf, tidx, tm, uk, M, nsc_r, s_base):
+        """Run walk: the rowwise scales of the run (unit uk of tile row tm), staged in smem
+        buffer `buf` by every consumer warp, go out as 16-byte stores, two per row, i.e. whole
+        32-byte sectors (the compact scales of one tile are 4-byte pieces of 128 rows: written
+        from the tile they cost one L2 write request each, which with the twin's 8-byte pieces
+        bounds the cast at 2^27+ elements; notes/quant.md "Session 12")."""
+        cute.arch.barrier(barrier_id=1, number_of_threads=self.consumer_threads)
+        r = tidx // 2
+        half = tidx % 2
+        gr = tm * self.tile_m + r
+        if gr < M:
+            E.st_global_v4(s_base + Int64(gr) * nsc_r + Int64(uk) * RUN_SCALE_BYTES + half * 16,
+                           E.ld_shared_v4(buf + r * RUN_SCALE_BYTES + half * 16))
 
     # ------------------------------------------------------------------ tile walk
     @cute.jit
@@ -438,10 +513,11 @@ class CastKernel:
 
     @cute.jit
     def _row_pass(self, stage_addr, tidx, tm, tk, M, K, half_k, nsc_r, row_thr,
-                  q_base, s_base, s6, sdec):
+                  q_base, s_base, s6, sdec, run_sc):
         """Lanes of a warp take consecutive 16-element blocks of consecutive rows, so one warp
         store covers whole 32-byte sectors (bpr blocks of 8 bytes per row). Per token, s6 /
-        sdec are the lane's (_lane_amax)."""
+        sdec are the lane's (_lane_amax). run > 1: the compact scales go to the run's smem
+        buffer at run_sc (this tile's column there) instead of global memory."""
         bpr = self.tile_k // 16  # blocks per tile row
         lane = tidx % 32
         b = lane % bpr
@@ -484,8 +560,11 @@ class CastKernel:
                 # padding entries (rows >= M, blocks >= K/16) must be 0 whatever the outer scale
                 E.st_global_u8(sw_tile + Int64(sw_off), cutlass.select_(valid, code, Uint32(0)))
             else:
-                if valid:
-                    E.st_global_u8(s_tile + s_off, code)
+                if cutlass.const_expr(self.run > 1):
+                    E.st_shared_u8(run_sc + r * RUN_SCALE_BYTES + b, code)
+                else:
+                    if valid:
+                        E.st_global_u8(s_tile + s_off, code)
 
     # ------------------------------------------------------------------ columnwise pass
     @cute.jit

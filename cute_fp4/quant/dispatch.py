@@ -24,7 +24,7 @@ from ..common.jit import (KERNELS, compile_kernel, device_arch, dyn, env_stream,
 from ..recipe import Recipe
 from ..tensor import NVFP4Tensor
 from .amax import AmaxTensor, AmaxToken, tensor_partials
-from .cast import CastKernel
+from .cast import RUN_SCALE_BYTES, CastKernel
 
 _DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 _CUTLASS = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16, "fp32": cutlass.Float32}
@@ -40,13 +40,13 @@ def _f8_2d():
 
 def cast_kernel(dtype: str, rowwise: bool, columnwise: bool, swizzle: bool, per_token: bool,
                 num_sms: int = 132, fused_amax: bool = False,
-                walk: tuple = (2, False, False, 1)):
+                walk: tuple = (2, False, False, 1, 1)):
     """(kernel, *fake compile arguments) of the K2 cast for a configuration; walk =
-    (CTAs per SM, reverse tile walk, per-token amax prefetch, band), see cast_walk."""
-    ctas_per_sm, reverse, prefetch_amax, band = walk
+    (CTAs per SM, reverse tile walk, per-token amax prefetch, band, run), see cast_walk."""
+    ctas_per_sm, reverse, prefetch_amax, band, run = walk
     op = CastKernel(dtype, rowwise, columnwise, swizzle, per_token, num_sms,
                     ctas_per_sm=ctas_per_sm, fused_amax=fused_amax, reverse=reverse,
-                    prefetch_amax=prefetch_amax, band=band)
+                    prefetch_amax=prefetch_amax, band=band, run=run)
     esize = _CUTLASS[dtype].width // 8
     m, k = dyn(), dyn(16 // esize)
     return (op, fake_tensor(_CUTLASS[dtype], (m, k)),
@@ -134,21 +134,40 @@ L2_WARM_MAX_BYTES = 256 << 20
 # 32768x8192); in band order one wave writes them whole (notes/quant.md "Session 11").
 COMPACT_TWIN_BAND = 4
 
+# Compact rowwise scales are written a run of tiles along K at a time (CastKernel run: the
+# tiles whose scales fill a 32-byte sector of each row, staged in smem and stored whole,
+# instead of 4-byte pieces per tile: one L2 write request per row and run instead of per
+# row and tile). Rowwise-only: from RUN_MIN_UNITS_PER_SM runs per SM (the walk's unit of work
+# is then a run: fewer units balance worse over the SMs). With the compact twin (whose 8-byte
+# scale pieces add their own requests) from RUN_TWIN_MIN_BYTES of input per token / per
+# tensor: below, the run walk measured 1-2% slower (notes/quant.md "Session 12").
+RUN_MIN_UNITS_PER_SM = 3
+RUN_TWIN_MIN_BYTES = {True: 128 << 20, False: 256 << 20}
+
 
 def cast_walk(m: int, k: int, esize: int, per_token: bool, fused: bool,
-              compact_twin: bool = False) -> tuple:
-    """(CTAs per SM, reverse walk, amax prefetch, band) of the cast of an [m, k] input: per
-    tensor one CTA per SM (8 consumer warps: measured 1.1-1.2x faster from 2^26 elements than
-    two), per token two (its per-row amax loads need the warps to hide their latency); band
-    COMPACT_TWIN_BAND with compact_twin (a columnwise output with compact scales) when the
-    tile rows divide into bands, else 1."""
+              compact_twin: bool = False, compact_row: bool = False,
+              num_sms: int = 132) -> tuple:
+    """(CTAs per SM, reverse walk, amax prefetch, band, run) of the cast of an [m, k] input:
+    per tensor one CTA per SM (8 consumer warps: measured 1.1-1.2x faster from 2^26 elements
+    than two), per token two (its per-row amax loads need the warps to hide their latency);
+    band COMPACT_TWIN_BAND with compact_twin (a columnwise output with compact scales) when
+    the tile rows divide into bands, else 1; run (compact_row: a rowwise output with compact
+    scales) when K divides into runs and there are enough of them, else 1."""
     if fused:
-        return (2, False, False, 1)
+        return (2, False, False, 1, 1)
     warm = m * k * esize < L2_WARM_MAX_BYTES
+    n_tm = -(-m // CastKernel.tile_m)
     band = 1
-    if compact_twin and -(-m // CastKernel.tile_m) % COMPACT_TWIN_BAND == 0:
+    if compact_twin and n_tm % COMPACT_TWIN_BAND == 0:
         band = COMPACT_TWIN_BAND
-    return (2, warm, warm, band) if per_token else (1, warm, False, band)
+    run = 1
+    run_cols = RUN_SCALE_BYTES * 16  # input columns of a run (any dtype)
+    if (compact_row and k % run_cols == 0
+            and n_tm * (k // run_cols) >= RUN_MIN_UNITS_PER_SM * num_sms
+            and (not compact_twin or m * k * esize >= RUN_TWIN_MIN_BYTES[per_token])):
+        run = run_cols * esize // CastKernel.tile_bytes
+    return (2, warm, warm, band, run) if per_token else (1, warm, False, band, run)
 
 
 def _ffi(compiled):
@@ -212,7 +231,7 @@ class _Plan:
             self.amax = _ffi(KERNELS.get(
                 ("amax_tensor", name, sms, arch),
                 lambda: compile_kernel(*amax_tensor_kernel(name, sms), arch=arch)))
-        walk = cast_walk(m, k, esize, per_token, fused, col and not swz)
+        walk = cast_walk(m, k, esize, per_token, fused, col and not swz, row and not swz, sms)
         self.cast = _ffi(KERNELS.get(
             ("cast", name, row, col, swz, per_token, sms, fused, walk, arch),
             lambda: compile_kernel(*cast_kernel(name, row, col, swz, per_token, sms, fused, walk),
