@@ -108,7 +108,7 @@ def test_run_walk_bit_exact(shape, dtype, scaling, warm, gen, monkeypatch):
     and without the compact twin (and its band walk), backwards (warm) and forwards."""
     monkeypatch.setattr(dispatch, "L2_WARM_MAX_BYTES", 1 << 40 if warm else 0)
     monkeypatch.setattr(dispatch, "RUN_MIN_UNITS_PER_SM", 0)
-    monkeypatch.setattr(dispatch, "RUN_TWIN_MIN_BYTES", {True: 0, False: 0})
+    monkeypatch.setattr(dispatch, "RUN_BYTES", {key: (0, 1 << 62) for key in dispatch.RUN_BYTES})
     dispatch._plan.cache_clear()
     x = make_input(shape, "outliers", dtype, gen)
     run = 512 * x.element_size() // 128  # tiles of 128 bytes per row in 512 columns

@@ -137,12 +137,15 @@ COMPACT_TWIN_BAND = 4
 # Compact rowwise scales are written a run of tiles along K at a time (CastKernel run: the
 # tiles whose scales fill a 32-byte sector of each row, staged in smem and stored whole,
 # instead of 4-byte pieces per tile: one L2 write request per row and run instead of per
-# row and tile). Rowwise-only: from RUN_MIN_UNITS_PER_SM runs per SM (the walk's unit of work
-# is then a run: fewer units balance worse over the SMs). With the compact twin (whose 8-byte
-# scale pieces add their own requests) from RUN_TWIN_MIN_BYTES of input per token / per
-# tensor: below, the run walk measured 1-2% slower (notes/quant.md "Session 12").
+# row and tile), from RUN_MIN_UNITS_PER_SM runs per SM (the walk's unit of work is then a
+# run: fewer units balance worse over the SMs) and for the input sizes of RUN_BYTES[(per
+# token, compact twin)] = [min, max) bytes, where it measured faster (notes/quant.md
+# "Session 12"): with the twin (whose 8-byte scale pieces add their own requests) from 2^26
+# (per token) / 2^27 (per tensor) bf16 elements; rowwise only always per tensor, below 2^26
+# per token (2-5% slower from 2^27).
 RUN_MIN_UNITS_PER_SM = 3
-RUN_TWIN_MIN_BYTES = {True: 128 << 20, False: 256 << 20}
+RUN_BYTES = {(False, False): (0, 1 << 62), (True, False): (0, 128 << 20),
+             (True, True): (128 << 20, 1 << 62), (False, True): (256 << 20, 1 << 62)}
 
 
 def cast_walk(m: int, k: int, esize: int, per_token: bool, fused: bool,
@@ -163,9 +166,9 @@ def cast_walk(m: int, k: int, esize: int, per_token: bool, fused: bool,
         band = COMPACT_TWIN_BAND
     run = 1
     run_cols = RUN_SCALE_BYTES * 16  # input columns of a run (any dtype)
-    if (compact_row and k % run_cols == 0
-            and n_tm * (k // run_cols) >= RUN_MIN_UNITS_PER_SM * num_sms
-            and (not compact_twin or m * k * esize >= RUN_TWIN_MIN_BYTES[per_token])):
+    lo, hi = RUN_BYTES[(per_token, compact_twin)]
+    if (compact_row and k % run_cols == 0 and lo <= m * k * esize < hi
+            and n_tm * (k // run_cols) >= RUN_MIN_UNITS_PER_SM * num_sms):
         run = run_cols * esize // CastKernel.tile_bytes
     return (2, warm, warm, band, run) if per_token else (1, warm, False, band, run)
 
