@@ -79,6 +79,14 @@ def _clobber(clobber: bool) -> str:
     return ",~{memory}" if clobber else ""
 
 
+def _store_code(space: str, ty: str, count: int) -> str:
+    """PTX storing operands $1.. to the `space` address $0: `count` values of type `ty`, or
+    with ty "b8" the low byte of the 32-bit word $1."""
+    if ty == "b8":
+        return f"{{\n.reg .b16 h;\ncvt.u16.u32 h, $1;\nst.{space}.b8 [$0], h;\n}}"
+    return f"st.{space}{_vec(count)}.{ty} [$0], {_regs(1, count)};"
+
+
 @dsl_user_op
 def ld_shared(addr: Int32, count: int = 1, *, clobber: bool, dtype=Int32, loc=None, ip=None):
     """`count` (1, 2 or 4) 32-bit words from a shared address aligned to their size (volatile):
@@ -92,10 +100,7 @@ def ld_shared(addr: Int32, count: int = 1, *, clobber: bool, dtype=Int32, loc=No
 def st_shared(addr: Int32, *words, clobber: bool, ty: str = "b32", loc=None, ip=None):
     """1, 2 or 4 32-bit words to a shared address aligned to their size, or with `ty="b8"`
     the low byte of one word."""
-    if ty == "b8":
-        code = "{\n.reg .b16 h;\ncvt.u16.u32 h, $1;\nst.shared.b8 [$0], h;\n}"
-    else:
-        code = f"st.shared{_vec(len(words))}.b32 [$0], {_regs(1, len(words))};"
+    code = _store_code("shared", ty, len(words))
     inline_asm(code, ",".join("r" * (1 + len(words))) + _clobber(clobber), [addr, *words],
                volatile=True, loc=loc, ip=ip)
 
@@ -129,10 +134,7 @@ def ld_global(addr: Int64, count: int = 1, *, volatile: bool, ty: str = "b32", n
 def st_global(addr: Int64, *words, clobber: bool, ty: str = "b32", loc=None, ip=None):
     """1, 2 or 4 32-bit words to a global address aligned to their size, or with `ty="b8"`
     the low byte of one word."""
-    if ty == "b8":
-        code = "{\n.reg .b16 h;\ncvt.u16.u32 h, $1;\nst.global.b8 [$0], h;\n}"
-    else:
-        code = f"st.global{_vec(len(words))}.{ty} [$0], {_regs(1, len(words))};"
+    code = _store_code("global", ty, len(words))
     inline_asm(code, "l" + ",r" * len(words) + _clobber(clobber), [addr, *words],
                volatile=True, loc=loc, ip=ip)
 

@@ -81,11 +81,12 @@ class CastKernel:
         if band & (band - 1) or band < 1:
             raise ValueError(f"CastKernel: band must be a power of two, got {band}")
         self.band = band
-        full_run = RUN_SCALE_BYTES * 16 // self.tile_k  # tiles whose scales fill a sector
+        full_run = self.run_tiles(self.esize)
         if run not in (1, full_run) or (run > 1 and (not rowwise or swizzle or fused_amax)):
             raise ValueError(f"CastKernel: run must be 1 or {full_run} ({dtype}), and 1 unless "
                              f"the kernel writes compact rowwise scales, got {run}")
         self.run = run
+        self.stage_bytes = self.tile_m * self.tile_bytes
         self.threads = 32 * (self.num_consumer_warps + 1)
         # rows of a tile per consumer warp (both passes); per token the warp's lanes compute
         # the outer scales of these rows and of the warp's 16 / esize columns (_lane_amax)
@@ -102,6 +103,14 @@ class CastKernel:
         fused_cols = fused_amax and per_token and columnwise
         self.colred_words = self.num_consumer_warps * self.chunk_cols if fused_cols else 1
         self.runsc_bytes = 2 * self.tile_m * RUN_SCALE_BYTES if run > 1 else 16
+        # _flush_run_scales: each consumer thread stores 16 bytes of the run's scales
+        assert run == 1 or self.consumer_threads * 16 == self.tile_m * RUN_SCALE_BYTES
+
+    @classmethod
+    def run_tiles(cls, esize: int) -> int:
+        """Tiles of a run: those whose rowwise scales fill one RUN_SCALE_BYTES sector per row
+        (8 for 2-byte inputs, 16 for fp32)."""
+        return RUN_SCALE_BYTES * 16 * esize // cls.tile_bytes
 
     # ------------------------------------------------------------------ host side
     @cute.jit
@@ -258,13 +267,12 @@ class CastKernel:
         sx = storage.sx.get_tensor(smem_layout.outer, swizzle=smem_layout.inner)
         sbase = storage.sx.data_ptr().toint()
 
-        stage_bytes = self.tile_m * self.tile_bytes
         pipe = pipeline.PipelineTmaAsync.create(
             barrier_storage=storage.bars.data_ptr(),
             num_stages=self.stages,
             producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
             consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.num_consumer_warps),
-            tx_count=stage_bytes,
+            tx_count=self.stage_bytes,
             cta_layout_vmnk=cute.make_layout((1, 1, 1, 1)),
         )
 
@@ -398,7 +406,6 @@ class CastKernel:
         """Consumers: both passes over tile (tm, tk) in stage cstate of the ring; (tm_n,
         tk_n) is the CTA's next tile. Returns (amax_next, s6, sdec): per token the lane's amax
         of the next tile (prefetch_amax) and this tile's outer scale."""
-        stage_bytes = self.tile_m * self.tile_bytes
         if cutlass.const_expr(self.prefetch_amax):
             amax_cur = amax_next
             amax_next = self._lane_amax(tm_n, tk_n, M, K, tidx, ar_base, ac_base)
@@ -407,7 +414,7 @@ class CastKernel:
         if cutlass.const_expr(self.per_token):
             s6, sdec = self._outer_of(amax_cur)
         pipe.consumer_wait(cstate)
-        stage_addr = sbase + cstate.index * stage_bytes
+        stage_addr = sbase + cstate.index * self.stage_bytes
 
         if cutlass.const_expr(self.rowwise):
             self._row_pass(stage_addr, tidx, tm, tk, M, K, half_k, nsc_r, row_thr,

@@ -169,7 +169,7 @@ def cast_walk(m: int, k: int, esize: int, per_token: bool, fused: bool,
     lo, hi = RUN_BYTES[(per_token, compact_twin)]
     if (compact_row and k % run_cols == 0 and lo <= m * k * esize < hi
             and n_tm * (k // run_cols) >= RUN_MIN_UNITS_PER_SM * num_sms):
-        run = run_cols * esize // CastKernel.tile_bytes
+        run = CastKernel.run_tiles(esize)
     return (2, warm, warm, band, run) if per_token else (1, warm, False, band, run)
 
 
