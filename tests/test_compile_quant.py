@@ -42,6 +42,10 @@ def test_cast_ptx(arch, fused_amax, dtype, row, col, swizzle, per_token):
         assert not re.search(r"\s(red|atom)\.", ptx)
     assert missing_instructions(ptx, need) == []
     assert "div.approx" not in ptx and "rcp.approx" not in ptx and "div.full" not in ptx
+    if not per_token:
+        # the blocks look their enc up in the CTA's table: IEEE reciprocals only for the
+        # outer scale and the table fill (per token: one per outer scale and per block)
+        assert ptx.count("rcp.rn.f32") == 2
     if arch == "sm_100a":
         assert E2M1_CVT in ptx
     else:

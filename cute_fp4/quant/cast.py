@@ -47,6 +47,7 @@ DTYPES = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16, "fp32": cutlass.Flo
 ONE_SIXTH = 0.16666667  # fp32(1/6) = 0x3E2AAAAB
 FUSED_BATCH = 4  # 16-byte loads in flight per thread in the fused amax pre-pass
 RUN_SCALE_BYTES = 32  # a run's compact rowwise scales per row: one whole 32-byte sector
+ENC_CODES = 128  # scale bytes of a block amax >= 0: 0 .. 0x7E, NaN 0x7F
 
 
 class CastKernel:
@@ -103,6 +104,7 @@ class CastKernel:
         fused_cols = fused_amax and per_token and columnwise
         self.colred_words = self.num_consumer_warps * self.chunk_cols if fused_cols else 1
         self.runsc_bytes = 2 * self.tile_m * RUN_SCALE_BYTES if run > 1 else 16
+        self.enc_tab_words = 1 if per_token else ENC_CODES
         # _flush_run_scales: each consumer thread stores 16 bytes of the run's scales
         assert run == 1 or self.consumer_threads * 16 == self.tile_m * RUN_SCALE_BYTES
 
@@ -138,6 +140,8 @@ class CastKernel:
             colred: cute.struct.MemRange[Float32, self.colred_words]
             # run > 1: the compact rowwise scales of a run (tile_m rows x 32 bytes), two buffers
             runsc: cute.struct.Align[cute.struct.MemRange[cutlass.Uint8, self.runsc_bytes], 16]
+            # per tensor: enc of every scale byte (_fill_enc_table)
+            enc_tab: cute.struct.Align[cute.struct.MemRange[Float32, self.enc_tab_words], 16]
             sx: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(smem_layout)], 1024]
 
         self.storage = Storage
@@ -247,9 +251,23 @@ class CastKernel:
                 cute.arch.barrier(barrier_id=1, number_of_threads=self.consumer_threads)
         cute.arch.barrier(barrier_id=1, number_of_threads=self.consumer_threads)
 
-    def _quantize16(self, xs, amax, s6, sdec):
-        """16 FP32 values with their block amax -> (scale byte, word0, word1)."""
-        code, enc = E.block_scale(amax, s6, sdec)  # enc NaN: NaN block amax or outer scale
+    @cute.jit
+    def _fill_enc_table(self, enc_tab, tidx, sdec):
+        """Per tensor: enc of every scale byte once per CTA (E.enc_from_code); a block then
+        loads its enc from smem instead of converting its scale and taking the IEEE
+        reciprocal, whose slow-path branch region splits ptxas' scheduling of the tile."""
+        if tidx < ENC_CODES:
+            E.st_shared_u32(enc_tab + tidx * 4, E.f32_bits(E.enc_from_code(Uint32(tidx), sdec)))
+        cute.arch.barrier(barrier_id=1, number_of_threads=self.consumer_threads)
+
+    def _quantize16(self, xs, amax, s6, sdec, enc_tab):
+        """16 FP32 values with their block amax -> (scale byte, word0, word1); enc NaN (NaN
+        block amax or outer scale) zeroes the words."""
+        if cutlass.const_expr(self.per_token):
+            code, enc = E.block_scale(amax, s6, sdec)
+        else:
+            code = E.e4m3_code(E.mul_rn(amax, s6))
+            enc = E.bits_f32(E.ld_shared_u32(enc_tab + Int32(code) * 4))
         return (code, *E.encode16(xs, enc, self.hw))
 
     # ------------------------------------------------------------------ kernel
@@ -334,8 +352,9 @@ class CastKernel:
             ar_base = amax_r.iterator.toint()
             ac_base = amax_c.iterator.toint()
 
-            # per tensor: the outer scale (S_enc / 6, 1 / S_enc); per token: the outer scale of
-            # the lane's row or column (_lane_amax), recomputed per tile
+            # per tensor: the outer scale (S_enc / 6, 1 / S_enc) and the enc table; per token:
+            # the outer scale of the lane's row or column (_lane_amax), recomputed per tile
+            enc_tab = storage.enc_tab.data_ptr().toint()
             s6 = Float32(0.0)
             sdec = Float32(0.0)
             if cutlass.const_expr(self.fused_amax and self.per_token):
@@ -349,6 +368,7 @@ class CastKernel:
                     amax_t = self._tensor_amax(ar_base, amax_r.shape[0] - 1, tidx, bidx,
                                                storage.red.data_ptr().toint())
                 s6, sdec = self._outer_of(amax_t)
+                self._fill_enc_table(enc_tab, tidx, sdec)
 
             offs = self._col_offsets(tidx)
             row_thr = self._row_thread_offsets(tidx, half_k, nsc_r)
@@ -368,7 +388,7 @@ class CastKernel:
                     amax_next, s6, sdec = self._cast_tile(
                         pipe, cstate, sbase, tidx, tm, uk, tm_n, uk_n, M, K, half_k, half_m,
                         nsc_r, nsc_c, pad_c_c, row_thr, col_thr, offs, q_base, s_base, qt_base,
-                        st_base, ar_base, ac_base, amax_next, s6, sdec, runsc)
+                        st_base, ar_base, ac_base, amax_next, s6, sdec, enc_tab, runsc)
                     cstate.advance()
                 else:
                     # the run's rowwise scales go to smem (buffer runsc), then out as whole
@@ -380,7 +400,7 @@ class CastKernel:
                             pipe, cstate, sbase, tidx, tm, tk, cutlass.select_(last, tm_n, tm),
                             cutlass.select_(last, uk_n * self.run, tk + 1), M, K, half_k, half_m,
                             nsc_r, nsc_c, pad_c_c, row_thr, col_thr, offs, q_base, s_base,
-                            qt_base, st_base, ar_base, ac_base, amax_next, s6, sdec,
+                            qt_base, st_base, ar_base, ac_base, amax_next, s6, sdec, enc_tab,
                             runsc + run_off + i * (self.tile_k // 16))
                         cstate.advance()
                     self._flush_run_scales(runsc + run_off, tidx, tm, uk, M, nsc_r, s_base)
@@ -402,7 +422,7 @@ class CastKernel:
     @cute.jit
     def _cast_tile(self, pipe, cstate, sbase, tidx, tm, tk, tm_n, tk_n, M, K, half_k, half_m,
                    nsc_r, nsc_c, pad_c_c, row_thr, col_thr, offs, q_base, s_base, qt_base,
-                   st_base, ar_base, ac_base, amax_next, s6, sdec, run_sc):
+                   st_base, ar_base, ac_base, amax_next, s6, sdec, enc_tab, run_sc):
         """Consumers: both passes over tile (tm, tk) in stage cstate of the ring; (tm_n,
         tk_n) is the CTA's next tile. Returns (amax_next, s6, sdec): per token the lane's amax
         of the next tile (prefetch_amax) and this tile's outer scale."""
@@ -418,10 +438,10 @@ class CastKernel:
 
         if cutlass.const_expr(self.rowwise):
             self._row_pass(stage_addr, tidx, tm, tk, M, K, half_k, nsc_r, row_thr,
-                           q_base, s_base, s6, sdec, run_sc)
+                           q_base, s_base, s6, sdec, enc_tab, run_sc)
         if cutlass.const_expr(self.columnwise):
             self._col_pass(stage_addr, tidx, tm, tk, M, K, half_m, nsc_c, pad_c_c, col_thr,
-                           qt_base, st_base, s6, sdec, offs)
+                           qt_base, st_base, s6, sdec, enc_tab, offs)
 
         cute.arch.sync_warp()
         pipe.consumer_release(cstate)
@@ -520,7 +540,7 @@ class CastKernel:
 
     @cute.jit
     def _row_pass(self, stage_addr, tidx, tm, tk, M, K, half_k, nsc_r, row_thr,
-                  q_base, s_base, s6, sdec, run_sc):
+                  q_base, s_base, s6, sdec, enc_tab, run_sc):
         """Lanes of a warp take consecutive 16-element blocks of consecutive rows, so one warp
         store covers whole 32-byte sectors (bpr blocks of 8 bytes per row). Per token, s6 /
         sdec are the lane's (_lane_amax). run > 1: the compact scales go to the run's smem
@@ -559,7 +579,7 @@ class CastKernel:
                 for v in words:
                     xs += [E.unpack_lo(v, self.dtype_name), E.unpack_hi(v, self.dtype_name)]
                 amax = E.amax_fold(E.amax_pairs(words, self.dtype_name), self.dtype_name)
-            code, w0, w1 = self._quantize16(xs, amax, s6_r, sdec_r)
+            code, w0, w1 = self._quantize16(xs, amax, s6_r, sdec_r, enc_tab)
             valid = (gr < M) & col_ok
             if valid:
                 E.st_global_v2(q_tile + q_off, w0, w1)
@@ -615,7 +635,7 @@ class CastKernel:
 
     @cute.jit
     def _col_pass(self, stage_addr, tidx, tm, tk, M, K, half_m, nsc_c, pad_c_c, col_thr,
-                  qt_base, st_base, s6, sdec, offs):
+                  qt_base, st_base, s6, sdec, enc_tab, offs):
         """Lanes with consecutive block rows store consecutive 8-byte pieces of one output row
         (64 bytes per input column and tile). Per token, s6 / sdec are the lane's
         (_lane_amax)."""
@@ -658,7 +678,7 @@ class CastKernel:
                 amax = E.block_amax(xs)
             else:
                 amax = amax2[cc]
-            code, w0, w1 = self._quantize16(xs, amax, s6_c, sdec_c)
+            code, w0, w1 = self._quantize16(xs, amax, s6_c, sdec_c, enc_tab)
             w0 = E.rotl_nibbles(w0, rb)
             w1 = E.rotl_nibbles(w1, rb)
             valid = (gk < K) & row_ok

@@ -140,12 +140,13 @@ COMPACT_TWIN_BAND = 4
 # row and tile), from RUN_MIN_UNITS_PER_SM runs per SM (the walk's unit of work is then a
 # run: fewer units balance worse over the SMs) and for the input sizes of RUN_BYTES[(per
 # token, compact twin)] = [min, max) bytes, where it measured faster (notes/quant.md
-# "Session 12"): with the twin (whose 8-byte scale pieces add their own requests) from 2^26
-# (per token) / 2^27 (per tensor) bf16 elements; rowwise only always per tensor, below 2^26
-# per token (2-5% slower from 2^27).
+# "Session 12"): per tensor always (with the twin from 2^27 bf16 elements until session 13's
+# enc table made it faster at 2^25 too); per token with the twin (whose 8-byte scale pieces
+# add their own requests) from 2^26 bf16 elements, rowwise only below 2^26 (2-5% slower from
+# 2^27).
 RUN_MIN_UNITS_PER_SM = 3
 RUN_BYTES = {(False, False): (0, 1 << 62), (True, False): (0, 128 << 20),
-             (True, True): (128 << 20, 1 << 62), (False, True): (256 << 20, 1 << 62)}
+             (True, True): (128 << 20, 1 << 62), (False, True): (0, 1 << 62)}
 
 
 def cast_walk(m: int, k: int, esize: int, per_token: bool, fused: bool,
