@@ -8,7 +8,8 @@ import pytest
 
 from cute_fp4.common.compile_check import compile_ptx, missing_instructions, ptx_target
 from cute_fp4.quant.cast import CastKernel
-from cute_fp4.quant.dispatch import amax_tensor_kernel, amax_token_kernel, cast_kernel
+from cute_fp4.quant.dispatch import (ENC_TABLE_COMPACT_TWIN_MAX_BYTES, amax_tensor_kernel,
+                                     amax_token_kernel, cast_kernel, cast_walk)
 
 ARCHS = ["sm_90a", "sm_100a"]
 E2M1_CVT = "cvt.rn.satfinite.e2m1x2.f32"
@@ -56,21 +57,26 @@ def test_cast_ptx(arch, fused_amax, dtype, row, col, swizzle, per_token):
 @pytest.mark.parametrize("per_token", [False, True])
 def test_cast_walks_ptx(arch, per_token):
     """Every tile walk dispatch.cast_walk picks compiles; the reverse walk, the amax
-    prefetch, the band and the run change the code (one PTX per walk). The run walk stages
+    prefetch, the band, the run and the enc table change the code (one PTX per walk). The run walk stages
     the rowwise scales in smem (byte stores) and writes them with 16-byte stores."""
     walks = {(2, False, False, 1, 1), (1, True, False, 1, 1), (2, True, True, 1, 1),
              (1, False, False, 1, 1), (1, True, False, 4, 1), (2, False, False, 4, 1),
              (1, True, False, 4, 8), (2, False, False, 1, 8)}
+    walks = {w + (not per_token,) for w in walks}
+    if not per_token:
+        walks.add((1, False, False, 4, 8, False))  # compact twins from 256 MiB: no enc table
     ptxs = set()
     for walk in walks:
         ptx = compile_ptx(*cast_kernel("bf16", True, True, False, per_token, walk=walk), arch=arch)
         assert missing_instructions(ptx, [r"cp\.async\.bulk\.tensor", r"mbarrier"]) == []
         run_stores = [r"st\.shared\.b8", r"st\.global\.v4\.b32"]
         assert (missing_instructions(ptx, run_stores) == []) == (walk[4] > 1)
+        # the enc table: IEEE reciprocals for the outer scale and the table fill only
+        assert (ptx.count("rcp.rn.f32") == 2) == walk[5]
         ptxs.add(ptx.split(".entry", 1)[1].split("(", 1)[1])
     # the CTA count is a launch parameter only: (2, F, F, b, r) and (1, F, F, b, r) share
     # their PTX; the prefetch exists per token only
-    assert len(ptxs) == (7 if per_token else 6)
+    assert len(ptxs) == 7
 
 
 def test_cast_run_rules():
@@ -82,6 +88,19 @@ def test_cast_run_rules():
                                          ("bf16", False, False, 8), ("bf16", True, True, 8)]:
         with pytest.raises(ValueError, match="run must be"):
             CastKernel(dtype, rowwise, True, swizzle, False, 132, run=run)
+
+
+def test_cast_enc_table_rules():
+    """The enc table needs a per-tensor outer scale; dispatch uses it per tensor except for
+    compact twins from ENC_TABLE_COMPACT_TWIN_MAX_BYTES."""
+    with pytest.raises(ValueError, match="enc_table"):
+        CastKernel("bf16", True, True, False, True, 132, enc_table=True)
+    big = ENC_TABLE_COMPACT_TWIN_MAX_BYTES // 2 // 8192  # rows of a bf16 [*, 8192] at the bound
+    for m, per_token, compact_twin, table in [
+            (big, False, True, False), (big - 128, False, True, True), (big, False, False, True),
+            (4096, False, True, True), (4096, True, False, False), (big, True, True, False)]:
+        assert cast_walk(m, 8192, 2, per_token, False, compact_twin, True)[5] == table
+    assert cast_walk(64, 64, 2, False, True)[5] and not cast_walk(64, 64, 2, True, True)[5]
 
 
 @pytest.mark.parametrize("arch", ARCHS)

@@ -30,6 +30,8 @@ token) loads the lane's amax one tile ahead instead of at the tile; `band` order
 bands of that many tile rows (the tiles sharing compact twin scale sectors in one wave); `run`
 (compact rowwise scales) makes the walk's unit a run of tiles along K whose rowwise scales fill
 one 32-byte sector per row: they are staged in smem and stored whole at the end of the run.
+`enc_table` (per tensor): the CTA computes the element multiplier enc of each of the 128 scale
+bytes once and the blocks load theirs from smem (no per-block conversion and IEEE reciprocal).
 """
 
 import cutlass
@@ -60,7 +62,7 @@ class CastKernel:
     def __init__(self, dtype: str, rowwise: bool, columnwise: bool, swizzle: bool,
                  per_token: bool, num_sms: int, stages: int = 4, ctas_per_sm: int = 2,
                  fused_amax: bool = False, reverse: bool = False, prefetch_amax: bool = False,
-                 band: int = 1, run: int = 1):
+                 band: int = 1, run: int = 1, enc_table: bool = False):
         if dtype not in DTYPES:
             raise TypeError(f"CastKernel: unsupported input dtype {dtype!r} (bf16, fp16, fp32)")
         if not (rowwise or columnwise):
@@ -87,6 +89,9 @@ class CastKernel:
             raise ValueError(f"CastKernel: run must be 1 or {full_run} ({dtype}), and 1 unless "
                              f"the kernel writes compact rowwise scales, got {run}")
         self.run = run
+        if enc_table and per_token:
+            raise ValueError("CastKernel: enc_table needs a per-tensor outer scale")
+        self.enc_table = enc_table
         self.stage_bytes = self.tile_m * self.tile_bytes
         self.threads = 32 * (self.num_consumer_warps + 1)
         # rows of a tile per consumer warp (both passes); per token the warp's lanes compute
@@ -104,7 +109,7 @@ class CastKernel:
         fused_cols = fused_amax and per_token and columnwise
         self.colred_words = self.num_consumer_warps * self.chunk_cols if fused_cols else 1
         self.runsc_bytes = 2 * self.tile_m * RUN_SCALE_BYTES if run > 1 else 16
-        self.enc_tab_words = 1 if per_token else ENC_CODES
+        self.enc_tab_words = ENC_CODES if enc_table else 1
         # _flush_run_scales: each consumer thread stores 16 bytes of the run's scales
         assert run == 1 or self.consumer_threads * 16 == self.tile_m * RUN_SCALE_BYTES
 
@@ -140,7 +145,7 @@ class CastKernel:
             colred: cute.struct.MemRange[Float32, self.colred_words]
             # run > 1: the compact rowwise scales of a run (tile_m rows x 32 bytes), two buffers
             runsc: cute.struct.Align[cute.struct.MemRange[cutlass.Uint8, self.runsc_bytes], 16]
-            # per tensor: enc of every scale byte (_fill_enc_table)
+            # enc_table: enc of every scale byte (_fill_enc_table)
             enc_tab: cute.struct.Align[cute.struct.MemRange[Float32, self.enc_tab_words], 16]
             sx: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(smem_layout)], 1024]
 
@@ -253,8 +258,8 @@ class CastKernel:
 
     @cute.jit
     def _fill_enc_table(self, enc_tab, tidx, sdec):
-        """Per tensor: enc of every scale byte once per CTA (E.enc_from_code); a block then
-        loads its enc from smem instead of converting its scale and taking the IEEE
+        """enc_table (per tensor): enc of every scale byte once per CTA (E.enc_from_code); a
+        block then loads its enc from smem instead of converting its scale and taking the IEEE
         reciprocal, whose slow-path branch region splits ptxas' scheduling of the tile."""
         if tidx < ENC_CODES:
             E.st_shared_u32(enc_tab + tidx * 4, E.f32_bits(E.enc_from_code(Uint32(tidx), sdec)))
@@ -263,7 +268,7 @@ class CastKernel:
     def _quantize16(self, xs, amax, s6, sdec, enc_tab):
         """16 FP32 values with their block amax -> (scale byte, word0, word1); enc NaN (NaN
         block amax or outer scale) zeroes the words."""
-        if cutlass.const_expr(self.per_token):
+        if cutlass.const_expr(not self.enc_table):
             code, enc = E.block_scale(amax, s6, sdec)
         else:
             code = E.e4m3_code(E.mul_rn(amax, s6))
@@ -352,8 +357,9 @@ class CastKernel:
             ar_base = amax_r.iterator.toint()
             ac_base = amax_c.iterator.toint()
 
-            # per tensor: the outer scale (S_enc / 6, 1 / S_enc) and the enc table; per token:
-            # the outer scale of the lane's row or column (_lane_amax), recomputed per tile
+            # per tensor: the outer scale (S_enc / 6, 1 / S_enc) and with enc_table the enc of
+            # each scale byte; per token: the outer scale of the lane's row or column
+            # (_lane_amax), recomputed per tile
             enc_tab = storage.enc_tab.data_ptr().toint()
             s6 = Float32(0.0)
             sdec = Float32(0.0)
@@ -368,7 +374,8 @@ class CastKernel:
                     amax_t = self._tensor_amax(ar_base, amax_r.shape[0] - 1, tidx, bidx,
                                                storage.red.data_ptr().toint())
                 s6, sdec = self._outer_of(amax_t)
-                self._fill_enc_table(enc_tab, tidx, sdec)
+                if cutlass.const_expr(self.enc_table):
+                    self._fill_enc_table(enc_tab, tidx, sdec)
 
             offs = self._col_offsets(tidx)
             row_thr = self._row_thread_offsets(tidx, half_k, nsc_r)

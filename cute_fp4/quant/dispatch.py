@@ -40,13 +40,16 @@ def _f8_2d():
 
 def cast_kernel(dtype: str, rowwise: bool, columnwise: bool, swizzle: bool, per_token: bool,
                 num_sms: int = 132, fused_amax: bool = False,
-                walk: tuple = (2, False, False, 1, 1)):
+                walk: tuple = None):
     """(kernel, *fake compile arguments) of the K2 cast for a configuration; walk =
-    (CTAs per SM, reverse tile walk, per-token amax prefetch, band, run), see cast_walk."""
-    ctas_per_sm, reverse, prefetch_amax, band, run = walk
+    (CTAs per SM, reverse tile walk, per-token amax prefetch, band, run, enc table), see
+    cast_walk (default: (2, False, False, 1, 1, not per_token))."""
+    if walk is None:
+        walk = (2, False, False, 1, 1, not per_token)
+    ctas_per_sm, reverse, prefetch_amax, band, run, enc_table = walk
     op = CastKernel(dtype, rowwise, columnwise, swizzle, per_token, num_sms,
                     ctas_per_sm=ctas_per_sm, fused_amax=fused_amax, reverse=reverse,
-                    prefetch_amax=prefetch_amax, band=band, run=run)
+                    prefetch_amax=prefetch_amax, band=band, run=run, enc_table=enc_table)
     esize = _CUTLASS[dtype].width // 8
     m, k = dyn(), dyn(16 // esize)
     return (op, fake_tensor(_CUTLASS[dtype], (m, k)),
@@ -145,21 +148,30 @@ COMPACT_TWIN_BAND = 4
 # add their own requests) from 2^26 bf16 elements, rowwise only below 2^26 (2-5% slower from
 # 2^27).
 RUN_MIN_UNITS_PER_SM = 3
+
 RUN_BYTES = {(False, False): (0, 1 << 62), (True, False): (0, 128 << 20),
              (True, True): (128 << 20, 1 << 62), (False, True): (0, 1 << 62)}
+
+# Per tensor the cast looks each block's enc up in a per-CTA table (CastKernel enc_table),
+# except with the compact twin from this many input bytes: there the table measured 3% slower
+# (2^27-2^28 bf16 elements; faster everywhere else, swizzled twins included; notes/quant.md
+# "Session 13").
+ENC_TABLE_COMPACT_TWIN_MAX_BYTES = 256 << 20
 
 
 def cast_walk(m: int, k: int, esize: int, per_token: bool, fused: bool,
               compact_twin: bool = False, compact_row: bool = False,
               num_sms: int = 132) -> tuple:
-    """(CTAs per SM, reverse walk, amax prefetch, band, run) of the cast of an [m, k] input:
+    """(CTAs per SM, reverse walk, amax prefetch, band, run, enc table) of the cast of an
+    [m, k] input:
     per tensor one CTA per SM (8 consumer warps: measured 1.1-1.2x faster from 2^26 elements
     than two), per token two (its per-row amax loads need the warps to hide their latency);
     band COMPACT_TWIN_BAND with compact_twin (a columnwise output with compact scales) when
     the tile rows divide into bands, else 1; run (compact_row: a rowwise output with compact
-    scales) when K divides into runs and there are enough of them, else 1."""
+    scales) when K divides into runs and there are enough of them, else 1; the enc table per
+    tensor, see ENC_TABLE_COMPACT_TWIN_MAX_BYTES."""
     if fused:
-        return (2, False, False, 1, 1)
+        return (2, False, False, 1, 1, not per_token)
     warm = m * k * esize < L2_WARM_MAX_BYTES
     n_tm = -(-m // CastKernel.tile_m)
     band = 1
@@ -171,7 +183,10 @@ def cast_walk(m: int, k: int, esize: int, per_token: bool, fused: bool,
     if (compact_row and k % run_cols == 0 and lo <= m * k * esize < hi
             and n_tm * (k // run_cols) >= RUN_MIN_UNITS_PER_SM * num_sms):
         run = CastKernel.run_tiles(esize)
-    return (2, warm, warm, band, run) if per_token else (1, warm, False, band, run)
+    if per_token:
+        return (2, warm, warm, band, run, False)
+    table = not (compact_twin and m * k * esize >= ENC_TABLE_COMPACT_TWIN_MAX_BYTES)
+    return (1, warm, False, band, run, table)
 
 
 def _ffi(compiled):
