@@ -157,12 +157,18 @@ def enc_from_code(code, s_dec):
     )
 
 
+def block_scale_byte(amax_b, s_enc_6):
+    """The E4M3 scale byte (Uint32) of a 16-element block with amax ``amax_b``; ``s_enc_6`` is
+    ``S_enc * fp32(1/6)`` (one rounded product)."""
+    return e4m3_code(mul_rn(amax_b, s_enc_6))
+
+
 def block_scale(amax_b, s_enc_6, s_dec):
     """One 16-element block: returns (E4M3 scale byte as Uint32, enc as Float32).
 
     ``s_enc_6`` is ``S_enc * fp32(1/6)`` (one rounded product), ``s_dec`` is ``1 / S_enc``.
     """
-    code = e4m3_code(mul_rn(amax_b, s_enc_6))
+    code = block_scale_byte(amax_b, s_enc_6)
     return code, enc_from_code(code, s_dec)
 
 

@@ -271,7 +271,7 @@ class CastKernel:
         if cutlass.const_expr(not self.enc_table):
             code, enc = E.block_scale(amax, s6, sdec)
         else:
-            code = E.e4m3_code(E.mul_rn(amax, s6))
+            code = E.block_scale_byte(amax, s6)
             enc = E.bits_f32(E.ld_shared_u32(enc_tab + Int32(code) * 4))
         return (code, *E.encode16(xs, enc, self.hw))
 
