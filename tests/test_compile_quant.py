@@ -8,8 +8,9 @@ import pytest
 
 from cute_fp4.common.compile_check import compile_ptx, missing_instructions, ptx_target
 from cute_fp4.quant.cast import CastKernel
-from cute_fp4.quant.dispatch import (ENC_TABLE_COMPACT_TWIN_MAX_BYTES, amax_tensor_kernel,
-                                     amax_token_kernel, cast_kernel, cast_walk)
+from cute_fp4.quant.dispatch import (ENC_TABLE_COMPACT_TWIN_MAX_BYTES, L2_WARM_MAX_BYTES,
+                                     amax_tensor_kernel, amax_token_kernel, cast_kernel,
+                                     cast_walk)
 
 ARCHS = ["sm_90a", "sm_100a"]
 E2M1_CVT = "cvt.rn.satfinite.e2m1x2.f32"
@@ -57,14 +58,18 @@ def test_cast_ptx(arch, fused_amax, dtype, row, col, swizzle, per_token):
 @pytest.mark.parametrize("per_token", [False, True])
 def test_cast_walks_ptx(arch, per_token):
     """Every tile walk dispatch.cast_walk picks compiles; the reverse walk, the amax
-    prefetch, the band, the run and the enc table change the code (one PTX per walk). The run walk stages
-    the rowwise scales in smem (byte stores) and writes them with 16-byte stores."""
+    prefetch, the band, the run, the enc table and the preload change the code (one PTX per
+    walk). The run walk stages the rowwise scales in smem (byte stores) and writes them with
+    16-byte stores; with preload every smem read of a tile (both rowwise steps' 16-byte loads,
+    the column pass's 16 words) comes before its first scale byte store, without it only the
+    first rowwise step's."""
     walks = {(2, False, False, 1, 1), (1, True, False, 1, 1), (2, True, True, 1, 1),
              (1, False, False, 1, 1), (1, True, False, 4, 1), (2, False, False, 4, 1),
              (1, True, False, 4, 8), (2, False, False, 1, 8)}
-    walks = {w + (not per_token,) for w in walks}
+    walks = {w + (not per_token, False) for w in walks}
     if not per_token:
-        walks.add((1, False, False, 4, 8, False))  # compact twins from 256 MiB: no enc table
+        walks.add((1, False, False, 4, 8, False, False))  # compact twins from 256 MiB: no table
+        walks.add((1, True, False, 4, 8, True, True))  # preload
     ptxs = set()
     for walk in walks:
         ptx = compile_ptx(*cast_kernel("bf16", True, True, False, per_token, walk=walk), arch=arch)
@@ -73,10 +78,14 @@ def test_cast_walks_ptx(arch, per_token):
         assert (missing_instructions(ptx, run_stores) == []) == (walk[4] > 1)
         # the enc table: IEEE reciprocals for the outer scale and the table fill only
         assert (ptx.count("rcp.rn.f32") == 2) == walk[5]
+        if walk[4] > 1:
+            before_store = ptx.split("st.shared.b8", 1)[0]
+            assert before_store.count("ld.shared.v4.b32") == (4 if walk[6] else 2)
+            assert (before_store.count("ld.shared.b32") >= 16) == walk[6]
         ptxs.add(ptx.split(".entry", 1)[1].split("(", 1)[1])
     # the CTA count is a launch parameter only: (2, F, F, b, r) and (1, F, F, b, r) share
-    # their PTX; the prefetch exists per token only
-    assert len(ptxs) == 7
+    # their PTX; the prefetch exists per token only, the preload per tensor only
+    assert len(ptxs) == 7 + (not per_token)
 
 
 def test_cast_run_rules():
@@ -101,6 +110,18 @@ def test_cast_enc_table_rules():
             (4096, False, True, True), (4096, True, False, False), (big, True, True, False)]:
         assert cast_walk(m, 8192, 2, per_token, False, compact_twin, True)[5] == table
     assert cast_walk(64, 64, 2, False, True)[5] and not cast_walk(64, 64, 2, True, True)[5]
+
+
+def test_cast_preload_rule():
+    """dispatch preloads a tile's smem words per tensor with the reverse (L2-warm) walk and a
+    run, nowhere else."""
+    warm = L2_WARM_MAX_BYTES // 2 // 8192 - 128  # rows of a bf16 [*, 8192] below the bound
+    for m, k, per_token, compact_row, preload in [
+            (warm, 8192, False, True, True), (4096, 8192, False, True, True),
+            (4096, 8192, True, True, False), (4096, 8192, False, False, False),
+            (warm + 256, 8192, False, True, False), (4096, 8192 + 64, False, True, False)]:
+        walk = cast_walk(m, k, 2, per_token, False, True, compact_row)
+        assert walk[6] == preload and (not preload or (walk[1] and walk[4] > 1))
 
 
 @pytest.mark.parametrize("arch", ARCHS)

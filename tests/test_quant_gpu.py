@@ -73,8 +73,8 @@ def test_cold_walk_bit_exact(shape, kind, dtype, scaling, gen, cold_walk):
     """The walk of inputs >= L2_WARM_MAX_BYTES (the other tests' inputs are below it)."""
     x = make_input(shape, kind, dtype, gen)
     walk = dispatch.cast_walk(*shape, x.element_size(), scaling == "token", False)
-    assert walk == ((2, False, False, 1, 1, False) if scaling == "token"
-                    else (1, False, False, 1, 1, True))
+    assert walk == ((2, False, False, 1, 1, False, False) if scaling == "token"
+                    else (1, False, False, 1, 1, True, False))
     for row, col in [(True, True), (True, False), (False, True)]:
         for swizzle in (False, True):
             recipe = Recipe(scaling=scaling, rowwise=row, columnwise=col, swizzle=swizzle)
@@ -108,8 +108,9 @@ def test_run_walk_bit_exact(shape, dtype, scaling, warm, gen, monkeypatch):
     """The run walk (compact rowwise scales staged per run of tiles along K and stored as
     whole sectors), forced at any size: tail tile rows ((1008, 1024), (1001, 512) rowwise
     only), one run per tile row, several runs per CTA ((8192, 4096): both smem buffers), with
-    and without the compact twin (and its band walk), backwards (warm) and forwards (as large
-    inputs: per tensor the compact twin without the enc table)."""
+    and without the compact twin (and its band walk), backwards (warm: per tensor with the
+    smem words preloaded) and forwards (as large inputs: per tensor the compact twin without
+    the enc table)."""
     monkeypatch.setattr(dispatch, "L2_WARM_MAX_BYTES", 1 << 40 if warm else 0)
     monkeypatch.setattr(dispatch, "ENC_TABLE_COMPACT_TWIN_MAX_BYTES", 1 << 40 if warm else 0)
     monkeypatch.setattr(dispatch, "RUN_MIN_UNITS_PER_SM", 0)
@@ -122,6 +123,7 @@ def test_run_walk_bit_exact(shape, dtype, scaling, warm, gen, monkeypatch):
         walk = dispatch.cast_walk(*shape, x.element_size(), scaling == "token", False, col, True)
         assert walk[1] == warm and walk[4] == run and not dispatch.plan_for(x, recipe).fused
         assert walk[5] == (scaling == "tensor" and (warm or not col))
+        assert walk[6] == (scaling == "tensor" and warm)
         out = dispatch.quantize(x, recipe)
         check(out, ref.quantize(x, recipe), recipe)
     dispatch._plan.cache_clear()

@@ -32,6 +32,8 @@ bands of that many tile rows (the tiles sharing compact twin scale sectors in on
 one 32-byte sector per row: they are staged in smem and stored whole at the end of the run.
 `enc_table` (per tensor): the CTA computes the element multiplier enc of each of the 128 scale
 bytes once and the blocks load theirs from smem (no per-block conversion and IEEE reciprocal).
+`preload`: a tile's smem words for both passes are read before its first smem store (the run's
+scales), instead of by each pass (each rowwise step) where it starts.
 """
 
 import cutlass
@@ -62,7 +64,7 @@ class CastKernel:
     def __init__(self, dtype: str, rowwise: bool, columnwise: bool, swizzle: bool,
                  per_token: bool, num_sms: int, stages: int = 4, ctas_per_sm: int = 2,
                  fused_amax: bool = False, reverse: bool = False, prefetch_amax: bool = False,
-                 band: int = 1, run: int = 1, enc_table: bool = False):
+                 band: int = 1, run: int = 1, enc_table: bool = False, preload: bool = False):
         if dtype not in DTYPES:
             raise TypeError(f"CastKernel: unsupported input dtype {dtype!r} (bf16, fp16, fp32)")
         if not (rowwise or columnwise):
@@ -92,6 +94,7 @@ class CastKernel:
         if enc_table and per_token:
             raise ValueError("CastKernel: enc_table needs a per-tensor outer scale")
         self.enc_table = enc_table
+        self.preload = preload
         self.stage_bytes = self.tile_m * self.tile_bytes
         self.threads = 32 * (self.num_consumer_warps + 1)
         # rows of a tile per consumer warp (both passes); per token the warp's lanes compute
@@ -443,12 +446,23 @@ class CastKernel:
         pipe.consumer_wait(cstate)
         stage_addr = sbase + cstate.index * self.stage_bytes
 
+        # preload: every smem read of the tile before its first store (ptxas does not move a
+        # load across a store that may alias it); else each pass (row step) reads its words
+        row_words = col_words = None
+        if cutlass.const_expr(self.preload):
+            if cutlass.const_expr(self.rowwise):
+                row_words = [self._row_step_words(stage_addr, tidx, row_thr[j][0])
+                             for j in range(self.row_steps)]
+            if cutlass.const_expr(self.columnwise):
+                col_words = self._col_words(stage_addr, offs)
         if cutlass.const_expr(self.rowwise):
-            self._row_pass(stage_addr, tidx, tm, tk, M, K, half_k, nsc_r, row_thr,
+            self._row_pass(stage_addr, row_words, tidx, tm, tk, M, K, half_k, nsc_r, row_thr,
                            q_base, s_base, s6, sdec, enc_tab, run_sc)
         if cutlass.const_expr(self.columnwise):
-            self._col_pass(stage_addr, tidx, tm, tk, M, K, half_m, nsc_c, pad_c_c, col_thr,
-                           qt_base, st_base, s6, sdec, enc_tab, offs)
+            if cutlass.const_expr(not self.preload):
+                col_words = self._col_words(stage_addr, offs)
+            self._col_pass(col_words, tidx, tm, tk, M, K, half_m, nsc_c, pad_c_c, col_thr,
+                           qt_base, st_base, s6, sdec, enc_tab)
 
         cute.arch.sync_warp()
         pipe.consumer_release(cstate)
@@ -545,17 +559,27 @@ class CastKernel:
                         swizzled_scale_offset(r, b, Int32(4))))
         return out
 
+    def _row_step_words(self, stage_addr, tidx, r):
+        """The words of the thread's rowwise block in tile row r of the stage at stage_addr:
+        16-byte loads of swizzled chunks (conflict-free)."""
+        b = tidx % 32 % (self.tile_k // 16)
+        row_addr = stage_addr + r * self.tile_bytes
+        words = []
+        for u in range(self.esize):  # 16-byte chunks per block
+            words += list(E.ld_shared_v4(row_addr + (((b * self.esize + u) ^ (r % 8)) * 16)))
+        return words
+
     @cute.jit
-    def _row_pass(self, stage_addr, tidx, tm, tk, M, K, half_k, nsc_r, row_thr,
+    def _row_pass(self, stage_addr, row_words, tidx, tm, tk, M, K, half_k, nsc_r, row_thr,
                   q_base, s_base, s6, sdec, enc_tab, run_sc):
         """Lanes of a warp take consecutive 16-element blocks of consecutive rows, so one warp
         store covers whole 32-byte sectors (bpr blocks of 8 bytes per row). Per token, s6 /
-        sdec are the lane's (_lane_amax). run > 1: the compact scales go to the run's smem
-        buffer at run_sc (this tile's column there) instead of global memory."""
+        sdec are the lane's (_lane_amax). row_words: the steps' words (preload), or None: each
+        step reads its own. run > 1: the compact scales go to the run's smem buffer at run_sc
+        (this tile's column there) instead of global memory."""
         bpr = self.tile_k // 16  # blocks per tile row
         lane = tidx % 32
         b = lane % bpr
-        chunks_per_block = self.esize * 16 // 16
         gcol_blk = tk * bpr + b  # global scale column
         col_ok = gcol_blk * 16 < K
         row0 = tm * self.tile_m
@@ -572,12 +596,10 @@ class CastKernel:
                 src = j * (32 // bpr) + lane // bpr  # row r - warp_rows * warp
                 s6_r = cute.arch.shuffle_sync(s6, src)
                 sdec_r = cute.arch.shuffle_sync(sdec, src)
-            row_addr = stage_addr + r * self.tile_bytes
-            sw = r % 8
-            words = []
-            for u in cutlass.range_constexpr(chunks_per_block):
-                ch = b * chunks_per_block + u
-                words += list(E.ld_shared_v4(row_addr + ((ch ^ sw) * 16)))
+            if cutlass.const_expr(self.preload):
+                words = row_words[j]
+            else:
+                words = self._row_step_words(stage_addr, tidx, r)
             xs = []
             if cutlass.const_expr(self.esize == 4):
                 xs = [E.bits_f32(v) for v in words]
@@ -640,18 +662,21 @@ class CastKernel:
                         swizzled_scale_offset(c, rb, Int32(8))))
         return out
 
+    def _col_words(self, stage_addr, offs):
+        """The 16 words of the thread's columnwise blocks in the stage at stage_addr (the
+        rotated order of _col_offsets)."""
+        return [E.ld_shared_u32(stage_addr + offs[i % 8] + (i // 8) * 8 * self.tile_bytes)
+                for i in range(16)]
+
     @cute.jit
-    def _col_pass(self, stage_addr, tidx, tm, tk, M, K, half_m, nsc_c, pad_c_c, col_thr,
-                  qt_base, st_base, s6, sdec, enc_tab, offs):
+    def _col_pass(self, words, tidx, tm, tk, M, K, half_m, nsc_c, pad_c_c, col_thr,
+                  qt_base, st_base, s6, sdec, enc_tab):
         """Lanes with consecutive block rows store consecutive 8-byte pieces of one output row
-        (64 bytes per input column and tile). Per token, s6 / sdec are the lane's
-        (_lane_amax)."""
+        (64 bytes per input column and tile) from the thread's 16 words (_col_words). Per
+        token, s6 / sdec are the lane's (_lane_amax)."""
         lane = tidx % 32
         rb = lane // 4
         cols = 4 // self.esize  # input columns per 4-byte word
-        words = []
-        for i in cutlass.range_constexpr(16):
-            words.append(E.ld_shared_u32(stage_addr + offs[i % 8] + (i // 8) * 8 * self.tile_bytes))
         if cutlass.const_expr(self.esize == 2):
             # block amax of both columns of the words at once (low / high halves)
             pair = E.amax_pairs(words, self.dtype_name)

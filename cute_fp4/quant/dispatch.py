@@ -42,14 +42,15 @@ def cast_kernel(dtype: str, rowwise: bool, columnwise: bool, swizzle: bool, per_
                 num_sms: int = 132, fused_amax: bool = False,
                 walk: tuple = None):
     """(kernel, *fake compile arguments) of the K2 cast for a configuration; walk =
-    (CTAs per SM, reverse tile walk, per-token amax prefetch, band, run, enc table), see
-    cast_walk (default: (2, False, False, 1, 1, not per_token))."""
+    (CTAs per SM, reverse tile walk, per-token amax prefetch, band, run, enc table, preload),
+    see cast_walk (default: (2, False, False, 1, 1, not per_token, False))."""
     if walk is None:
-        walk = (2, False, False, 1, 1, not per_token)
-    ctas_per_sm, reverse, prefetch_amax, band, run, enc_table = walk
+        walk = (2, False, False, 1, 1, not per_token, False)
+    ctas_per_sm, reverse, prefetch_amax, band, run, enc_table, preload = walk
     op = CastKernel(dtype, rowwise, columnwise, swizzle, per_token, num_sms,
                     ctas_per_sm=ctas_per_sm, fused_amax=fused_amax, reverse=reverse,
-                    prefetch_amax=prefetch_amax, band=band, run=run, enc_table=enc_table)
+                    prefetch_amax=prefetch_amax, band=band, run=run, enc_table=enc_table,
+                    preload=preload)
     esize = _CUTLASS[dtype].width // 8
     m, k = dyn(), dyn(16 // esize)
     return (op, fake_tensor(_CUTLASS[dtype], (m, k)),
@@ -162,16 +163,20 @@ ENC_TABLE_COMPACT_TWIN_MAX_BYTES = 256 << 20
 def cast_walk(m: int, k: int, esize: int, per_token: bool, fused: bool,
               compact_twin: bool = False, compact_row: bool = False,
               num_sms: int = 132) -> tuple:
-    """(CTAs per SM, reverse walk, amax prefetch, band, run, enc table) of the cast of an
-    [m, k] input:
+    """(CTAs per SM, reverse walk, amax prefetch, band, run, enc table, preload) of the cast
+    of an [m, k] input:
     per tensor one CTA per SM (8 consumer warps: measured 1.1-1.2x faster from 2^26 elements
     than two), per token two (its per-row amax loads need the warps to hide their latency);
     band COMPACT_TWIN_BAND with compact_twin (a columnwise output with compact scales) when
     the tile rows divide into bands, else 1; run (compact_row: a rowwise output with compact
     scales) when K divides into runs and there are enough of them, else 1; the enc table per
-    tensor, see ENC_TABLE_COMPACT_TWIN_MAX_BYTES."""
+    tensor, see ENC_TABLE_COMPACT_TWIN_MAX_BYTES; preload per tensor with the reverse walk
+    and a run (measured: 4096x8192 bf16 row+col 70.6 -> 68.9 us, 2^26 elements -0.3 to -1.3
+    us, rowwise only and fp32 unchanged; per token 2-4 us slower; swizzled fp16 1 us slower,
+    so not without the run's smem scale stores, which are what keeps ptxas from hoisting the
+    column pass's reads; notes/quant.md "Session 14")."""
     if fused:
-        return (2, False, False, 1, 1, not per_token)
+        return (2, False, False, 1, 1, not per_token, False)
     warm = m * k * esize < L2_WARM_MAX_BYTES
     n_tm = -(-m // CastKernel.tile_m)
     band = 1
@@ -184,9 +189,9 @@ def cast_walk(m: int, k: int, esize: int, per_token: bool, fused: bool,
             and n_tm * (k // run_cols) >= RUN_MIN_UNITS_PER_SM * num_sms):
         run = CastKernel.run_tiles(esize)
     if per_token:
-        return (2, warm, warm, band, run, False)
+        return (2, warm, warm, band, run, False, False)
     table = not (compact_twin and m * k * esize >= ENC_TABLE_COMPACT_TWIN_MAX_BYTES)
-    return (1, warm, False, band, run, table)
+    return (1, warm, False, band, run, table, warm and run > 1)
 
 
 def _ffi(compiled):
