@@ -43,9 +43,9 @@ def cast_kernel(dtype: str, rowwise: bool, columnwise: bool, swizzle: bool, per_
                 walk: tuple = None):
     """(kernel, *fake compile arguments) of the K2 cast for a configuration; walk =
     (CTAs per SM, reverse tile walk, per-token amax prefetch, band, run, enc table, preload),
-    see cast_walk (default: (2, False, False, 1, 1, not per_token, False))."""
+    see cast_walk (default: plain_walk)."""
     if walk is None:
-        walk = (2, False, False, 1, 1, not per_token, False)
+        walk = plain_walk(per_token)
     ctas_per_sm, reverse, prefetch_amax, band, run, enc_table, preload = walk
     op = CastKernel(dtype, rowwise, columnwise, swizzle, per_token, num_sms,
                     ctas_per_sm=ctas_per_sm, fused_amax=fused_amax, reverse=reverse,
@@ -160,6 +160,12 @@ RUN_BYTES = {(False, False): (0, 1 << 62), (True, False): (0, 128 << 20),
 ENC_TABLE_COMPACT_TWIN_MAX_BYTES = 256 << 20
 
 
+def plain_walk(per_token: bool) -> tuple:
+    """The walk without any option (two CTAs per SM, forwards; the enc table per tensor): the
+    fused cast's, and cast_kernel's default."""
+    return (2, False, False, 1, 1, not per_token, False)
+
+
 def cast_walk(m: int, k: int, esize: int, per_token: bool, fused: bool,
               compact_twin: bool = False, compact_row: bool = False,
               num_sms: int = 132) -> tuple:
@@ -176,7 +182,7 @@ def cast_walk(m: int, k: int, esize: int, per_token: bool, fused: bool,
     so not without the run's smem scale stores, which are what keeps ptxas from hoisting the
     column pass's reads; notes/quant.md "Session 14")."""
     if fused:
-        return (2, False, False, 1, 1, not per_token, False)
+        return plain_walk(per_token)
     warm = m * k * esize < L2_WARM_MAX_BYTES
     n_tm = -(-m // CastKernel.tile_m)
     band = 1
