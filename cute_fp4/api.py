@@ -3,6 +3,7 @@ references (same results, slower)."""
 
 from __future__ import annotations
 
+import weakref
 from typing import List, Optional, Sequence, Tuple, Union
 
 import torch
@@ -21,7 +22,8 @@ def _check_contiguous(x: torch.Tensor, name: str):
 
 
 def quantize(x: torch.Tensor, recipe: Recipe = Recipe(), *, seed: int = 0, offset: int = 0,
-             rng_state: Optional[torch.Tensor] = None, amax_group=None) -> NVFP4Tensor:
+             rng_state: Optional[torch.Tensor] = None, amax_group=None,
+             out: Optional[NVFP4Tensor] = None) -> NVFP4Tensor:
     """Quantize `x` ([..., K], bf16/fp16/fp32) to NVFP4 per `recipe`.
 
     seed/offset key the Philox generator of stochastic rounding (ignored otherwise);
@@ -34,29 +36,38 @@ def quantize(x: torch.Tensor, recipe: Recipe = Recipe(), *, seed: int = 0, offse
     produces exactly its slice of the unsharded tensor's quantization (stochastic rounding
     aside: its bits are indexed by local position). Per-row and per-window (window64; slices
     of whole 64-row windows) amaxes are local and not reduced.
+    out: an NVFP4Tensor of an earlier quantize with the same recipe, shape and dtype (its
+    fields contiguous, data and scales 16-byte aligned): quantize into its buffers and return
+    it, with no allocation (a weight re-quantized every step, buffers a CUDA graph captured).
+    The plain cast writes every output in place; the recipe kernels (and the two-launch plain
+    cast) write data and scales in place and copy the amaxes from a scratch buffer.
     """
-    x2 = _check_quantize_args(x, recipe, rng_state, amax_group)
-    return ops.quantize(x2, recipe, x.shape, x.dtype, seed, offset, rng_state, amax_group)
+    x2 = _check_quantize_args(x, recipe, rng_state, amax_group, out)
+    return ops.quantize(x2, recipe, x.shape, x.dtype, seed, offset, rng_state, amax_group,
+                        out=out)
 
 
 def quantize_dbias(dy: torch.Tensor, recipe: Recipe = Recipe(), *, seed: int = 0,
                    offset: int = 0, rng_state: Optional[torch.Tensor] = None,
-                   amax_group=None) -> Tuple[NVFP4Tensor, torch.Tensor]:
+                   amax_group=None, out: Optional[NVFP4Tensor] = None
+                   ) -> Tuple[NVFP4Tensor, torch.Tensor]:
     """`quantize(dy, recipe, ...)` and the sums of dy's columns over all leading dimensions,
     float32 [K]: a Linear's bias gradient (local to the rank under `amax_group`, like a BF16
     Linear's). On CUDA the recipe kernels (RHT, stochastic rounding, 16x16 blocks, 4over6 with
     scaling "tensor" / "token") read it in their amax pass: per-CTA FP32 partials in a fixed
     order, then one small sum, so no extra read of dy and a deterministic result; the plain
-    cast and window64 take a torch sum (one more read of dy)."""
-    x2 = _check_quantize_args(dy, recipe, rng_state, amax_group)
+    cast and window64 take a torch sum (one more read of dy). out: as in `quantize`."""
+    x2 = _check_quantize_args(dy, recipe, rng_state, amax_group, out)
     return ops.quantize(x2, recipe, dy.shape, dy.dtype, seed, offset, rng_state, amax_group,
-                        column_sum=True)
+                        column_sum=True, out=out)
 
 
-def _check_quantize_args(x, recipe, rng_state, amax_group) -> torch.Tensor:
+def _check_quantize_args(x, recipe, rng_state, amax_group, out) -> torch.Tensor:
     """quantize's checks; x as 2D [M, K]."""
     x2 = check_quantize_input(x, recipe)
     _check_contiguous(x, "x")
+    if out is not None:
+        _check_out(out, x, x2, recipe)
     if rng_state is not None and (rng_state.dtype != torch.int64 or rng_state.shape != (2,)
                                   or (rng_state.is_cuda and rng_state.device != x.device)):
         raise ValueError(f"rng_state must be an int64 tensor of shape [2] (seed, offset) on "
@@ -68,6 +79,69 @@ def _check_quantize_args(x, recipe, rng_state, amax_group) -> torch.Tensor:
             raise TypeError(f"amax_group must be a torch.distributed.ProcessGroup, got "
                             f"{type(amax_group).__name__}")
     return x2
+
+
+_OUT_FIELDS = ((("data", torch.uint8), ("scales", torch.float8_e4m3fn), ("amax", torch.float32)),
+               (("data_t", torch.uint8), ("scales_t", torch.float8_e4m3fn),
+                ("amax_t", torch.float32)))
+
+
+# The last `out` _check_out accepted (eager calls only): a loop that quantizes into one
+# NVFP4Tensor again and again would otherwise re-check its six tensors on every call, which
+# costs more host time than the allocation out= saves (~4 us). Weak references keep nothing
+# alive. A hit needs the same NVFP4Tensor holding the same recipe and field tensor objects at
+# the same addresses, and an input of its shape and dtype on the same device, with the same
+# recipe object as then.
+_last_out = None
+
+
+def _out_hit(out, x: torch.Tensor, recipe: Recipe) -> bool:
+    ref, out_recipe, arg_recipe, device, fields = _last_out
+    if (ref() is not out or out.recipe is not out_recipe or recipe is not arg_recipe
+            or x.dtype is not out.dtype or x.shape != out.shape or x.get_device() != device):
+        return False
+    for name, tref, ptr in fields:
+        t = getattr(out, name)
+        if t is not tref() or t.data_ptr() != ptr:
+            return False
+    return True
+
+
+def _check_out(out, x: torch.Tensor, x2: torch.Tensor, recipe: Recipe):
+    """`out` must hold exactly the fields quantize(x, recipe) returns, on x's device."""
+    global _last_out
+    compiling = torch.compiler.is_compiling()
+    if not compiling and _last_out is not None and _out_hit(out, x, recipe):
+        return
+    if not isinstance(out, NVFP4Tensor):
+        raise TypeError(f"out must be an NVFP4Tensor, got {type(out).__name__}")
+    if out.recipe != recipe:
+        raise ValueError(f"out was quantized with another recipe ({out.recipe}); it must be "
+                         f"{recipe}")
+    if tuple(out.shape) != tuple(x.shape) or out.dtype != x.dtype:
+        raise ValueError(f"out must come from a quantize of the same shape and dtype (out: "
+                         f"{tuple(out.shape)} {out.dtype}, x: {tuple(x.shape)} {x.dtype})")
+    m, k = x2.shape
+    dev = x.device
+    # the CUDA kernels store data and scales with 16-byte vectors; other paths copy into out
+    aligned = x.is_cuda and not compiling
+    checked = []
+    for present, fields, (rows, cols) in ((recipe.rowwise, _OUT_FIELDS[0], (m, k)),
+                                          (recipe.columnwise, _OUT_FIELDS[1], (k, m))):
+        if not present:
+            continue
+        for (name, dtype), shape in zip(fields, ops.output_shapes(rows, cols, recipe)):
+            t = getattr(out, name)
+            if (not isinstance(t, torch.Tensor) or t.dtype != dtype or t.device != dev
+                    or t.shape != shape or not t.is_contiguous()
+                    or (aligned and dtype != torch.float32 and t.data_ptr() % 16)):
+                align = ", 16-byte aligned" if aligned and dtype != torch.float32 else ""
+                raise ValueError(f"out.{name} must be a contiguous{align} {dtype} tensor of "
+                                 f"shape {shape} on {dev}")
+            checked.append((name, t))
+    if not compiling:
+        _last_out = (weakref.ref(out), out.recipe, recipe, x.get_device(),
+                     tuple((name, weakref.ref(t), t.data_ptr()) for name, t in checked))
 
 
 def quantize_grouped(x: torch.Tensor, split_sizes: Sequence[int], recipe: Recipe = Recipe(), *,

@@ -78,12 +78,14 @@ def _cuda():
 
 def quantize_impl(x2: Tensor, recipe: Recipe, seed: int, offset: int, amax_group=None,
                   rng_device: Optional[Tensor] = None, separate: bool = False,
-                  column_sum: Optional[Tensor] = None) -> NVFP4Tensor:
+                  column_sum: Optional[Tensor] = None,
+                  out: Optional[NVFP4Tensor] = None) -> NVFP4Tensor:
     """rng_device: an int64 [seed, offset] on x2's CUDA device replacing seed / offset (read by
     the kernel on the device: CUDA-graph safe). separate: outputs in their own allocations
     (the plain cast otherwise carves them out of one). column_sum: a float32 [K] tensor that
     receives x2's column sums: read by the recipe kernels' amax pass on CUDA (scaling tensor /
-    token), else a torch sum (one more read of x2)."""
+    token), else a torch sum (one more read of x2). out: a checked NVFP4Tensor to quantize
+    into (returned)."""
     reduce = amax_reducer(amax_group)
     if column_sum is not None and not (x2.is_cuda and not plain_cast(recipe)
                                        and recipe.scaling != "window64"):
@@ -91,10 +93,20 @@ def quantize_impl(x2: Tensor, recipe: Recipe, seed: int, offset: int, amax_group
         column_sum = None
     if x2.is_cuda:
         if plain_cast(recipe):
-            return _cuda().quantize(x2, recipe, amax_reduce=reduce, separate=separate)
+            return _cuda().quantize(x2, recipe, amax_reduce=reduce, separate=separate, out=out)
         return _cuda().quantize_recipe(x2, recipe, seed=seed, offset=offset, amax_reduce=reduce,
-                                       rng_state=rng_device, column_sum=column_sum)
-    return ref.quantize(x2, recipe, seed=seed, offset=offset, amax_reduce=reduce)
+                                       rng_state=rng_device, column_sum=column_sum, out=out)
+    t = ref.quantize(x2, recipe, seed=seed, offset=offset, amax_reduce=reduce)
+    return t if out is None else copy_fields(out, t)
+
+
+def copy_fields(dst: NVFP4Tensor, src: NVFP4Tensor) -> NVFP4Tensor:
+    """Copy the present tensors of src into dst's (same recipe and shapes); returns dst."""
+    for name in ("data", "scales", "amax", "data_t", "scales_t", "amax_t"):
+        t = getattr(src, name)
+        if t is not None:
+            getattr(dst, name).copy_(t)
+    return dst
 
 
 def _group_from_name(name: str):
@@ -146,7 +158,7 @@ def _unaliased(outs: Tuple[Tensor, ...]) -> Tuple[Tensor, ...]:
     return tuple(res)
 
 
-def _output_shapes(rows: int, cols: int, recipe: Recipe):
+def output_shapes(rows: int, cols: int, recipe: Recipe):
     scales = swizzled_shape(rows, cols // 16) if recipe.swizzle else (rows, cols // 16)
     amax = {"tensor": (1,), "token": (rows,), "window64": (rows, cols // 64)}[recipe.scaling]
     return (rows, cols // 2), scales, amax
@@ -161,7 +173,7 @@ def _(x, scaling, block_rows, rht, sr, four_over_six, e4m3_max, fast_math, rowwi
     outs: List[Tensor] = []
     for present, (r, c) in ((rowwise, (m, k)), (columnwise, (k, m))):
         if present:
-            d, s, a = _output_shapes(r, c, recipe)
+            d, s, a = output_shapes(r, c, recipe)
             outs += [x.new_empty(d, dtype=torch.uint8), x.new_empty(s, dtype=torch.float8_e4m3fn),
                      x.new_empty(a, dtype=torch.float32)]
         else:
@@ -172,19 +184,23 @@ def _(x, scaling, block_rows, rht, sr, four_over_six, e4m3_max, fast_math, rowwi
 
 
 def quantize(x2: Tensor, recipe: Recipe, shape, dtype, seed: int, offset: int,
-             rng_state: Optional[Tensor] = None, amax_group=None, column_sum: bool = False):
+             rng_state: Optional[Tensor] = None, amax_group=None, column_sum: bool = False,
+             out: Optional[NVFP4Tensor] = None):
     """Quantize a validated 2D input; through the custom op while torch.compile traces.
     rng_state (int64 [seed, offset], on the CPU or x's device), when given, replaces seed and
     offset; amax_group (a ProcessGroup) all-reduces the amaxes that span the rows (sequence
-    parallelism). With column_sum: (the NVFP4Tensor, x2's column sums as float32 [K])."""
+    parallelism). With column_sum: (the NVFP4Tensor, x2's column sums as float32 [K]).
+    out: a checked NVFP4Tensor (same recipe, shape and dtype) that receives the result."""
     if not torch.compiler.is_compiling():
         rng_device = None
         if rng_state is not None:
             seed, offset, rng_device = rng_args(rng_state)
         sums = (torch.empty(x2.shape[1], dtype=torch.float32, device=x2.device)
                 if column_sum else None)
-        t = quantize_impl(x2, recipe, seed, offset, amax_group, rng_device, column_sum=sums)
-        t.shape, t.dtype = tuple(shape), dtype
+        t = quantize_impl(x2, recipe, seed, offset, amax_group, rng_device, column_sum=sums,
+                          out=out)
+        if out is None:
+            t.shape, t.dtype = tuple(shape), dtype
         return (t, sums) if column_sum else t
     if rng_state is None:
         rng_state = torch.tensor([seed, offset], dtype=torch.int64)
@@ -194,6 +210,8 @@ def quantize(x2: Tensor, recipe: Recipe, shape, dtype, seed: int, offset: int,
     data, scales, amax, data_t, scales_t, amax_t = (o if p else None
                                                      for o, p in zip(outs, present))
     t = NVFP4Tensor(data, scales, amax, data_t, scales_t, amax_t, recipe, tuple(shape), dtype)
+    if out is not None:
+        t = copy_fields(out, t)
     return (t, outs[6]) if column_sum else t
 
 

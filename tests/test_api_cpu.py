@@ -138,6 +138,115 @@ def test_quantize_rng_state_equals_seed_offset():
     assert a.data.equal(b.data) and a.data_t.equal(b.data_t)
 
 
+FIELDS = ("data", "scales", "amax", "data_t", "scales_t", "amax_t")
+
+
+def _fill(t: NVFP4Tensor, byte: int):
+    for name in FIELDS:
+        f = getattr(t, name)
+        if f is not None:
+            f.view(torch.uint8).fill_(byte)
+
+
+@pytest.mark.parametrize("recipe", [Recipe(), Recipe(scaling="token", columnwise=True),
+                                    Recipe(rowwise=False, columnwise=True, swizzle=True),
+                                    Recipe(rht=True, stochastic_rounding=True, columnwise=True),
+                                    Recipe(scaling="window64", columnwise=True)])
+def test_quantize_out_writes_in_place(recipe):
+    """out= returns the very NVFP4Tensor it was given, its field tensors (poisoned first)
+    holding the bytes of a fresh quantize of the new input."""
+    x = torch.randn(64, 128) * torch.logspace(-2, 2, 128)
+    want = cute_fp4.quantize(x, recipe, seed=9)
+    out = cute_fp4.quantize(torch.randn(64, 128), recipe, seed=9)
+    before = {n: getattr(out, n) for n in FIELDS}
+    _fill(out, 0xFF)
+    got = cute_fp4.quantize(x, recipe, seed=9, out=out)
+    assert got is out
+    for n in FIELDS:
+        assert getattr(out, n) is before[n]
+        w, g = getattr(want, n), getattr(out, n)
+        assert (w is None) == (g is None), n
+        if w is not None:
+            assert torch.equal(w.view(torch.uint8), g.view(torch.uint8)), n
+    t, sums = cute_fp4.quantize_dbias(x, recipe, seed=9, out=out)
+    assert t is out and torch.allclose(sums, x.sum(0))
+
+
+def test_quantize_out_torch_compile():
+    """out= inside torch.compile(fullgraph=True): the custom op's outputs are copied into out."""
+    r = Recipe(scaling="token", columnwise=True)
+    x = torch.randn(64, 128)
+    out = cute_fp4.quantize(torch.randn(64, 128), r)
+    _fill(out, 0xFF)
+
+    def step(x, out):
+        cute_fp4.quantize(x * 2, r, out=out)
+        return out.data.float().sum()
+
+    torch.compile(step, fullgraph=True, backend="aot_eager")(x, out)
+    want = cute_fp4.quantize(x * 2, r)
+    for n in FIELDS:
+        assert torch.equal(getattr(want, n).view(torch.uint8), getattr(out, n).view(torch.uint8))
+
+
+def test_quantize_out_rechecked_after_changes():
+    """The accepted out is remembered (a hit skips the field checks); any change to it is seen:
+    a field replaced, a field's storage swapped in place, another recipe object, another
+    input shape."""
+    r = Recipe(columnwise=True)
+    x = torch.randn(32, 64)
+    out = cute_fp4.quantize(x, r)
+    assert cute_fp4.quantize(x, r, out=out) is out
+    assert cute_fp4.quantize(x, r, out=out) is out
+    data = out.data
+    out.data = torch.zeros(32, 16, dtype=torch.uint8)
+    with pytest.raises(ValueError, match=r"out.data must be"):
+        cute_fp4.quantize(x, r, out=out)
+    out.data = data
+    cute_fp4.quantize(x, r, out=out)
+    out.scales_t.set_(torch.zeros(3, dtype=torch.float8_e4m3fn))
+    with pytest.raises(ValueError, match=r"out.scales_t must be"):
+        cute_fp4.quantize(x, r, out=out)
+    out = cute_fp4.quantize(x, r)
+    cute_fp4.quantize(x, r, out=out)
+    with pytest.raises(ValueError, match=r"another recipe"):
+        cute_fp4.quantize(x, Recipe(columnwise=True, swizzle=True), out=out)
+    with pytest.raises(ValueError, match=r"same shape and dtype"):
+        cute_fp4.quantize(x.view(2, 16, 64), r, out=out)
+
+
+def _out_with(**fields):
+    t = cute_fp4.quantize(torch.randn(32, 64), Recipe(columnwise=True))
+    return dataclasses.replace(t, **fields)
+
+
+OUT_ERRORS = [
+    (lambda: torch.zeros(32, 64), TypeError, r"out must be an NVFP4Tensor, got Tensor"),
+    (lambda: cute_fp4.quantize(torch.randn(32, 64), Recipe()), ValueError,
+     r"out was quantized with another recipe"),
+    (lambda: cute_fp4.quantize(torch.randn(32, 128), Recipe(columnwise=True)), ValueError,
+     r"out must come from a quantize of the same shape and dtype"),
+    (lambda: cute_fp4.quantize(torch.randn(32, 64, dtype=torch.bfloat16), Recipe(columnwise=True)),
+     ValueError, r"same shape and dtype"),
+    (lambda: _out_with(data=torch.zeros(32, 64, dtype=torch.uint8)[:, :32]), ValueError,
+     r"out.data must be a contiguous torch.uint8 tensor of shape \(32, 32\) on cpu"),
+    (lambda: _out_with(scales_t=torch.zeros(64, 2, dtype=torch.uint8)), ValueError,
+     r"out.scales_t must be a contiguous torch.float8_e4m3fn tensor of shape \(64, 2\)"),
+    (lambda: _out_with(amax_t=None), ValueError,
+     r"out.amax_t must be a contiguous torch.float32 tensor of shape \(1,\)"),
+    (lambda: _out_with(amax=torch.zeros(2)), ValueError, r"out.amax must be a contiguous"),
+    (lambda: _out_with(data=torch.zeros(32, 32, dtype=torch.uint8, device="meta")),
+     ValueError, r"out.data must be .* on cpu"),
+]
+
+
+@pytest.mark.parametrize("make,exc,match", OUT_ERRORS, ids=[m[:40] for *_, m in OUT_ERRORS])
+def test_quantize_out_errors(make, exc, match):
+    out = make()
+    with pytest.raises(exc, match=match):
+        cute_fp4.quantize(torch.randn(32, 64), Recipe(columnwise=True), out=out)
+
+
 # ---------------------------------------------------------------------------------------------
 # API == reference on CPU
 # ---------------------------------------------------------------------------------------------

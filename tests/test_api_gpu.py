@@ -1,6 +1,8 @@
 """The public API on CUDA tensors end to end: GEMM dispatch (W4A4, W4A16 decode and prefill,
 window64 operands, twins) against the reference on the same quantized operands."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -110,3 +112,70 @@ def test_quantize_dbias(recipe, dtype, shape):
     assert ((sums.double() - exact).abs() <= 1e-5 * dy.double().abs().sum(0)).all()
     assert torch.equal(sums, again)
     assert not torch.equal(sums, torch.zeros_like(sums))
+
+
+OUT_FIELDS = ("data", "scales", "amax", "data_t", "scales_t", "amax_t")
+
+
+def _poison(t):
+    for name in OUT_FIELDS:
+        f = getattr(t, name)
+        if f is not None:
+            f.view(torch.uint8).fill_(0xFF)
+
+
+@pytest.mark.parametrize("shape,recipe,path", [
+    ((16, 64), Recipe(), "fused"),
+    ((128, 128), Recipe(columnwise=True), "fused"),
+    ((128, 128), Recipe(scaling="token", columnwise=True), "fused"),
+    ((16, 64), Recipe(scaling="token", rowwise=False, columnwise=True), "fused"),
+    ((1008, 2048), Recipe(columnwise=True), "two launches"),
+    ((1008, 2000), Recipe(scaling="token", columnwise=True, swizzle=True), "two launches"),
+    ((1008, 2048), Recipe(scaling="token", rowwise=False, columnwise=True), "two launches"),
+    ((2, 512, 1024), Recipe(swizzle=True), "two launches"),
+    ((512, 1024), Recipe(rht=True, stochastic_rounding=True, columnwise=True), "recipe"),
+    ((512, 1024), Recipe(scaling="window64", columnwise=True, swizzle=True), "recipe"),
+    ((512, 1024), Recipe(block=(16, 16), four_over_six="mse", columnwise=True), "recipe"),
+    ((512, 1024), Recipe(scaling="token", rht=True, columnwise=True), "recipe"),
+], ids=lambda v: v if isinstance(v, str) else None)
+@pytest.mark.parametrize("distinct_amax", [False, True])
+def test_quantize_out_in_place(shape, recipe, path, distinct_amax):
+    """quantize(x, out=t) returns t itself, its (poisoned) field tensors holding the bytes of a
+    fresh quantize(x); also when t's amax and amax_t are separate tensors (the plain per-tensor
+    cast returns one [1] for both) and from inside a CUDA graph, replayed on new data."""
+    from cute_fp4.quant import dispatch
+
+    gen = torch.Generator().manual_seed(torch.randint(0, 2**31, (1,)).item())
+    x = (torch.randn(shape, generator=gen) * torch.logspace(-2, 2, shape[-1])).cuda()
+    x = x.to(torch.bfloat16)
+    if path != "recipe":
+        assert dispatch.plan_for(x, recipe).fused == (path == "fused")
+    out = cute_fp4.quantize(torch.randn_like(x), recipe, seed=4)
+    if distinct_amax:
+        out = dataclasses.replace(out, **{n: getattr(out, n).clone() for n in ("amax", "amax_t")
+                                          if getattr(out, n) is not None})
+    fields = {n: getattr(out, n) for n in OUT_FIELDS}
+    _poison(out)
+    assert cute_fp4.quantize(x, recipe, seed=4, out=out) is out
+    check(out, cute_fp4.quantize(x, recipe, seed=4), recipe)
+    assert all(getattr(out, n) is fields[n] for n in OUT_FIELDS)
+
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        cute_fp4.quantize(x, recipe, seed=4, out=out)
+    x.copy_(x.flip(0) * 3)
+    _poison(out)
+    graph.replay()
+    torch.cuda.synchronize()
+    check(out, cute_fp4.quantize(x, recipe, seed=4), recipe)
+
+
+def test_quantize_out_alignment():
+    """The kernels store data and scales with 16-byte vectors: a misaligned out is refused."""
+    x = torch.randn(32, 64, device="cuda")
+    out = cute_fp4.quantize(x, Recipe())
+    bad = torch.empty(32 * 32 + 8, dtype=torch.uint8, device="cuda")[8:].view(32, 32)
+    with pytest.raises(ValueError, match=r"out.data must be a contiguous, 16-byte aligned"):
+        cute_fp4.quantize(x, Recipe(), out=dataclasses.replace(out, data=bad))
+    with pytest.raises(ValueError, match=r"out.data must be .* on cuda:0"):
+        cute_fp4.quantize(x, Recipe(), out=out.to("cpu"))

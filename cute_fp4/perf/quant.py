@@ -12,7 +12,8 @@ A second table gives the host time per call on a tiny input (16 x 64, rowwise), 
 compiled kernel called through TVM-FFI with prebuilt arguments (the cast), the CUDA quantize
 (`quant.dispatch.quantize`: allocation, views, and for this size the ONE launch of the cast
 with its fused amax; larger inputs: amax kernel, per-token zero-fill, cast) and the public
-`cute_fp4.quantize`. `--host-only` prints just this table.
+`cute_fp4.quantize`, and the same writing into the buffers of an earlier result (`out=`: no
+allocation, no views). `--host-only` prints just this table.
 """
 
 from __future__ import annotations
@@ -105,7 +106,8 @@ def main(argv=None):
 
 def host_overhead_rows(dtype, scalings):
     """Per scaling: host microseconds of the bare cast kernel call (TVM-FFI, the plan's
-    function), of quant.dispatch.quantize and of cute_fp4.quantize on a 16x64 input; "path"
+    function), of quant.dispatch.quantize and of cute_fp4.quantize on a 16x64 input, fresh
+    outputs and `out=` an earlier result; "path"
     says which the dispatch takes (the fused single launch, or amax kernel + cast)."""
     import cute_fp4
     from ..quant import dispatch
@@ -128,5 +130,6 @@ def host_overhead_rows(dtype, scalings):
                 lambda: plan.cast(x, amax_r, amax_c, t.data, t.scales, plan.dummy, plan.dummy_f8)),
             "quant.dispatch.quantize": best_us(lambda: dispatch.quantize(x, recipe)),
             "cute_fp4.quantize": best_us(lambda: cute_fp4.quantize(x, recipe)),
+            "cute_fp4.quantize(out=)": best_us(lambda: cute_fp4.quantize(x, recipe, out=t)),
         })
     return rows

@@ -287,14 +287,22 @@ class _Plan:
         shape = spec[0]
         return _alloc(shape[0] * shape[1], self.dev).view(shape)
 
-    def run(self, x: torch.Tensor, amax_reduce, separate: bool = False) -> NVFP4Tensor:
+    def run(self, x: torch.Tensor, amax_reduce, separate: bool = False,
+            out: Optional[NVFP4Tensor] = None) -> NVFP4Tensor:
         """One call on a validated input: the allocation, the output views, the launch(es).
         separate: the data and scale outputs get their own allocations instead of views of
-        one (custom-op outputs must not share memory)."""
+        one (custom-op outputs must not share memory). out: a checked NVFP4Tensor (api's
+        _check_out) the call writes into and returns: the fused launch writes its amaxes
+        too (no allocation at all); two launches reduce into scratch words and copy them."""
         if self.flat is not None:
             x = x.view(self.flat)
         data = scales = data_t = scales_t = None
-        if separate:
+        words = None
+        if out is not None:
+            data, scales, data_t, scales_t = out.data, out.scales, out.data_t, out.scales_t
+            if not self.fused:
+                words = _alloc(self.amax_bytes, self.dev).view(torch.float32)
+        elif separate:
             buf = _alloc(self.amax_bytes, self.dev)
             if self.row:
                 data = self._own(self.data)
@@ -302,6 +310,7 @@ class _Plan:
             if self.col:
                 data_t = self._own(self.data_t)
                 scales_t = self._own(self.scales_t).view(torch.float8_e4m3fn)
+            words = buf.view(torch.float32)
         else:
             buf = _alloc(self.nbytes, self.dev)
             if self.row:
@@ -313,18 +322,24 @@ class _Plan:
                 scales = f8.as_strided(*self.scales)
             if self.col:
                 scales_t = f8.as_strided(*self.scales_t)
-        words = buf.view(torch.float32)
+            words = buf.view(torch.float32)
         m, k = self.m, self.k
         # amax_r / amax_c: the outputs; arg_r / arg_c: what the cast reads
         if self.fused:
-            if self.per_token:
+            if out is not None:
+                amax_r, amax_c = out.amax, out.amax_t
+            elif self.per_token:
                 amax_r = words[:m] if self.row else None
                 amax_c = words[m:m + k] if self.col else None
+            else:
+                amax_r = amax_c = words[:1]
+            if self.per_token:
                 # the fused cast touches only the amaxes of the outputs it writes
                 arg_r = amax_c if amax_r is None else amax_r
                 arg_c = amax_r if amax_c is None else amax_c
-            else:
-                amax_r = amax_c = arg_r = arg_c = words[:1]
+            else:  # it writes the one amax to arg_r, which both outputs show
+                arg_r = arg_c = amax_c if amax_r is None else amax_r
+                amax_r = amax_c = arg_r
         elif self.per_token:
             amax_all = words[:m + k]
             amax_all.zero_()
@@ -347,8 +362,14 @@ class _Plan:
         self.cast(x, arg_r, arg_c, dummy if data is None else data,
                   dummy_f8 if scales is None else scales, dummy if data_t is None else data_t,
                   dummy_f8 if scales_t is None else scales_t)
-        return NVFP4Tensor(data, scales, amax_r if self.row else None, data_t, scales_t,
-                           amax_c if self.col else None, self.recipe, self.shape, self.dtype)
+        if out is None:
+            return NVFP4Tensor(data, scales, amax_r if self.row else None, data_t, scales_t,
+                               amax_c if self.col else None, self.recipe, self.shape,
+                               self.dtype)
+        for dst, src in ((out.amax, amax_r), (out.amax_t, amax_c)):
+            if dst is not None and dst.data_ptr() != src.data_ptr():
+                dst.copy_(src)
+        return out
 
 
 @functools.lru_cache(maxsize=4096)
@@ -363,7 +384,7 @@ def plan_for(x: torch.Tensor, recipe: Recipe, reduced: bool = False) -> _Plan:
 
 def quantize(x: torch.Tensor, recipe: Recipe = Recipe(), *, seed: int = 0,
              offset: int = 0, amax_reduce: Optional[Callable[[torch.Tensor], None]] = None,
-             separate: bool = False) -> NVFP4Tensor:
+             separate: bool = False, out: Optional[NVFP4Tensor] = None) -> NVFP4Tensor:
     """NVFP4 quantize of a CUDA tensor [..., K] (flattened to [M, K]); see the module doc.
     seed/offset are accepted for API symmetry (stochastic rounding is not implemented).
 
@@ -377,10 +398,11 @@ def quantize(x: torch.Tensor, recipe: Recipe = Recipe(), *, seed: int = 0,
     given, holds everything else): the contiguity and alignment checks, one allocation, the
     views of the outputs and one launch (fused, tiny inputs) or the amax kernel (per token
     after a zero-fill of the amax words) and the cast. separate: the data and scale outputs
-    are allocated one by one (the custom op's outputs must not share memory)."""
+    are allocated one by one (the custom op's outputs must not share memory). out: an
+    NVFP4Tensor checked by the public API (`cute_fp4.quantize(..., out=)`) to write into."""
     plan = _plan(x.shape, x.dtype, x.device, recipe, amax_reduce is not None)
     if not x.is_contiguous():
         raise ValueError("x must be contiguous (call .contiguous() first)")
     if x.data_ptr() % 16:
         raise ValueError("x must be 16-byte aligned")
-    return plan.run(x, amax_reduce, separate)
+    return plan.run(x, amax_reduce, separate, out)

@@ -190,9 +190,16 @@ def _plan(sizes: tuple, k: int, recipe: Recipe, name: str, dev, seed: int, offse
     return _Plan(sizes, k, recipe, name, dev, seed, offset, col_sum)
 
 
+def _flat_u8(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.uint8).view(-1)
+
+
 def _run(x2: torch.Tensor, sizes: List[int], recipe: Recipe, seed: int, offset: int,
          shapes, amax_reduce=None, rng_state: Optional[torch.Tensor] = None,
-         column_sum: Optional[torch.Tensor] = None) -> List[NVFP4Tensor]:
+         column_sum: Optional[torch.Tensor] = None,
+         into: Optional[NVFP4Tensor] = None) -> List[NVFP4Tensor]:
+    """into (one group): a checked NVFP4Tensor whose data and scales the cast writes; the
+    amaxes (kernel-side buffers have another layout: zeroed, shared) are copied into it."""
     check_seed_offset(seed, offset)
     dev = x2.device
     k = x2.shape[1]
@@ -201,10 +208,14 @@ def _run(x2: torch.Tensor, sizes: List[int], recipe: Recipe, seed: int, offset: 
     plan = _plan(tuple(sizes), k, recipe, _DTYPE_NAMES[x2.dtype], dev, seed, offset,
                  column_sum is not None)
     q_len, s_len, qt_len, st_len = plan.lens
-    q = _alloc(max(q_len, 1), dev) if row else None
-    s = _alloc(max(s_len, 1), dev) if row else None
-    qt = _alloc(max(qt_len, 1), dev) if col else None
-    st = _alloc(max(st_len, 1), dev) if col else None
+    if into is not None:
+        q, s, qt, st = (None if t is None else _flat_u8(t)
+                        for t in (into.data, into.scales, into.data_t, into.scales_t))
+    else:
+        q = _alloc(max(q_len, 1), dev) if row else None
+        s = _alloc(max(s_len, 1), dev) if row else None
+        qt = _alloc(max(qt_len, 1), dev) if col else None
+        st = _alloc(max(st_len, 1), dev) if col else None
     ar_len, ac_len = max(plan.ar_len, 1), max(plan.ac_len, 1)
     if scaling == "window64":
         amax_r, amax_c = _alloc_f32(ar_len, dev), _alloc_f32(ac_len, dev)
@@ -258,6 +269,11 @@ def _run(x2: torch.Tensor, sizes: List[int], recipe: Recipe, seed: int, offset: 
             data=data, scales=scales, amax=amax if row else None, data_t=data_t,
             scales_t=scales_t, amax_t=amax_t if col else None, recipe=recipe,
             shape=shapes[g], dtype=x2.dtype))
+    if into is not None:
+        for dst, src in ((into.amax, out[0].amax), (into.amax_t, out[0].amax_t)):
+            if dst is not None:
+                dst.copy_(src)
+        return [into]
     return out
 
 
@@ -276,13 +292,15 @@ def _reduce_amaxes(amax_reduce, recipe: Recipe, amax_r: torch.Tensor, amax_c: to
 def quantize_recipe(x: torch.Tensor, recipe: Recipe = Recipe(), *, seed: int = 0,
                     offset: int = 0, amax_reduce: Optional[Callable[[torch.Tensor], object]] = None,
                     rng_state: Optional[torch.Tensor] = None,
-                    column_sum: Optional[torch.Tensor] = None) -> NVFP4Tensor:
+                    column_sum: Optional[torch.Tensor] = None,
+                    out: Optional[NVFP4Tensor] = None) -> NVFP4Tensor:
     """NVFP4 quantize of a CUDA tensor [..., K] (flattened to [M, K]) with any Recipe.
     `amax_reduce`: in-place cross-rank reduction of the amaxes that span M; `rng_state`: a
     device int64 [seed, offset] replacing seed / offset (module doc); `column_sum`: a float32
     [K] tensor on x's device that receives the sums over M of x's columns (a Linear's bias
     gradient), read by the amax pass (scaling "tensor" / "token"): FP32 partials per amax CTA
-    row in a fixed order, then a torch sum over them - deterministic."""
+    row in a fixed order, then a torch sum over them - deterministic. `out`: an NVFP4Tensor
+    checked by the public API (`cute_fp4.quantize(..., out=)`) to write into and return."""
     x2 = _check(x, recipe)
     if column_sum is not None:
         if recipe.scaling == "window64":
@@ -301,7 +319,7 @@ def quantize_recipe(x: torch.Tensor, recipe: Recipe = Recipe(), *, seed: int = 0
     if rng_state is not None:
         seed = offset = 0  # unused: the cast reads rng_state (and one plan serves every state)
     return _run(x2, [x2.shape[0]], recipe, int(seed), int(offset), [tuple(x.shape)],
-                amax_reduce, rng_state, column_sum)[0]
+                amax_reduce, rng_state, column_sum, out)[0]
 
 
 def quantize_grouped(x: torch.Tensor, split_sizes: Sequence[int], recipe: Recipe = Recipe(), *,
