@@ -63,11 +63,15 @@ def quantize_dbias(dy: torch.Tensor, recipe: Recipe = Recipe(), *, seed: int = 0
 
 
 def _check_quantize_args(x, recipe, rng_state, amax_group, out) -> torch.Tensor:
-    """quantize's checks; x as 2D [M, K]."""
-    x2 = check_quantize_input(x, recipe)
+    """quantize's checks; x as 2D [M, K]. An x of the shape and dtype that the remembered
+    out (`_out_hit`) was checked with passed check_quantize_input then."""
+    if out is not None and _out_hit(out, x, recipe):
+        x2 = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
+    else:
+        x2 = check_quantize_input(x, recipe)
+        if out is not None:
+            _check_out(out, x, x2, recipe)
     _check_contiguous(x, "x")
-    if out is not None:
-        _check_out(out, x, x2, recipe)
     if rng_state is not None and (rng_state.dtype != torch.int64 or rng_state.shape != (2,)
                                   or (rng_state.is_cuda and rng_state.device != x.device)):
         raise ValueError(f"rng_state must be an int64 tensor of shape [2] (seed, offset) on "
@@ -89,16 +93,19 @@ _OUT_FIELDS = ((("data", torch.uint8), ("scales", torch.float8_e4m3fn), ("amax",
 # The last `out` _check_out accepted (eager calls only): a loop that quantizes into one
 # NVFP4Tensor again and again would otherwise re-check its six tensors on every call, which
 # costs more host time than the allocation out= saves (~4 us). Weak references keep nothing
-# alive. A hit needs the same NVFP4Tensor holding the same recipe and field tensor objects at
-# the same addresses, and an input of its shape and dtype on the same device, with the same
-# recipe object as then.
+# alive. A hit needs the same NVFP4Tensor holding the same recipe, shape, dtype and field
+# tensor objects at the same addresses, and an input of that shape and dtype on the same
+# device, with the same recipe object as then.
 _last_out = None
 
 
-def _out_hit(out, x: torch.Tensor, recipe: Recipe) -> bool:
-    ref, out_recipe, arg_recipe, device, fields = _last_out
+def _out_hit(out, x, recipe: Recipe) -> bool:
+    if _last_out is None or torch.compiler.is_compiling() or not isinstance(x, torch.Tensor):
+        return False
+    ref, out_recipe, arg_recipe, shape, dtype, device, fields = _last_out
     if (ref() is not out or out.recipe is not out_recipe or recipe is not arg_recipe
-            or x.dtype is not out.dtype or x.shape != out.shape or x.get_device() != device):
+            or out.shape is not shape or out.dtype is not dtype or x.dtype is not dtype
+            or x.shape != shape or x.get_device() != device):
         return False
     for name, tref, ptr in fields:
         t = getattr(out, name)
@@ -110,9 +117,6 @@ def _out_hit(out, x: torch.Tensor, recipe: Recipe) -> bool:
 def _check_out(out, x: torch.Tensor, x2: torch.Tensor, recipe: Recipe):
     """`out` must hold exactly the fields quantize(x, recipe) returns, on x's device."""
     global _last_out
-    compiling = torch.compiler.is_compiling()
-    if not compiling and _last_out is not None and _out_hit(out, x, recipe):
-        return
     if not isinstance(out, NVFP4Tensor):
         raise TypeError(f"out must be an NVFP4Tensor, got {type(out).__name__}")
     if out.recipe != recipe:
@@ -124,6 +128,7 @@ def _check_out(out, x: torch.Tensor, x2: torch.Tensor, recipe: Recipe):
     m, k = x2.shape
     dev = x.device
     # the CUDA kernels store data and scales with 16-byte vectors; other paths copy into out
+    compiling = torch.compiler.is_compiling()
     aligned = x.is_cuda and not compiling
     checked = []
     for present, fields, (rows, cols) in ((recipe.rowwise, _OUT_FIELDS[0], (m, k)),
@@ -140,7 +145,7 @@ def _check_out(out, x: torch.Tensor, x2: torch.Tensor, recipe: Recipe):
                                  f"shape {shape} on {dev}")
             checked.append((name, t))
     if not compiling:
-        _last_out = (weakref.ref(out), out.recipe, recipe, x.get_device(),
+        _last_out = (weakref.ref(out), out.recipe, recipe, out.shape, out.dtype, x.get_device(),
                      tuple((name, weakref.ref(t), t.data_ptr()) for name, t in checked))
 
 

@@ -337,9 +337,8 @@ class _Plan:
                 # the fused cast touches only the amaxes of the outputs it writes
                 arg_r = amax_c if amax_r is None else amax_r
                 arg_c = amax_r if amax_c is None else amax_c
-            else:  # it writes the one amax to arg_r, which both outputs show
+            else:  # it writes the one amax to arg_r
                 arg_r = arg_c = amax_c if amax_r is None else amax_r
-                amax_r = amax_c = arg_r
         elif self.per_token:
             amax_all = words[:m + k]
             amax_all.zero_()
@@ -366,9 +365,13 @@ class _Plan:
             return NVFP4Tensor(data, scales, amax_r if self.row else None, data_t, scales_t,
                                amax_c if self.col else None, self.recipe, self.shape,
                                self.dtype)
-        for dst, src in ((out.amax, amax_r), (out.amax_t, amax_c)):
-            if dst is not None and dst.data_ptr() != src.data_ptr():
-                dst.copy_(src)
+        if not self.fused:
+            for dst, src in ((out.amax, amax_r), (out.amax_t, amax_c)):
+                if dst is not None:
+                    dst.copy_(src)
+        elif (not self.per_token and self.row and self.col
+              and out.amax_t.data_ptr() != out.amax.data_ptr()):
+            out.amax_t.copy_(out.amax)  # the fused cast wrote the amax to out.amax only
         return out
 
 
