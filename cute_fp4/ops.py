@@ -48,6 +48,13 @@ def plain_cast(recipe: Recipe) -> bool:
             and not (recipe.rht or recipe.stochastic_rounding or recipe.four_over_six))
 
 
+def plain_cast_plan(x: Tensor, recipe: Recipe):
+    """The CUDA dispatch plan of quantize(x, recipe) without amax reduction (x of any rank:
+    the plan flattens it) when the plain cast runs it (`quant.dispatch.plan_for`), else
+    None."""
+    return _cuda().plan_for(x, recipe) if plain_cast(recipe) else None
+
+
 def amax_reducer(group) -> Optional[Callable[[Tensor], object]]:
     """The in-place MAX all-reduce over `group` (a ProcessGroup, or None for no reduction)
     that the quantizers apply to the amaxes spanning a sequence-parallel input's rows."""
@@ -68,10 +75,10 @@ def _cuda():
     from .gemm.dispatch import gemm_nvfp4, gemm_w4a16
     from .gemm.factors import epilogue_factors
     from .quant.dequantize import dequantize
-    from .quant.dispatch import quantize
+    from .quant.dispatch import plan_for, quantize
     from .quant.recipes_dispatch import quantize_recipe
 
-    return SimpleNamespace(quantize=quantize, quantize_recipe=quantize_recipe,
+    return SimpleNamespace(quantize=quantize, plan_for=plan_for, quantize_recipe=quantize_recipe,
                            dequantize=dequantize, gemm_nvfp4=gemm_nvfp4, gemm_w4a16=gemm_w4a16,
                            epilogue_factors=epilogue_factors, device_arch=device_arch)
 

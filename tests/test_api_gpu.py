@@ -9,7 +9,7 @@ import torch
 from quant_checks import check
 
 import cute_fp4
-from cute_fp4 import Recipe, ref
+from cute_fp4 import Recipe, api, ref
 
 pytestmark = pytest.mark.gpu
 
@@ -159,6 +159,8 @@ def test_quantize_out_in_place(shape, recipe, path, distinct_amax):
     assert cute_fp4.quantize(x, recipe, seed=4, out=out) is out
     check(out, cute_fp4.quantize(x, recipe, seed=4), recipe)
     assert all(getattr(out, n) is fields[n] for n in OUT_FIELDS)
+    # the next call with this out runs the remembered plan directly (plain cast)
+    assert (api._last_out.plan is not None) == (path != "recipe")
 
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
@@ -171,10 +173,18 @@ def test_quantize_out_in_place(shape, recipe, path, distinct_amax):
 
 
 def test_quantize_out_alignment():
-    """The kernels store data and scales with 16-byte vectors: a misaligned out is refused."""
-    x = torch.randn(32, 64, device="cuda")
-    out = cute_fp4.quantize(x, Recipe())
-    bad = torch.empty(32 * 32 + 8, dtype=torch.uint8, device="cuda")[8:].view(32, 32)
+    """The kernels store data and scales with 16-byte vectors: a misaligned out is refused;
+    the remembered out's direct path still checks the input's layout."""
+    r = Recipe()
+    x = torch.randn(64, 64, device="cuda")
+    out = cute_fp4.quantize(x, r)
+    cute_fp4.quantize(x, r, out=out)
+    assert api._out_hit(out, x.t(), r) is not None
+    with pytest.raises(ValueError, match=r"x must be contiguous"):
+        cute_fp4.quantize(x.t(), r, out=out)
+    with pytest.raises(ValueError, match=r"x must be 16-byte aligned"):
+        cute_fp4.quantize(torch.randn(64 * 64 + 1, device="cuda")[1:].view(64, 64), r, out=out)
+    bad = torch.empty(64 * 32 + 8, dtype=torch.uint8, device="cuda")[8:].view(64, 32)
     with pytest.raises(ValueError, match=r"out.data must be a contiguous, 16-byte aligned"):
         cute_fp4.quantize(x, Recipe(), out=dataclasses.replace(out, data=bad))
     with pytest.raises(ValueError, match=r"out.data must be .* on cuda:0"):

@@ -289,11 +289,16 @@ class _Plan:
 
     def run(self, x: torch.Tensor, amax_reduce, separate: bool = False,
             out: Optional[NVFP4Tensor] = None) -> NVFP4Tensor:
-        """One call on a validated input: the allocation, the output views, the launch(es).
-        separate: the data and scale outputs get their own allocations instead of views of
-        one (custom-op outputs must not share memory). out: a checked NVFP4Tensor (api's
-        _check_out) the call writes into and returns: the fused launch writes its amaxes
-        too (no allocation at all); two launches reduce into scratch words and copy them."""
+        """One call on an input of the plan's shape, dtype and device: its per-call checks,
+        the allocation, the output views, the launch(es). separate: the data and scale
+        outputs get their own allocations instead of views of one (custom-op outputs must not
+        share memory). out: a checked NVFP4Tensor (api's _check_out) the call writes into and
+        returns: the fused launch writes its amaxes too (no allocation at all); two launches
+        reduce into scratch words and copy them."""
+        if not x.is_contiguous():
+            raise ValueError("x must be contiguous (call .contiguous() first)")
+        if x.data_ptr() % 16:
+            raise ValueError("x must be 16-byte aligned")
         if self.flat is not None:
             x = x.view(self.flat)
         data = scales = data_t = scales_t = None
@@ -404,8 +409,4 @@ def quantize(x: torch.Tensor, recipe: Recipe = Recipe(), *, seed: int = 0,
     are allocated one by one (the custom op's outputs must not share memory). out: an
     NVFP4Tensor checked by the public API (`cute_fp4.quantize(..., out=)`) to write into."""
     plan = _plan(x.shape, x.dtype, x.device, recipe, amax_reduce is not None)
-    if not x.is_contiguous():
-        raise ValueError("x must be contiguous (call .contiguous() first)")
-    if x.data_ptr() % 16:
-        raise ValueError("x must be 16-byte aligned")
     return plan.run(x, amax_reduce, separate, out)
