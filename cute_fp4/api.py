@@ -42,11 +42,10 @@ def quantize(x: torch.Tensor, recipe: Recipe = Recipe(), *, seed: int = 0, offse
     The plain cast writes every output in place; the recipe kernels (and the two-launch plain
     cast) write data and scales in place and copy the amaxes from a scratch buffer.
     """
-    if out is not None and rng_state is None and amax_group is None:
-        hit = _out_hit(out, x, recipe)
-        if hit is not None and hit.plan is not None:
-            return hit.plan.run(x, None, False, out)
-    x2 = _check_quantize_args(x, recipe, rng_state, amax_group, out)
+    hit = None if out is None else _out_hit(out, x, recipe)
+    if hit is not None and hit.plan is not None and rng_state is None and amax_group is None:
+        return hit.plan.run(x, None, False, out)
+    x2 = _check_quantize_args(x, recipe, rng_state, amax_group, out, hit)
     return ops.quantize(x2, recipe, x.shape, x.dtype, seed, offset, rng_state, amax_group,
                         out=out)
 
@@ -61,15 +60,16 @@ def quantize_dbias(dy: torch.Tensor, recipe: Recipe = Recipe(), *, seed: int = 0
     scaling "tensor" / "token") read it in their amax pass: per-CTA FP32 partials in a fixed
     order, then one small sum, so no extra read of dy and a deterministic result; the plain
     cast and window64 take a torch sum (one more read of dy). out: as in `quantize`."""
-    x2 = _check_quantize_args(dy, recipe, rng_state, amax_group, out)
+    hit = None if out is None else _out_hit(out, dy, recipe)
+    x2 = _check_quantize_args(dy, recipe, rng_state, amax_group, out, hit)
     return ops.quantize(x2, recipe, dy.shape, dy.dtype, seed, offset, rng_state, amax_group,
                         column_sum=True, out=out)
 
 
-def _check_quantize_args(x, recipe, rng_state, amax_group, out) -> torch.Tensor:
-    """quantize's checks; x as 2D [M, K]. An x of the shape and dtype that the remembered
-    out (`_out_hit`) was checked with passed check_quantize_input then."""
-    if out is not None and _out_hit(out, x, recipe) is not None:
+def _check_quantize_args(x, recipe, rng_state, amax_group, out, hit) -> torch.Tensor:
+    """quantize's checks; x as 2D [M, K]. hit: `_out_hit(out, x, recipe)`, the remembered
+    out, checked with an x of this shape and dtype, which passed check_quantize_input then."""
+    if hit is not None:
         x2 = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
     else:
         x2 = check_quantize_input(x, recipe)

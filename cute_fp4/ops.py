@@ -20,7 +20,7 @@ from .recipe import Recipe
 from .ref.formats import decode_scale
 from .ref.quantize import block_outer_amax
 from .ref.swizzle import swizzle_scales, swizzled_shape, unswizzle_scales
-from .tensor import NVFP4Tensor
+from .tensor import FIELDS, NVFP4Tensor
 
 
 def recipe_args(recipe: Recipe) -> tuple:
@@ -107,9 +107,10 @@ def quantize_impl(x2: Tensor, recipe: Recipe, seed: int, offset: int, amax_group
     return t if out is None else copy_fields(out, t)
 
 
-def copy_fields(dst: NVFP4Tensor, src: NVFP4Tensor) -> NVFP4Tensor:
-    """Copy the present tensors of src into dst's (same recipe and shapes); returns dst."""
-    for name in ("data", "scales", "amax", "data_t", "scales_t", "amax_t"):
+def copy_fields(dst: NVFP4Tensor, src: NVFP4Tensor, names=FIELDS) -> NVFP4Tensor:
+    """Copy the present tensors `names` of src into dst's (same recipe and shapes); returns
+    dst."""
+    for name in names:
         t = getattr(src, name)
         if t is not None:
             getattr(dst, name).copy_(t)

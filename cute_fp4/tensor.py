@@ -11,6 +11,10 @@ import torch
 from .recipe import Recipe
 
 
+# the tensor fields of an NVFP4Tensor, rowwise then columnwise
+FIELDS = ("data", "scales", "amax", "data_t", "scales_t", "amax_t")
+
+
 @dataclasses.dataclass
 class NVFP4Tensor:
     """An NVFP4-quantized 2D matrix [M, K] (the input flattened to 2D) and its twin.
@@ -67,8 +71,7 @@ class NVFP4Tensor:
 
     def to(self, device) -> "NVFP4Tensor":
         """The same quantized tensor with every present field on `device`."""
-        fields = ("data", "scales", "amax", "data_t", "scales_t", "amax_t")
-        return dataclasses.replace(self, **{f: getattr(self, f).to(device) for f in fields
+        return dataclasses.replace(self, **{f: getattr(self, f).to(device) for f in FIELDS
                                             if getattr(self, f) is not None})
 
     def dequantize(self, dtype: Optional[torch.dtype] = None) -> torch.Tensor:

@@ -32,6 +32,7 @@ import cutlass
 import torch
 
 from ..common.jit import KERNELS, compile_kernel, device_arch, dyn, env_stream, fake_tensor
+from ..ops import copy_fields
 from ..recipe import Recipe
 from ..ref.philox import check_seed_offset
 from ..tensor import NVFP4Tensor
@@ -270,10 +271,7 @@ def _run(x2: torch.Tensor, sizes: List[int], recipe: Recipe, seed: int, offset: 
             scales_t=scales_t, amax_t=amax_t if col else None, recipe=recipe,
             shape=shapes[g], dtype=x2.dtype))
     if into is not None:
-        for dst, src in ((into.amax, out[0].amax), (into.amax_t, out[0].amax_t)):
-            if dst is not None:
-                dst.copy_(src)
-        return [into]
+        return [copy_fields(into, out[0], ("amax", "amax_t"))]
     return out
 
 
