@@ -135,4 +135,18 @@ def test_amax_ptx(arch, dtype):
     ptx = compile_ptx(*amax_token_kernel(dtype), arch=arch)
     assert missing_instructions(ptx, [r"red\..*global\.max\.u32", r"ld\.global\.nc\.v4",
                                       r"shfl\.sync\.bfly"]) == []
+    assert "cache_hint" not in ptx and "createpolicy" not in ptx
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_amax_l2_keep_ptx(arch):
+    """l2_keep: every input load carries an L2 cache policy, chosen between evict_first and
+    evict_normal."""
+    for kernel in (amax_tensor_kernel("bf16", 132, 1 << 20), amax_token_kernel("bf16", 1 << 20)):
+        ptx = compile_ptx(*kernel, arch=arch)
+        assert missing_instructions(ptx, [
+            r"createpolicy\.fractional\.L2::evict_first\.b64",
+            r"createpolicy\.fractional\.L2::evict_normal\.b64",
+            r"ld\.global\.nc\.L2::cache_hint\.v4\.b32 \{[^}]*\}, \[%rd\d+\], %rd\d+;"]) == []
+        assert not re.search(r"ld\.global\.nc\.v4", ptx)
 

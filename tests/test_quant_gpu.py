@@ -129,6 +129,24 @@ def test_run_walk_bit_exact(shape, dtype, scaling, warm, gen, monkeypatch):
     dispatch._plan.cache_clear()
 
 
+@pytest.mark.parametrize("shape", [(1008, 1024), (640, 2064)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("scaling", ["tensor", "token"])
+@pytest.mark.parametrize("kind", ["outliers", "special"])
+def test_l2_keep_bit_exact(shape, dtype, scaling, kind, gen, monkeypatch):
+    """The amax pass with L2 priorities (its loads split between evict_first and evict_normal
+    at L2_KEEP_BYTES from the end, here set inside these inputs): same bytes and amaxes."""
+    monkeypatch.setattr(dispatch, "L2_KEEP_BYTES", 40000 * 16)
+    dispatch._plan.cache_clear()
+    x = make_input(shape, kind, dtype, gen)
+    for col in (False, True):
+        recipe = Recipe(scaling=scaling, rowwise=True, columnwise=col)
+        plan = dispatch.plan_for(x, recipe)
+        assert plan.l2_keep == 40000 * 16 and not plan.fused
+        check(dispatch.quantize(x, recipe), ref.quantize(x, recipe), recipe)
+    dispatch._plan.cache_clear()
+
+
 def test_large(gen):
     x = make_input((8192, 8192), "outliers", torch.bfloat16, gen)
     recipe = Recipe(scaling="token", rowwise=True, columnwise=True, swizzle=True)

@@ -12,8 +12,9 @@ The accessors state what changes the generated code, at every call:
 - global loads: `nc` (the read-only data path), `no_allocate` (the `L1::no_allocate` cache
   hint: data read once), `l2_prefetch` (64 / 128 / 256: the `L2::<n>B` prefetch-size hint, L2
   fetches that aligned block around the access: fewer, larger DRAM requests for data that
-  neighbouring warps read next) and `pred` (a predicate word: the load runs where it is
-  nonzero and reads zeros elsewhere).
+  neighbouring warps read next), `cache_policy` (an `l2_policy` word: the `L2::cache_hint`
+  eviction priority of the lines read) and `pred` (a predicate word: the load runs where it
+  is nonzero and reads zeros elsewhere).
 """
 
 from __future__ import annotations
@@ -105,24 +106,42 @@ def st_shared(addr: Int32, *words, clobber: bool, ty: str = "b32", loc=None, ip=
                volatile=True, loc=loc, ip=ip)
 
 
+L2_PRIORITIES = ("evict_first", "evict_normal", "evict_last")
+
+
+@dsl_user_op
+def l2_policy(priority: str, *, loc=None, ip=None) -> Int64:
+    """The 64-bit L2 cache policy giving every line an access touches `priority` (one of
+    L2_PRIORITIES): the operand of `L2::cache_hint` loads and the TMA load's cache_policy."""
+    if priority not in L2_PRIORITIES:
+        raise ValueError(f"priority must be one of {L2_PRIORITIES}, got {priority!r}")
+    return inline_asm(f"createpolicy.fractional.L2::{priority}.b64 $0, 1.0;", "=l", [],
+                      loc=loc, ip=ip)
+
+
 @dsl_user_op
 def ld_global(addr: Int64, count: int = 1, *, volatile: bool, ty: str = "b32", nc: bool = False,
-              no_allocate: bool = False, l2_prefetch: int = 0, pred: Optional[Int32] = None,
-              dtype=Int32, loc=None, ip=None):
+              no_allocate: bool = False, l2_prefetch: int = 0, cache_policy: Optional[Int64] = None,
+              pred: Optional[Int32] = None, dtype=Int32, loc=None, ip=None):
     """`count` (1, 2 or 4) values of PTX type `ty` from a global address aligned to their size:
     one value, or a tuple (Float32 for `f32`, else `dtype` words)."""
     if l2_prefetch not in (0, 64, 128, 256):
         raise ValueError(f"l2_prefetch must be 0, 64, 128 or 256, got {l2_prefetch}")
     path = ((".nc" if nc else "") + (".L1::no_allocate" if no_allocate else "")
+            + (".L2::cache_hint" if cache_policy is not None else "")
             + (f".L2::{l2_prefetch}B" if l2_prefetch else ""))
-    code = f"ld.global{path}{_vec(count)}.{ty} {_regs(0, count)}, [${count}];"
+    policy = "" if cache_policy is None else f", ${count + 1}"
+    code = f"ld.global{path}{_vec(count)}.{ty} {_regs(0, count)}, [${count}]{policy};"
     reg = "f" if ty == "f32" else "r"
     constraints = f"={reg}," * count + "l"
     args = [addr]
+    if cache_policy is not None:
+        constraints += ",l"
+        args.append(cache_policy)
     if pred is not None:
         # outputs zeroed first, the load only where the predicate word is nonzero
         zero = "".join(f"mov.b32 ${j}, 0;\n\t" for j in range(count))
-        code = (f"{{\n\t.reg .pred p;\n\tsetp.ne.b32 p, ${count + 1}, 0;\n\t{zero}"
+        code = (f"{{\n\t.reg .pred p;\n\tsetp.ne.b32 p, ${len(args) + count}, 0;\n\t{zero}"
                 f"@p {code}\n\t}}")
         constraints += ",r"
         args.append(pred)

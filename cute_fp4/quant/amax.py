@@ -12,6 +12,10 @@ orders like its bits; NaN 0x7FC00000 is above +Inf), so those outputs are zeroed
 
 Input reads are 16-byte vector loads (8 bf16/fp16 or 4 fp32 elements per thread), which needs
 K * element_size % 16 == 0 (checked by the dispatcher).
+
+``l2_keep`` (bytes, compile-time): the input's last l2_keep bytes are read with the normal L2
+eviction priority and the rest with evict_first, so that L2 gives up the start of the input
+before its end, which the cast walking backwards reads first (notes/quant.md "Session 16").
 """
 
 import cutlass
@@ -19,6 +23,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64, Uint32
 
 from cute_fp4.common import encode as E
+from cute_fp4.common.ptx import l2_policy, ld_global
 
 DTYPES = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16, "fp32": cutlass.Float32}
 THREADS = 256
@@ -55,15 +60,34 @@ def vec_abs_max(acc, words, dtype_name):
     return acc
 
 
+def keep_policies(l2_keep: int, nbytes: Int64):
+    """l2_keep > 0: (evict_first policy, evict_normal policy, first byte offset kept) of an input
+    of nbytes bytes, for keep_load; else None."""
+    if l2_keep == 0:
+        return None
+    return l2_policy("evict_first"), l2_policy("evict_normal"), nbytes - l2_keep
+
+
+def keep_load(base, off: Int64, policies):
+    """The 16 input bytes at byte offset off: a read-only load, with the L2 priority of its
+    place (keep_policies) unless policies is None."""
+    if policies is None:
+        return E.ld_global_nc_v4(base + off)
+    first, normal, keep_from = policies
+    pol = Int64(cutlass.select_(off < keep_from, first, normal))
+    return ld_global(base + off, 4, nc=True, volatile=True, cache_policy=pol, dtype=Uint32)
+
+
 class AmaxTensor:
     """amax[1 + cta] = max |x| over the grid-stride share of CTA ``cta`` (see the module doc)."""
 
-    def __init__(self, dtype: str, num_sms: int):
+    def __init__(self, dtype: str, num_sms: int, l2_keep: int = 0):
         if dtype not in DTYPES:
             raise TypeError(f"AmaxTensor: unsupported input dtype {dtype!r}")
         self.dtype_name = dtype
         self.esize = DTYPES[dtype].width // 8
         self.num_sms = num_sms
+        self.l2_keep = l2_keep
 
     @cute.jit
     def __call__(self, x: cute.Tensor, amax: cute.Tensor, stream):
@@ -81,8 +105,9 @@ class AmaxTensor:
         acc = Float32(0.0)
         start = bidx * THREADS + tidx
         step = gdim * THREADS
+        policies = keep_policies(self.l2_keep, Int64(nvec) * 16)
         for i in cutlass.range(start, nvec, step, unroll=2):
-            acc = vec_abs_max(acc, E.ld_global_nc_v4(base + Int64(i) * 16), self.dtype_name)
+            acc = vec_abs_max(acc, keep_load(base, Int64(i) * 16, policies), self.dtype_name)
         acc = E.warp_max_nan(acc)
         smem = cutlass.memory.SmemAllocator()
         red = smem.allocate_tensor(Float32, cute.make_layout(THREADS // 32))
@@ -110,9 +135,10 @@ class AmaxToken:
     rows_per_cta = 64
     warps = 8
 
-    def __init__(self, dtype: str):
+    def __init__(self, dtype: str, l2_keep: int = 0):
         if dtype not in DTYPES:
             raise TypeError(f"AmaxToken: unsupported input dtype {dtype!r}")
+        self.l2_keep = l2_keep
         self.dtype_name = dtype
         self.esize = DTYPES[dtype].width // 8
         self.vec = 16 // self.esize  # elements per 16-byte vector
@@ -138,13 +164,14 @@ class AmaxToken:
         col0 = bx * self.cols_per_cta + lane * self.vec
         col_ok = col0 < K
         cols = [Float32(0.0)] * self.vec
+        policies = keep_policies(self.l2_keep, Int64(M) * Int64(K) * self.esize)
         for i in cutlass.range_constexpr(self.rows_per_cta // self.warps):
             r = by * self.rows_per_cta + warp + i * self.warps
             row_ok = r < M
             ok = row_ok & col_ok
             rc = cutlass.min(r, M - 1)
             cc = cutlass.min(col0, K - self.vec)
-            words = E.ld_global_nc_v4(base + (Int64(rc) * Int64(K) + Int64(cc)) * self.esize)
+            words = keep_load(base, (Int64(rc) * Int64(K) + Int64(cc)) * self.esize, policies)
             vals = vec_values([Uint32(cutlass.select_(ok, w, Uint32(0))) for w in words],
                               self.dtype_name)
             rmax = Float32(0.0)

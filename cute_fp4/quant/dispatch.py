@@ -59,15 +59,15 @@ def cast_kernel(dtype: str, rowwise: bool, columnwise: bool, swizzle: bool, per_
             _u8_2d(), _f8_2d(), _u8_2d(), _f8_2d(), env_stream())
 
 
-def amax_tensor_kernel(dtype: str, num_sms: int = 132):
+def amax_tensor_kernel(dtype: str, num_sms: int = 132, l2_keep: int = 0):
     esize = _CUTLASS[dtype].width // 8
-    return (AmaxTensor(dtype, num_sms), fake_tensor(_CUTLASS[dtype], (dyn(), dyn(16 // esize))),
+    return (AmaxTensor(dtype, num_sms, l2_keep), fake_tensor(_CUTLASS[dtype], (dyn(), dyn(16 // esize))),
             fake_tensor(cutlass.Float32, (None,), align=4), env_stream())
 
 
-def amax_token_kernel(dtype: str):
+def amax_token_kernel(dtype: str, l2_keep: int = 0):
     esize = _CUTLASS[dtype].width // 8
-    return (AmaxToken(dtype), fake_tensor(_CUTLASS[dtype], (dyn(), dyn(16 // esize))),
+    return (AmaxToken(dtype, l2_keep), fake_tensor(_CUTLASS[dtype], (dyn(), dyn(16 // esize))),
             fake_tensor(cutlass.Float32, (None,), align=4),
             fake_tensor(cutlass.Float32, (None,), align=4), env_stream())
 
@@ -129,6 +129,14 @@ def cast_tiles(m: int, k: int, esize: int) -> int:
 # loads one tile ahead; larger ones walk forwards and load the amaxes where they are used
 # (notes/quant.md "Session 9": both measured better for each side of the threshold).
 L2_WARM_MAX_BYTES = 256 << 20
+
+# Before a backwards cast, the amax pass reads all but the last L2_KEEP_BYTES of an input with
+# the L2 evict_first priority (amax.py l2_keep): more of the input's end is still in L2 when the
+# cast starts there. Measured (bf16 row+col, graphs over 3 inputs; notes/quant.md "Session 16"):
+# -2.5 to -3.3 us per quantize at 2^25-2^26 elements, per tensor and per token, 8 / 16 / 24 MB
+# alike; quantize + a GEMM of its output -1.6 to -3 us; quantize + an unrelated kernel
+# re-reading 32 MB: -1.9 to +1 us (the gain is not taken from the kernel after).
+L2_KEEP_BYTES = 16 << 20
 
 
 # Tile rows walked together (CastKernel band) when the cast writes the twin with compact
@@ -248,20 +256,22 @@ class _Plan:
         self.reduced = reduced
         self.row, self.col = row, col
         self.amax = None
+        walk = cast_walk(m, k, esize, per_token, fused, col and not swz, row and not swz, sms)
+        reverse = walk[1]
+        self.l2_keep = keep = L2_KEEP_BYTES if reverse and m * k * esize > L2_KEEP_BYTES else 0
         if per_token:
             n_amax = m + k
             if not fused:
                 self.amax = _ffi(KERNELS.get(
-                    ("amax_token", name, arch),
-                    lambda: compile_kernel(*amax_token_kernel(name), arch=arch)))
+                    ("amax_token", name, keep, arch),
+                    lambda: compile_kernel(*amax_token_kernel(name, keep), arch=arch)))
         elif fused:
             n_amax = 1
         else:
             n_amax = 1 + int(reduced) + tensor_partials(m, k, esize, sms)
             self.amax = _ffi(KERNELS.get(
-                ("amax_tensor", name, sms, arch),
-                lambda: compile_kernel(*amax_tensor_kernel(name, sms), arch=arch)))
-        walk = cast_walk(m, k, esize, per_token, fused, col and not swz, row and not swz, sms)
+                ("amax_tensor", name, sms, keep, arch),
+                lambda: compile_kernel(*amax_tensor_kernel(name, sms, keep), arch=arch)))
         self.cast = _ffi(KERNELS.get(
             ("cast", name, row, col, swz, per_token, sms, fused, walk, arch),
             lambda: compile_kernel(*cast_kernel(name, row, col, swz, per_token, sms, fused, walk),
