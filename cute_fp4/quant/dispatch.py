@@ -130,13 +130,15 @@ def cast_tiles(m: int, k: int, esize: int) -> int:
 # (notes/quant.md "Session 9": both measured better for each side of the threshold).
 L2_WARM_MAX_BYTES = 256 << 20
 
-# Before a backwards cast, the amax pass reads all but the last L2_KEEP_BYTES of an input with
-# the L2 evict_first priority (amax.py l2_keep): more of the input's end is still in L2 when the
-# cast starts there. Measured (bf16 row+col, graphs over 3 inputs; notes/quant.md "Session 16"):
-# -2.5 to -3.3 us per quantize at 2^25-2^26 elements, per tensor and per token, 8 / 16 / 24 MB
-# alike; quantize + a GEMM of its output -1.6 to -3 us; quantize + an unrelated kernel
-# re-reading 32 MB: -1.9 to +1 us (the gain is not taken from the kernel after).
-L2_KEEP_BYTES = 16 << 20
+# Before a backwards cast, the amax pass reads all but the last L2_KEEP_BYTES[columnwise] of an
+# input with the L2 evict_first priority (amax.py l2_keep): more of the input's end is still in
+# L2 when the cast starts there. Measured (bf16, graphs over 3 inputs; notes/quant.md "Session
+# 16"): row+col -2 to -3.5 us per quantize at 2^25-2^26 elements (8 / 16 MB alike, 32 MB less);
+# quantize + a GEMM of its output -1.6 to -3 us; quantize + an unrelated kernel re-reading 32 MB
+# -1.9 to +1 us (the gain is not taken from the kernel after). Rowwise only, whose cast writes
+# less and leaves more of L2 to the input: 32 MB -0.1 to -1.8 us (per tensor at 2^26 +0.1 to
+# +0.4), 16 MB +-1, 8 MB slower.
+L2_KEEP_BYTES = {True: 16 << 20, False: 32 << 20}
 
 
 # Tile rows walked together (CastKernel band) when the cast writes the twin with compact
@@ -258,7 +260,8 @@ class _Plan:
         self.amax = None
         walk = cast_walk(m, k, esize, per_token, fused, col and not swz, row and not swz, sms)
         reverse = walk[1]
-        self.l2_keep = keep = L2_KEEP_BYTES if reverse and m * k * esize > L2_KEEP_BYTES else 0
+        keep = L2_KEEP_BYTES[col]
+        self.l2_keep = keep = keep if reverse and m * k * esize > keep else 0
         if per_token:
             n_amax = m + k
             if not fused:
