@@ -132,6 +132,7 @@ def test_amax_ptx(arch, dtype):
     assert missing_instructions(ptx, [r"st\.global\.b32", r"ld\.global\.nc\.v4",
                                       r"max\.NaN\.f32"]) == []
     assert not re.search(r"\s(red|atom)\.", ptx)
+    assert "cache_hint" not in ptx and "createpolicy" not in ptx
     ptx = compile_ptx(*amax_token_kernel(dtype), arch=arch)
     assert missing_instructions(ptx, [r"red\..*global\.max\.u32", r"ld\.global\.nc\.v4",
                                       r"shfl\.sync\.bfly"]) == []

@@ -121,8 +121,9 @@ def l2_policy(priority: str, *, loc=None, ip=None) -> Int64:
 
 @dsl_user_op
 def ld_global(addr: Int64, count: int = 1, *, volatile: bool, ty: str = "b32", nc: bool = False,
-              no_allocate: bool = False, l2_prefetch: int = 0, cache_policy: Optional[Int64] = None,
-              pred: Optional[Int32] = None, dtype=Int32, loc=None, ip=None):
+              no_allocate: bool = False, l2_prefetch: int = 0,
+              cache_policy: Optional[Int64] = None, pred: Optional[Int32] = None, dtype=Int32,
+              loc=None, ip=None):
     """`count` (1, 2 or 4) values of PTX type `ty` from a global address aligned to their size:
     one value, or a tuple (Float32 for `f32`, else `dtype` words)."""
     if l2_prefetch not in (0, 64, 128, 256):

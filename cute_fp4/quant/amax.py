@@ -138,9 +138,9 @@ class AmaxToken:
     def __init__(self, dtype: str, l2_keep: int = 0):
         if dtype not in DTYPES:
             raise TypeError(f"AmaxToken: unsupported input dtype {dtype!r}")
-        self.l2_keep = l2_keep
         self.dtype_name = dtype
         self.esize = DTYPES[dtype].width // 8
+        self.l2_keep = l2_keep
         self.vec = 16 // self.esize  # elements per 16-byte vector
         self.cols_per_cta = 32 * self.vec
 

@@ -61,7 +61,8 @@ def cast_kernel(dtype: str, rowwise: bool, columnwise: bool, swizzle: bool, per_
 
 def amax_tensor_kernel(dtype: str, num_sms: int = 132, l2_keep: int = 0):
     esize = _CUTLASS[dtype].width // 8
-    return (AmaxTensor(dtype, num_sms, l2_keep), fake_tensor(_CUTLASS[dtype], (dyn(), dyn(16 // esize))),
+    return (AmaxTensor(dtype, num_sms, l2_keep),
+            fake_tensor(_CUTLASS[dtype], (dyn(), dyn(16 // esize))),
             fake_tensor(cutlass.Float32, (None,), align=4), env_stream())
 
 
@@ -259,9 +260,10 @@ class _Plan:
         self.row, self.col = row, col
         self.amax = None
         walk = cast_walk(m, k, esize, per_token, fused, col and not swz, row and not swz, sms)
-        reverse = walk[1]
         keep = L2_KEEP_BYTES[col]
-        self.l2_keep = keep = keep if reverse and m * k * esize > keep else 0
+        if not walk[1] or m * k * esize <= keep:
+            keep = 0  # the cast walks forwards, or the whole input fits in the kept part
+        self.l2_keep = keep
         if per_token:
             n_amax = m + k
             if not fused:
