@@ -67,34 +67,6 @@ def test_config_errors():
         w4a16_kernel(torch.float32)
 
 
-def test_ring_errors():
-    """Ring configurations the kernel cannot run raise at construction, naming the rule."""
-    for bad in (dict(ring=1), dict(ring=4, wide=False), dict(ring=4, row_warps=2),
-                dict(ring=4, k_warps=3)):
-        with pytest.raises(ValueError, match="ring"):
-            w4a16_kernel(**bad)
-
-
-@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
-@pytest.mark.parametrize("tile_m,k_warps,unroll,ring", [(8, 8, 1, 4), (16, 4, 2, 3)])
-def test_w4a16_ring_ptx(arch, tile_m, k_warps, unroll, ring):
-    """With the ring the weights come by TMA (one 2-D bulk tensor copy per 128-byte box of a
-    stage) into shared memory and are read with 16-byte shared loads (one per chunk and row
-    half, in the loop and the masked tail); no global weight load is left, the scales and
-    activations are still loaded by the threads."""
-    op, args = w4a16_kernel(torch.bfloat16, torch.bfloat16, tile_m=tile_m, k_warps=k_warps,
-                            unroll=unroll, ring=ring, swizzled=True)
-    ptx = compile_ptx(op, *args, arch=arch)
-    assert ptx_target(ptx) == arch
-    boxes = k_warps * unroll * 64 // 128
-    assert len(re.findall(r"cp\.async\.bulk\.tensor\.2d", ptx)) == boxes
-    assert len(re.findall(r"ld\.shared\.v4\.b32", ptx)) == 2 * unroll * 4
-    assert not re.search(r"ld\.global\.nc\.L1::no_allocate", ptx)
-    assert missing_instructions(ptx, [r"ld\.global\.nc\.u16", r"ld\.global\.nc\.v4\.u32",
-                                      r"mbarrier\.try_wait"]) == []
-    assert ptx.count("mma.sync.aligned") == 2 * unroll * 2 * 8 * (tile_m // 8)
-
-
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
 @pytest.mark.parametrize("transposed", [False, True])
 def test_w4a16_row_vector_ptx(arch, transposed):

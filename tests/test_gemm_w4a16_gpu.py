@@ -139,32 +139,6 @@ def test_configs(config, swizzled, gen):
     check(out, d64, mag, k, torch.float32)
 
 
-RING_CONFIGS = [(8, 2, 8, 1, 1, 4), (16, 2, 8, 1, 1, 3), (8, 2, 4, 1, 1, 6),
-                (8, 1, 4, 2, 1, 2), (32, 1, 6, 1, 1, 4), (64, 2, 2, 1, 1, 2)]
-
-
-@pytest.mark.parametrize("m,n,k", [(1, 333, 4160), (16, 64, 96), (7, 1000, 8192),
-                                   (40, 129, 1056)])
-@pytest.mark.parametrize("swizzled", [False, True])
-@pytest.mark.parametrize("config", RING_CONFIGS)
-def test_ring(config, swizzled, m, n, k, gen):
-    """The TMA weight ring (config[5] stages) gives the same bits as the register-loading
-    kernel of the same CTA shape (same chunks, same MMA order), which is checked against
-    float64: full and partial stages, K below one stage, partial row blocks, tokens past M,
-    fp16 and bf16 activations with row / col / bias."""
-    act = torch.float16 if k == 8192 else torch.bfloat16
-    a = rand_act(m, k, act, gen)
-    b, sb = rand_fp4(n, k, gen)
-    alpha, row, col, bias = rand_vectors(m, n, torch.float32, gen)
-    kw = dict(alpha=alpha, row=row, col=col, bias=bias, out_dtype=torch.float32,
-              swizzled=swizzled)
-    ring = run(a, b, sb, config=config, **kw)
-    plain = run(a, b, sb, config=config[:5], **kw)
-    assert torch.equal(ring, plain)
-    d64, mag = expected64(a.double(), values64(b, sb), alpha, row, col, bias)
-    check(ring, d64, mag, k, torch.float32)
-
-
 def rand_vectors(rows, cols, out_dtype, gen, flags=(True, True, True, True)):
     """alpha [1], row [rows], col [cols], bias [cols] (of the output dtype, FP32 for BF16
     outputs) for the flags (has_alpha, has_row, has_col, has_bias), None where unset."""

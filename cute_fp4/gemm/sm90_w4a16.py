@@ -36,23 +36,19 @@ import torch
 
 import cutlass
 import cutlass.cute as cute
-import cutlass.pipeline as pipeline
-import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Float32, Int32, Int64, const_expr
-from cutlass.cute.nvgpu import cpasync
 from cutlass.cutlass_dsl import dsl_user_op
 
 from ..common.decode import DECODE_EXP_SHIFT, decode_e2m1x8, e4m3_to_bf16x2_scale
 from ..common.jit import KERNELS, compile_kernel, device_arch, dyn, env_stream, fake_tensor, \
     torch_to_cutlass
-from ..common.ptx import inline_asm, ld_global, ld_shared
+from ..common.ptx import inline_asm, ld_global
 from ..ref.formats import FLOAT_DTYPES as OUT_DTYPES
 from ..ref.swizzle import swizzled_shape
 from .operands import _epilogue
 from .parts import EpilogueOperands
 
 CHUNK_K = 128  # K values per warp step: 4 threads x 32
-RING_BOX_BYTES = 128  # K bytes of one TMA box of the weight ring (one SWIZZLE_128B row)
 FP16_DECODE_EXP_SHIFT = 14
 
 
@@ -116,9 +112,7 @@ class Sm90GemmW4A16(EpilogueOperands):
     side by side along N: a CTA owns row_warps * row_tiles * 16 weight rows and reads each
     activation chunk once for all of them), unroll (chunks per pipeline stage), wide (K % 32
     == 0: 16-byte weight loads and 2-byte scale loads; else per-block 8-byte / 1-byte loads),
-    swizzled scales, which epilogue operands exist, transposed (D^T), ring (0, or the stages
-    of a TMA ring in shared memory that a producer warp fills with the weights: see
-    `_ring_words`). `__call__` takes a
+    swizzled scales, which epilogue operands exist, transposed (D^T). `__call__` takes a
     [M, K], packed b [N, K/2] uint8, scales as a flat uint8 tensor (compact [N, K/16] or
     swizzled), d [M, N] ([N, M] when transposed) and optional alpha [1], row [rows of d],
     col [columns of d], bias [columns of d]."""
@@ -127,7 +121,7 @@ class Sm90GemmW4A16(EpilogueOperands):
                  tile_m: int = 8, row_tiles: int = 2, k_warps: int = 8, unroll: int = 1,
                  row_warps: int = 1, wide: bool = True, swizzled: bool = False,
                  has_alpha: bool = False, has_row: bool = False, has_col: bool = False,
-                 has_bias: bool = False, transposed: bool = False, ring: int = 0):
+                 has_bias: bool = False, transposed: bool = False):
         if act_dtype not in (cutlass.BFloat16, cutlass.Float16):
             raise TypeError(f"activations must be BFloat16 or Float16, got {act_dtype}")
         if tile_m not in (8, 16, 32, 64):
@@ -137,15 +131,6 @@ class Sm90GemmW4A16(EpilogueOperands):
         if k_warps * row_warps > 32:
             raise ValueError(f"k_warps * row_warps must be at most 32 (1024 threads), got "
                              f"{k_warps} * {row_warps}")
-        if ring and (ring < 2 or not wide or row_warps != 1 or (k_warps * unroll) % 2):
-            raise ValueError(f"ring must be 0 or at least 2 stages, with K % 32 == 0 (wide), "
-                             f"row_warps 1 and an even k_warps * unroll, got ring={ring}, "
-                             f"wide={wide}, row_warps={row_warps}, k_warps={k_warps}, "
-                             f"unroll={unroll}")
-        self.ring = ring
-        # a ring stage: every warp's UNR chunks of the CTA's rows, as TMA boxes of
-        # RING_BOX_BYTES per row (two chunks each)
-        self.ring_boxes = k_warps * unroll * (CHUNK_K // 2) // RING_BOX_BYTES
         self.fp16 = act_dtype is cutlass.Float16
         self.out_dtype = out_dtype
         self.tile_m = tile_m
@@ -164,21 +149,17 @@ class Sm90GemmW4A16(EpilogueOperands):
         # Loading the next stage's weights before decoding the current one holds 10 more
         # registers per 16 rows and chunk: a gain at tile_m 8, a loss (spills, fewer resident
         # warps) with the larger activation fragments (H100 sweep, notes/gemm_w4a16.md).
-        # (the ring holds the next stages in shared memory instead)
-        self.prefetch = tile_m == 8 and not ring
-        # Register budget: two CTAs of up to 256 threads (+ the ring's producer warp) per SM
-        # (ptxas then keeps at most 128 / 112 registers) where the accumulators are small;
-        # otherwise ptxas chooses (tile_m 64 needs 64 accumulator registers alone).
-        self.mma_threads = 32 * k_warps * row_warps
-        self.threads = self.mma_threads + (32 if ring else 0)
-        self.min_blocks = 2 if tile_m <= 16 and self.mma_threads <= 256 else 1
-        rows = row_warps * row_tiles * 16
-        red_bytes = (rows + 1) * tile_m * k_warps * 4
-        ring_bytes = ring * self.ring_boxes * rows * RING_BOX_BYTES + 2048 if ring else 0
+        self.prefetch = tile_m == 8
+        # Register budget: two CTAs of up to 256 threads per SM (ptxas then keeps at most 128
+        # registers) where the accumulators are small; otherwise ptxas chooses (tile_m 64
+        # needs 64 accumulator registers alone).
+        threads = 32 * k_warps * row_warps
+        self.min_blocks = 2 if tile_m <= 16 and threads <= 256 else 1
+        red_bytes = (row_warps * row_tiles * 16 + 1) * tile_m * k_warps * 4
         # shared memory carveout (percent of the SM's 228 KiB) for min_blocks CTAs, the rest
         # stays L1 for the activations
         self.smem_carveout = min(
-            100, -(-100 * self.min_blocks * (red_bytes + ring_bytes + 1024) // (228 * 1024)))
+            100, -(-100 * self.min_blocks * (red_bytes + 1024) // (228 * 1024)))
         shift = FP16_DECODE_EXP_SHIFT if self.fp16 else DECODE_EXP_SHIFT
         self.acc_unscale = float(2 ** shift)
 
@@ -193,34 +174,19 @@ class Sm90GemmW4A16(EpilogueOperands):
         red_layout = cute.make_layout((rows, self.tile_m, self.k_warps),
                                       stride=(1, rows + 1, (rows + 1) * self.tile_m))
 
-        # ring: boxes of rows x RING_BOX_BYTES weight bytes (SWIZZLE_128B), ring_boxes per stage
-        box_layout = sm90_utils.make_smem_layout_a(
-            cutlass.tensor_utils.LayoutEnum.ROW_MAJOR, (rows, 8, RING_BOX_BYTES), cutlass.Uint8,
-            max(self.ring * self.ring_boxes, 1))
-        tma_atom = tma_b = None
-        if const_expr(self.ring > 0):
-            tma_atom, tma_b = cpasync.make_tiled_tma_atom(
-                cpasync.CopyBulkTensorTileG2SOp(), mB, cute.slice_(box_layout, (None, None, 0)),
-                (rows, RING_BOX_BYTES))
-
         @cute.struct
         class SharedStorage:
             red: cute.struct.Align[cute.struct.MemRange[Float32, cute.cosize(red_layout)], 16]
-            bars: cute.struct.MemRange[cutlass.Int64, 2 * max(self.ring, 1)]
-            ring: cute.struct.Align[cute.struct.MemRange[
-                cutlass.Uint8, cute.cosize(box_layout) if self.ring else 16], 1024]
 
         self.shared_storage = SharedStorage
         grid = (cute.ceil_div(mB.shape[0], rows), cute.ceil_div(mA.shape[0], self.tile_m), 1)
-        self.kernel(mA, mB, mSF, mD, (mAlpha, mRow, mCol, mBias), red_layout, tma_atom, tma_b,
-                    box_layout).launch(
-            grid=grid, block=[self.threads, 1, 1], stream=stream,
+        self.kernel(mA, mB, mSF, mD, (mAlpha, mRow, mCol, mBias), red_layout).launch(
+            grid=grid, block=[32 * self.k_warps * self.row_warps, 1, 1], stream=stream,
             min_blocks_per_mp=self.min_blocks, preferred_smem_carveout=self.smem_carveout)
 
     @cute.kernel
     def kernel(self, mA: cute.Tensor, mB: cute.Tensor, mSF: cute.Tensor, mD: cute.Tensor,
-               epi: tuple, red_layout: cute.Layout, tma_atom: Optional[cute.CopyAtom],
-               tma_b: Optional[cute.Tensor], box_layout: cute.ComposedLayout):
+               epi: tuple, red_layout: cute.Layout):
         RT = self.row_tiles
         NT = self.tile_m // 8
         KW = self.k_warps
@@ -265,174 +231,67 @@ class Sm90GemmW4A16(EpilogueOperands):
             tok = cutlass.min(m0 + nt * 8 + g, m_rows - 1)
             a_addr.append(a_base + Int64(tok) * Int64(k * 2) + Int64(t * 64))
 
-        smem = cutlass.memory.SmemAllocator()
-        storage = smem.allocate(self.shared_storage)
+        acc = cute.make_rmem_tensor((4, NT, RT), Float32)
+        acc.fill(0.0)
         # Stages of UNR chunks per warp (chunk c = (stage * UNR + u) * KW + wk). Stages whose
-        # chunks are all complete run unpredicated; the last, partial stage (if any) is masked.
+        # chunks are all complete run unpredicated (with `prefetch`, the next stage's weights
+        # and scales are loaded before this one is decoded); the last, partial stage (if any)
+        # is masked.
+        words = 5 * 2 * RT  # 4 packed words + 1 scale pair per row half
         stage_chunks = KW * UNR
         full_stages = (k // CHUNK_K) // stage_chunks
-        partial = full_stages * stage_chunks * CHUNK_K < k
-        pipe = None
-        if const_expr(self.ring > 0):
-            pipe = pipeline.PipelineTmaAsync.create(
-                barrier_storage=storage.bars.data_ptr(),
-                num_stages=self.ring,
-                producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
-                consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, KW),
-                tx_count=self.ring_boxes * rows * RING_BOX_BYTES,
-                cta_layout_vmnk=cute.make_layout((1, 1, 1, 1)),
-            )
-            if warp == KW:
-                self._ring_produce(pipe, storage, tma_atom, tma_b, box_layout, bn,
-                                   full_stages + cutlass.select_(partial, 1, 0))
-        if warp < self.mma_threads // 32:
-            acc = cute.make_rmem_tensor((4, NT, RT), Float32)
-            acc.fill(0.0)
-            if const_expr(self.ring > 0):
-                self._ring_consume(acc, pipe, storage.ring.data_ptr().toint(), sf_addr, a_addr,
-                                   wk, g, t, k, full_stages, partial)
-            else:
-                self._register_stages(acc, b_addr, sf_addr, a_addr, wk, t, k, full_stages,
-                                      partial)
-
-            # sum the k_warps partials in shared memory, then the epilogue
-            red = storage.red.get_tensor(red_layout)
-            for rt in cutlass.range_constexpr(RT):
-                for nt in cutlass.range_constexpr(NT):
-                    for e in cutlass.range_constexpr(4):
-                        r = wr * (RT * 16) + rt * 16 + g + 8 * (e // 2)
-                        tok = nt * 8 + t * 2 + e % 2
-                        red[r, tok, wk] = acc[e, nt, rt]
-            cute.arch.barrier(barrier_id=1, number_of_threads=self.mma_threads)
-            scale = self.acc_scale(self.acc_unscale, epi)
-            n_cta = bn * rows
-            for idx in cutlass.range(tidx, rows * self.tile_m, self.mma_threads, unroll=1):
-                # consecutive threads take consecutive columns of D: weight rows, or tokens
-                # when D is transposed
-                if const_expr(self.transposed):
-                    tok = idx % self.tile_m
-                    r = idx // self.tile_m
-                else:
-                    r = idx % rows
-                    tok = idx // rows
-                n = n_cta + r
-                m = m0 + tok
-                if n < n_rows and m < m_rows:
-                    v = red[r, tok, 0]
-                    for wi in cutlass.range_constexpr(1, KW):
-                        v = v + red[r, tok, wi]
-                    # ref.gemm's order: ((acc * alpha) * row) * col + bias, along D's axes
-                    d_row, d_col = (n, m) if self.transposed else (m, n)
-                    mD[d_row, d_col] = self.apply_operands(v * scale, d_row, d_col,
-                                                           epi).to(self.out_dtype)
-
-    @cute.jit
-    def _register_stages(self, acc, b_addr, sf_addr, a_addr, wk, t, k, full_stages, partial):
-        """Main loop without the ring: each stage's weights and scales are loaded into
-        registers (with `prefetch`, the next stage's before this one is decoded)."""
-        words = 5 * 2 * self.row_tiles  # 4 packed words + 1 scale pair per row half
-        n = words * self.unroll
-        buf = cute.make_rmem_tensor((n,), Int32)
+        buf = cute.make_rmem_tensor((words * UNR,), Int32)
         if const_expr(self.prefetch):
             if full_stages > 0:
                 self._load_stage(buf, b_addr, sf_addr, 0, wk, t, k, False)
                 for st in cutlass.range(full_stages - 1, unroll=1):
-                    cur = [buf[i] for i in range(n)]
+                    cur = [buf[i] for i in range(words * UNR)]
                     self._load_stage(buf, b_addr, sf_addr, st + 1, wk, t, k, False)
                     self._compute_stage(acc, cur, a_addr, st, wk, t, k, False)
-                cur = [buf[i] for i in range(n)]
+                cur = [buf[i] for i in range(words * UNR)]
                 self._compute_stage(acc, cur, a_addr, full_stages - 1, wk, t, k, False)
         else:
             for st in cutlass.range(full_stages, unroll=1):
                 self._load_stage(buf, b_addr, sf_addr, st, wk, t, k, False)
-                cur = [buf[i] for i in range(n)]
+                cur = [buf[i] for i in range(words * UNR)]
                 self._compute_stage(acc, cur, a_addr, st, wk, t, k, False)
-        if partial:
+        if full_stages * stage_chunks * CHUNK_K < k:
             self._load_stage(buf, b_addr, sf_addr, full_stages, wk, t, k, True)
-            cur = [buf[i] for i in range(n)]
+            cur = [buf[i] for i in range(words * UNR)]
             self._compute_stage(acc, cur, a_addr, full_stages, wk, t, k, True)
 
-    @cute.jit
-    def _ring_produce(self, pipe, storage, tma_atom, tma_b, box_layout, bn, n_stages):
-        """The ring's producer warp: stage st = the CTA's rows x the K bytes of stage st, as
-        ring_boxes TMA boxes (boxes past K or N are zero-filled)."""
-        rows = self.row_tiles * 16
-        sb = storage.ring.get_tensor(box_layout.outer, swizzle=box_layout.inner)
-        gb = cute.local_tile(tma_b, (rows, RING_BOX_BYTES), (None, None))
-        tsb, tgb = cpasync.tma_partition(tma_atom, 0, cute.make_layout(1),
-                                         cute.group_modes(sb, 0, 2), cute.group_modes(gb, 0, 2))
-        pstate = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.ring)
-        for st in cutlass.range(n_stages, unroll=1):
-            pipe.producer_acquire(pstate)
-            for b in cutlass.range_constexpr(self.ring_boxes):
-                cute.copy(tma_atom, tgb[(None, bn, st * self.ring_boxes + b)],
-                          tsb[(None, pstate.index * self.ring_boxes + b)],
-                          tma_bar_ptr=pipe.producer_get_barrier(pstate))
-            pipe.producer_commit(pstate)
-            pstate.advance()
-
-    @cute.jit
-    def _ring_consume(self, acc, pipe, ring_base, sf_addr, a_addr, wk, g, t, k, full_stages,
-                      partial):
-        """Main loop with the ring: per stage the scales (loaded one stage ahead into
-        registers), the weights from the ring stage (released as soon as they are in
-        registers), then the decode and MMAs."""
-        RT2 = 2 * self.row_tiles
-        words = 5 * RT2
-        n = words * self.unroll
-        buf = cute.make_rmem_tensor((n,), Int32)
-        cstate = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.ring)
-        if full_stages > 0:
-            self._load_scales(buf, sf_addr, 0, wk, t, k, False)
-        for st in cutlass.range(full_stages, unroll=1):
-            sfs = [buf[u * words + 4 * RT2 + i] for u in range(self.unroll) for i in range(RT2)]
-            # the last full stage reloads its own scales (no branch)
-            self._load_scales(buf, sf_addr, cutlass.min(st + 1, full_stages - 1), wk, t, k,
-                              False)
-            pipe.consumer_wait(cstate)
-            w = self._ring_words(ring_base, cstate.index, wk, g, t)
-            cute.arch.sync_warp()
-            pipe.consumer_release(cstate)
-            cstate.advance()
-            self._compute_stage(acc, self._ring_cur(w, sfs), a_addr, st, wk, t, k, False)
-        if partial:
-            self._load_scales(buf, sf_addr, full_stages, wk, t, k, True)
-            sfs = [buf[u * words + 4 * RT2 + i] for u in range(self.unroll) for i in range(RT2)]
-            pipe.consumer_wait(cstate)
-            w = self._ring_words(ring_base, cstate.index, wk, g, t)
-            cute.arch.sync_warp()
-            pipe.consumer_release(cstate)
-            self._compute_stage(acc, self._ring_cur(w, sfs), a_addr, full_stages, wk, t, k,
-                                True)
-
-    def _ring_words(self, ring_base, stage, wk, g, t):
-        """The thread's packed weight words of ring stage `stage`, per chunk u and row half i
-        (row rt * 16 + h * 8 + g of the CTA): the 16 bytes at chunk byte t * 16. Chunk u of
-        warp wk is byte (u * KW + wk) * 64 of the stage's K range: box (u * KW + wk) // 2,
-        half (u * KW + wk) % 2 of it; SWIZZLE_128B puts 16-byte piece j of box row r at
-        j ^ (r % 8) (r % 8 = g), so the warp's 32 loads hit distinct bank groups."""
-        rows = self.row_tiles * 16
-        box_bytes = rows * RING_BOX_BYTES
-        out = []
-        for u in range(self.unroll):
-            c = u * self.k_warps + wk
-            col = ((c % 2) * 4 + t) ^ g
-            base = ring_base + (stage * self.ring_boxes + c // 2) * box_bytes + col * 16
-            for i in range(2 * self.row_tiles):
-                row = (i // 2) * 16 + (i % 2) * 8 + g
-                out.append(ld_shared(Int32(base + row * RING_BOX_BYTES), 4, clobber=False))
-        return out
-
-    def _ring_cur(self, w, sfs):
-        """The stage's values in `_compute_stage`'s order (per chunk: 4 words per row half,
-        then one scale pair per row half)."""
-        RT2 = 2 * self.row_tiles
-        cur = []
-        for u in range(self.unroll):
-            for i in range(RT2):
-                cur += list(w[u * RT2 + i])
-            cur += sfs[u * RT2:(u + 1) * RT2]
-        return cur
+        # sum the k_warps partials in shared memory, then the epilogue
+        smem = cutlass.memory.SmemAllocator()
+        storage = smem.allocate(self.shared_storage)
+        red = storage.red.get_tensor(red_layout)
+        for rt in cutlass.range_constexpr(RT):
+            for nt in cutlass.range_constexpr(NT):
+                for e in cutlass.range_constexpr(4):
+                    r = wr * (RT * 16) + rt * 16 + g + 8 * (e // 2)
+                    tok = nt * 8 + t * 2 + e % 2
+                    red[r, tok, wk] = acc[e, nt, rt]
+        cute.arch.sync_threads()
+        scale = self.acc_scale(self.acc_unscale, epi)
+        n_cta = bn * rows
+        for idx in cutlass.range(tidx, rows * self.tile_m, KW * self.row_warps * 32, unroll=1):
+            # consecutive threads take consecutive columns of D: weight rows, or tokens when
+            # D is transposed
+            if const_expr(self.transposed):
+                tok = idx % self.tile_m
+                r = idx // self.tile_m
+            else:
+                r = idx % rows
+                tok = idx // rows
+            n = n_cta + r
+            m = m0 + tok
+            if n < n_rows and m < m_rows:
+                v = red[r, tok, 0]
+                for wi in cutlass.range_constexpr(1, KW):
+                    v = v + red[r, tok, wi]
+                # ref.gemm's order: ((acc * alpha) * row) * col + bias, along D's axes
+                d_row, d_col = (n, m) if self.transposed else (m, n)
+                mD[d_row, d_col] = self.apply_operands(v * scale, d_row, d_col,
+                                                       epi).to(self.out_dtype)
 
     def _chunk_preds(self, c, t, k, predicated):
         """(first 16, last 16) K-valid predicates of the 32 values of chunk c of quad
@@ -450,6 +309,7 @@ class Sm90GemmW4A16(EpilogueOperands):
         for u in range(self.unroll):
             c = (stage * self.unroll + u) * self.k_warps + wk
             v0, v1 = self._chunk_preds(c, t, k, predicated)
+            kb = c * 8 + t * 2  # first of this thread's two blocks
             for i in range(RT2):
                 off = Int64(c * (CHUNK_K // 2))
                 # weights are read once: not allocated in L1; L2 fetches 256 bytes around
@@ -466,18 +326,6 @@ class Sm90GemmW4A16(EpilogueOperands):
                     w = (lo[0], lo[1], hi[0], hi[1])
                 for q in range(4):
                     buf[u * words + 4 * i + q] = w[q]
-        self._load_scales(buf, sf_addr, stage, wk, t, k, predicated)
-
-    def _load_scales(self, buf, sf_addr, stage, wk, t, k, predicated):
-        """The block-scale pairs of the stage's UNR chunks into buf (after each chunk's 4
-        words per row half: one scale pair per row half)."""
-        RT2 = 2 * self.row_tiles
-        words = 5 * RT2
-        for u in range(self.unroll):
-            c = (stage * self.unroll + u) * self.k_warps + wk
-            v0, v1 = self._chunk_preds(c, t, k, predicated)
-            kb = c * 8 + t * 2  # first of this thread's two blocks
-            for i in range(RT2):
                 if const_expr(self.swizzled):
                     sfo = sf_addr[i] + Int64((kb // 4) * 512 + kb % 4)
                 else:
@@ -573,7 +421,7 @@ def pick_w4a16_config(m: int, n: int):
 def w4a16_kernel(act_dtype=torch.bfloat16, out_dtype=torch.bfloat16, *, tile_m=8, row_tiles=2,
                  k_warps=8, unroll=1, row_warps=1, wide=True, swizzled=False,
                  flags=(False, False, False), bias_dtype=None, has_row=False,
-                 transposed=False, ring=0):
+                 transposed=False):
     """(op, *fake_args) of one W4A16 configuration, for compiling (host calls and tests).
     flags = (has_alpha, has_col, has_bias); has_row adds the per-row vector of D,
     transposed makes D [N, M] (row [N], col and bias [M])."""
@@ -584,7 +432,7 @@ def w4a16_kernel(act_dtype=torch.bfloat16, out_dtype=torch.bfloat16, *, tile_m=8
                        row_tiles=row_tiles, k_warps=k_warps, unroll=unroll,
                        row_warps=row_warps, wide=wide, swizzled=swizzled,
                        has_alpha=has_alpha, has_row=has_row, has_col=has_col,
-                       has_bias=has_bias, transposed=transposed, ring=ring)
+                       has_bias=has_bias, transposed=transposed)
     m, n = dyn(), dyn()
     d_rows, d_cols = (n, m) if transposed else (m, n)
     args = (
@@ -621,7 +469,7 @@ def gemm_w4a16_sm90(a: torch.Tensor, b_data: torch.Tensor, b_scales: torch.Tenso
     ref.gemm's order. `transposed` computes D^T [N, M] instead (D^T[n, m] = cast(alpha *
     row[n] * col[m] * sum_k a[m, k] * b[n, k] + bias[m]): row / col / bias follow the output's
     rows and columns). `out` (contiguous, of the output's shape and out_dtype) receives the
-    result; `config` = (tile_m, row_tiles, k_warps, unroll, row_warps[, ring]) overrides
+    result; `config` = (tile_m, row_tiles, k_warps, unroll, row_warps) overrides
     `pick_w4a16_config` (benchmarks). Built for decode sizes (M <= 64); larger M runs one grid
     row per 64 tokens, re-reading the weights for each (correct, not fast)."""
     if not isinstance(a, torch.Tensor) or a.dtype not in ACT_DTYPES or a.dim() != 2:
@@ -678,22 +526,20 @@ def launch_w4a16(a, b_data, sf, out, alpha, row, col, bias, *, swizzled: bool,
     scales `sf`, out of the output's shape, epilogue vectors as `operands._epilogue` returns
     them; M, N > 0."""
     m, k = a.shape
-    tile_m, row_tiles, k_warps, unroll, row_warps, *ring = config or pick_w4a16_config(
+    tile_m, row_tiles, k_warps, unroll, row_warps = config or pick_w4a16_config(
         m, b_data.shape[0])
-    ring = ring[0] if ring else 0
     wide = k % 32 == 0
     flags = (alpha is not None, col is not None, bias is not None)
     bias_dtype = bias.dtype if bias is not None else None
     has_row, transposed, swizzled = row is not None, bool(transposed), bool(swizzled)
     key = ("gemm_w4a16_sm90", a.dtype, out.dtype, tile_m, row_tiles, k_warps, unroll,
-           row_warps, wide, swizzled, flags, bias_dtype, has_row, transposed, ring)
+           row_warps, wide, swizzled, flags, bias_dtype, has_row, transposed)
 
     def build():
         op, args = w4a16_kernel(a.dtype, out.dtype, tile_m=tile_m, row_tiles=row_tiles,
                                 k_warps=k_warps, unroll=unroll, row_warps=row_warps,
                                 wide=wide, swizzled=swizzled, flags=flags,
-                                bias_dtype=bias_dtype, has_row=has_row, transposed=transposed,
-                                ring=ring)
+                                bias_dtype=bias_dtype, has_row=has_row, transposed=transposed)
         return compile_kernel(op, *args, arch=arch)
 
     fn = KERNELS.get(key, build)
