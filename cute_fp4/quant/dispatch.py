@@ -8,7 +8,9 @@ with its fused amax (one CTA computes the amaxes before it casts; cast.py), inst
 amax kernel, per token a zero-fill, and the cast.
 
 Supported: recipe.scaling in {"tensor", "token"}, block (1, 16), no rht / stochastic rounding /
-4over6 (NotImplementedError naming the option: later issues add them).
+4over6: the recipe kernels (`recipes_dispatch.quantize_recipe`) run those, and the public
+`cute_fp4.quantize` routes each recipe to its kernel (`ops.plain_cast`); called directly, this
+module raises NotImplementedError naming the option.
 """
 
 from __future__ import annotations
@@ -73,21 +75,25 @@ def amax_token_kernel(dtype: str, l2_keep: int = 0):
             fake_tensor(cutlass.Float32, (None,), align=4), env_stream())
 
 
+_RECIPE_KERNELS = ("is not a plain-cast option: quant.recipes_dispatch.quantize_recipe (or "
+                   "cute_fp4.quantize) runs it")
+
+
 def _check_recipe(recipe: Recipe):
     if recipe.rht:
-        raise NotImplementedError("cute_fp4 CUDA quantize: Recipe.rht is not implemented yet")
+        raise NotImplementedError(f"cute_fp4 plain CUDA cast: Recipe.rht {_RECIPE_KERNELS}")
     if recipe.stochastic_rounding:
         raise NotImplementedError(
-            "cute_fp4 CUDA quantize: Recipe.stochastic_rounding is not implemented yet")
+            f"cute_fp4 plain CUDA cast: Recipe.stochastic_rounding {_RECIPE_KERNELS}")
     if recipe.four_over_six is not None:
         raise NotImplementedError(
-            "cute_fp4 CUDA quantize: Recipe.four_over_six is not implemented yet")
+            f"cute_fp4 plain CUDA cast: Recipe.four_over_six {_RECIPE_KERNELS}")
     if recipe.block != (1, 16):
         raise NotImplementedError(
-            f"cute_fp4 CUDA quantize: Recipe.block={recipe.block} is not implemented yet")
+            f"cute_fp4 plain CUDA cast: Recipe.block={recipe.block} {_RECIPE_KERNELS}")
     if recipe.scaling not in ("tensor", "token"):
         raise NotImplementedError(
-            f"cute_fp4 CUDA quantize: Recipe.scaling={recipe.scaling!r} is not implemented yet")
+            f"cute_fp4 plain CUDA cast: Recipe.scaling={recipe.scaling!r} {_RECIPE_KERNELS}")
 
 
 def _check_shape(m: int, k: int, esize: int, recipe: Recipe):
@@ -409,7 +415,8 @@ def quantize(x: torch.Tensor, recipe: Recipe = Recipe(), *, seed: int = 0,
              offset: int = 0, amax_reduce: Optional[Callable[[torch.Tensor], None]] = None,
              separate: bool = False, out: Optional[NVFP4Tensor] = None) -> NVFP4Tensor:
     """NVFP4 quantize of a CUDA tensor [..., K] (flattened to [M, K]); see the module doc.
-    seed/offset are accepted for API symmetry (stochastic rounding is not implemented).
+    seed/offset are accepted for API symmetry (the plain cast rounds to nearest; stochastic
+    rounding runs in the recipe kernels).
 
     amax_reduce (tensor / sequence parallelism, input sharded along M): called between the
     amax kernel and the cast on the float32 amaxes that span M, which it must reduce in place
