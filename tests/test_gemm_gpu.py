@@ -168,6 +168,24 @@ def test_predecode_bit_exact(rows, k, gen):
     assert torch.equal(got, want[:, idx].to(torch.bfloat16))
 
 
+@pytest.mark.parametrize("q,k", [(1, 16), (3, 64), (5, 176), (2, 8), (300, 1000), (64, 8192),
+                                 (1031, 4096)])
+def test_permute_k(q, k, gen):
+    """PermuteK: the BF16 operand of the W4A16 mixed GEMM, k = kperm64()[p] at position p of
+    every k-tile, zero past K (a poisoned output, a misaligned input view, ragged rows)."""
+    from cute_fp4.gemm.sm90_mixed import k_pad, kperm64, permute_k
+
+    base = torch.randn(q * k + 1, generator=gen).to(torch.bfloat16).cuda()
+    y = (base[1:] if q % 2 else base[:-1]).view(q, k)  # odd q: a misaligned view
+    kp = k_pad(k // 2)
+    out = torch.full((q, kp), float("nan"), dtype=torch.bfloat16, device="cuda")
+    assert permute_k(y, kp, "sm_90a", out=out) is out
+    padded = torch.zeros(q, kp, dtype=torch.bfloat16)
+    padded[:, :k] = y.cpu()
+    idx = (torch.arange(0, kp, 64).view(-1, 1) + kperm64().view(1, -1)).view(-1)
+    assert torch.equal(out.cpu().view(torch.int16), padded[:, idx].view(torch.int16))
+
+
 @pytest.mark.parametrize("m,n,k", [(1, 256, 64), (200, 300, 512), (512, 1024, 2048),
                                    (77, 130, 176)])
 @pytest.mark.parametrize("swizzled", [False, True])

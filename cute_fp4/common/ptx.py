@@ -164,3 +164,9 @@ def red_max_u32(addr: Int64, value, *, loc=None, ip=None):
     """Global atomic max without return (relaxed, gpu scope)."""
     inline_asm("red.relaxed.gpu.global.max.u32 [$0], $1;", "l,r", [addr, value], volatile=True,
                loc=loc, ip=ip)
+
+
+@dsl_user_op
+def prmt(a: Int32, b: Int32, sel: int, *, loc=None, ip=None) -> Int32:
+    """prmt.b32 with a constant selector: bytes of (a, b) picked by the 4 nibbles of sel."""
+    return inline_asm(f"prmt.b32 $0, $1, $2, 0x{sel:04X};", "=r,r,r", [a, b], loc=loc, ip=ip)

@@ -53,7 +53,7 @@ from cutlass.tensor_utils import LayoutEnum
 from ..common.decode import DECODE_EXP_SHIFT, decode_e2m1x8, e4m3_to_bf16x2_scale
 from ..common.jit import (KERNELS, compile_kernel, dyn, env_stream, fake_tensor, num_sms,
                           torch_to_cutlass)
-from ..common.ptx import ld_global, ld_shared, st_global
+from ..common.ptx import ld_global, ld_shared, prmt, st_global
 from .parts import EpilogueOperands, prefetch_tma, tma_slices
 
 TILE_M = 128
@@ -81,17 +81,6 @@ def kperm64() -> torch.Tensor:
             for t in range(2):
                 perm[16 * i + 8 * (j // 4) + 2 * (j % 4) + t] = 8 * j + i + 4 * t
     return perm
-
-
-def permute_k(y: torch.Tensor, k_pad: int) -> torch.Tensor:
-    """A copy of y [Q, K] (K % 16 == 0) in the kernel's K order, zero-padded to k_pad columns
-    (a multiple of 64 >= K): the BF16 operand of `gemm_mixed_sm90` for natural-order data.
-    k = 8 j + i + 4 t with j = 4 jh + jl goes to position 16 i + 8 jh + 2 jl + t, i.e. the
-    digits (jh, jl, t, i) of k are reordered to (i, jh, jl, t): one strided copy."""
-    q, k = y.shape
-    if k != k_pad:
-        y = torch.nn.functional.pad(y, (0, k_pad - k))
-    return y.view(q, k_pad // TILE_K, 2, 4, 2, 4).permute(0, 1, 5, 2, 3, 4).reshape(q, k_pad)
 
 
 @cute.jit
@@ -621,6 +610,50 @@ class Sm90PredecodeNVFP4:
                           clobber=True)
 
 
+class PermuteK:
+    """BF16 y [Q, K] -> [Q, k_pad] in the kernel's K order (`kperm64`), zero past K (k_pad a
+    multiple of 64 >= K): the activation operand of the W4A16 mixed GEMM. k = 32 jh + 8 jl +
+    4 t + i goes to position 16 i + 8 jh + 2 jl + t, so output chunk 2 i + jh (8 positions,
+    16 bytes) takes elements i and i + 4 of input chunks 4 jh + jl, jl = 0..3: one thread per
+    (row, k-tile, jh) loads those 4 chunks (64 contiguous bytes) and writes its 4 output chunks
+    with one byte permute per output word. `__call__` takes int32 views: y [Q, K/2] (K a
+    multiple of 8, rows and base 16-byte aligned; chunks past K read as zero) and the output
+    [Q, k_pad/2]."""
+
+    def __init__(self, threads: int = 256):
+        self.threads = threads
+
+    @cute.jit
+    def __call__(self, mY: cute.Tensor, mOut: cute.Tensor, stream: cuda.CUstream):
+        units = mOut.shape[0] * (mOut.shape[1] // 16)
+        self.kernel(mY, mOut).launch(grid=(cute.ceil_div(units, self.threads), 1, 1),
+                                     block=[self.threads, 1, 1], stream=stream)
+
+    @cute.kernel
+    def kernel(self, mY: cute.Tensor, mOut: cute.Tensor):
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        rows = mOut.shape[0]
+        per_row = mOut.shape[1] // 16  # (k-tile, jh) units of a row
+        chunks = mY.shape[1] // 4  # 16-byte input chunks of a row
+        u = bidx * self.threads + tidx
+        if u < rows * per_row:
+            row = u // per_row
+            h = u - row * per_row  # 2 * k-tile + jh: input chunks 4 h .. 4 h + 3
+            src = mY.iterator + row * mY.layout.stride[0]
+            w = []
+            for jl in cutlass.range_constexpr(4):
+                c = h * 4 + jl
+                w.append(ld_global((src + cutlass.min(c, chunks - 1) * 4).toint(), 4,
+                                   volatile=False, pred=Int32(c < chunks)))
+            dst = mOut.iterator + (row * mOut.layout.stride[0] + (h >> 1) * 32 + (h & 1) * 4)
+            for i in cutlass.range_constexpr(4):
+                sel = 0x5410 if i % 2 == 0 else 0x7632
+                st_global((dst + i * 8).toint(),
+                          *[prmt(w[jl][i // 2], w[jl][2 + i // 2], sel) for jl in range(4)],
+                          clobber=True)
+
+
 # ---- host side ----
 
 def _stage_bytes(tile_n: int, tile_m: int = TILE_M) -> int:
@@ -735,6 +768,38 @@ def predecode_kernel():
     )
 
 
+def permute_kernel():
+    """The op and fake arguments of PermuteK."""
+    import cutlass
+
+    q = dyn()
+    return PermuteK(), (
+        fake_tensor(cutlass.Int32, (q, dyn(4))),
+        fake_tensor(cutlass.Int32, (q, dyn(32))),
+        env_stream(),
+    )
+
+
+def permute_k(y: torch.Tensor, k_pad: int, arch: str,
+              out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """A copy of the BF16 y [Q, K] (CUDA, contiguous, K % 8 == 0) in the kernel's K order,
+    zero-padded to k_pad columns (a multiple of 64 >= K): the BF16 operand of
+    `gemm_mixed_sm90` for natural-order data (PermuteK), written to `out` (contiguous BF16
+    [Q, k_pad]) when given."""
+    q, k = y.shape
+    if y.data_ptr() % 16:
+        y = y.clone()
+    if out is None:
+        out = torch.empty((q, k_pad), dtype=torch.bfloat16, device=y.device)
+    if q:
+        def build():
+            op, args = permute_kernel()
+            return compile_kernel(op, *args, arch=arch)
+
+        KERNELS.get(("permute_k",), build)(y.view(torch.int32), out.view(torch.int32))
+    return out
+
+
 def k_pad(kh: int) -> int:
     """K rounded up to whole k-tiles, for packed rows of kh bytes."""
     return -(-kh // (TILE_K // 2)) * TILE_K
@@ -804,7 +869,7 @@ def gemm_mixed_sm90(w_data: torch.Tensor, w_scales: torch.Tensor, a: torch.Tenso
     sum_k a[m, k] * w[n, k] + bias[n]) with BF16 activations a [M, K] (natural K order) and
     NVFP4 weights w [N, K/2] (E4M3 scales, compact or swizzled), FP32 accumulation. The weights
     are decoded in registers, the activations go through a K-permuted copy (`permute_k`,
-    one strided copy of 2 * M * K bytes) loaded by TMA. sm_90a only."""
+    one kernel reading and writing 2 * M * K bytes) loaded by TMA. sm_90a only."""
     from ..common.jit import device_arch
     from .operands import _check_operand, _epilogue, _prepare_data
 
@@ -828,7 +893,7 @@ def gemm_mixed_sm90(w_data: torch.Tensor, w_scales: torch.Tensor, a: torch.Tenso
     if m == 0 or n == 0:
         return out
     w_prep = _prepare_data(w_data)
-    return launch_mixed(w_prep, sfw, permute_k(a, k_pad(w_prep.shape[1])), out, alpha, row,
+    return launch_mixed(w_prep, sfw, permute_k(a, k_pad(w_prep.shape[1]), arch), out, alpha, row,
                         col, bias, transposed=True, unscale_exp=UNSCALE_W4A16, arch=arch,
                         tile_n=tile_n, stages=stages, ctas_per_sm=ctas_per_sm,
                         k_split=k_split)

@@ -42,7 +42,7 @@ from cutlass.cutlass_dsl import dsl_user_op
 from ..common.decode import DECODE_EXP_SHIFT, decode_e2m1x8, e4m3_to_bf16x2_scale
 from ..common.jit import KERNELS, compile_kernel, device_arch, dyn, env_stream, fake_tensor, \
     torch_to_cutlass
-from ..common.ptx import inline_asm, ld_global
+from ..common.ptx import inline_asm, ld_global, prmt
 from ..ref.formats import FLOAT_DTYPES as OUT_DTYPES
 from ..ref.swizzle import swizzled_shape
 from .operands import _epilogue
@@ -50,12 +50,6 @@ from .parts import EpilogueOperands
 
 CHUNK_K = 128  # K values per warp step: 4 threads x 32
 FP16_DECODE_EXP_SHIFT = 14
-
-
-@dsl_user_op
-def prmt(a: Int32, b: Int32, *, sel: int, loc=None, ip=None) -> Int32:
-    """prmt.b32 with a constant selector: bytes of (a, b) picked by the 4 nibbles of sel."""
-    return inline_asm(f"prmt.b32 $0, $1, $2, 0x{sel:04X};", "=r,r,r", [a, b], loc=loc, ip=ip)
 
 
 @dsl_user_op
