@@ -91,26 +91,10 @@ def test_mixed_sm90_ptx(tile_n, transposed, vec_store):
     assert len(re.findall(r"\bbar(rier)?\.sync", ptx)) == 3
     # persistent: the grid size comes from the launch, the tile loop from %nctaid
     assert "%nctaid.x" in ptx
-    # x, its scales and y: one TMA load site in the k-loop, and one for the first stages
-    # (programmatic dependent launch): x and scales before griddepcontrol.wait, y after it
-    loads = [m.start() for m in re.finditer(r"cp\.async\.bulk\.tensor\.2d", ptx)]
-    wait = [m.start() for m in re.finditer(r"griddepcontrol\.wait", ptx)]
-    assert len(loads) == 6 and wait  # (the compiler may copy the wait onto a path around the loops)
-    assert loads[1] < min(wait) < loads[2]
+    # x, its scales and y: one TMA load site
+    assert len(re.findall(r"cp\.async\.bulk\.tensor\.2d", ptx)) == 3
     # two unrolled k-tile sites of four k16 wgmmas
     assert len(re.findall(r"wgmma\.mma_async", ptx)) == 8
-
-
-def test_mixed_sm90_no_pdl_ptx():
-    """Without programmatic dependent launch: one TMA load site of x, scales and y, no
-    griddepcontrol."""
-    from cute_fp4.gemm.sm90_mixed import UNSCALE_W4A4, mixed_kernel
-
-    op, args = mixed_kernel(torch.bfloat16, 128, 4, (True, True, True, True), torch.float32,
-                            False, UNSCALE_W4A4, True, pdl=False)
-    ptx = _sm90_gemm_ptx(op, args, 128)
-    assert len(re.findall(r"cp\.async\.bulk\.tensor\.2d", ptx)) == 3
-    assert "griddepcontrol" not in ptx
 
 
 @pytest.mark.parametrize("tile_n,ctas_per_sm,k_split", [(16, 3, False), (32, 2, False),
@@ -143,8 +127,6 @@ def test_predecode_sm90_ptx():
     assert len(re.findall(r"st\.global\.v4\.b32", ptx)) == 4
     # 4 words x 4 pairs, plus two multiplies per scale conversion
     assert len(re.findall(r"mul\.rn\.bf16x2", ptx)) == 16 + 2 * 2
-    # the mixed GEMM after it may launch at its start
-    assert ptx.count("griddepcontrol.launch_dependents") == 1
 
 
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
@@ -200,8 +182,6 @@ def test_permute_k_ptx(arch):
     assert len(re.findall(r"ld\.global\.v4\.b32", ptx)) == 4
     assert len(re.findall(r"prmt\.b32", ptx)) == 16
     assert len(re.findall(r"st\.global\.v4\.b32", ptx)) == 4
-    # the mixed GEMM after it may launch at its start
-    assert ptx.count("griddepcontrol.launch_dependents") == 1
 
 
 def test_pick_mixed_config():

@@ -345,8 +345,7 @@ class Sm90GemmMixed(Sm90Gemm):
                  has_alpha: bool = False, has_row: bool = False, has_col: bool = False,
                  has_bias: bool = False, transposed: bool = False,
                  unscale_exp: int = UNSCALE_W4A4, vec_store: bool = False,
-                 num_ctas: int = 132, ctas_per_sm: int = 1, k_split: bool = False,
-                 pdl: bool = True):
+                 num_ctas: int = 132, ctas_per_sm: int = 1, k_split: bool = False):
         if tile_n not in MIXED_TILE_NS:
             raise ValueError(f"tile_n must be one of {MIXED_TILE_NS}, got {tile_n}")
         if ctas_per_sm not in MIXED_REGS or tile_n > MIXED_REGS[ctas_per_sm][2]:
@@ -371,13 +370,6 @@ class Sm90GemmMixed(Sm90Gemm):
         self.num_ctas = num_ctas
         # warps that consume (release) each pipeline stage
         self.consumer_warps = 4 if k_split else 8
-        # Programmatic dependent launch: the kernel before this one writes y only (the
-        # predecode pass or PermuteK, which let this kernel launch at their start), so the
-        # producer issues the first stages' x and scale loads, then griddepcontrol.wait, then
-        # their y loads: the launch and the first weight loads overlap that kernel. Nothing
-        # else reads memory another kernel may still write (a kernel that does not trigger
-        # early completes before this one starts, as without pdl).
-        self.pdl = pdl
 
     @cute.jit
     def __call__(self, mX: cute.Tensor, mSFX: cute.Tensor, mY: cute.Tensor, mD: cute.Tensor,
@@ -413,35 +405,7 @@ class Sm90GemmMixed(Sm90Gemm):
             tiled_mma, (pk_layout, sf_layout, y_layout), tx_bytes,
         ).launch(grid=grid, block=[self.threads, 1, 1], stream=stream,
                  min_blocks_per_mp=self.ctas_per_sm,
-                 preferred_smem_carveout=100 if self.ctas_per_sm > 1 else None,
-                 use_pdl=self.pdl)
-
-    @cute.jit
-    def _produce_first_stages(self, mainloop, state, tma_x, mX, sX, tma_sf, tSgS, tSsS, tma_y,
-                              mY, sY, bid, p_tiles, k_tiles):
-        """pdl: the first min(stages, k_tiles) k-tiles of the CTA's first tile, x and its
-        scales before griddepcontrol.wait, y after it (stages 0.. of the fresh pipeline whose
-        producer state is `state`; the caller advances it past them). Returns their number."""
-        tile_m, tile_n = self.tile_m, self.tile_n
-        p_tile, q_tile = self.tile_coords(bid, p_tiles)
-        sf_tile = p_tile // (TILE_M // tile_m)
-        tXsX, tXgX = tma_slices(tma_x, sX, cute.local_tile(mX, (tile_m, TILE_K // 2),
-                                                           (p_tile, None)))
-        tYsY, tYgY = tma_slices(tma_y, sY, cute.local_tile(mY, (tile_n, TILE_K),
-                                                           (q_tile, None)))
-        first = cutlass.min(Int32(self.stages), k_tiles)
-        for kt in cutlass.range(first, unroll=1):
-            st = pipeline.PipelineState(self.stages, kt, kt, 1)
-            mainloop.producer_acquire(st)
-            bar = mainloop.producer_get_barrier(st)
-            cute.copy(tma_x, tXgX[(None, kt)], tXsX[(None, kt)], tma_bar_ptr=bar)
-            cute.copy(tma_sf, tSgS[(None, sf_tile * k_tiles + kt)], tSsS[(None, kt)],
-                      tma_bar_ptr=bar)
-        cute.arch.griddepcontrol_wait()
-        for kt in cutlass.range(first, unroll=1):
-            bar = mainloop.producer_get_barrier(pipeline.PipelineState(self.stages, kt, kt, 1))
-            cute.copy(tma_y, tYgY[(None, kt)], tYsY[(None, kt)], tma_bar_ptr=bar)
-        return first
+                 preferred_smem_carveout=100 if self.ctas_per_sm > 1 else None)
 
     @cute.kernel
     def kernel(self, tma_x: cute.CopyAtom, mX: cute.Tensor, tma_sf: cute.CopyAtom,
@@ -477,15 +441,6 @@ class Sm90GemmMixed(Sm90Gemm):
                 tSsS, tSgS = tma_slices(tma_sf, sSF, cute.local_tile(mSF, (128, 4), (0, None)))
                 state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer,
                                                      self.stages)
-                # pdl: the first tile's first stages load x and its scales before
-                # griddepcontrol.wait and y after it (see __init__); the loop below starts
-                # after them
-                first = Int32(0)
-                if const_expr(self.pdl):
-                    first = self._produce_first_stages(mainloop, state, tma_x, mX, sX, tma_sf,
-                                                       tSgS, tSsS, tma_y, mY, sY, bid,
-                                                       p_tiles, k_tiles)
-                    state.advance(first)
                 for i in cutlass.range(my_tiles, unroll=1):
                     p_tile, q_tile = self.tile_coords(bid + i * n_ctas, p_tiles)
                     gX = cute.local_tile(mX, (tile_m, TILE_K // 2), (p_tile, None))
@@ -494,8 +449,7 @@ class Sm90GemmMixed(Sm90Gemm):
                     gY = cute.local_tile(mY, (tile_n, TILE_K), (q_tile, None))
                     tXsX, tXgX = tma_slices(tma_x, sX, gX)
                     tYsY, tYgY = tma_slices(tma_y, sY, gY)
-                    for kt in cutlass.range(cutlass.select_(i == 0, first, 0), k_tiles,
-                                            unroll=1):
+                    for kt in cutlass.range(k_tiles, unroll=1):
                         mainloop.producer_acquire(state)
                         bar = mainloop.producer_get_barrier(state)
                         s = state.index
@@ -628,8 +582,6 @@ class Sm90PredecodeNVFP4:
 
     @cute.kernel
     def kernel(self, mX: cute.Tensor, mSF: cute.Tensor, mOut: cute.Tensor):
-        # the mixed GEMM after this kernel may launch now (it waits for this one's output)
-        cute.arch.griddepcontrol_launch_dependents()
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         rows = mX.shape[0]
@@ -679,8 +631,6 @@ class PermuteK:
 
     @cute.kernel
     def kernel(self, mY: cute.Tensor, mOut: cute.Tensor):
-        # the mixed GEMM after this kernel may launch now (it waits for this one's output)
-        cute.arch.griddepcontrol_launch_dependents()
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         rows = mOut.shape[0]
@@ -774,7 +724,7 @@ def pick_mixed_config(p: int, q: int, sms: int = 132, out_elt: int = 2,
 
 
 def mixed_kernel(out_dtype, tile_n, stages, flags, bias_dtype, transposed, unscale_exp,
-                 vec_store, num_ctas=132, ctas_per_sm=1, k_split=False, pdl=True):
+                 vec_store, num_ctas=132, ctas_per_sm=1, k_split=False):
     """The compile-time op and fake arguments of one Sm90GemmMixed configuration."""
     import cutlass
 
@@ -782,7 +732,7 @@ def mixed_kernel(out_dtype, tile_n, stages, flags, bias_dtype, transposed, unsca
     op = Sm90GemmMixed(torch_to_cutlass(out_dtype), tile_n=tile_n, stages=stages,
                        has_alpha=has_alpha, has_row=has_row, has_col=has_col, has_bias=has_bias,
                        transposed=transposed, unscale_exp=unscale_exp, vec_store=vec_store,
-                       num_ctas=num_ctas, ctas_per_sm=ctas_per_sm, k_split=k_split, pdl=pdl)
+                       num_ctas=num_ctas, ctas_per_sm=ctas_per_sm, k_split=k_split)
     elt = torch.empty((), dtype=out_dtype).element_size()
     p, q = dyn(), dyn()
     m, n = (q, p) if transposed else (p, q)
@@ -878,7 +828,7 @@ def predecode_nvfp4(data: torch.Tensor, sf_flat: torch.Tensor, arch: str) -> tor
 def launch_mixed(x_data, sfx, y, out, alpha, row, col, bias, *, transposed: bool,
                  unscale_exp: int, arch: str, tile_n: Optional[int] = None,
                  stages: Optional[int] = None, ctas_per_sm: Optional[int] = None,
-                 k_split: Optional[bool] = None, pdl: bool = True):
+                 k_split: Optional[bool] = None):
     """Run Sm90GemmMixed on prepared operands: x_data [P, K/2] uint8 with 16-byte rows and
     base, sfx its flat swizzled scales, y [Q, >= K] BF16 in the kernel's K order with 16-byte
     row pitch, out [M, N] contiguous, the epilogue operands as `operands._epilogue` returns
@@ -897,11 +847,11 @@ def launch_mixed(x_data, sfx, y, out, alpha, row, col, bias, *, transposed: bool
     bias_dtype = bias.dtype if bias is not None else None
     vec_store = (out.shape[1] * elt) % 16 == 0 and out.data_ptr() % 16 == 0
     key = ("gemm_mixed_sm90", out.dtype, tile_n, stages, flags, bias_dtype, transposed,
-           unscale_exp, vec_store, sms, ctas_per_sm, k_split, pdl)
+           unscale_exp, vec_store, sms, ctas_per_sm, k_split)
 
     def build():
         op, args = mixed_kernel(out.dtype, tile_n, stages, flags, bias_dtype, transposed,
-                                unscale_exp, vec_store, sms, ctas_per_sm, k_split, pdl)
+                                unscale_exp, vec_store, sms, ctas_per_sm, k_split)
         return compile_kernel(op, *args, arch=arch)
 
     KERNELS.get(key, build)(x_data, sfx, y, out, alpha, row, col, bias)
