@@ -172,11 +172,14 @@ def test_predecode_bit_exact(rows, k, gen):
                                  (1031, 4096)])
 def test_permute_k(q, k, gen):
     """PermuteK: the BF16 operand of the W4A16 mixed GEMM, k = kperm64()[p] at position p of
-    every k-tile, zero past K (a poisoned output, a misaligned input view, ragged rows)."""
+    every k-tile, zero past K (a poisoned output, misaligned and strided input views, ragged
+    rows)."""
     from cute_fp4.gemm.sm90_mixed import k_pad, kperm64, permute_k
 
     base = torch.randn(q * k + 1, generator=gen).to(torch.bfloat16).cuda()
     y = (base[1:] if q % 2 else base[:-1]).view(q, k)  # odd q: a misaligned view
+    if q == 300:  # a strided view: the columns of a wider tensor
+        y = torch.cat([y, y[:, :8]], 1)[:, 8:]
     kp = k_pad(k // 2)
     out = torch.full((q, kp), float("nan"), dtype=torch.bfloat16, device="cuda")
     assert permute_k(y, kp, "sm_90a", out=out) is out

@@ -782,13 +782,14 @@ def permute_kernel():
 
 def permute_k(y: torch.Tensor, k_pad: int, arch: str,
               out: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """A copy of the BF16 y [Q, K] (CUDA, contiguous, K % 8 == 0) in the kernel's K order,
-    zero-padded to k_pad columns (a multiple of 64 >= K): the BF16 operand of
-    `gemm_mixed_sm90` for natural-order data (PermuteK), written to `out` (contiguous BF16
-    [Q, k_pad]) when given."""
+    """A copy of the BF16 y [Q, K] (CUDA, K % 8 == 0) in the kernel's K order, zero-padded to
+    k_pad columns (a multiple of 64 >= K): the BF16 operand of `gemm_mixed_sm90` for
+    natural-order data (PermuteK), written to `out` (contiguous BF16 [Q, k_pad]) when given.
+    A strided or misaligned y is copied first (the kernel reads 16-byte chunks of dense
+    rows)."""
     q, k = y.shape
-    if y.data_ptr() % 16:
-        y = y.clone()
+    if not y.is_contiguous() or y.data_ptr() % 16:
+        y = y.clone(memory_format=torch.contiguous_format)
     if out is None:
         out = torch.empty((q, k_pad), dtype=torch.bfloat16, device=y.device)
     if q:
