@@ -17,18 +17,19 @@ from cute_fp4.gemm.sm90_w4a4 import BUFFERS
 LAUNCH_REGS = {1: 168, 2: 80, 3: 56}
 
 
-def _sm90_gemm_ptx(op, args, tile_n: int, extra=(), ctas_per_sm: int = 1) -> str:
-    """Compile an sm_90 wgmma GEMM and check what every one relies on: BF16 wgmma with FP32
-    accumulation 64 x tile_n, TMA loads, the BF16x2 decode multiplies, register reallocation
-    inside the launch allocation (LAUNCH_REGS per thread at 384 threads: one producer
-    warpgroup, two MMA warpgroups; asking for more makes the increase wait forever), and the
-    `extra` instruction patterns. Returns the PTX."""
+def _sm90_gemm_ptx(op, args, tile_n: int, extra=(), ctas_per_sm: int = 1,
+                   ab: str = "bf16") -> str:
+    """Compile an sm_90 wgmma GEMM and check what every one relies on: BF16 (or `ab`) wgmma
+    with FP32 accumulation 64 x tile_n, TMA loads, the decode multiplies of that type,
+    register reallocation inside the launch allocation (LAUNCH_REGS per thread at 384 threads:
+    one producer warpgroup, two MMA warpgroups; asking for more makes the increase wait
+    forever), and the `extra` instruction patterns. Returns the PTX."""
     ptx = compile_ptx(op, *args, arch="sm_90a")
     assert ptx_target(ptx) == "sm_90a"
     assert missing_instructions(ptx, [
-        rf"wgmma\.mma_async\.sync\.aligned\.m64n{tile_n}k16\.f32\.bf16\.bf16",
+        rf"wgmma\.mma_async\.sync\.aligned\.m64n{tile_n}k16\.f32\.{ab}\.{ab}",
         r"cp\.async\.bulk\.tensor\.2d\.shared::\w+\.global",
-        r"mul\.rn\.bf16x2",
+        rf"mul\.rn\.{ab}x2",
         r"setmaxnreg\.inc",
         *extra,
     ]) == []
@@ -114,6 +115,26 @@ def test_mixed_sm90_narrow_ptx(tile_n, ctas_per_sm, k_split):
     minctas = re.search(r"\.minnctapersm\s+(\d+)", ptx)
     assert (int(minctas.group(1)) if minctas else 1) == ctas_per_sm
     assert len(re.findall(r"\bbar(rier)?\.arrive", ptx)) == (2 if k_split else 0)
+
+
+@pytest.mark.parametrize("tile_n,ctas_per_sm,k_split", [(256, 1, False), (32, 2, True)])
+def test_mixed_sm90_fp16_ptx(tile_n, ctas_per_sm, k_split):
+    """FP16 activations (W4A16): FP16 wgmma, the weights decoded to FP16 (FP16x2 multiplies,
+    scales by the E4M3 converter), no BF16 arithmetic; a wrong unscale exponent is refused."""
+    import cutlass
+
+    from cute_fp4.gemm.sm90_mixed import (UNSCALE_W4A16, UNSCALE_W4A16_FP16, Sm90GemmMixed,
+                                          max_stages, mixed_kernel)
+
+    stages = max_stages(tile_n, 2, True, ctas_per_sm, k_split)
+    op, args = mixed_kernel(torch.float16, tile_n, stages, (True, False, True, True),
+                            torch.float16, True, UNSCALE_W4A16_FP16, True, 132, ctas_per_sm,
+                            k_split, fp16=True)
+    ptx = _sm90_gemm_ptx(op, args, tile_n, [r"cvt\.rn\.f16x2\.e4m3x2"], ctas_per_sm, "f16")
+    assert "bf16" not in ptx
+    with pytest.raises(ValueError, match="unscale_exp"):
+        Sm90GemmMixed(cutlass.Float16, tile_n=128, stages=4, unscale_exp=UNSCALE_W4A16,
+                      fp16=True)
 
 
 def test_predecode_sm90_ptx():

@@ -192,12 +192,14 @@ def test_permute_k(q, k, gen):
 @pytest.mark.parametrize("m,n,k", [(1, 256, 64), (200, 300, 512), (512, 1024, 2048),
                                    (77, 130, 176)])
 @pytest.mark.parametrize("swizzled", [False, True])
-def test_mixed_w4a16(m, n, k, swizzled, gen):
-    """gemm_mixed_sm90 (W4A16 for any M): BF16 activations x NVFP4 weights, epilogue, FP32
-    out. a * w products are exact in FP32, so the GEMM bound holds."""
+@pytest.mark.parametrize("act_dtype", [torch.bfloat16, torch.float16])
+def test_mixed_w4a16(m, n, k, swizzled, act_dtype, gen):
+    """gemm_mixed_sm90 (W4A16 for any M): BF16 or FP16 activations x NVFP4 weights (decoded
+    to the activations' dtype: BF16 or FP16 wgmma), epilogue, FP32 out. a * w products are
+    exact in FP32, so the GEMM bound holds."""
     from cute_fp4.gemm.sm90_mixed import gemm_mixed_sm90
 
-    a = torch.randn(m, k, generator=gen).to(torch.bfloat16)
+    a = torch.randn(m, k, generator=gen).to(act_dtype)
     w, sw = rand_fp4(n, k, gen)
     alpha = torch.rand(1, generator=gen) + 0.5
     col = torch.rand(n, generator=gen) + 0.5
@@ -209,6 +211,29 @@ def test_mixed_w4a16(m, n, k, swizzled, gen):
                           out=out)
     assert res.data_ptr() == out.data_ptr()
     d64, mag = expected64(a.double(), values64(w, sw), alpha, None, col, bias)
+    check(out, d64, mag, k, torch.float32)
+
+
+@pytest.mark.parametrize("act_dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("m", [40, 300])
+def test_mixed_w4a16_full_scale_range(m, act_dtype, gen):
+    """E4M3 scales over the whole positive range, subnormals included (the FP16 decode's
+    e2m1 * scale * 2**-14 reaches FP16 subnormals), and small-integer activations with scale 2:
+    the sums are exact in FP32, so the result is bit-exact; then random activations within
+    the GEMM bound."""
+    from cute_fp4.gemm.sm90_mixed import gemm_mixed_sm90
+
+    n, k = 384, 2048
+    w, _ = rand_fp4(n, k, gen)
+    ints = torch.randint(-8, 9, (m, k), generator=gen).to(act_dtype)
+    two = torch.full((n, k // 16), 2.0).to(torch.float8_e4m3fn)
+    out = gemm_mixed_sm90(w.cuda(), two.cuda(), ints.cuda(), out_dtype=torch.float32)
+    d64, _ = expected64(ints.double(), values64(w, two))
+    assert torch.equal(out.double().cpu(), d64)
+    w, sw = rand_fp4(n, k, gen, lo=-9.0, hi=8.8)
+    a = torch.randn(m, k, generator=gen).to(act_dtype)
+    out = gemm_mixed_sm90(w.cuda(), sw.cuda(), a.cuda(), out_dtype=torch.float32)
+    d64, mag = expected64(a.double(), values64(w, sw))
     check(out, d64, mag, k, torch.float32)
 
 
@@ -246,10 +271,9 @@ def test_mixed_narrow_tiles(tile_n, ctas_per_sm, k_split, m, n, k, gen):
 
 
 def test_w4a16_dispatch(monkeypatch, gen):
-    """cute_fp4.gemm's W4A16 choice: BF16 activations stream the weights where
+    """cute_fp4.gemm's W4A16 choice: BF16 and FP16 activations stream the weights where
     `stream_weights` says so and run the mixed kernel otherwise (decode-size configurations
-    from 17 tokens on this many weight rows); FP16 activations stream up to 64 tokens.
-    Results within the GEMM bound."""
+    from 17 tokens on this many weight rows). Results within the GEMM bound."""
     from cute_fp4.gemm import dispatch
 
     calls = []
@@ -265,7 +289,9 @@ def test_w4a16_dispatch(monkeypatch, gen):
                            (17, torch.bfloat16, "gemm_mixed_sm90"),
                            (64, torch.bfloat16, "gemm_mixed_sm90"),
                            (65, torch.bfloat16, "gemm_mixed_sm90"),
-                           (64, torch.float16, "gemm_w4a16_sm90")):
+                           (16, torch.float16, "gemm_w4a16_sm90"),
+                           (64, torch.float16, "gemm_mixed_sm90"),
+                           (300, torch.float16, "gemm_mixed_sm90")):
         calls.clear()
         a = torch.randn(m, k, generator=gen).to(dtype)
         out = dispatch.gemm_w4a16(a.cuda(), w.cuda(), sw.cuda(), out_dtype=torch.float32)

@@ -23,8 +23,9 @@ from cutlass.cutlass_dsl import dsl_user_op
 
 from .ptx import inline_asm
 
-# Decoded values are e2m1 * scale * 2**-DECODE_EXP_SHIFT.
+# Decoded values are e2m1 * scale * 2**-DECODE_EXP_SHIFT (FP16: 2**-FP16_DECODE_EXP_SHIFT).
 DECODE_EXP_SHIFT = 7
+FP16_DECODE_EXP_SHIFT = 14
 # BF16 bit pattern of 2**(126 - DECODE_EXP_SHIFT - 7) (the scale trick's second factor:
 # 2**-120 * 2**127 * 2**112 = 2**119).
 _SCALE_TAIL_BF16 = (127 + 126 - DECODE_EXP_SHIFT - 7) << 7
@@ -100,3 +101,42 @@ def decode_e2m1x8(
 def kperm8():
     """The K order of `decode_e2m1x8` (fast form) as a list: position p holds value kperm8()[p]."""
     return [0, 4, 1, 5, 2, 6, 3, 7]
+
+
+@dsl_user_op
+def e4m3_to_f16x2_scale(sf_byte: Int32, *, loc=None, ip=None) -> Int32:
+    """One E4M3 scale (low byte) -> FP16x2 (both halves), exact."""
+    asm = ("{\n\t.reg .b32 d;\n\t.reg .b16 q;\n\tand.b32 d, $1, 0xFF;\n\t"
+           "mul.lo.u32 d, d, 0x101;\n\tcvt.u16.u32 q, d;\n\t"
+           "cvt.rn.f16x2.e4m3x2 $0, q;\n\t}")
+    return inline_asm(asm, "=r,r", [sf_byte], loc=loc, ip=ip)
+
+
+def _fp16_decode_asm(natural_order: bool) -> str:
+    """Like the BF16 decode above, for FP16: magnitude bits at [11:9] and the sign at
+    bit 15 make e2m1 * 2**-14 (e = 0 codes are FP16 subnormals); one FP16x2 multiply by the
+    scale gives e2m1 * scale * 2**-14, exact (least bit >= 2**-24). Pairs (v_i, v_{i+4}), or
+    natural K order with 4 byte permutes."""
+    lines = ["{", ".reg .b32 a, b, t0, t1, t2, t3;"]
+    for i in range(4):
+        mag = 9 - 4 * i
+        lines.append(f"shl.b32 a, $4, {mag};" if mag >= 0 else f"shr.u32 a, $4, {-mag};")
+        lines.append(f"shl.b32 b, $4, {12 - 4 * i};" if i < 3 else "mov.b32 b, $4;")
+        lines += ["and.b32 a, a, 0x0E000E00;", "and.b32 b, b, 0x80008000;", "or.b32 a, a, b;",
+                  f"mul.rn.f16x2 {f't{i}' if natural_order else f'${i}'}, a, $5;"]
+    if natural_order:
+        lines += ["prmt.b32 $0, t0, t1, 0x5410;", "prmt.b32 $1, t2, t3, 0x5410;",
+                  "prmt.b32 $2, t0, t1, 0x7632;", "prmt.b32 $3, t2, t3, 0x7632;"]
+    lines.append("}")
+    return "\n\t".join(lines)
+
+
+_FP16_DECODE_ASM = {False: _fp16_decode_asm(False), True: _fp16_decode_asm(True)}
+
+
+@dsl_user_op
+def decode_e2m1x8_f16(w: Int32, scale2: Int32, natural_order: bool, *, loc=None, ip=None):
+    """8 packed E2M1 codes -> 4 FP16x2 registers of e2m1 * scale * 2**-14 (scale2 from
+    `e4m3_to_f16x2_scale`), in the K order of `common.decode.decode_e2m1x8`."""
+    return inline_asm(_FP16_DECODE_ASM[bool(natural_order)], "=r,=r,=r,=r,r,r", [w, scale2],
+                      loc=loc, ip=ip)

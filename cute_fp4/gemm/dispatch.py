@@ -297,24 +297,20 @@ def gemm_w4a16(a: torch.Tensor, b_data: torch.Tensor, b_scales: torch.Tensor, *,
     """BF16/FP16 activations [M, K] x NVFP4 weights [N, K/2] (E4M3 block scales, compact or
     swizzled): D = cast(alpha * col[n] * sum_k a[m, k] * b[n, k] + bias[n]).
 
-    On sm_90a, BF16 activations run the weight-streaming W4A16 kernel (`sm90_w4a16`) where
-    `stream_weights(M, N, SMs)` says it is faster (up to 16 tokens, 64 on small weight
+    On sm_90a, BF16 and FP16 activations run the weight-streaming W4A16 kernel (`sm90_w4a16`)
+    where `stream_weights(M, N, SMs)` says it is faster (up to 16 tokens, 64 on small weight
     matrices) and the mixed wgmma kernel (`sm90_mixed.gemm_mixed_sm90`: weights decoded in
-    registers, activations by TMA, narrow tiles at decode sizes) otherwise; FP16 activations
-    run the streaming kernel up to W4A16_MAX_DECODE_ROWS tokens. Both accumulate exact
-    products in FP32. FP16 activations at larger M, and sm_100a, dequantize the weights once (exact e2m1 * scale, in the activation dtype) and run cuBLAS,
-    then apply the epilogue in FP32: the same sum up to its rounding (the dense GEMM rounds
-    its result to the activation dtype before the epilogue when out_dtype is 16-bit; fp32
-    outputs use an FP32 GEMM)."""
+    registers to the activations' dtype, activations by TMA, narrow tiles at decode sizes)
+    otherwise. Both accumulate exact products in FP32. On sm_100a the weights are dequantized
+    once (exact e2m1 * scale, in the activation dtype) and cuBLAS runs, then the epilogue in
+    FP32: the same sum up to its rounding (the dense GEMM rounds its result to the activation
+    dtype before the epilogue when out_dtype is 16-bit; fp32 outputs use an FP32 GEMM)."""
     if a.dim() == 2 and a.is_cuda and device_arch(a.device) == "sm_90a":
-        m = a.shape[0]
-        if a.dtype == torch.bfloat16 and not stream_weights(m, b_data.shape[0],
-                                                              num_sms(a.device)):
+        if not stream_weights(a.shape[0], b_data.shape[0], num_sms(a.device)):
             return gemm_mixed_sm90(b_data, b_scales, a, alpha=alpha, col=col, bias=bias,
                                    out_dtype=out_dtype, scales_swizzled=scales_swizzled)
-        if m <= W4A16_MAX_DECODE_ROWS:
-            return gemm_w4a16_sm90(a, b_data, b_scales, alpha=alpha, col=col, bias=bias,
-                                   out_dtype=out_dtype, scales_swizzled=scales_swizzled)
+        return gemm_w4a16_sm90(a, b_data, b_scales, alpha=alpha, col=col, bias=bias,
+                               out_dtype=out_dtype, scales_swizzled=scales_swizzled)
     n, k = b_data.shape[0], b_data.shape[1] * 2
     if a.dim() != 2 or a.shape[1] != k:
         raise ValueError(f"a must be [M, {k}], got {tuple(a.shape)}")

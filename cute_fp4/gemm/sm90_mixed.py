@@ -13,7 +13,8 @@ Two users:
   decoded per k-tile in the kernel: one third of the in-kernel decode of the both-decode kernel
   (`sm90_w4a4`) per 128 x 256 tile, and no thread writes shared memory. unscale_exp 14.
 - W4A16 prefill (`gemm_mixed_sm90`): weights as x, activations as y (a K-permuted copy,
-  `permute_k`), unscale_exp 7.
+  `permute_k`), unscale_exp 7; FP16 activations (`fp16`) make y and the decoded x FP16
+  (e2m1 * scale * 2**-14, the same K order; FP16 wgmma), unscale_exp 14.
 
 K order (shared with `sm90_w4a4`): inside a k-tile of 64 each packed row is 8 words of 8 codes
 (word j = k 8j..8j+7); `decode_e2m1x8` gives the pairs (v_i, v_{i+4}), and pair i of word j sits
@@ -50,7 +51,8 @@ from cutlass import Float32, Int32, const_expr
 from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.tensor_utils import LayoutEnum
 
-from ..common.decode import DECODE_EXP_SHIFT, decode_e2m1x8, e4m3_to_bf16x2_scale
+from ..common.decode import (DECODE_EXP_SHIFT, FP16_DECODE_EXP_SHIFT, decode_e2m1x8,
+                             decode_e2m1x8_f16, e4m3_to_bf16x2_scale, e4m3_to_f16x2_scale)
 from ..common.jit import (KERNELS, compile_kernel, dyn, env_stream, fake_tensor, num_sms,
                           torch_to_cutlass)
 from ..common.ptx import ld_global, ld_shared, prmt, st_global
@@ -71,6 +73,7 @@ BAR_RED_FULL, BAR_RED_FREE = 4, 5
 # NVFP4 x predecoded NVFP4: both carry 2**-7; NVFP4 x raw BF16: one factor
 UNSCALE_W4A4 = 2 * DECODE_EXP_SHIFT
 UNSCALE_W4A16 = DECODE_EXP_SHIFT
+UNSCALE_W4A16_FP16 = FP16_DECODE_EXP_SHIFT  # FP16 activations: the FP16 decode's 2**-14
 
 
 def kperm64() -> torch.Tensor:
@@ -99,16 +102,22 @@ def a_fragment_offsets(ctid: Int32):
 
 
 @cute.jit
-def decode_a_fragment(rA: cute.Tensor, a_pk: Int32, a_sf: Int32, a_sf_shift: Int32):
+def decode_a_fragment(rA: cute.Tensor, a_pk: Int32, a_sf: Int32, a_sf_shift: Int32,
+                      fp16: cutlass.Constexpr[bool] = False):
     """Decode this thread's wgmma A fragment of one k-tile into the registers `rA` from the
-    packed rows at shared address `a_pk` and their scales at `a_sf` (see a_fragment_offsets)."""
+    packed rows at shared address `a_pk` and their scales at `a_sf` (see a_fragment_offsets):
+    BF16 e2m1 * scale * 2**-7, or with fp16 FP16 e2m1 * scale * 2**-14 (same K order)."""
     rA32 = cute.recast_tensor(rA, Int32)
     for h in cutlass.range_constexpr(2):
         w_lo = ld_shared(a_pk + h * 8 * (TILE_K // 2), clobber=True)
         w_hi = ld_shared(a_pk + h * 8 * (TILE_K // 2) + 16, clobber=True)
         sf = ld_shared(a_sf + h * 8 * 16, clobber=True)
-        p = decode_e2m1x8(w_lo, e4m3_to_bf16x2_scale(sf >> a_sf_shift))
-        q = decode_e2m1x8(w_hi, e4m3_to_bf16x2_scale(sf >> (a_sf_shift + 16)))
+        if const_expr(fp16):
+            p = decode_e2m1x8_f16(w_lo, e4m3_to_f16x2_scale(sf >> a_sf_shift), False)
+            q = decode_e2m1x8_f16(w_hi, e4m3_to_f16x2_scale(sf >> (a_sf_shift + 16)), False)
+        else:
+            p = decode_e2m1x8(w_lo, e4m3_to_bf16x2_scale(sf >> a_sf_shift))
+            q = decode_e2m1x8(w_hi, e4m3_to_bf16x2_scale(sf >> (a_sf_shift + 16)))
         for kb in cutlass.range_constexpr(TILE_K // 16):
             rA32[kb * 4 + h] = p[kb]
             rA32[kb * 4 + 2 + h] = q[kb]
@@ -157,11 +166,11 @@ def smem_array(dtype, count, align: int = 128):
     return cute.struct.Align[cute.struct.MemRange[dtype, count], align]
 
 
-def rs_tiled_mma(tile_n: int, warpgroups: int = 2) -> cute.TiledMma:
-    """BF16 wgmma with FP32 accumulation, A from registers, `warpgroups` warpgroups of
-    64 x tile_n stacked along M."""
+def rs_tiled_mma(tile_n: int, warpgroups: int = 2, ab_dtype=cutlass.BFloat16) -> cute.TiledMma:
+    """BF16 (or FP16) wgmma with FP32 accumulation, A from registers, `warpgroups` warpgroups
+    of 64 x tile_n stacked along M."""
     return sm90_utils.make_trivial_tiled_mma(
-        cutlass.BFloat16, cutlass.BFloat16,
+        ab_dtype, ab_dtype,
         LayoutEnum.ROW_MAJOR.sm90_mma_major_mode(),
         LayoutEnum.ROW_MAJOR.sm90_mma_major_mode(),
         Float32, (warpgroups, 1, 1), tiler_mn=(64, tile_n),
@@ -286,6 +295,8 @@ class Sm90Gemm(Sm90Epilogue):
         self.stages = stages
         self.set_epilogue_flags(*flags)
         self.threads = 384
+        # the wgmma operands (Sm90GemmMixed: FP16 with FP16 activations)
+        self.ab_dtype = cutlass.BFloat16
         # setmaxnreg only moves registers inside the CTA's launch allocation (168 per thread
         # at 384 threads and one CTA per SM, 80 at two): producer_regs * 128 +
         # consumer_regs * 256 <= that * 384, or the increase never returns
@@ -324,7 +335,7 @@ class Sm90Gemm(Sm90Epilogue):
         tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sB))
         a_shape = tiled_mma.get_slice(ctid).partition_A(
             cute.make_identity_tensor((self.tile_m, TILE_K))).shape
-        return thr_mma, tCrB, [cute.make_rmem_tensor(a_shape, cutlass.BFloat16)
+        return thr_mma, tCrB, [cute.make_rmem_tensor(a_shape, self.ab_dtype)
                                for _ in range(buffers)]
 
 
@@ -345,7 +356,8 @@ class Sm90GemmMixed(Sm90Gemm):
                  has_alpha: bool = False, has_row: bool = False, has_col: bool = False,
                  has_bias: bool = False, transposed: bool = False,
                  unscale_exp: int = UNSCALE_W4A4, vec_store: bool = False,
-                 num_ctas: int = 132, ctas_per_sm: int = 1, k_split: bool = False):
+                 num_ctas: int = 132, ctas_per_sm: int = 1, k_split: bool = False,
+                 fp16: bool = False):
         if tile_n not in MIXED_TILE_NS:
             raise ValueError(f"tile_n must be one of {MIXED_TILE_NS}, got {tile_n}")
         if ctas_per_sm not in MIXED_REGS or tile_n > MIXED_REGS[ctas_per_sm][2]:
@@ -361,6 +373,12 @@ class Sm90GemmMixed(Sm90Gemm):
                              f"{ctas_per_sm} CTA(s) per SM; got {stages}")
         if k_split and tile_n > 64:
             raise ValueError(f"k_split needs tile_n <= 64, got {tile_n}")
+        if fp16 and unscale_exp != UNSCALE_W4A16_FP16:
+            raise ValueError(f"fp16 (FP16 activations, FP16 decode) needs unscale_exp "
+                             f"{UNSCALE_W4A16_FP16}, got {unscale_exp}")
+        # FP16 activations: y and the decoded weights are FP16 (FP16 wgmma)
+        self.fp16 = fp16
+        self.ab_dtype = cutlass.Float16 if fp16 else cutlass.BFloat16
         self.ctas_per_sm = ctas_per_sm
         self.k_split = k_split
         self.tile_m = 64 if k_split else TILE_M
@@ -384,13 +402,13 @@ class Sm90GemmMixed(Sm90Gemm):
         pk_layout = packed_stages(tile_m, self.stages)
         sf_layout = scale_stages(self.stages)
         y_layout = sm90_utils.make_smem_layout_b(
-            LayoutEnum.ROW_MAJOR, (tile_m, tile_n, TILE_K), cutlass.BFloat16, self.stages)
+            LayoutEnum.ROW_MAJOR, (tile_m, tile_n, TILE_K), self.ab_dtype, self.stages)
         tma_x, tma_mX = tma_load(mX, pk_layout, (tile_m, TILE_K // 2))
         tma_sf, tma_mSF = tma_load(sfx, sf_layout, (128, 4))
         tma_y, tma_mY = tma_load(mY, y_layout, (tile_n, TILE_K))
         tx_bytes = tile_m * TILE_K // 2 + SF_TILE_BYTES + tile_n * TILE_K * 2
-        tiled_mma = rs_tiled_mma(tile_n, 1 if self.k_split else 2)
-        arrays = dict(sY=smem_array(cutlass.BFloat16, cute.cosize(y_layout), 1024),
+        tiled_mma = rs_tiled_mma(tile_n, 1 if self.k_split else 2, self.ab_dtype)
+        arrays = dict(sY=smem_array(self.ab_dtype, cute.cosize(y_layout), 1024),
                       sX=smem_array(cutlass.Uint8, cute.cosize(pk_layout)),
                       sSF=smem_array(cutlass.Uint8, cute.cosize(sf_layout)),
                       sD=smem_array(cutlass.Uint8, self.staging_bytes()))
@@ -558,7 +576,7 @@ class Sm90GemmMixed(Sm90Gemm):
         mainloop.consumer_wait(state)
         s = state.index
         decode_a_fragment(rA, x_base + s * (self.tile_m * TILE_K // 2),
-                          sf_base + s * SF_TILE_BYTES, sf_shift)
+                          sf_base + s * SF_TILE_BYTES, sf_shift, self.fp16)
 
 
 class Sm90PredecodeNVFP4:
@@ -611,7 +629,7 @@ class Sm90PredecodeNVFP4:
 
 
 class PermuteK:
-    """BF16 y [Q, K] -> [Q, k_pad] in the kernel's K order (`kperm64`), zero past K (k_pad a
+    """16-bit y [Q, K] -> [Q, k_pad] in the kernel's K order (`kperm64`), zero past K (k_pad a
     multiple of 64 >= K): the activation operand of the W4A16 mixed GEMM. k = 32 jh + 8 jl +
     4 t + i goes to position 16 i + 8 jh + 2 jl + t, so output chunk 2 i + jh (8 positions,
     16 bytes) takes elements i and i + 4 of input chunks 4 jh + jl, jl = 0..3: one thread per
@@ -724,7 +742,7 @@ def pick_mixed_config(p: int, q: int, sms: int = 132, out_elt: int = 2,
 
 
 def mixed_kernel(out_dtype, tile_n, stages, flags, bias_dtype, transposed, unscale_exp,
-                 vec_store, num_ctas=132, ctas_per_sm=1, k_split=False):
+                 vec_store, num_ctas=132, ctas_per_sm=1, k_split=False, fp16=False):
     """The compile-time op and fake arguments of one Sm90GemmMixed configuration."""
     import cutlass
 
@@ -732,7 +750,7 @@ def mixed_kernel(out_dtype, tile_n, stages, flags, bias_dtype, transposed, unsca
     op = Sm90GemmMixed(torch_to_cutlass(out_dtype), tile_n=tile_n, stages=stages,
                        has_alpha=has_alpha, has_row=has_row, has_col=has_col, has_bias=has_bias,
                        transposed=transposed, unscale_exp=unscale_exp, vec_store=vec_store,
-                       num_ctas=num_ctas, ctas_per_sm=ctas_per_sm, k_split=k_split)
+                       num_ctas=num_ctas, ctas_per_sm=ctas_per_sm, k_split=k_split, fp16=fp16)
     elt = torch.empty((), dtype=out_dtype).element_size()
     p, q = dyn(), dyn()
     m, n = (q, p) if transposed else (p, q)
@@ -743,7 +761,7 @@ def mixed_kernel(out_dtype, tile_n, stages, flags, bias_dtype, transposed, unsca
     args = (
         fake_tensor(cutlass.Uint8, (p, dyn(16))),
         fake_tensor(cutlass.Uint8, (dyn(512),)),
-        fake_tensor(cutlass.BFloat16, (q, dyn(8))),
+        fake_tensor(cutlass.Float16 if fp16 else cutlass.BFloat16, (q, dyn(8))),
         fake_tensor(torch_to_cutlass(out_dtype), (m, n), align=16 if vec_store else elt),
         fake_tensor(cutlass.Float32, (1,), align=4) if has_alpha else None,
         fake_tensor(cutlass.Float32, (m,), align=4) if has_row else None,
@@ -782,16 +800,17 @@ def permute_kernel():
 
 def permute_k(y: torch.Tensor, k_pad: int, arch: str,
               out: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """A copy of the BF16 y [Q, K] (CUDA, K % 8 == 0) in the kernel's K order, zero-padded to
-    k_pad columns (a multiple of 64 >= K): the BF16 operand of `gemm_mixed_sm90` for
-    natural-order data (PermuteK), written to `out` (contiguous BF16 [Q, k_pad]) when given.
+    """A copy of the 16-bit y [Q, K] (CUDA, BF16 or FP16, K % 8 == 0) in the kernel's K order,
+    zero-padded to k_pad columns (a multiple of 64 >= K): the activation operand of
+    `gemm_mixed_sm90` (PermuteK), written to `out` (contiguous [Q, k_pad] of y's dtype) when
+    given.
     A strided or misaligned y is copied first (the kernel reads 16-byte chunks of dense
     rows)."""
     q, k = y.shape
     if not y.is_contiguous() or y.data_ptr() % 16:
         y = y.clone(memory_format=torch.contiguous_format)
     if out is None:
-        out = torch.empty((q, k_pad), dtype=torch.bfloat16, device=y.device)
+        out = torch.empty((q, k_pad), dtype=y.dtype, device=y.device)
     if q:
         def build():
             op, args = permute_kernel()
@@ -831,7 +850,8 @@ def launch_mixed(x_data, sfx, y, out, alpha, row, col, bias, *, transposed: bool
                  stages: Optional[int] = None, ctas_per_sm: Optional[int] = None,
                  k_split: Optional[bool] = None):
     """Run Sm90GemmMixed on prepared operands: x_data [P, K/2] uint8 with 16-byte rows and
-    base, sfx its flat swizzled scales, y [Q, >= K] BF16 in the kernel's K order with 16-byte
+    base, sfx its flat swizzled scales, y [Q, >= K] BF16 (FP16: W4A16 with FP16 activations,
+    unscale_exp UNSCALE_W4A16_FP16) in the kernel's K order with 16-byte
     row pitch, out [M, N] contiguous, the epilogue operands as `operands._epilogue` returns
     them."""
     sms = num_sms(out.device)
@@ -847,12 +867,13 @@ def launch_mixed(x_data, sfx, y, out, alpha, row, col, bias, *, transposed: bool
     flags = (alpha is not None, row is not None, col is not None, bias is not None)
     bias_dtype = bias.dtype if bias is not None else None
     vec_store = (out.shape[1] * elt) % 16 == 0 and out.data_ptr() % 16 == 0
+    fp16 = y.dtype == torch.float16
     key = ("gemm_mixed_sm90", out.dtype, tile_n, stages, flags, bias_dtype, transposed,
-           unscale_exp, vec_store, sms, ctas_per_sm, k_split)
+           unscale_exp, vec_store, sms, ctas_per_sm, k_split, fp16)
 
     def build():
         op, args = mixed_kernel(out.dtype, tile_n, stages, flags, bias_dtype, transposed,
-                                unscale_exp, vec_store, sms, ctas_per_sm, k_split)
+                                unscale_exp, vec_store, sms, ctas_per_sm, k_split, fp16)
         return compile_kernel(op, *args, arch=arch)
 
     KERNELS.get(key, build)(x_data, sfx, y, out, alpha, row, col, bias)
@@ -867,15 +888,16 @@ def gemm_mixed_sm90(w_data: torch.Tensor, w_scales: torch.Tensor, a: torch.Tenso
                     stages: Optional[int] = None, ctas_per_sm: Optional[int] = None,
                     k_split: Optional[bool] = None) -> torch.Tensor:
     """W4A16 for any M (prefill): D[m, n] = cast(alpha * row[m] * col[n] *
-    sum_k a[m, k] * w[n, k] + bias[n]) with BF16 activations a [M, K] (natural K order) and
-    NVFP4 weights w [N, K/2] (E4M3 scales, compact or swizzled), FP32 accumulation. The weights
-    are decoded in registers, the activations go through a K-permuted copy (`permute_k`,
-    one kernel reading and writing 2 * M * K bytes) loaded by TMA. sm_90a only."""
+    sum_k a[m, k] * w[n, k] + bias[n]) with BF16 or FP16 activations a [M, K] (natural K
+    order) and NVFP4 weights w [N, K/2] (E4M3 scales, compact or swizzled), FP32 accumulation.
+    The weights are decoded in registers (to the activations' dtype: e2m1 * e4m3 is exact in
+    both), the activations go through a K-permuted copy (`permute_k`, one kernel reading and
+    writing 2 * M * K bytes) loaded by TMA; BF16 or FP16 wgmma. sm_90a only."""
     from ..common.jit import device_arch
     from .operands import _check_operand, _epilogue, _prepare_data
 
-    if a.dtype != torch.bfloat16 or a.dim() != 2:
-        raise TypeError(f"a must be a 2D bfloat16 tensor [M, K], got {a.dtype} "
+    if a.dtype not in (torch.bfloat16, torch.float16) or a.dim() != 2:
+        raise TypeError(f"a must be a 2D bfloat16 or float16 tensor [M, K], got {a.dtype} "
                         f"{tuple(a.shape)}")
     sfw = _check_operand(w_data, w_scales, "w", scales_swizzled)
     m, n, k = a.shape[0], w_data.shape[0], w_data.shape[1] * 2
@@ -894,7 +916,8 @@ def gemm_mixed_sm90(w_data: torch.Tensor, w_scales: torch.Tensor, a: torch.Tenso
     if m == 0 or n == 0:
         return out
     w_prep = _prepare_data(w_data)
-    return launch_mixed(w_prep, sfw, permute_k(a, k_pad(w_prep.shape[1]), arch), out, alpha, row,
-                        col, bias, transposed=True, unscale_exp=UNSCALE_W4A16, arch=arch,
+    unscale = UNSCALE_W4A16_FP16 if a.dtype == torch.float16 else UNSCALE_W4A16
+    return launch_mixed(w_prep, sfw, permute_k(a, k_pad(w_prep.shape[1]), arch), out, alpha,
+                        row, col, bias, transposed=True, unscale_exp=unscale, arch=arch,
                         tile_n=tile_n, stages=stages, ctas_per_sm=ctas_per_sm,
                         k_split=k_split)

@@ -39,7 +39,8 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64, const_expr
 from cutlass.cutlass_dsl import dsl_user_op
 
-from ..common.decode import DECODE_EXP_SHIFT, decode_e2m1x8, e4m3_to_bf16x2_scale
+from ..common.decode import (DECODE_EXP_SHIFT, FP16_DECODE_EXP_SHIFT, decode_e2m1x8,
+                             decode_e2m1x8_f16, e4m3_to_bf16x2_scale, e4m3_to_f16x2_scale)
 from ..common.jit import KERNELS, compile_kernel, device_arch, dyn, env_stream, fake_tensor, \
     torch_to_cutlass
 from ..common.ptx import inline_asm, ld_global, prmt
@@ -49,7 +50,6 @@ from .operands import _epilogue
 from .parts import EpilogueOperands
 
 CHUNK_K = 128  # K values per warp step: 4 threads x 32
-FP16_DECODE_EXP_SHIFT = 14
 
 
 @dsl_user_op
@@ -59,45 +59,6 @@ def mma_16816(a: Tuple, b: Tuple, c: Tuple, *, fp16: bool, loc=None, ip=None):
     asm = (f"mma.sync.aligned.m16n8k16.row.col.f32.{ty}.{ty}.f32 "
            "{$0, $1, $2, $3}, {$4, $5, $6, $7}, {$8, $9}, {$10, $11, $12, $13};")
     return inline_asm(asm, "=f,=f,=f,=f,r,r,r,r,r,r,0,1,2,3", [*a, *b, *c], loc=loc, ip=ip)
-
-
-@dsl_user_op
-def e4m3_to_f16x2_scale(sf_byte: Int32, *, loc=None, ip=None) -> Int32:
-    """One E4M3 scale (low byte) -> FP16x2 (both halves), exact."""
-    asm = ("{\n\t.reg .b32 d;\n\t.reg .b16 q;\n\tand.b32 d, $1, 0xFF;\n\t"
-           "mul.lo.u32 d, d, 0x101;\n\tcvt.u16.u32 q, d;\n\t"
-           "cvt.rn.f16x2.e4m3x2 $0, q;\n\t}")
-    return inline_asm(asm, "=r,r", [sf_byte], loc=loc, ip=ip)
-
-
-def _fp16_decode_asm(natural_order: bool) -> str:
-    """Like common.decode's BF16 decode, for FP16: magnitude bits at [11:9] and the sign at
-    bit 15 make e2m1 * 2**-14 (e = 0 codes are FP16 subnormals); one FP16x2 multiply by the
-    scale gives e2m1 * scale * 2**-14, exact (least bit >= 2**-24). Pairs (v_i, v_{i+4}), or
-    natural K order with 4 byte permutes."""
-    lines = ["{", ".reg .b32 a, b, t0, t1, t2, t3;"]
-    for i in range(4):
-        mag = 9 - 4 * i
-        lines.append(f"shl.b32 a, $4, {mag};" if mag >= 0 else f"shr.u32 a, $4, {-mag};")
-        lines.append(f"shl.b32 b, $4, {12 - 4 * i};" if i < 3 else "mov.b32 b, $4;")
-        lines += ["and.b32 a, a, 0x0E000E00;", "and.b32 b, b, 0x80008000;", "or.b32 a, a, b;",
-                  f"mul.rn.f16x2 {f't{i}' if natural_order else f'${i}'}, a, $5;"]
-    if natural_order:
-        lines += ["prmt.b32 $0, t0, t1, 0x5410;", "prmt.b32 $1, t2, t3, 0x5410;",
-                  "prmt.b32 $2, t0, t1, 0x7632;", "prmt.b32 $3, t2, t3, 0x7632;"]
-    lines.append("}")
-    return "\n\t".join(lines)
-
-
-_FP16_DECODE_ASM = {False: _fp16_decode_asm(False), True: _fp16_decode_asm(True)}
-
-
-@dsl_user_op
-def decode_e2m1x8_f16(w: Int32, scale2: Int32, natural_order: bool, *, loc=None, ip=None):
-    """8 packed E2M1 codes -> 4 FP16x2 registers of e2m1 * scale * 2**-14 (scale2 from
-    `e4m3_to_f16x2_scale`), in the K order of `common.decode.decode_e2m1x8`."""
-    return inline_asm(_FP16_DECODE_ASM[bool(natural_order)], "=r,=r,=r,=r,r,r", [w, scale2],
-                      loc=loc, ip=ip)
 
 
 class Sm90GemmW4A16(EpilogueOperands):

@@ -39,9 +39,9 @@ def _operands(m: int, n: int, k: int):
     return op(m), op(n)
 
 
-def _dequantize_fn(data, scales):
-    """Dequantize with the package's GPU kernel (cute_fp4.dequantize of a per-tensor NVFP4Tensor
-    whose amax makes S_enc = 1, i.e. the values e2m1 * scale)."""
+def _dequantize_fn(data, scales, dtype=torch.bfloat16):
+    """Dequantize to `dtype` with the package's GPU kernel (cute_fp4.dequantize of a per-tensor
+    NVFP4Tensor whose amax makes S_enc = 1, i.e. the values e2m1 * scale)."""
     from .. import dequantize
     from ..recipe import Recipe
     from ..tensor import NVFP4Tensor
@@ -50,8 +50,8 @@ def _dequantize_fn(data, scales):
     amax = torch.full((1,), 448.0 * 6.0, device=data.device)
     t = NVFP4Tensor(data=data, scales=scales, amax=amax, data_t=None, scales_t=None,
                     amax_t=None, recipe=Recipe(swizzle=False), shape=(rows, k),
-                    dtype=torch.bfloat16)
-    return lambda: dequantize(t, torch.bfloat16)
+                    dtype=dtype)
+    return lambda: dequantize(t, dtype)
 
 
 def _kernel_only_fn(a, sa, b, sb, out):

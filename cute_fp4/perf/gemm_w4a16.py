@@ -1,12 +1,13 @@
 """`python -m cute_fp4.perf gemm_w4a16`: the sm_90 W4A16 GEMM vs cuBLAS BF16 and
 dequantize-then-cuBLAS.
 
-Per shape (M x N x K), in one process: cuBLAS BF16 (torch.matmul, BF16 weights), dequantize-then-
-cuBLAS (cute_fp4.dequantize of the NVFP4 weights every call, then torch.matmul) and the W4A16
-kernel that `cute_fp4.gemm` dispatches to (the weight-streaming gemm_w4a16_sm90 where
+Per shape (M x N x K), in one process: cuBLAS (torch.matmul, 16-bit weights of the
+activations' dtype; the column keeps the name cublas_bf16), dequantize-then-cuBLAS
+(cute_fp4.dequantize of the NVFP4 weights every call, then torch.matmul) and the W4A16 kernel
+that `cute_fp4.gemm` dispatches to (the weight-streaming gemm_w4a16_sm90 where
 `dispatch.stream_weights` says so, the mixed wgmma gemm_mixed_sm90 otherwise, column
-"kernel"; BF16 activations, swizzled scales, BF16 out), each eager and replayed from a CUDA
-graph. Reports microseconds, speedups over cuBLAS BF16 of the same mode and the W4A16
+"kernel"; BF16 activations unless --act-dtype fp16, swizzled scales, output in the
+activations' dtype), each eager and replayed from a CUDA graph. Reports microseconds, speedups over cuBLAS BF16 of the same mode and the W4A16
 kernel's weight bandwidth (packed bytes + scales, GB/s).
 """
 
@@ -24,7 +25,8 @@ DECODE_NK = [(8192, 8192), (28672, 8192)]
 PREFILL = [(512, 8192, 8192)]
 
 
-def bench_configs(m: int, n: int, k: int, graphs: bool, configs) -> List[dict]:
+def bench_configs(m: int, n: int, k: int, graphs: bool, configs,
+                  act_dtype: torch.dtype = torch.bfloat16) -> List[dict]:
     """One row per W4A16 configuration (None: automatic), the baselines timed once."""
     from ..common.jit import num_sms
     from ..gemm.dispatch import W4A16_MAX_DECODE_ROWS, stream_weights
@@ -40,10 +42,10 @@ def bench_configs(m: int, n: int, k: int, graphs: bool, configs) -> List[dict]:
     b = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, device="cuda")
     sb_c = torch.exp2(torch.rand(n, k // 16, device="cuda") * 4 - 2).to(torch.float8_e4m3fn)
     sb = swizzle_scales(sb_c)
-    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-    b16 = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
-    deq_b = _dequantize_fn(b, sb_c)
-    out = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
+    a = torch.randn(m, k, device="cuda", dtype=act_dtype)
+    b16 = torch.randn(n, k, device="cuda", dtype=act_dtype)
+    deq_b = _dequantize_fn(b, sb_c, act_dtype)
+    out = torch.empty(m, n, dtype=act_dtype, device="cuda")
     base = {
         "cublas_bf16": lambda: torch.matmul(a, b16.t()),
         "dequant+cublas": lambda: torch.matmul(a, deq_b().t()),
@@ -51,7 +53,8 @@ def bench_configs(m: int, n: int, k: int, graphs: bool, configs) -> List[dict]:
     weight_bytes = b.numel() + sb_c.numel()
     rows = []
     for config in configs:
-        row = {"M": m, "N": n, "K": k, "kernel": "stream" if stream else "mixed"}
+        row = {"M": m, "N": n, "K": k, "act": str(act_dtype).replace("torch.", ""),
+               "kernel": "stream" if stream else "mixed"}
         if len(configs) > 1:
             row["config"] = ",".join(map(str, config)) if config else "auto"
         rows.append(row)
@@ -64,10 +67,11 @@ def bench_configs(m: int, n: int, k: int, graphs: bool, configs) -> List[dict]:
             ms = dict(base_ms)
             if stream:
                 ms["w4a16"] = timer(lambda: gemm_w4a16_sm90(a, b, sb, scales_swizzled=True,
-                                                             out=out, config=config))
+                                                             out=out, config=config,
+                                                             out_dtype=act_dtype))
             else:
                 ms["w4a16"] = timer(lambda: gemm_mixed_sm90(b, sb, a, scales_swizzled=True,
-                                                             out=out))
+                                                             out=out, out_dtype=act_dtype))
             for name, t in ms.items():
                 row[f"{name} {mode} us"] = t * 1e3
             row[f"w4a16/cublas {mode}"] = ms["cublas_bf16"] / ms["w4a16"]
@@ -87,8 +91,11 @@ def main(argv=None) -> int:
                    help="tile_m,row_tiles,k_warps,unroll,row_warps of the decode kernel for "
                         "every shape (default: automatic); several separated by ';' give one row "
                         "each (a sweep)")
+    p.add_argument("--act-dtype", choices=("bf16", "fp16"), default="bf16",
+                   help="activation (and output, cuBLAS weight) dtype")
     p.add_argument("--json", type=str, default=None, help="write the rows to this JSON file")
     args = p.parse_args(argv)
+    act_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.act_dtype]
     if args.shapes:
         shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
     else:
@@ -100,7 +107,7 @@ def main(argv=None) -> int:
     rows = []
     for i, (m, n, k) in enumerate(shapes):
         progress(i, len(shapes), f"{m}x{n}x{k}")
-        rows += bench_configs(m, n, k, not args.no_graphs, configs)
+        rows += bench_configs(m, n, k, not args.no_graphs, configs, act_dtype)
         torch.cuda.empty_cache()
     progress(len(shapes), len(shapes), "done")
     report(rows, f"W4A16 GEMM on {torch.cuda.get_device_name()}", args.json)
