@@ -1,5 +1,5 @@
 """sm_90a mixed-input GEMM: an NVFP4 operand decoded into wgmma A-fragment registers x a BF16
-operand loaded by TMA into the 128B-swizzled K-major smem stage the wgmma reads.
+(or FP16) operand loaded by TMA into the 128B-swizzled K-major smem stage the wgmma reads.
 
 C[p, q] = sum_k x[p, k] * y[q, k], x = e2m1 * e4m3 (NVFP4, packed [P, K/2] + swizzled scales),
 y BF16 [Q, K] in the kernel's K order (below). D [M, N] receives
@@ -347,10 +347,11 @@ class Sm90GemmMixed(Sm90Gemm):
     memory each; the persistent grid is num_ctas * ctas_per_sm CTAs at most) and k_split
     (tile_n <= 64: a tile is 64 rows and its two MMA warpgroups take the even and the odd
     k-tiles, then add their accumulators, the even ones' first, through shared memory: twice
-    the tiles at half the k-loop each, for weights with fewer 128-row tiles than SMs).
+    the tiles at half the k-loop each, for weights with fewer 128-row tiles than SMs) and fp16
+    (y FP16 and x decoded to FP16: W4A16 with FP16 activations, unscale_exp 14).
     `__call__` takes packed x [P, K/2] (uint8, K/2 a multiple of 16), its swizzled scales (flat
-    uint8), y [Q, >= K] BF16 (row pitch a multiple of 16 bytes), D [M, N] and the optional
-    alpha [1], row [M], col [N], bias [N]."""
+    uint8), y [Q, >= K] BF16 or FP16 (row pitch a multiple of 16 bytes), D [M, N] and the
+    optional alpha [1], row [M], col [N], bias [N]."""
 
     def __init__(self, out_dtype: Type[cutlass.Numeric], *, tile_n: int = 256, stages: int = 5,
                  has_alpha: bool = False, has_row: bool = False, has_col: bool = False,
