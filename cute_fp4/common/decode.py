@@ -137,6 +137,6 @@ _FP16_DECODE_ASM = {False: _fp16_decode_asm(False), True: _fp16_decode_asm(True)
 @dsl_user_op
 def decode_e2m1x8_f16(w: Int32, scale2: Int32, natural_order: bool, *, loc=None, ip=None):
     """8 packed E2M1 codes -> 4 FP16x2 registers of e2m1 * scale * 2**-14 (scale2 from
-    `e4m3_to_f16x2_scale`), in the K order of `common.decode.decode_e2m1x8`."""
+    `e4m3_to_f16x2_scale`), in the K order of `decode_e2m1x8`."""
     return inline_asm(_FP16_DECODE_ASM[bool(natural_order)], "=r,=r,=r,=r,r,r", [w, scale2],
                       loc=loc, ip=ip)

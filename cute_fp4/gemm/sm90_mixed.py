@@ -2,7 +2,7 @@
 (or FP16) operand loaded by TMA into the 128B-swizzled K-major smem stage the wgmma reads.
 
 C[p, q] = sum_k x[p, k] * y[q, k], x = e2m1 * e4m3 (NVFP4, packed [P, K/2] + swizzled scales),
-y BF16 [Q, K] in the kernel's K order (below). D [M, N] receives
+y BF16 (or FP16) [Q, K] in the kernel's K order (below). D [M, N] receives
 cast(alpha * row[m] * col[n] * C * 2**unscale_exp + bias[n]) with (m, n) = (p, q), or
 (m, n) = (q, p) when `transposed` (D^T = Y X^T: the W4A4 dispatch uses that to keep the larger
 operand in registers, W4A16 prefill to keep the weights there).
@@ -223,8 +223,9 @@ class Sm90Epilogue(EpilogueOperands):
                         wg_tid):
         """The epilogue math of `epilogue`, staged through shared memory (`stage_ptr`, a buffer
         of `staging_bytes` of its own) so that the global stores are coalesced: 16-byte vectors
-        when `vec_store` (D's base and row pitch 16-byte aligned), else one element per thread with consecutive threads on consecutive columns. Each
-        MMA warpgroup (thread `wg_tid` of 128) stages and stores its own 64 kernel rows."""
+        when `vec_store` (D's base and row pitch 16-byte aligned), else one element per thread
+        with consecutive threads on consecutive columns. Each MMA warpgroup (thread `wg_tid` of
+        128) stages and stores its own 64 kernel rows."""
         tile_n = self.tile_n
         elt = self.out_dtype.width // 8
         rows, cols = 64, tile_n
@@ -807,7 +808,7 @@ def permute_k(y: torch.Tensor, k_pad: int, arch: str,
     given.
     A strided or misaligned y is copied first (the kernel reads 16-byte chunks of dense
     rows)."""
-    q, k = y.shape
+    q = y.shape[0]
     if not y.is_contiguous() or y.data_ptr() % 16:
         y = y.clone(memory_format=torch.contiguous_format)
     if out is None:

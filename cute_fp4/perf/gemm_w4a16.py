@@ -1,4 +1,4 @@
-"""`python -m cute_fp4.perf gemm_w4a16`: the sm_90 W4A16 GEMM vs cuBLAS BF16 and
+"""`python -m cute_fp4.perf gemm_w4a16`: the sm_90 W4A16 GEMM vs cuBLAS (16-bit weights) and
 dequantize-then-cuBLAS.
 
 Per shape (M x N x K), in one process: cuBLAS (torch.matmul, 16-bit weights of the
@@ -7,8 +7,9 @@ activations' dtype; the column keeps the name cublas_bf16), dequantize-then-cuBL
 that `cute_fp4.gemm` dispatches to (the weight-streaming gemm_w4a16_sm90 where
 `dispatch.stream_weights` says so, the mixed wgmma gemm_mixed_sm90 otherwise, column
 "kernel"; BF16 activations unless --act-dtype fp16, swizzled scales, output in the
-activations' dtype), each eager and replayed from a CUDA graph. Reports microseconds, speedups over cuBLAS BF16 of the same mode and the W4A16
-kernel's weight bandwidth (packed bytes + scales, GB/s).
+activations' dtype), each eager and replayed from a CUDA graph. Reports microseconds,
+speedups over cuBLAS of the same mode and the W4A16 kernel's weight bandwidth (packed bytes +
+scales, GB/s).
 """
 
 from __future__ import annotations
