@@ -3,7 +3,9 @@
 Per shape (M x N x K), in one process: cuBLAS BF16 (torch.matmul on BF16 operands),
 dequantize-then-cuBLAS (cute_fp4.dequantize of both NVFP4 operands, then torch.matmul) and the
 NVFP4 GEMM (gemm_nvfp4, swizzled scales, BF16 out, path "auto": "weight_stream" when
-min(M, N) <= 32, else "predecode"), each eager and replayed from a CUDA graph. `--paths` adds
+min(M, N) <= 32, else "predecode"), each eager (do_bench flushes L2 before every call) and
+replayed from a CUDA graph that rotates over distinct operands (column "graph sets": enough
+to fill twice the L2, at most 8). `--paths` adds
 gemm_nvfp4 with named paths (e.g. predecode,weight_stream: both at the decode sizes);
 `--variants` adds the "decode_both" kernel (sm90_w4a4) and the predecode path's GEMM kernel
 alone (its predecoded BF16 operand made once, outside the timing). TFLOP/s count 2*M*N*K;
@@ -18,7 +20,7 @@ from typing import List, Tuple
 
 import torch
 
-from .common import bench_graph_ms, bench_ms, progress, report
+from .common import bench_graph_ms, bench_ms, graph_sets, progress, report
 
 MAIN_SHAPES = [(8192, 8192, 8192), (16384, 2048, 7168), (4096, 4096, 4096)]
 SWEEP_M = [1024, 2048, 4096, 8192, 16384, 32768]
@@ -71,27 +73,36 @@ def bench_shape(m: int, n: int, k: int, graphs: bool, variants: bool = False,
                 paths: Tuple[str, ...] = ()) -> dict:
     from ..gemm.dispatch import gemm_nvfp4
 
-    (a, sa_c, sa), (b, sb_c, sb) = _operands(m, n, k)
-    a16 = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-    b16 = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
-    deq_a, deq_b = _dequantize_fn(a, sa_c), _dequantize_fn(b, sb_c)
+    # graph mode rotates over distinct operand sets (graph_sets): no call finds its operands
+    # in L2 from the calls before
+    sets = [_operands(m, n, k) for _ in range(graph_sets((m + n) * (k // 2 + k // 16)))]
+    sets16 = [(torch.randn(m, k, device="cuda", dtype=torch.bfloat16),
+               torch.randn(n, k, device="cuda", dtype=torch.bfloat16))
+              for _ in range(graph_sets((m + n) * k * 2))]
     out = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
 
+    def each(make):
+        return [make(a, sa, b, sb) for (a, _, sa), (b, _, sb) in sets]
+
     fns = {
-        "cublas_bf16": lambda: torch.matmul(a16, b16.t()),
-        "dequant+cublas": lambda: torch.matmul(deq_a(), deq_b().t()),
-        "nvfp4": lambda: gemm_nvfp4(a, sa, b, sb, scales_swizzled=True, out=out),
+        "cublas_bf16": [lambda a16=a16, b16=b16: torch.matmul(a16, b16.t())
+                        for a16, b16 in sets16],
+        "dequant+cublas": [
+            lambda deq_a=_dequantize_fn(a, sa_c), deq_b=_dequantize_fn(b, sb_c):
+            torch.matmul(deq_a(), deq_b().t()) for (a, sa_c, _), (b, sb_c, _) in sets],
+        "nvfp4": each(lambda a, sa, b, sb: functools.partial(
+            gemm_nvfp4, a, sa, b, sb, scales_swizzled=True, out=out)),
     }
     for path in paths:
-        fns[path] = functools.partial(gemm_nvfp4, a, sa, b, sb, scales_swizzled=True, out=out,
-                                      path=path)
+        fns[path] = each(lambda a, sa, b, sb, path=path: functools.partial(
+            gemm_nvfp4, a, sa, b, sb, scales_swizzled=True, out=out, path=path))
     if variants:
-        fns["decode_both"] = lambda: gemm_nvfp4(a, sa, b, sb, scales_swizzled=True, out=out,
-                                                path="decode_both")
-        fns["kernel_only"] = _kernel_only_fn(a, sa, b, sb, out)
+        fns["decode_both"] = each(lambda a, sa, b, sb: functools.partial(
+            gemm_nvfp4, a, sa, b, sb, scales_swizzled=True, out=out, path="decode_both"))
+        fns["kernel_only"] = each(lambda a, sa, b, sb: _kernel_only_fn(a, sa, b, sb, out))
     flop = 2.0 * m * n * k
-    row = {"M": m, "N": n, "K": k}
-    modes: List[Tuple[str, object]] = [("eager", bench_ms)]
+    row = {"M": m, "N": n, "K": k, "graph sets": len(sets)}
+    modes: List[Tuple[str, object]] = [("eager", lambda fns: bench_ms(fns[0]))]
     if graphs:
         modes.append(("graph", bench_graph_ms))
     for mode, timer in modes:

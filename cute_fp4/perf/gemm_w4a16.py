@@ -7,7 +7,9 @@ activations' dtype; the column keeps the name cublas_bf16), dequantize-then-cuBL
 that `cute_fp4.gemm` dispatches to (the weight-streaming gemm_w4a16_sm90 where
 `dispatch.stream_weights` says so, the mixed wgmma gemm_mixed_sm90 otherwise, column
 "kernel"; BF16 activations unless --act-dtype fp16, swizzled scales, output in the
-activations' dtype), each eager and replayed from a CUDA graph. Reports microseconds,
+activations' dtype), each eager (do_bench flushes L2 before every call) and replayed from a
+CUDA graph that rotates over distinct weight matrices (column "graph sets", enough to fill
+twice the L2: a decode step does not find its layer's weights in L2). Reports microseconds,
 speedups over cuBLAS of the same mode and the W4A16 kernel's weight bandwidth (packed bytes +
 scales, GB/s).
 """
@@ -19,7 +21,7 @@ from typing import List, Tuple
 
 import torch
 
-from .common import bench_graph_ms, bench_ms, progress, report
+from .common import bench_graph_ms, bench_ms, graph_sets, progress, report
 
 DECODE_M = [1, 16, 32, 64]
 DECODE_NK = [(8192, 8192), (28672, 8192)]
@@ -40,45 +42,50 @@ def bench_configs(m: int, n: int, k: int, graphs: bool, configs,
         raise ValueError(f"--config sets the decode kernel (M <= {W4A16_MAX_DECODE_ROWS}), "
                          f"got M = {m}")
     stream = configs != [None] or stream_weights(m, n, num_sms(torch.device("cuda")))
-    b = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, device="cuda")
-    sb_c = torch.exp2(torch.rand(n, k // 16, device="cuda") * 4 - 2).to(torch.float8_e4m3fn)
-    sb = swizzle_scales(sb_c)
     a = torch.randn(m, k, device="cuda", dtype=act_dtype)
-    b16 = torch.randn(n, k, device="cuda", dtype=act_dtype)
-    deq_b = _dequantize_fn(b, sb_c, act_dtype)
     out = torch.empty(m, n, dtype=act_dtype, device="cuda")
+    weight_bytes = n * (k // 2) + n * (k // 16)
+    weights = []  # graph mode rotates over these (graph_sets): no call finds its weights in L2
+    for _ in range(graph_sets(weight_bytes)):
+        b = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, device="cuda")
+        sb_c = torch.exp2(torch.rand(n, k // 16, device="cuda") * 4 - 2).to(torch.float8_e4m3fn)
+        weights.append((b, sb_c, swizzle_scales(sb_c)))
+    b16s = [torch.randn(n, k, device="cuda", dtype=act_dtype)
+            for _ in range(graph_sets(n * k * a.element_size()))]
+    deq_bs = [_dequantize_fn(b, sb_c, act_dtype) for b, sb_c, _ in weights]
     base = {
-        "cublas_bf16": lambda: torch.matmul(a, b16.t()),
-        "dequant+cublas": lambda: torch.matmul(a, deq_b().t()),
+        "cublas_bf16": [lambda b16=b16: torch.matmul(a, b16.t()) for b16 in b16s],
+        "dequant+cublas": [lambda deq_b=deq_b: torch.matmul(a, deq_b().t()) for deq_b in deq_bs],
     }
-    weight_bytes = b.numel() + sb_c.numel()
     rows = []
     for config in configs:
         row = {"M": m, "N": n, "K": k, "act": str(act_dtype).replace("torch.", ""),
-               "kernel": "stream" if stream else "mixed"}
+               "kernel": "stream" if stream else "mixed", "graph sets": len(weights)}
         if len(configs) > 1:
             row["config"] = ",".join(map(str, config)) if config else "auto"
         rows.append(row)
-    modes: List[Tuple[str, object]] = [("eager", bench_ms)]
+
+    def w4a16(b, sb, config):
+        if stream:
+            return lambda: gemm_w4a16_sm90(a, b, sb, scales_swizzled=True, out=out,
+                                           config=config, out_dtype=act_dtype)
+        return lambda: gemm_mixed_sm90(b, sb, a, scales_swizzled=True, out=out,
+                                       out_dtype=act_dtype)
+
+    modes: List[Tuple[str, object]] = [("eager", lambda fns: bench_ms(fns[0]))]
     if graphs:
         modes.append(("graph", bench_graph_ms))
     for mode, timer in modes:
-        base_ms = {name: timer(fn) for name, fn in base.items()}
+        base_ms = {name: timer(fns) for name, fns in base.items()}
         for config, row in zip(configs, rows):
             ms = dict(base_ms)
-            if stream:
-                ms["w4a16"] = timer(lambda: gemm_w4a16_sm90(a, b, sb, scales_swizzled=True,
-                                                             out=out, config=config,
-                                                             out_dtype=act_dtype))
-            else:
-                ms["w4a16"] = timer(lambda: gemm_mixed_sm90(b, sb, a, scales_swizzled=True,
-                                                             out=out, out_dtype=act_dtype))
+            ms["w4a16"] = timer([w4a16(b, sb, config) for b, _, sb in weights])
             for name, t in ms.items():
                 row[f"{name} {mode} us"] = t * 1e3
             row[f"w4a16/cublas {mode}"] = ms["cublas_bf16"] / ms["w4a16"]
             row[f"w4a16/dequant+cublas {mode}"] = ms["dequant+cublas"] / ms["w4a16"]
             row[f"w4a16 {mode} GB/s"] = weight_bytes / ms["w4a16"] / 1e6
-    del b16
+    del b16s
     return rows
 
 
