@@ -5,7 +5,7 @@ dequantize-then-cuBLAS (cute_fp4.dequantize of both NVFP4 operands, then torch.m
 NVFP4 GEMM (gemm_nvfp4, swizzled scales, BF16 out, path "auto": "weight_stream" when
 min(M, N) <= 32, else "predecode"), each eager (do_bench flushes L2 before every call) and
 replayed from a CUDA graph that rotates over distinct operands (column "graph sets": enough
-to fill twice the L2, at most 8). `--paths` adds
+to fill four times the L2, at most 8). `--paths` adds
 gemm_nvfp4 with named paths (e.g. predecode,weight_stream: both at the decode sizes);
 `--variants` adds the "decode_both" kernel (sm90_w4a4) and the predecode path's GEMM kernel
 alone (its predecoded BF16 operand made once, outside the timing). TFLOP/s count 2*M*N*K;

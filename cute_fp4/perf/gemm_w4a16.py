@@ -9,7 +9,7 @@ that `cute_fp4.gemm` dispatches to (the weight-streaming gemm_w4a16_sm90 where
 "kernel"; BF16 activations unless --act-dtype fp16, swizzled scales, output in the
 activations' dtype), each eager (do_bench flushes L2 before every call) and replayed from a
 CUDA graph that rotates over distinct weight matrices (column "graph sets", enough to fill
-twice the L2: a decode step does not find its layer's weights in L2). Reports microseconds,
+four times the L2: a decode step does not find its layer's weights in L2). Reports microseconds,
 speedups over cuBLAS of the same mode and the W4A16 kernel's weight bandwidth (packed bytes +
 scales, GB/s).
 """
