@@ -53,6 +53,27 @@ def test_perf_usage_errors(capsys):
     assert "usage" in capsys.readouterr().err
 
 
+def test_graph_sets_fill_four_l2s(monkeypatch):
+    """Graph timings rotate over enough operand sets to fill four times the L2 (H100: 50 MB),
+    at least one and at most `limit`."""
+    import types
+
+    import torch
+
+    from cute_fp4.perf.common import graph_sets
+
+    props = types.SimpleNamespace(L2_cache_size=50 << 20)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda dev: props)
+    assert graph_sets(37_748_736) == 6  # W4A16 8192 x 8192 weights + scales
+    assert graph_sets(132_120_576) == 2  # 28672 x 8192
+    assert graph_sets(200 << 20) == 1
+    assert graph_sets(201 << 20) == 1
+    assert graph_sets(199 << 20) == 2
+    assert graph_sets(1 << 20) == 8
+    assert graph_sets(1 << 20, limit=3) == 3
+
+
 @pytest.mark.gpu
 def test_demo_on_gpu(capsys):
     demo_main(["--rows", "128", "--cols", "256", "--out-features", "128"])
