@@ -73,14 +73,14 @@ def _cuda():
 
     from .common.jit import device_arch
     from .gemm.dispatch import gemm_nvfp4, gemm_w4a16
-    from .gemm.factors import epilogue_factors
+    from .gemm.factors import epilogue_operands
     from .quant.dequantize import dequantize
     from .quant.dispatch import plan_for, quantize
     from .quant.recipes_dispatch import quantize_recipe
 
     return SimpleNamespace(quantize=quantize, plan_for=plan_for, quantize_recipe=quantize_recipe,
                            dequantize=dequantize, gemm_nvfp4=gemm_nvfp4, gemm_w4a16=gemm_w4a16,
-                           epilogue_factors=epilogue_factors, device_arch=device_arch)
+                           epilogue_operands=epilogue_operands, device_arch=device_arch)
 
 
 def quantize_impl(x2: Tensor, recipe: Recipe, seed: int, offset: int, amax_group=None,
@@ -270,7 +270,8 @@ def gemm_impl(a: Tensor, a_scales: Optional[Tensor], a_amax: Optional[Tensor], a
     factors_args = (a_scaling, a_amax, a_e4m3_max, b_scaling, b_amax, b_e4m3_max)
     if a.is_cuda:
         gemm_nvfp4, gemm_w4a16 = _cuda().gemm_nvfp4, _cuda().gemm_w4a16
-        alpha, row, col = _cuda().epilogue_factors(*factors_args, _cuda().device_arch(a.device))
+        alpha, row, col = _cuda().epilogue_operands(*factors_args,
+                                                    _cuda().device_arch(a.device))
         if a_scales is None:
             if b_win is not None:
                 raise NotImplementedError("the CUDA W4A16 GEMM does not take window64 weights")

@@ -229,3 +229,73 @@ def test_pick_mixed_config():
     # 224 tiles > 132 SMs: two CTAs per SM, each with half the shared memory
     assert pick_mixed_config(28672, 64, transposed=True) == (64, 7, 2, False)
     assert pick_mixed_config(28672, 64, out_elt=4, transposed=True) == (64, 6, 2, False)
+
+
+def _decode_ptx(kind, decode, arch):
+    """PTX of one GEMM kernel of each kind with alpha, row and col present and `decode`."""
+    from cute_fp4.gemm.sm100_blockscaled import sm100_gemm_kernel
+    from cute_fp4.gemm.sm90_mixed import UNSCALE_W4A4, mixed_kernel
+    from cute_fp4.gemm.sm90_w4a16 import w4a16_kernel
+
+    flags = (True, True, True, False)
+    if kind == "w4a16":
+        op, args = w4a16_kernel(torch.bfloat16, torch.bfloat16, flags=(True, True, False),
+                                has_row=True, decode=decode)
+    elif kind == "mixed":
+        op, args = mixed_kernel(torch.bfloat16, 64, 4, flags, None, False, UNSCALE_W4A4, False,
+                                decode=decode)
+    elif kind == "w4a4":
+        op, args = _w4a4_kernel(torch.bfloat16, 128, 4, flags, None, decode=decode)
+    else:
+        op, *args = sm100_gemm_kernel(torch.bfloat16, 128, flags, decode=decode)
+    return compile_ptx(op, *args, arch=arch)
+
+
+@pytest.mark.parametrize("kind,arch", [("w4a16", "sm_90a"), ("mixed", "sm_90a"),
+                                       ("w4a4", "sm_90a"), ("sm100", "sm_100a")])
+def test_epilogue_decodes_outer_amaxes_ptx(kind, arch):
+    """Every GEMM kernel's epilogue turns outer amaxes into decode scales itself (decode):
+    the factors kernel's IEEE division and reciprocal (no flush-to-zero) appear in its PTX,
+    and a kernel given the factors has neither."""
+    plain = _decode_ptx(kind, (None, None, None), arch)
+    assert re.search(r"div\.rn\.f32|rcp\.rn\.f32", plain) is None
+    for decode in ((448, None, None), (None, 256, None), (None, None, 448), (448, 448, 256)):
+        ptx = _decode_ptx(kind, decode, arch)
+        assert missing_instructions(ptx, [r"div\.rn\.f32", r"rcp\.rn\.f32"]) == [], decode
+        assert ".ftz.f32" not in ptx
+
+
+def test_epilogue_decode_config_errors():
+    from cute_fp4.gemm.operands import OuterAmax
+    from cute_fp4.gemm.sm90_w4a16 import w4a16_kernel
+
+    with pytest.raises(ValueError, match="decode must be 3 entries"):
+        w4a16_kernel(torch.bfloat16, torch.bfloat16, decode=(448, None))
+    with pytest.raises(ValueError, match="decode must be 3 entries"):
+        w4a16_kernel(torch.bfloat16, torch.bfloat16, decode=(300, None, None))
+    with pytest.raises(ValueError, match="e4m3_max must be 448 or 256"):
+        OuterAmax(torch.ones(1), 300)
+    with pytest.raises(TypeError, match="must be a tensor"):
+        OuterAmax(1.0)
+
+
+def test_epilogue_operands_cpu_semantics():
+    """epilogue_operands: one operand's amaxes go to the kernel as OuterAmax (decoded there),
+    and decoding them as ref.formats.decode_scale gives ref.gemm.epilogue_factors exactly."""
+    from cute_fp4 import ref
+    from cute_fp4.gemm.factors import epilogue_operands
+    from cute_fp4.gemm.operands import OuterAmax
+    from cute_fp4.ref.formats import decode_scale
+
+    gen = torch.Generator().manual_seed(3)
+    for a_s, b_s in (("dense", "tensor"), ("dense", "token"), ("token", "tensor"),
+                     ("tensor", "token"), ("token", "token"), ("window64", "tensor")):
+        a_amax = torch.rand(5 if a_s == "token" else 1, generator=gen) * 100
+        b_amax = torch.rand(7 if b_s == "token" else 1, generator=gen) * 100
+        got = epilogue_operands(a_s, a_amax, 448, b_s, b_amax, 256, "sm_90a")
+        want = ref.epilogue_factors(a_s, a_amax, 448, b_s, b_amax, 256)
+        for g, w in zip(got, want):
+            assert (g is None) == (w is None)
+            if g is not None:
+                assert isinstance(g, OuterAmax)
+                assert torch.equal(decode_scale(g.amax, g.e4m3_max), w)

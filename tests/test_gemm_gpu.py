@@ -428,3 +428,59 @@ def test_epilogue_factors_bit_exact(a_scaling, b_scaling, a_e4m3_max, b_e4m3_max
         assert torch.equal(g.isnan(), w.isnan()), name
         keep = ~w.isnan()
         assert torch.equal(g[keep].view(torch.int32), w[keep].view(torch.int32)), name
+
+
+# (path, a_scaling, b_scaling, M, N, K): every kernel that takes OuterAmax epilogue vectors
+OUTER_AMAX_CASES = [
+    ("w4a16", "dense", "tensor", 3, 300, 256), ("w4a16", "dense", "token", 16, 520, 512),
+    ("w4a16", "dense", "token", 40, 4500, 256), ("w4a16", "dense", "tensor", 200, 300, 512),
+    ("weight_stream", "token", "tensor", 5, 300, 256),
+    ("weight_stream", "tensor", "token", 300, 7, 256),
+    ("predecode", "token", "token", 200, 130, 512), ("predecode", "tensor", "token", 40, 300, 256),
+    ("decode_both", "token", "tensor", 130, 256, 256),
+    ("decode_both", "token", "token", 64, 200, 512),
+]
+
+
+@pytest.mark.parametrize("path,a_scaling,b_scaling,m,n,k", OUTER_AMAX_CASES)
+def test_outer_amax_epilogue_bit_equal(path, a_scaling, b_scaling, m, n, k, gen):
+    """alpha / row / col given as OuterAmax (decoded in the GEMM kernel's epilogue, what
+    cute_fp4.gemm passes) give the same bits as the factors of the factors kernel, NaN for
+    NaN, on special amaxes (0, subnormal, Inf, NaN, overflowing S_enc) and random ones; a bias
+    rides along."""
+    from cute_fp4.common.jit import device_arch
+    from cute_fp4.gemm.dispatch import gemm_nvfp4, gemm_w4a16
+    from cute_fp4.gemm.factors import epilogue_factors, epilogue_operands
+
+    dev = "cuda"
+    b, sb = rand_fp4(n, k, gen)
+    b, sb = b.to(dev), swizzle_scales(sb).to(dev)
+
+    def amaxes(scaling, rows):  # per token the special values first, per tensor a random one
+        if scaling == "dense":
+            return None
+        values = _amax_values(rows, gen) if scaling == "token" else _amax_values(13, gen)[12:]
+        return values.to(dev)
+
+    a_amax, b_amax = amaxes(a_scaling, m), amaxes(b_scaling, n)
+    b_amax = b_amax.flip(0)
+    bias = torch.randn(n, generator=gen).to(dev)
+    arch = device_arch()
+    outs = []
+    for make in (epilogue_factors, epilogue_operands):
+        alpha, row, col = make(a_scaling, a_amax, 448, b_scaling, b_amax, 256, arch)
+        if path == "w4a16":
+            a = torch.randn(m, k, generator=gen).to(dev, torch.bfloat16) if not outs else a
+            outs.append(gemm_w4a16(a, b, sb, alpha=alpha, col=col, bias=bias,
+                                   scales_swizzled=True, out_dtype=torch.float32))
+        else:
+            if not outs:
+                a, sa = rand_fp4(m, k, gen)
+                a, sa = a.to(dev), swizzle_scales(sa).to(dev)
+            outs.append(gemm_nvfp4(a, sa, b, sb, alpha=alpha, row=row, col=col, bias=bias,
+                                   scales_swizzled=True, out_dtype=torch.float32, path=path))
+    want, got = outs
+    assert torch.equal(want.isnan(), got.isnan())
+    keep = ~want.isnan()
+    assert torch.equal(want[keep].view(torch.int32), got[keep].view(torch.int32))
+    assert keep.float().mean() > 0.5  # most of D is finite: the test compares values

@@ -10,6 +10,8 @@ from cutlass import Float32, Int32, Uint32
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
+from .encode import rcp_rn
+
 FLT_MAX = 3.4028234663852886e38
 
 
@@ -31,6 +33,12 @@ def outer_encode_scale(amax: Float32, e4m3_max: cutlass.Constexpr[float]) -> Flo
     or S_enc is 0 (ref.formats.encode_scale). The division is IEEE (div.rn)."""
     s = cute.arch.fmin(Float32(e4m3_max * 6.0) / amax, Float32(FLT_MAX), nan=True)
     return Float32(cutlass.select_((amax == Float32(0.0)) | (s == Float32(0.0)), Float32(1.0), s))
+
+
+@cute.jit
+def decode_outer_scale(amax: Float32, e4m3_max: cutlass.Constexpr[float]) -> Float32:
+    """S_dec = 1 / S_enc (ref.formats.decode_scale: IEEE reciprocal, subnormals kept)."""
+    return rcp_rn(outer_encode_scale(amax, e4m3_max))
 
 
 @cute.jit

@@ -13,13 +13,14 @@ from ..recipe import Recipe
 from ..ref.formats import decode_scale
 from ..ref.swizzle import swizzled_shape
 from ..tensor import NVFP4Tensor
-from .operands import _check_operands, _epilogue, _prepare_data
+from .operands import OuterAmax, _check_operands, _epilogue, _prepare_data, outer_amax_or
 from .sm90_mixed import UNSCALE_W4A4, gemm_mixed_sm90, launch_mixed, predecode_nvfp4
 from .sm90_w4a16 import _aligned, gemm_w4a16_sm90, launch_w4a16
 
 
 
-def _w4a4_kernel(out_dtype, tile_n, stages, flags, bias_dtype, windows=(False, False)):
+def _w4a4_kernel(out_dtype, tile_n, stages, flags, bias_dtype, windows=(False, False),
+                 decode=(None, None, None)):
     import cutlass
 
     from .sm90_w4a4 import Sm90GemmNVFP4
@@ -29,7 +30,7 @@ def _w4a4_kernel(out_dtype, tile_n, stages, flags, bias_dtype, windows=(False, F
     op = Sm90GemmNVFP4(torch_to_cutlass(out_dtype), tile_n=tile_n, stages=stages,
                        has_alpha=has_alpha, has_row=has_row, has_col=has_col,
                        has_bias=has_bias, has_a_window=has_a_window,
-                       has_b_window=has_b_window)
+                       has_b_window=has_b_window, decode=decode)
     m, n, kh = dyn(), dyn(), dyn(16)
 
     def window(present):
@@ -127,7 +128,7 @@ def gemm_nvfp4(a_data: torch.Tensor, a_scales: torch.Tensor, b_data: torch.Tenso
             raise ValueError(f"window64 operands need K % 64 == 0, got K={k}")
         if e4m3_max not in (448, 256):
             raise ValueError(f"e4m3_max must be 448 or 256, got {e4m3_max}")
-    alpha, row, col, bias = _epilogue(alpha, row, col, bias, m, n, out_dtype, device)
+    alpha, row, col, bias, decode = _epilogue(alpha, row, col, bias, m, n, out_dtype, device)
     if out is not None and (out.dtype != out_dtype or tuple(out.shape) != (m, n)
                             or not out.is_contiguous()):
         raise ValueError(f"out must be a contiguous [{m}, {n}] {out_dtype} tensor")
@@ -136,7 +137,7 @@ def gemm_nvfp4(a_data: torch.Tensor, a_scales: torch.Tensor, b_data: torch.Tenso
     arch = device_arch(device)
     if arch == "sm_100a":
         return _gemm_sm100(a_data, sfa, b_data, sfb, alpha, row, col, bias, out_dtype, out,
-                           windowed, tile_n, stages)
+                           windowed, tile_n, stages, decode)
     if out is None:
         out = torch.empty((m, n), dtype=out_dtype, device=device)
     if m == 0 or n == 0:
@@ -148,10 +149,11 @@ def gemm_nvfp4(a_data: torch.Tensor, a_scales: torch.Tensor, b_data: torch.Tenso
         if tile_n is not None or stages is not None:
             raise ValueError("tile_n and stages configure the wgmma kernels, not the "
                              "weight_stream path")
-        return _gemm_weight_stream(a_data, sfa, b_data, sfb, alpha, row, col, bias, out, arch)
+        return _gemm_weight_stream(a_data, sfa, b_data, sfb, alpha, row, col, bias, out, arch,
+                                   decode)
     if path == "predecode":
         return _gemm_predecode(a_data, sfa, b_data, sfb, alpha, row, col, bias, out, arch,
-                               tile_n, stages)
+                               tile_n, stages, decode)
     a_win = _window_factors(a_window_amax, m, k, e4m3_max, "a", device)
     b_win = _window_factors(b_window_amax, n, k, e4m3_max, "b", device)
     auto_tile_n, auto_stages = pick_w4a4_config(m, n, k, windowed)
@@ -160,10 +162,10 @@ def gemm_nvfp4(a_data: torch.Tensor, a_scales: torch.Tensor, b_data: torch.Tenso
     flags = (alpha is not None, row is not None, col is not None, bias is not None)
     windows = (a_win is not None, b_win is not None)
     bias_dtype = bias.dtype if bias is not None else None
-    key = ("gemm_w4a4_sm90", out_dtype, tile_n, stages, flags, bias_dtype, windows)
+    key = ("gemm_w4a4_sm90", out_dtype, tile_n, stages, flags, bias_dtype, windows, decode)
 
     def build():
-        op, args = _w4a4_kernel(out_dtype, tile_n, stages, flags, bias_dtype, windows)
+        op, args = _w4a4_kernel(out_dtype, tile_n, stages, flags, bias_dtype, windows, decode)
         return compile_kernel(op, *args, arch=arch)
 
     fn = KERNELS.get(key, build)
@@ -231,7 +233,7 @@ def _unit_amax(device) -> torch.Tensor:
     return unit
 
 
-def _gemm_weight_stream(a_data, sfa, b_data, sfb, alpha, row, col, bias, out, arch):
+def _gemm_weight_stream(a_data, sfa, b_data, sfb, alpha, row, col, bias, out, arch, decode):
     """The weight_stream path of gemm_nvfp4 on sm_90a: the smaller operand (A on ties) decoded
     exactly to BF16 as the W4A16 kernel's activations, the other one its weights (flat swizzled
     scales); when B is the smaller the weights are A's rows, so the kernel writes D from its
@@ -241,7 +243,7 @@ def _gemm_weight_stream(a_data, sfa, b_data, sfb, alpha, row, col, bias, out, ar
     x_data, sfx, w_data, sfw = (b_data, sfb, a_data, sfa) if swap else (a_data, sfa, b_data, sfb)
     x = decode_values(x_data, sfx, True, torch.bfloat16)
     return launch_w4a16(x, w_data, sfw, out, alpha, row, col, bias, swizzled=True,
-                        transposed=swap, arch=arch)
+                        transposed=swap, arch=arch, decode=decode)
 
 
 def predecode_operands(a_data, sfa, b_data, sfb, arch):
@@ -255,15 +257,16 @@ def predecode_operands(a_data, sfa, b_data, sfb, arch):
 
 
 def _gemm_predecode(a_data, sfa, b_data, sfb, alpha, row, col, bias, out, arch, tile_n,
-                    stages):
+                    stages, decode):
     """The predecode path of gemm_nvfp4 on sm_90a (see `predecode_operands`)."""
     x_data, sfx, y, swap = predecode_operands(a_data, sfa, b_data, sfb, arch)
     return launch_mixed(x_data, sfx, y, out, alpha, row, col, bias, transposed=swap,
-                        unscale_exp=UNSCALE_W4A4, arch=arch, tile_n=tile_n, stages=stages)
+                        unscale_exp=UNSCALE_W4A4, arch=arch, tile_n=tile_n, stages=stages,
+                        decode=decode)
 
 
 def _gemm_sm100(a_data, sfa, b_data, sfb, alpha, row, col, bias, out_dtype, out, windowed,
-                tile_n, stages):
+                tile_n, stages, decode):
     """The sm_100a route of gemm_nvfp4: tcgen05 block-scaled kernel (compiled only, never run
     on this project's machines), swizzled scales; a given `out` receives a copy of its
     result."""
@@ -274,6 +277,7 @@ def _gemm_sm100(a_data, sfa, b_data, sfb, alpha, row, col, bias, out_dtype, out,
     if stages is not None:
         raise ValueError("stages is a sm_90a kernel option (the sm_100a kernel sizes its "
                          "pipeline itself)")
+    alpha, row, col = (outer_amax_or(v, e) for v, e in zip((alpha, row, col), decode))
     d = gemm_nvfp4_sm100(a_data, sfa, b_data, sfb, alpha=alpha, row=row, col=col, bias=bias,
                          out_dtype=out_dtype, tile_n=tile_n)
     if out is None:
@@ -295,7 +299,9 @@ def gemm_w4a16(a: torch.Tensor, b_data: torch.Tensor, b_scales: torch.Tensor, *,
                bias: Optional[torch.Tensor] = None, out_dtype: torch.dtype = torch.bfloat16,
                scales_swizzled: bool = False) -> torch.Tensor:
     """BF16/FP16 activations [M, K] x NVFP4 weights [N, K/2] (E4M3 block scales, compact or
-    swizzled): D = cast(alpha * col[n] * sum_k a[m, k] * b[n, k] + bias[n]).
+    swizzled): D = cast(alpha * col[n] * sum_k a[m, k] * b[n, k] + bias[n]); alpha and col
+    are FP32 factors or `operands.OuterAmax` (the weights' outer amaxes, decoded in the
+    kernel).
 
     On sm_90a, BF16 and FP16 activations run the weight-streaming W4A16 kernel (`sm90_w4a16`)
     where `stream_weights(M, N, SMs)` says it is faster (up to 16 tokens, 64 on small weight
@@ -317,6 +323,8 @@ def gemm_w4a16(a: torch.Tensor, b_data: torch.Tensor, b_scales: torch.Tensor, *,
     gemm_dtype = a.dtype if out_dtype == a.dtype else torch.float32
     weights = decode_values(b_data, b_scales, scales_swizzled, gemm_dtype)
     acc = (a.to(gemm_dtype) @ weights.t()).to(torch.float32)
+    alpha, col = (decode_scale(v.amax, v.e4m3_max) if isinstance(v, OuterAmax) else v
+                  for v in (alpha, col))
     if alpha is not None:
         acc = acc * alpha.to(torch.float32).reshape(())
     if col is not None:

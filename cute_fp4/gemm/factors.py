@@ -4,7 +4,9 @@
 
 Why a kernel: in torch these are ~10 elementwise launches per operand (the IEEE formula with
 its zero / FLT_MAX cases), ~60 per training step of a Linear, which made the eager step
-host-bound (notes/gemm.md, session 5)."""
+host-bound (notes/gemm.md, session 5). Since session 18 the GEMM kernels decode a single
+operand's amaxes themselves (`epilogue_operands`, `parts.EpilogueOperands` decode): this kernel
+runs only for alpha = the product of two per-tensor decode scales."""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from cutlass import Float32, Int32
 
 from ..common import encode as E
 from ..common.jit import KERNELS, compile_kernel, dyn, env_stream, fake_tensor
-from ..common.scales import outer_encode_scale
+from ..common.scales import decode_outer_scale
 
 THREADS = 256
 # The outer-scale kinds that make epilogue factors (window64 amaxes are per-block factors
@@ -29,12 +31,6 @@ def factor_kind(scaling: str):
     """The scaling of an operand as the factors see it: "tensor", "token", or None (it makes
     no factor)."""
     return scaling if scaling in FACTOR_SCALINGS else None
-
-
-@cute.jit
-def decode_outer_scale(amax: Float32, e4m3_max: cutlass.Constexpr[float]) -> Float32:
-    """S_dec = 1 / S_enc (ref.formats.decode_scale: IEEE reciprocal, subnormals kept)."""
-    return E.rcp_rn(outer_encode_scale(amax, e4m3_max))
 
 
 class EpilogueFactors:
@@ -128,4 +124,29 @@ def epilogue_factors(a_scaling: str, a_amax: Optional[torch.Tensor], a_e4m3_max:
         return compile_kernel(op, *args, arch=arch)
 
     KERNELS.get(key, build)(a_amax, b_amax, alpha, row, col)
+    return alpha, row, col
+
+
+def epilogue_operands(a_scaling: str, a_amax: Optional[torch.Tensor], a_e4m3_max: int,
+                      b_scaling: str, b_amax: torch.Tensor, b_e4m3_max: int, arch: str):
+    """(alpha, row, col) for the CUDA GEMMs, equal to `ref.gemm.epilogue_factors` once
+    decoded: where one operand makes a factor on its own (a per-token side's row / col, the
+    one per-tensor side's alpha) it is its amaxes as an `operands.OuterAmax`, decoded by the
+    GEMM kernel itself (no launch here); only two per-tensor operands, whose alpha is a product
+    of two decode scales, take the factors kernel (`epilogue_factors`, one launch)."""
+    from .operands import OuterAmax
+
+    a_kind, b_kind = factor_kind(a_scaling), factor_kind(b_scaling)
+    if a_kind == "tensor" and b_kind == "tensor":
+        return epilogue_factors(a_scaling, a_amax, a_e4m3_max, b_scaling, b_amax, b_e4m3_max,
+                                arch)
+    alpha = row = col = None
+    if a_kind == "tensor":
+        alpha = OuterAmax(a_amax, a_e4m3_max)
+    elif a_kind == "token":
+        row = OuterAmax(a_amax, a_e4m3_max)
+    if b_kind == "tensor":
+        alpha = OuterAmax(b_amax, b_e4m3_max)
+    elif b_kind == "token":
+        col = OuterAmax(b_amax, b_e4m3_max)
     return alpha, row, col

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Optional
 
 import torch
@@ -64,10 +65,35 @@ def _prepare_data(data: torch.Tensor) -> torch.Tensor:
     return data
 
 
-def _vector(v: Optional[torch.Tensor], n: int, name: str, device) -> Optional[torch.Tensor]:
+@dataclasses.dataclass(frozen=True)
+class OuterAmax:
+    """An epilogue vector (alpha, row or col) given as an NVFP4 operand's outer amaxes (FP32,
+    [1] or one per row): the GEMM kernel multiplies by their decode scales 1 / S_enc(amax,
+    e4m3_max) (ref.formats.decode_scale, bit for bit), computed where it loads them, so no
+    launch turns the amaxes into factors first. `cute_fp4.gemm` passes the amaxes of its
+    operands this way (gemm.factors.epilogue_operands)."""
+
+    amax: torch.Tensor
+    e4m3_max: int = 448
+
+    def __post_init__(self):
+        if not isinstance(self.amax, torch.Tensor):
+            raise TypeError(f"OuterAmax.amax must be a tensor, got {type(self.amax).__name__}")
+        if self.e4m3_max not in (448, 256):
+            raise ValueError(f"OuterAmax.e4m3_max must be 448 or 256, got {self.e4m3_max}")
+
+
+def outer_amax_or(v, e4m3_max: Optional[int]):
+    """v wrapped as an OuterAmax when e4m3_max is given (an entry of `_epilogue`'s decode)."""
+    return v if e4m3_max is None or v is None else OuterAmax(v, e4m3_max)
+
+
+def _vector(v, n: int, name: str, device) -> Optional[torch.Tensor]:
     """An optional epilogue vector (alpha, row, col) as contiguous FP32 of n elements."""
     if v is None:
         return None
+    if isinstance(v, OuterAmax):
+        v = v.amax
     if not isinstance(v, torch.Tensor):
         raise TypeError(f"{name} must be a tensor, got {type(v).__name__}")
     if v.device != device:
@@ -75,7 +101,7 @@ def _vector(v: Optional[torch.Tensor], n: int, name: str, device) -> Optional[to
     if v.numel() != n:
         raise ValueError(f"{name} must have {n} elements, got shape {tuple(v.shape)}")
     if v.dtype == torch.float32 and v.dim() == 1 and v.is_contiguous():
-        return v  # as the kernels take it (the usual case: epilogue_factors' output)
+        return v  # as the kernels take it (the usual case: an amax or epilogue_factors' output)
     return v.reshape(-1).to(torch.float32).contiguous()
 
 
@@ -93,6 +119,8 @@ def _bias(bias: Optional[torch.Tensor], n: int, out_dtype: torch.dtype,
 
 def _epilogue(alpha, row, col, bias, m: int, n: int, out_dtype: torch.dtype, device):
     """The optional epilogue operands as the kernels take them: alpha [1], row [M] and col [N]
-    as contiguous FP32, bias [N] of the output dtype or FP32."""
+    as contiguous FP32, bias [N] of the output dtype or FP32, and `decode`: for alpha, row
+    and col the e4m3_max of an OuterAmax given there, else None (parts.EpilogueOperands)."""
+    decode = tuple(v.e4m3_max if isinstance(v, OuterAmax) else None for v in (alpha, row, col))
     return (_vector(alpha, 1, "alpha", device), _vector(row, m, "row", device),
-            _vector(col, n, "col", device), _bias(bias, n, out_dtype, device))
+            _vector(col, n, "col", device), _bias(bias, n, out_dtype, device), decode)

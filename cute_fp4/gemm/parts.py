@@ -4,7 +4,10 @@ The FP32 epilogue operands (SPEC section 3, ref.gemm's order): D[m, n] =
 cast(((acc * scale * alpha) * row[m]) * col[n] + bias[n]), `scale` the power of two that
 removes the decode's scaling (1 where there is none). A kernel carries the optional operands
 as one tuple `epi` = (alpha [1], row, col, bias) from its `__call__` to where they are applied;
-which of them exist is compile-time config (has_alpha, has_row, has_col, has_bias).
+which of them exist is compile-time config (has_alpha, has_row, has_col, has_bias), and so is
+`decode`: alpha, row or col may hold outer amaxes instead of factors, whose decode scales
+1 / S_enc the kernel computes where it loads them (the operand's own quantization scales, with
+no separate launch to turn them into factors first).
 """
 
 from __future__ import annotations
@@ -14,22 +17,37 @@ import cutlass.cute as cute
 from cutlass import Float32, const_expr
 from cutlass.cute.nvgpu import cpasync
 
+from ..common.scales import decode_outer_scale
+
 
 class EpilogueOperands:
     """The epilogue flags and math of a GEMM kernel class."""
 
     def set_epilogue_flags(self, has_alpha: bool, has_row: bool, has_col: bool,
-                           has_bias: bool):
+                           has_bias: bool, decode=(None, None, None)):
+        """decode: per epilogue vector (alpha, row, col), None when it holds the factors, or the
+        e4m3_max of the outer amaxes it holds (the factor is then their decode scale, as
+        ref.gemm.epilogue_factors makes it from one operand: ref.formats.decode_scale)."""
+        if len(decode) != 3 or any(e not in (None, 448, 256) for e in decode):
+            raise ValueError(f"decode must be 3 entries of None, 448 or 256, got {decode}")
         self.has_alpha = has_alpha
         self.has_row = has_row
         self.has_col = has_col
         self.has_bias = has_bias
+        self.decode = tuple(decode)
+
+    def _factor(self, which: int, value) -> Float32:
+        """An alpha (0) / row (1) / col (2) entry as its FP32 factor."""
+        value = value.to(Float32)
+        if const_expr(self.decode[which] is not None):
+            value = decode_outer_scale(value, float(self.decode[which]))
+        return value
 
     def acc_scale(self, scale: float, epi) -> Float32:
         """The factor of every accumulator: `scale` times alpha where present."""
         factor = Float32(scale)
         if const_expr(self.has_alpha):
-            factor = factor * epi[0][0].to(Float32)
+            factor = factor * self._factor(0, epi[0][0])
         return factor
 
     def apply_operands(self, v: Float32, m, n, epi, cached=None) -> Float32:
@@ -38,9 +56,9 @@ class EpilogueOperands:
         _, row, col, bias = epi
         row_v, col_v, bias_v = cached if cached is not None else (None, None, None)
         if const_expr(self.has_row):
-            v = v * (row[m].to(Float32) if row_v is None else row_v)
+            v = v * (self._factor(1, row[m]) if row_v is None else row_v)
         if const_expr(self.has_col):
-            v = v * (col[n].to(Float32) if col_v is None else col_v)
+            v = v * (self._factor(2, col[n]) if col_v is None else col_v)
         if const_expr(self.has_bias):
             v = v + (bias[n].to(Float32) if bias_v is None else bias_v)
         return v
@@ -53,9 +71,9 @@ class EpilogueOperands:
         predicate (an element outside D uses no value)."""
         _, row, col, bias = epi
         if const_expr(self.has_row) and ("row", key_m) not in cache:
-            cache["row", key_m] = row[cutlass.min(m, m_rows - 1)].to(Float32)
+            cache["row", key_m] = self._factor(1, row[cutlass.min(m, m_rows - 1)])
         if const_expr(self.has_col) and ("col", key_n) not in cache:
-            cache["col", key_n] = col[cutlass.min(n, n_cols - 1)].to(Float32)
+            cache["col", key_n] = self._factor(2, col[cutlass.min(n, n_cols - 1)])
         if const_expr(self.has_bias) and ("bias", key_n) not in cache:
             cache["bias", key_n] = bias[cutlass.min(n, n_cols - 1)].to(Float32)
         return (cache.get(("row", key_m)), cache.get(("col", key_n)), cache.get(("bias", key_n)))

@@ -75,14 +75,15 @@ class Sm100GemmNVFP4(EpilogueOperands):
 
     def __init__(self, out_dtype: Type[cutlass.Numeric], *, tile_n: int = 256,
                  has_alpha: bool = False, has_row: bool = False, has_col: bool = False,
-                 has_bias: bool = False, sm_count: int = DEFAULT_SM_COUNT):
+                 has_bias: bool = False, sm_count: int = DEFAULT_SM_COUNT,
+                 decode=(None, None, None)):
         if tile_n not in TILE_NS:
             raise ValueError(f"tile_n must be one of {TILE_NS}, got {tile_n}")
         if sm_count < 1:
             raise ValueError(f"sm_count must be positive, got {sm_count}")
         self.out_dtype = out_dtype
         self.tile_n = tile_n
-        self.set_epilogue_flags(has_alpha, has_row, has_col, has_bias)
+        self.set_epilogue_flags(has_alpha, has_row, has_col, has_bias, decode)
         self.sm_count = sm_count
         self.mma_tiler = (TILE_M, tile_n, K_TILE)
         # Two accumulator buffers fit next to the scale columns only for 128-wide tiles.
@@ -487,9 +488,10 @@ def check_arch(arch: str) -> None:
 
 def sm100_gemm_kernel(out_dtype: torch.dtype = torch.bfloat16, tile_n: int = 256,
                       flags=(False, False, False, False), bias_dtype: Optional[torch.dtype] = None,
-                      sm_count: int = DEFAULT_SM_COUNT):
+                      sm_count: int = DEFAULT_SM_COUNT, decode=(None, None, None)):
     """(kernel, *fake compile arguments) of the sm_100a GEMM for a configuration; flags are
-    (has_alpha, has_row, has_col, has_bias)."""
+    (has_alpha, has_row, has_col, has_bias); decode: which of alpha, row, col hold outer
+    amaxes (parts.EpilogueOperands)."""
     if out_dtype not in OUT_DTYPES:
         raise TypeError(f"out_dtype must be float32, bfloat16 or float16, got {out_dtype}")
     has_alpha, has_row, has_col, has_bias = flags
@@ -497,7 +499,7 @@ def sm100_gemm_kernel(out_dtype: torch.dtype = torch.bfloat16, tile_n: int = 256
         raise TypeError(f"bias_dtype must be float32, bfloat16 or float16, got {bias_dtype}")
     out = torch_to_cutlass(out_dtype)
     op = Sm100GemmNVFP4(out, tile_n=tile_n, has_alpha=has_alpha, has_row=has_row,
-                        has_col=has_col, has_bias=has_bias, sm_count=sm_count)
+                        has_col=has_col, has_bias=has_bias, sm_count=sm_count, decode=decode)
     # TMA: 16-byte aligned rows of A/B (K % 32 == 0) and D (N a multiple of 16 bytes).
     n_align = 16 // (out.width // 8)
     m, n, kh = dyn(), dyn(n_align), dyn(16)
@@ -552,7 +554,7 @@ def gemm_nvfp4_sm100(a_data: torch.Tensor, a_scales_swizzled: torch.Tensor,
     if (n * elem) % 16:
         raise ValueError(f"N={n} must make output rows a multiple of 16 bytes "
                          f"(N % {16 // elem} == 0 for {out_dtype})")
-    alpha, row, col, bias = _epilogue(alpha, row, col, bias, m, n, out_dtype, device)
+    alpha, row, col, bias, decode = _epilogue(alpha, row, col, bias, m, n, out_dtype, device)
     if tile_n is not None and tile_n not in TILE_NS:
         raise ValueError(f"tile_n must be one of {TILE_NS}, got {tile_n}")
     arch = device_arch(device)
@@ -568,6 +570,6 @@ def gemm_nvfp4_sm100(a_data: torch.Tensor, a_scales_swizzled: torch.Tensor,
     fn = compile_sm100_gemm(
         arch, out_dtype=out_dtype, tile_n=tile_n,
         flags=(alpha is not None, row is not None, col is not None, bias is not None),
-        bias_dtype=bias.dtype if bias is not None else None, sm_count=sm_count)
+        bias_dtype=bias.dtype if bias is not None else None, sm_count=sm_count, decode=decode)
     fn(_prepare_data(a_data), _prepare_data(b_data), sfa, sfb, out, alpha, row, col, bias)
     return out

@@ -359,14 +359,15 @@ class Sm90GemmMixed(Sm90Gemm):
                  has_bias: bool = False, transposed: bool = False,
                  unscale_exp: int = UNSCALE_W4A4, vec_store: bool = False,
                  num_ctas: int = 132, ctas_per_sm: int = 1, k_split: bool = False,
-                 fp16: bool = False):
+                 fp16: bool = False, decode=(None, None, None)):
         if tile_n not in MIXED_TILE_NS:
             raise ValueError(f"tile_n must be one of {MIXED_TILE_NS}, got {tile_n}")
         if ctas_per_sm not in MIXED_REGS or tile_n > MIXED_REGS[ctas_per_sm][2]:
             raise ValueError(f"ctas_per_sm must be 1, 2 with tile_n <= 64 or 3 with tile_n "
                              f"16; got {ctas_per_sm} with tile_n {tile_n}")
         producer_regs, consumer_regs, _ = MIXED_REGS[ctas_per_sm]
-        super().__init__(out_dtype, tile_n, stages, (has_alpha, has_row, has_col, has_bias),
+        super().__init__(out_dtype, tile_n, stages,
+                         (has_alpha, has_row, has_col, has_bias, decode),
                          producer_regs=producer_regs, consumer_regs=consumer_regs)
         most = max_stages(tile_n, out_dtype.width // 8, transposed, ctas_per_sm)
         if stages < 2 or stages > most:
@@ -744,7 +745,8 @@ def pick_mixed_config(p: int, q: int, sms: int = 132, out_elt: int = 2,
 
 
 def mixed_kernel(out_dtype, tile_n, stages, flags, bias_dtype, transposed, unscale_exp,
-                 vec_store, num_ctas=132, ctas_per_sm=1, k_split=False, fp16=False):
+                 vec_store, num_ctas=132, ctas_per_sm=1, k_split=False, fp16=False,
+                 decode=(None, None, None)):
     """The compile-time op and fake arguments of one Sm90GemmMixed configuration."""
     import cutlass
 
@@ -752,7 +754,8 @@ def mixed_kernel(out_dtype, tile_n, stages, flags, bias_dtype, transposed, unsca
     op = Sm90GemmMixed(torch_to_cutlass(out_dtype), tile_n=tile_n, stages=stages,
                        has_alpha=has_alpha, has_row=has_row, has_col=has_col, has_bias=has_bias,
                        transposed=transposed, unscale_exp=unscale_exp, vec_store=vec_store,
-                       num_ctas=num_ctas, ctas_per_sm=ctas_per_sm, k_split=k_split, fp16=fp16)
+                       num_ctas=num_ctas, ctas_per_sm=ctas_per_sm, k_split=k_split, fp16=fp16,
+                       decode=decode)
     elt = torch.empty((), dtype=out_dtype).element_size()
     p, q = dyn(), dyn()
     m, n = (q, p) if transposed else (p, q)
@@ -850,12 +853,12 @@ def predecode_nvfp4(data: torch.Tensor, sf_flat: torch.Tensor, arch: str) -> tor
 def launch_mixed(x_data, sfx, y, out, alpha, row, col, bias, *, transposed: bool,
                  unscale_exp: int, arch: str, tile_n: Optional[int] = None,
                  stages: Optional[int] = None, ctas_per_sm: Optional[int] = None,
-                 k_split: Optional[bool] = None):
+                 k_split: Optional[bool] = None, decode=(None, None, None)):
     """Run Sm90GemmMixed on prepared operands: x_data [P, K/2] uint8 with 16-byte rows and
     base, sfx its flat swizzled scales, y [Q, >= K] BF16 (FP16: W4A16 with FP16 activations,
     unscale_exp UNSCALE_W4A16_FP16) in the kernel's K order with 16-byte
-    row pitch, out [M, N] contiguous, the epilogue operands as `operands._epilogue` returns
-    them."""
+    row pitch, out [M, N] contiguous, the epilogue operands and `decode` as
+    `operands._epilogue` returns them."""
     sms = num_sms(out.device)
     elt = out.element_size()
     if tile_n is None:
@@ -871,11 +874,12 @@ def launch_mixed(x_data, sfx, y, out, alpha, row, col, bias, *, transposed: bool
     vec_store = (out.shape[1] * elt) % 16 == 0 and out.data_ptr() % 16 == 0
     fp16 = y.dtype == torch.float16
     key = ("gemm_mixed_sm90", out.dtype, tile_n, stages, flags, bias_dtype, transposed,
-           unscale_exp, vec_store, sms, ctas_per_sm, k_split, fp16)
+           unscale_exp, vec_store, sms, ctas_per_sm, k_split, fp16, decode)
 
     def build():
         op, args = mixed_kernel(out.dtype, tile_n, stages, flags, bias_dtype, transposed,
-                                unscale_exp, vec_store, sms, ctas_per_sm, k_split, fp16)
+                                unscale_exp, vec_store, sms, ctas_per_sm, k_split, fp16,
+                                decode)
         return compile_kernel(op, *args, arch=arch)
 
     KERNELS.get(key, build)(x_data, sfx, y, out, alpha, row, col, bias)
@@ -910,7 +914,7 @@ def gemm_mixed_sm90(w_data: torch.Tensor, w_scales: torch.Tensor, a: torch.Tenso
     arch = device_arch(a.device)
     if arch != "sm_90a":
         raise NotImplementedError(f"gemm_mixed_sm90 runs on sm_90a (device is {arch})")
-    alpha, row, col, bias = _epilogue(alpha, row, col, bias, m, n, out_dtype, a.device)
+    alpha, row, col, bias, decode = _epilogue(alpha, row, col, bias, m, n, out_dtype, a.device)
     if out is None:
         out = torch.empty((m, n), dtype=out_dtype, device=a.device)
     elif out.dtype != out_dtype or tuple(out.shape) != (m, n) or not out.is_contiguous():
@@ -922,4 +926,4 @@ def gemm_mixed_sm90(w_data: torch.Tensor, w_scales: torch.Tensor, a: torch.Tenso
     return launch_mixed(w_prep, sfw, permute_k(a, k_pad(w_prep.shape[1]), arch), out, alpha,
                         row, col, bias, transposed=True, unscale_exp=unscale, arch=arch,
                         tile_n=tile_n, stages=stages, ctas_per_sm=ctas_per_sm,
-                        k_split=k_split)
+                        k_split=k_split, decode=decode)

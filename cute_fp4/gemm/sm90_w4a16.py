@@ -76,7 +76,7 @@ class Sm90GemmW4A16(EpilogueOperands):
                  tile_m: int = 8, row_tiles: int = 2, k_warps: int = 8, unroll: int = 1,
                  row_warps: int = 1, wide: bool = True, swizzled: bool = False,
                  has_alpha: bool = False, has_row: bool = False, has_col: bool = False,
-                 has_bias: bool = False, transposed: bool = False):
+                 has_bias: bool = False, transposed: bool = False, decode=(None, None, None)):
         if act_dtype not in (cutlass.BFloat16, cutlass.Float16):
             raise TypeError(f"activations must be BFloat16 or Float16, got {act_dtype}")
         if tile_m not in (8, 16, 32, 64):
@@ -95,7 +95,7 @@ class Sm90GemmW4A16(EpilogueOperands):
         self.unroll = unroll
         self.wide = wide
         self.swizzled = swizzled
-        self.set_epilogue_flags(has_alpha, has_row, has_col, has_bias)
+        self.set_epilogue_flags(has_alpha, has_row, has_col, has_bias, decode)
         self.transposed = transposed
         # up to 16 tokens the decode keeps its cheap K order (v_i, v_{i+4}) and the
         # activations are permuted to match (4 byte permutes per 8 activations of a token
@@ -376,10 +376,11 @@ def pick_w4a16_config(m: int, n: int):
 def w4a16_kernel(act_dtype=torch.bfloat16, out_dtype=torch.bfloat16, *, tile_m=8, row_tiles=2,
                  k_warps=8, unroll=1, row_warps=1, wide=True, swizzled=False,
                  flags=(False, False, False), bias_dtype=None, has_row=False,
-                 transposed=False):
+                 transposed=False, decode=(None, None, None)):
     """(op, *fake_args) of one W4A16 configuration, for compiling (host calls and tests).
     flags = (has_alpha, has_col, has_bias); has_row adds the per-row vector of D,
-    transposed makes D [N, M] (row [N], col and bias [M])."""
+    transposed makes D [N, M] (row [N], col and bias [M]); decode: which of alpha, row, col
+    hold outer amaxes (parts.EpilogueOperands)."""
     import cutlass
 
     has_alpha, has_col, has_bias = flags
@@ -387,7 +388,7 @@ def w4a16_kernel(act_dtype=torch.bfloat16, out_dtype=torch.bfloat16, *, tile_m=8
                        row_tiles=row_tiles, k_warps=k_warps, unroll=unroll,
                        row_warps=row_warps, wide=wide, swizzled=swizzled,
                        has_alpha=has_alpha, has_row=has_row, has_col=has_col,
-                       has_bias=has_bias, transposed=transposed)
+                       has_bias=has_bias, transposed=transposed, decode=decode)
     m, n = dyn(), dyn()
     d_rows, d_cols = (n, m) if transposed else (m, n)
     args = (
@@ -420,7 +421,8 @@ def gemm_w4a16_sm90(a: torch.Tensor, b_data: torch.Tensor, b_scales: torch.Tenso
     a: BF16/FP16 activations [M, K], contiguous. b_data: packed E2M1 weights uint8 [N, K/2]
     (even element in the low nibble), contiguous. b_scales: E4M3 block scales, compact
     [N, K/16] or swizzled (SPEC 1) when scales_swizzled. alpha: FP32 [1] device tensor; row:
-    [M]; col: [N]; bias: [N] of out_dtype or float32. FP32 accumulation and epilogue, in
+    [M]; col: [N] (alpha / row / col may be `operands.OuterAmax`: outer amaxes the kernel
+    turns into their decode scales); bias: [N] of out_dtype or float32. FP32 accumulation and epilogue, in
     ref.gemm's order. `transposed` computes D^T [N, M] instead (D^T[n, m] = cast(alpha *
     row[n] * col[m] * sum_k a[m, k] * b[n, k] + bias[m]): row / col / bias follow the output's
     rows and columns). `out` (contiguous, of the output's shape and out_dtype) receives the
@@ -459,7 +461,8 @@ def gemm_w4a16_sm90(a: torch.Tensor, b_data: torch.Tensor, b_scales: torch.Tenso
     if alpha is not None and isinstance(alpha, torch.Tensor) and alpha.dtype != torch.float32:
         raise TypeError(f"alpha must be float32, got {alpha.dtype}")
     d_rows, d_cols = (n, m) if transposed else (m, n)
-    alpha, row, col, bias = _epilogue(alpha, row, col, bias, d_rows, d_cols, out_dtype, device)
+    alpha, row, col, bias, decode = _epilogue(alpha, row, col, bias, d_rows, d_cols, out_dtype,
+                                              device)
     if out is None:
         out = torch.empty((d_rows, d_cols), dtype=out_dtype, device=device)
     elif (out.dtype != out_dtype or tuple(out.shape) != (d_rows, d_cols)
@@ -471,15 +474,16 @@ def gemm_w4a16_sm90(a: torch.Tensor, b_data: torch.Tensor, b_scales: torch.Tenso
     if arch != "sm_90a":
         raise NotImplementedError(f"gemm_w4a16_sm90 needs an sm_90a device (device is {arch})")
     return launch_w4a16(a, b_data, sf, out, alpha, row, col, bias, swizzled=scales_swizzled,
-                        transposed=transposed, arch=arch, config=config)
+                        transposed=transposed, arch=arch, config=config, decode=decode)
 
 
 def launch_w4a16(a, b_data, sf, out, alpha, row, col, bias, *, swizzled: bool,
-                 transposed: bool, arch: str, config: Optional[tuple] = None) -> torch.Tensor:
+                 transposed: bool, arch: str, config: Optional[tuple] = None,
+                 decode=(None, None, None)) -> torch.Tensor:
     """The launch behind `gemm_w4a16_sm90`, for operands it (or `dispatch.gemm_nvfp4`) has
     checked: contiguous a [M, K] and b_data [N, K/2] (realigned here when needed), flat uint8
-    scales `sf`, out of the output's shape, epilogue vectors as `operands._epilogue` returns
-    them; M, N > 0."""
+    scales `sf`, out of the output's shape, epilogue vectors and `decode` as
+    `operands._epilogue` returns them; M, N > 0."""
     m, k = a.shape
     tile_m, row_tiles, k_warps, unroll, row_warps = config or pick_w4a16_config(
         m, b_data.shape[0])
@@ -488,13 +492,14 @@ def launch_w4a16(a, b_data, sf, out, alpha, row, col, bias, *, swizzled: bool,
     bias_dtype = bias.dtype if bias is not None else None
     has_row, transposed, swizzled = row is not None, bool(transposed), bool(swizzled)
     key = ("gemm_w4a16_sm90", a.dtype, out.dtype, tile_m, row_tiles, k_warps, unroll,
-           row_warps, wide, swizzled, flags, bias_dtype, has_row, transposed)
+           row_warps, wide, swizzled, flags, bias_dtype, has_row, transposed, decode)
 
     def build():
         op, args = w4a16_kernel(a.dtype, out.dtype, tile_m=tile_m, row_tiles=row_tiles,
                                 k_warps=k_warps, unroll=unroll, row_warps=row_warps,
                                 wide=wide, swizzled=swizzled, flags=flags,
-                                bias_dtype=bias_dtype, has_row=has_row, transposed=transposed)
+                                bias_dtype=bias_dtype, has_row=has_row, transposed=transposed,
+                                decode=decode)
         return compile_kernel(op, *args, arch=arch)
 
     fn = KERNELS.get(key, build)

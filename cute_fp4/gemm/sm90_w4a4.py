@@ -66,12 +66,12 @@ class Sm90GemmNVFP4(Sm90Gemm):
     def __init__(self, out_dtype: Type[cutlass.Numeric], *, tile_n: int = 256, stages: int = 6,
                  has_alpha: bool = False, has_row: bool = False, has_col: bool = False,
                  has_bias: bool = False, has_a_window: bool = False,
-                 has_b_window: bool = False):
+                 has_b_window: bool = False, decode=(None, None, None)):
         if tile_n not in (128, 256):
             raise ValueError(f"tile_n must be 128 or 256, got {tile_n}")
         # 72 * 128 + 216 * 256 <= 168 * 384
-        super().__init__(out_dtype, tile_n, stages, (has_alpha, has_row, has_col, has_bias),
-                         producer_regs=72, consumer_regs=216)
+        super().__init__(out_dtype, tile_n, stages,
+                         (has_alpha, has_row, has_col, has_bias, decode), producer_regs=72, consumer_regs=216)
         self.windowed = has_a_window or has_b_window
         if self.windowed and tile_n != 128:
             raise ValueError("window64 operands need tile_n 128 (two accumulator tiles)")
