@@ -11,7 +11,7 @@ from ..common.jit import (KERNELS, compile_kernel, device_arch, dyn, env_stream,
 from ..quant.dequantize import dequantize
 from ..recipe import Recipe
 from ..ref.formats import decode_scale
-from ..ref.swizzle import swizzled_shape
+from ..ref.swizzle import swizzle_scales, swizzled_shape
 from ..tensor import NVFP4Tensor
 from .operands import OuterAmax, _check_operands, _epilogue, _prepare_data, outer_amax_or
 from .sm90_mixed import UNSCALE_W4A4, gemm_mixed_sm90, launch_mixed, predecode_nvfp4
@@ -120,8 +120,12 @@ def gemm_nvfp4(a_data: torch.Tensor, a_scales: torch.Tensor, b_data: torch.Tenso
     window64 operands, whose FP32 window factors are not exact in a BF16 operand) runs
     `sm90_w4a4.Sm90GemmNVFP4`, which decodes both operands per k-tile. sm_100a devices run
     `sm100_blockscaled.gemm_nvfp4_sm100` (no window64 operands there yet)."""
+    # compact scales stay compact for the weight_stream path (its kernels read either layout);
+    # the TMA kernels get them swizzled (`_swizzled`)
     sfa, sfb, m, n, k, device = _check_operands(a_data, a_scales, b_data, b_scales,
-                                                scales_swizzled, out_dtype, "gemm_nvfp4")
+                                                scales_swizzled, out_dtype, "gemm_nvfp4",
+                                                to_swizzled=False)
+    swz = bool(scales_swizzled)
     windowed = a_window_amax is not None or b_window_amax is not None
     if windowed:
         if k % 64:
@@ -136,8 +140,9 @@ def gemm_nvfp4(a_data: torch.Tensor, a_scales: torch.Tensor, b_data: torch.Tenso
         raise ValueError("K must be positive")
     arch = device_arch(device)
     if arch == "sm_100a":
-        return _gemm_sm100(a_data, sfa, b_data, sfb, alpha, row, col, bias, out_dtype, out,
-                           windowed, tile_n, stages, decode)
+        return _gemm_sm100(a_data, _swizzled(sfa, m, k, swz), b_data, _swizzled(sfb, n, k, swz),
+                           alpha, row, col, bias, out_dtype, out, windowed, tile_n, stages,
+                           decode)
     if out is None:
         out = torch.empty((m, n), dtype=out_dtype, device=device)
     if m == 0 or n == 0:
@@ -150,7 +155,8 @@ def gemm_nvfp4(a_data: torch.Tensor, a_scales: torch.Tensor, b_data: torch.Tenso
             raise ValueError("tile_n and stages configure the wgmma kernels, not the "
                              "weight_stream path")
         return _gemm_weight_stream(a_data, sfa, b_data, sfb, alpha, row, col, bias, out, arch,
-                                   decode)
+                                   decode, swz)
+    sfa, sfb = _swizzled(sfa, m, k, swz), _swizzled(sfb, n, k, swz)
     if path == "predecode":
         return _gemm_predecode(a_data, sfa, b_data, sfb, alpha, row, col, bias, out, arch,
                                tile_n, stages, decode)
@@ -233,16 +239,24 @@ def _unit_amax(device) -> torch.Tensor:
     return unit
 
 
-def _gemm_weight_stream(a_data, sfa, b_data, sfb, alpha, row, col, bias, out, arch, decode):
+def _swizzled(sf_flat: torch.Tensor, rows: int, k: int, swizzled: bool) -> torch.Tensor:
+    """Flat scales in the swizzled layout the TMA kernels read (compact ones copied into it)."""
+    if swizzled:
+        return sf_flat
+    return swizzle_scales(sf_flat.view(rows, k // 16)).reshape(-1)
+
+
+def _gemm_weight_stream(a_data, sfa, b_data, sfb, alpha, row, col, bias, out, arch, decode,
+                        swizzled):
     """The weight_stream path of gemm_nvfp4 on sm_90a: the smaller operand (A on ties) decoded
-    exactly to BF16 as the W4A16 kernel's activations, the other one its weights (flat swizzled
-    scales); when B is the smaller the weights are A's rows, so the kernel writes D from its
-    transposed tile (`transposed`)."""
+    exactly to BF16 as the W4A16 kernel's activations, the other one its weights (flat scales,
+    compact or swizzled: both kernels read either); when B is the smaller the weights are A's
+    rows, so the kernel writes D from its transposed tile (`transposed`)."""
 
     swap = b_data.shape[0] < a_data.shape[0]
     x_data, sfx, w_data, sfw = (b_data, sfb, a_data, sfa) if swap else (a_data, sfa, b_data, sfb)
-    x = decode_values(x_data, sfx, True, torch.bfloat16)
-    return launch_w4a16(x, w_data, sfw, out, alpha, row, col, bias, swizzled=True,
+    x = decode_values(x_data, sfx, swizzled, torch.bfloat16)
+    return launch_w4a16(x, w_data, sfw, out, alpha, row, col, bias, swizzled=swizzled,
                         transposed=swap, arch=arch, decode=decode)
 
 

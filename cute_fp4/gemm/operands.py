@@ -12,7 +12,10 @@ from ..ref.formats import FLOAT_DTYPES as OUT_DTYPES
 from ..ref.swizzle import swizzle_scales, swizzled_shape
 
 
-def _check_operand(data: torch.Tensor, scales: torch.Tensor, name: str, swizzled: bool):
+def _check_operand(data: torch.Tensor, scales: torch.Tensor, name: str, swizzled: bool,
+                   to_swizzled: bool = True):
+    """The checked scales as a flat uint8 tensor: swizzled ones as they are, compact ones
+    swizzled (a torch copy) when to_swizzled, else as they are."""
     if data.dtype != torch.uint8 or data.dim() != 2:
         raise TypeError(f"{name}_data must be a 2D uint8 tensor [rows, K/2], got "
                         f"{data.dtype} {tuple(data.shape)}")
@@ -31,17 +34,21 @@ def _check_operand(data: torch.Tensor, scales: torch.Tensor, name: str, swizzled
         return scales.contiguous().view(torch.uint8).reshape(-1)
     if tuple(scales.shape) != (rows, k // 16):
         raise ValueError(f"{name}_scales must be [{rows}, {k // 16}], got {tuple(scales.shape)}")
+    if not to_swizzled:
+        return scales.contiguous().view(torch.uint8).reshape(-1)
     return swizzle_scales(scales.view(torch.uint8)).reshape(-1)
 
 
 def _check_operands(a_data: torch.Tensor, a_scales: torch.Tensor, b_data: torch.Tensor,
-                    b_scales: torch.Tensor, swizzled: bool, out_dtype: torch.dtype, who: str):
+                    b_scales: torch.Tensor, swizzled: bool, out_dtype: torch.dtype, who: str,
+                    to_swizzled: bool = True):
     """The checks both W4A4 wrappers share: output dtype, each operand, matching K and one
-    CUDA device. Returns (flat swizzled uint8 scales of a and b, m, n, k, device)."""
+    CUDA device. Returns (flat uint8 scales of a and b, swizzled unless the scales are compact
+    and not to_swizzled, m, n, k, device)."""
     if out_dtype not in OUT_DTYPES:
         raise TypeError(f"out_dtype must be float32, bfloat16 or float16, got {out_dtype}")
-    sfa = _check_operand(a_data, a_scales, "a", swizzled)
-    sfb = _check_operand(b_data, b_scales, "b", swizzled)
+    sfa = _check_operand(a_data, a_scales, "a", swizzled, to_swizzled)
+    sfb = _check_operand(b_data, b_scales, "b", swizzled, to_swizzled)
     if a_data.shape[1] != b_data.shape[1]:
         raise ValueError(f"K mismatch: a_data is {tuple(a_data.shape)}, b_data is "
                          f"{tuple(b_data.shape)}")
