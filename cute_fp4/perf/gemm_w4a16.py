@@ -11,7 +11,9 @@ activations' dtype), each eager (do_bench flushes L2 before every call) and repl
 CUDA graph that rotates over distinct weight matrices (column "graph sets", enough to fill
 four times the L2: a decode step does not find its layer's weights in L2). Reports microseconds,
 speedups over cuBLAS of the same mode and the W4A16 kernel's weight bandwidth (packed bytes +
-scales, GB/s).
+scales, GB/s). Column "cute_fp4.gemm": the public call on the same weights as a per-tensor
+NVFP4Tensor (its alpha decoded from the amax in the kernel's epilogue), i.e. what a user's
+call costs beyond the kernel (automatic configuration only).
 """
 
 from __future__ import annotations
@@ -31,11 +33,14 @@ PREFILL = [(512, 8192, 8192)]
 def bench_configs(m: int, n: int, k: int, graphs: bool, configs,
                   act_dtype: torch.dtype = torch.bfloat16) -> List[dict]:
     """One row per W4A16 configuration (None: automatic), the baselines timed once."""
+    from ..api import gemm as api_gemm
     from ..common.jit import num_sms
     from ..gemm.dispatch import W4A16_MAX_DECODE_ROWS, stream_weights
     from ..gemm.sm90_mixed import gemm_mixed_sm90
     from ..gemm.sm90_w4a16 import gemm_w4a16_sm90
+    from ..recipe import Recipe
     from ..ref.swizzle import swizzle_scales
+    from ..tensor import NVFP4Tensor
     from .gemm import _dequantize_fn
 
     if m > W4A16_MAX_DECODE_ROWS and configs != [None]:
@@ -44,6 +49,7 @@ def bench_configs(m: int, n: int, k: int, graphs: bool, configs,
     stream = configs != [None] or stream_weights(m, n, num_sms(torch.device("cuda")))
     a = torch.randn(m, k, device="cuda", dtype=act_dtype)
     out = torch.empty(m, n, dtype=act_dtype, device="cuda")
+    amax = torch.full((1,), 3.0, device="cuda")
     weight_bytes = n * (k // 2) + n * (k // 16)
     weights = []  # graph mode rotates over these (graph_sets): no call finds its weights in L2
     for _ in range(graph_sets(weight_bytes)):
@@ -65,6 +71,13 @@ def bench_configs(m: int, n: int, k: int, graphs: bool, configs,
             row["config"] = ",".join(map(str, config)) if config else "auto"
         rows.append(row)
 
+    def api(b, sb):
+        """cute_fp4.gemm of the weights as a per-tensor NVFP4Tensor (amax 3: alpha != 1), the
+        call a user makes: its epilogue decodes the amax in the kernel."""
+        t = NVFP4Tensor(b, sb, amax, None, None, None, Recipe(swizzle=True, columnwise=False),
+                        (n, k), act_dtype)
+        return lambda: api_gemm(a, t, out_dtype=act_dtype)
+
     def w4a16(b, sb, config):
         if stream:
             return lambda: gemm_w4a16_sm90(a, b, sb, scales_swizzled=True, out=out,
@@ -80,6 +93,9 @@ def bench_configs(m: int, n: int, k: int, graphs: bool, configs,
         for config, row in zip(configs, rows):
             ms = dict(base_ms)
             ms["w4a16"] = timer([w4a16(b, sb, config) for b, _, sb in weights])
+            if config is None:
+                ms["cute_fp4.gemm"] = timer([api(b, sb) for b, _, sb in weights])
+                row[f"cute_fp4.gemm/cublas {mode}"] = ms["cublas_bf16"] / ms["cute_fp4.gemm"]
             for name, t in ms.items():
                 row[f"{name} {mode} us"] = t * 1e3
             row[f"w4a16/cublas {mode}"] = ms["cublas_bf16"] / ms["w4a16"]
