@@ -189,3 +189,88 @@ def test_quantize_out_alignment():
         cute_fp4.quantize(x, Recipe(), out=dataclasses.replace(out, data=bad))
     with pytest.raises(ValueError, match=r"out.data must be .* on cuda:0"):
         cute_fp4.quantize(x, Recipe(), out=out.to("cpu"))
+
+
+def _w4a16_general(a, w, out_dtype):
+    """The W4A16 GEMM through the general dispatch with the factors kernel's alpha / col (what
+    cute_fp4.gemm ran before its remembered-weights path)."""
+    from cute_fp4.common.jit import device_arch
+    from cute_fp4.gemm.dispatch import gemm_w4a16
+    from cute_fp4.gemm.factors import epilogue_factors
+
+    alpha, _, col = epilogue_factors("dense", None, 448, w.recipe.scaling, w.amax,
+                                     w.recipe.e4m3_max, device_arch())
+    d = gemm_w4a16(a.reshape(-1, w.cols), w.data, w.scales, alpha=alpha, col=col,
+                   out_dtype=out_dtype, scales_swizzled=w.recipe.swizzle)
+    return d.view(a.shape[:-1] + (w.rows,))
+
+
+def _bits_equal(x, y):
+    assert x.shape == y.shape and x.dtype == y.dtype
+    assert torch.equal(x.view(torch.uint8) if x.dtype != torch.float32 else x.view(torch.int32),
+                       y.view(torch.uint8) if y.dtype != torch.float32 else y.view(torch.int32))
+
+
+@pytest.mark.parametrize("m", [1, 16, 40, 200])
+@pytest.mark.parametrize("scaling,swizzle,e4m3_max", [("tensor", True, 448),
+                                                      ("token", False, 256),
+                                                      ("token", True, 448),
+                                                      ("tensor", False, 448)])
+@pytest.mark.parametrize("act_dtype,out_dtype", [(torch.bfloat16, torch.bfloat16),
+                                                 (torch.float16, torch.float32)])
+def test_w4a16_remembered_weights_bit_equal(m, scaling, swizzle, e4m3_max, act_dtype,
+                                            out_dtype):
+    """cute_fp4.gemm(a, w) through the remembered W4A16Weights of w (no factors kernel; the
+    weight checks done once) gives the bits of the general dispatch with the factors kernel,
+    for the streaming and the mixed kernels, both scale layouts and a 3-D activation."""
+    from cute_fp4.gemm.dispatch import prepared_w4a16
+
+    n, k = 4400, 256  # > 32 x 132 rows: the mixed kernel from 17 tokens
+    w = cute_fp4.quantize(torch.randn(n, k, device="cuda"),
+                          Recipe(scaling=scaling, swizzle=swizzle, e4m3_max=e4m3_max,
+                                 columnwise=False))
+    a = torch.randn(2, m, k, device="cuda").to(act_dtype)
+    got = cute_fp4.gemm(a, w, out_dtype=out_dtype)
+    assert prepared_w4a16(w) is not None
+    _bits_equal(got, _w4a16_general(a, w, out_dtype))
+    _bits_equal(cute_fp4.gemm(a[0], w, out_dtype=out_dtype), _w4a16_general(a[0], w, out_dtype))
+
+
+def test_w4a16_remembered_weights_follow_the_tensor():
+    """The remembered weights read the tensor's current values: in-place changes of data /
+    scales / amax are seen, replaced fields are re-checked (a wrong one still raises), and the
+    memo goes when the NVFP4Tensor does."""
+    from cute_fp4.gemm import dispatch
+
+    w = cute_fp4.quantize(torch.randn(512, 256, device="cuda"), Recipe(columnwise=False))
+    a = torch.randn(3, 256, device="cuda", dtype=torch.bfloat16)
+    first = cute_fp4.gemm(a, w)
+    prepared = dispatch.prepared_w4a16(w)
+    other = cute_fp4.quantize(torch.randn(512, 256, device="cuda"), Recipe(columnwise=False))
+    w.data.copy_(other.data)
+    w.scales.copy_(other.scales)
+    w.amax.copy_(other.amax)
+    _bits_equal(cute_fp4.gemm(a, w), _w4a16_general(a, other, torch.bfloat16))
+    assert dispatch.prepared_w4a16(w) is prepared
+    w.data = torch.zeros_like(w.data)
+    assert float(cute_fp4.gemm(a, w).abs().max()) == 0.0
+    assert dispatch.prepared_w4a16(w) is not prepared
+    w.scales = w.scales[:, :8]
+    with pytest.raises(ValueError, match="b_scales must be"):
+        cute_fp4.gemm(a, w)
+    assert not torch.equal(first, torch.zeros_like(first))
+    key = id(w)
+    del w
+    assert key not in dispatch._W4A16_WEIGHTS
+
+
+def test_w4a16_remembered_weights_input_errors():
+    """Activations the fast path does not take go the general way, with its errors."""
+    w = cute_fp4.quantize(torch.randn(256, 128, device="cuda"), Recipe(columnwise=False))
+    a = torch.randn(128, 8, device="cuda", dtype=torch.bfloat16).t()
+    with pytest.raises(ValueError, match="a must be contiguous"):
+        cute_fp4.gemm(a, w)
+    with pytest.raises(ValueError, match="K mismatch"):
+        cute_fp4.gemm(torch.randn(4, 64, device="cuda", dtype=torch.bfloat16), w)
+    with pytest.raises(TypeError, match="bfloat16 or float16"):
+        cute_fp4.gemm(torch.randn(4, 128, device="cuda"), w)
