@@ -99,7 +99,9 @@ def gemm_nvfp4(a_data: torch.Tensor, a_scales: torch.Tensor, b_data: torch.Tenso
                path: str = "auto") -> torch.Tensor:
     """D[M, N] = cast(alpha * row[m] * col[n] * sum_k a[m, k] * b[n, k] + bias[n]) for NVFP4
     operands: packed E2M1 uint8 [rows, K/2] (even element in the low nibble) with E4M3 block
-    scales, compact [rows, K/16] or swizzled (SPEC 1). FP32 accumulation and epilogue.
+    scales, compact [rows, K/16] or swizzled (SPEC 1). FP32 accumulation and epilogue. alpha
+    [1], row [M] and col [N] are FP32 factors or `operands.OuterAmax` (an operand's outer
+    amaxes, decoded to 1 / S_enc in the kernel's epilogue).
 
     1x64 local-encode (Recipe(scaling="window64")) operands: pass their FP32 window amax
     [rows, K/64] as a_window_amax / b_window_amax (either or both; K % 64 == 0) and the

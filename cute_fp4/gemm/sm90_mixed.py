@@ -898,7 +898,8 @@ def gemm_mixed_sm90(w_data: torch.Tensor, w_scales: torch.Tensor, a: torch.Tenso
     order) and NVFP4 weights w [N, K/2] (E4M3 scales, compact or swizzled), FP32 accumulation.
     The weights are decoded in registers (to the activations' dtype: e2m1 * e4m3 is exact in
     both), the activations go through a K-permuted copy (`permute_k`, one kernel reading and
-    writing 2 * M * K bytes) loaded by TMA; BF16 or FP16 wgmma. sm_90a only."""
+    writing 2 * M * K bytes) loaded by TMA; BF16 or FP16 wgmma. alpha / row / col: FP32
+    factors or `operands.OuterAmax` (decoded in the epilogue). sm_90a only."""
     from ..common.jit import device_arch
     from .operands import _check_operand, _epilogue, _prepare_data
 
