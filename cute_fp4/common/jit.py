@@ -105,11 +105,22 @@ def compile_kernel(fn: Callable, *args, arch: str, keep_ptx: bool = False):
         return cute.compile(fn, *args, options=f"{opts} --keep-ptx --dump-dir {dump}")
 
 
+def ffi_function(compiled):
+    """The tvm_ffi.Function under a compiled kernel: called positionally, without the DSL's
+    Python wrapper (~0.5-1.5 us less host time per call on the H100's host)."""
+    fn = compiled.__tvm_ffi_object__()
+    if fn is None:
+        raise RuntimeError("cute_fp4: the compiled kernel has no TVM-FFI function (was it "
+                           "compiled for another architecture?)")
+    return fn
+
+
 class KernelCache:
     """Compiled kernels by configuration key, with the compile time of each recorded."""
 
     def __init__(self):
         self._fns: Dict[Hashable, Callable] = {}
+        self._ffis: Dict[Hashable, Callable] = {}
         self.compile_seconds: Dict[Hashable, float] = {}
         self._lock = threading.Lock()
 
@@ -125,8 +136,16 @@ class KernelCache:
                     self._fns[key] = fn
         return fn
 
+    def ffi(self, key: Hashable, build: Callable[[], Callable]) -> Callable:
+        """`get`'s kernel as its TVM-FFI function (`ffi_function`), kept beside it."""
+        fn = self._ffis.get(key)
+        if fn is None:
+            fn = self._ffis[key] = ffi_function(self.get(key, build))
+        return fn
+
     def clear(self):
         self._fns.clear()
+        self._ffis.clear()
         self.compile_seconds.clear()
 
 

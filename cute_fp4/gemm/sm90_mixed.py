@@ -821,7 +821,7 @@ def permute_k(y: torch.Tensor, k_pad: int, arch: str,
             op, args = permute_kernel()
             return compile_kernel(op, *args, arch=arch)
 
-        KERNELS.get(("permute_k",), build)(y.view(torch.int32), out.view(torch.int32))
+        KERNELS.ffi(("permute_k", arch), build)(y.view(torch.int32), out.view(torch.int32))
     return out
 
 
@@ -845,7 +845,7 @@ def predecode_nvfp4(data: torch.Tensor, sf_flat: torch.Tensor, arch: str) -> tor
             op, args = predecode_kernel()
             return compile_kernel(op, *args, arch=arch)
 
-        KERNELS.get(("predecode_nvfp4_sm90",), build)(
+        KERNELS.ffi(("predecode_nvfp4_sm90", arch), build)(
             data.view(torch.int32), sf_flat.view(torch.int32), out.view(torch.int32))
     return out
 
@@ -882,7 +882,7 @@ def launch_mixed(x_data, sfx, y, out, alpha, row, col, bias, *, transposed: bool
                                 decode)
         return compile_kernel(op, *args, arch=arch)
 
-    KERNELS.get(key, build)(x_data, sfx, y, out, alpha, row, col, bias)
+    KERNELS.ffi(key, build)(x_data, sfx, y, out, alpha, row, col, bias)
     return out
 
 

@@ -502,6 +502,5 @@ def launch_w4a16(a, b_data, sf, out, alpha, row, col, bias, *, swizzled: bool,
                                 decode=decode)
         return compile_kernel(op, *args, arch=arch)
 
-    fn = KERNELS.get(key, build)
-    fn(_aligned(a), _aligned(b_data), sf, out, alpha, row, col, bias)
+    KERNELS.ffi(key, build)(_aligned(a), _aligned(b_data), sf, out, alpha, row, col, bias)
     return out

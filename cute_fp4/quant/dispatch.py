@@ -22,7 +22,7 @@ import cutlass
 import torch
 
 from ..common.jit import (KERNELS, compile_kernel, device_arch, dyn, env_stream, fake_tensor,
-                          num_sms)
+                          ffi_function, num_sms)
 from ..recipe import Recipe
 from ..tensor import NVFP4Tensor
 from .amax import AmaxTensor, AmaxToken, tensor_partials
@@ -217,16 +217,6 @@ def cast_walk(m: int, k: int, esize: int, per_token: bool, fused: bool,
     return (1, warm, False, band, run, table, warm and run > 1)
 
 
-def _ffi(compiled):
-    """The tvm_ffi.Function under a compiled kernel: called positionally, without the DSL's
-    Python wrapper layers."""
-    fn = compiled.__tvm_ffi_object__()
-    if fn is None:
-        raise RuntimeError("cute_fp4: the compiled kernel has no TVM-FFI function (was it "
-                           "compiled for another architecture?)")
-    return fn
-
-
 class _Plan:
     """Per-(shape, dtype, device, recipe, amax_reduce given) constants of a call, validated
     once: compiled kernels (their TVM-FFI functions) and the byte layout of the single output
@@ -273,17 +263,17 @@ class _Plan:
         if per_token:
             n_amax = m + k
             if not fused:
-                self.amax = _ffi(KERNELS.get(
+                self.amax = ffi_function(KERNELS.get(
                     ("amax_token", name, keep, arch),
                     lambda: compile_kernel(*amax_token_kernel(name, keep), arch=arch)))
         elif fused:
             n_amax = 1
         else:
             n_amax = 1 + int(reduced) + tensor_partials(m, k, esize, sms)
-            self.amax = _ffi(KERNELS.get(
+            self.amax = ffi_function(KERNELS.get(
                 ("amax_tensor", name, sms, keep, arch),
                 lambda: compile_kernel(*amax_tensor_kernel(name, sms, keep), arch=arch)))
-        self.cast = _ffi(KERNELS.get(
+        self.cast = ffi_function(KERNELS.get(
             ("cast", name, row, col, swz, per_token, sms, fused, walk, arch),
             lambda: compile_kernel(*cast_kernel(name, row, col, swz, per_token, sms, fused, walk),
                                    arch=arch)))
