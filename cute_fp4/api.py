@@ -207,18 +207,25 @@ def _check_operand(t: NVFP4Tensor, name: str):
                          f"{name}.t() to use its columnwise twin")
 
 
-def _w4a16_fast(a: torch.Tensor, b: NVFP4Tensor, out_dtype: torch.dtype):
-    """W4A16 on a CUDA activation without bias through the weights' remembered
-    W4A16Weights (gemm.dispatch.prepared_w4a16: the weight checks done once), when the
-    activation is one the kernels take as it is; else None (the general path)."""
-    w = ops.prepared_w4a16(b)
-    if (w is None or a.dtype not in (torch.bfloat16, torch.float16) or a.dim() < 2
-            or a.shape[-1] != w.k or not a.is_contiguous()
-            or a.get_device() != w.device.index):
+def _prepared_fast(a, b: NVFP4Tensor, out_dtype: torch.dtype):
+    """A GEMM without bias through the weights' remembered PreparedWeights
+    (gemm.dispatch.prepared_weights: the weight checks done once): W4A16 on a CUDA activation
+    the kernels take as it is, W4A4 at decode sizes (PreparedWeights.w4a4); else None (the
+    general path)."""
+    w = ops.prepared_weights(b)
+    if w is None:
+        return None
+    if isinstance(a, NVFP4Tensor):
+        d = w.w4a4(a, out_dtype)
+        return d if d is None or len(a.shape) == 2 else d.view(tuple(a.shape[:-1]) + (w.n,))
+    if not isinstance(a, torch.Tensor):
+        return None
+    if (a.dtype not in (torch.bfloat16, torch.float16) or a.dim() < 2 or a.shape[-1] != w.k
+            or not a.is_cuda or not a.is_contiguous() or a.get_device() != w.device.index):
         return None
     if a.dim() == 2:
-        return w(a, out_dtype)
-    return w(a.view(-1, w.k), out_dtype).view(a.shape[:-1] + (w.n,))
+        return w.w4a16(a, out_dtype)
+    return w.w4a16(a.view(-1, w.k), out_dtype).view(a.shape[:-1] + (w.n,))
 
 
 def gemm(a: Union[NVFP4Tensor, torch.Tensor], b: NVFP4Tensor, *,
@@ -232,9 +239,8 @@ def gemm(a: Union[NVFP4Tensor, torch.Tensor], b: NVFP4Tensor, *,
         raise TypeError(f"b must be an NVFP4Tensor, got {type(b).__name__}")
     if out_dtype not in OUT_DTYPES:
         raise TypeError(f"out_dtype must be float32, bfloat16 or float16, got {out_dtype}")
-    if (bias is None and isinstance(a, torch.Tensor) and a.is_cuda
-            and not torch.compiler.is_compiling()):
-        out = _w4a16_fast(a, b, out_dtype)
+    if bias is None and not torch.compiler.is_compiling():
+        out = _prepared_fast(a, b, out_dtype)
         if out is not None:
             return out
     _check_operand(b, "b")

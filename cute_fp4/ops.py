@@ -72,7 +72,7 @@ def _cuda():
     from types import SimpleNamespace
 
     from .common.jit import device_arch
-    from .gemm.dispatch import gemm_nvfp4, gemm_w4a16, prepared_w4a16
+    from .gemm.dispatch import gemm_nvfp4, gemm_w4a16, prepared_weights
     from .gemm.factors import epilogue_operands
     from .quant.dequantize import dequantize
     from .quant.dispatch import plan_for, quantize
@@ -81,7 +81,7 @@ def _cuda():
     return SimpleNamespace(quantize=quantize, plan_for=plan_for, quantize_recipe=quantize_recipe,
                            dequantize=dequantize, gemm_nvfp4=gemm_nvfp4, gemm_w4a16=gemm_w4a16,
                            epilogue_operands=epilogue_operands, device_arch=device_arch,
-                           prepared_w4a16=prepared_w4a16)
+                           prepared_weights=prepared_weights)
 
 
 def quantize_impl(x2: Tensor, recipe: Recipe, seed: int, offset: int, amax_group=None,
@@ -248,10 +248,10 @@ def _(data, scales, amax, scaling, block_rows, rht, sr, four_over_six, e4m3_max,
     return data.new_empty((data.shape[0], cols), dtype=dtype)
 
 
-def prepared_w4a16(t: NVFP4Tensor):
-    """The remembered W4A16Weights of a weight NVFP4Tensor (gemm.dispatch.prepared_w4a16) on
+def prepared_weights(t: NVFP4Tensor):
+    """The remembered PreparedWeights of a weight NVFP4Tensor (gemm.dispatch.prepared_weights) on
     CUDA, None elsewhere."""
-    return _cuda().prepared_w4a16(t) if t.data is not None and t.data.is_cuda else None
+    return _cuda().prepared_weights(t) if t.data is not None and t.data.is_cuda else None
 
 
 def dequantize(t: NVFP4Tensor, dtype) -> Tensor:

@@ -220,10 +220,10 @@ def _bits_equal(x, y):
                                                  (torch.float16, torch.float32)])
 def test_w4a16_remembered_weights_bit_equal(m, scaling, swizzle, e4m3_max, act_dtype,
                                             out_dtype):
-    """cute_fp4.gemm(a, w) through the remembered W4A16Weights of w (no factors kernel; the
+    """cute_fp4.gemm(a, w) through the remembered PreparedWeights of w (no factors kernel; the
     weight checks done once) gives the bits of the general dispatch with the factors kernel,
     for the streaming and the mixed kernels, both scale layouts and a 3-D activation."""
-    from cute_fp4.gemm.dispatch import prepared_w4a16
+    from cute_fp4.gemm.dispatch import prepared_weights
 
     n, k = 4400, 256  # > 32 x 132 rows: the mixed kernel from 17 tokens
     w = cute_fp4.quantize(torch.randn(n, k, device="cuda"),
@@ -232,7 +232,7 @@ def test_w4a16_remembered_weights_bit_equal(m, scaling, swizzle, e4m3_max, act_d
                                  columnwise=False))
     a = torch.randn(2, m, k, device="cuda").to(act_dtype)
     got = cute_fp4.gemm(a, w, out_dtype=out_dtype)
-    assert prepared_w4a16(w) is not None
+    assert prepared_weights(w) is not None
     _bits_equal(got, _w4a16_general(a, w, out_dtype))
     _bits_equal(cute_fp4.gemm(a[0], w, out_dtype=out_dtype), _w4a16_general(a[0], w, out_dtype))
 
@@ -246,23 +246,23 @@ def test_w4a16_remembered_weights_follow_the_tensor():
     w = cute_fp4.quantize(torch.randn(512, 256, device="cuda"), Recipe(columnwise=False))
     a = torch.randn(3, 256, device="cuda", dtype=torch.bfloat16)
     first = cute_fp4.gemm(a, w)
-    prepared = dispatch.prepared_w4a16(w)
+    prepared = dispatch.prepared_weights(w)
     other = cute_fp4.quantize(torch.randn(512, 256, device="cuda"), Recipe(columnwise=False))
     w.data.copy_(other.data)
     w.scales.copy_(other.scales)
     w.amax.copy_(other.amax)
     _bits_equal(cute_fp4.gemm(a, w), _w4a16_general(a, other, torch.bfloat16))
-    assert dispatch.prepared_w4a16(w) is prepared
+    assert dispatch.prepared_weights(w) is prepared
     w.data = torch.zeros_like(w.data)
     assert float(cute_fp4.gemm(a, w).abs().max()) == 0.0
-    assert dispatch.prepared_w4a16(w) is not prepared
+    assert dispatch.prepared_weights(w) is not prepared
     w.scales = w.scales[:, :8]
     with pytest.raises(ValueError, match="b_scales must be"):
         cute_fp4.gemm(a, w)
     assert not torch.equal(first, torch.zeros_like(first))
     key = id(w)
     del w
-    assert key not in dispatch._W4A16_WEIGHTS
+    assert key not in dispatch._PREPARED_WEIGHTS
 
 
 def test_w4a16_remembered_weights_input_errors():
@@ -275,3 +275,33 @@ def test_w4a16_remembered_weights_input_errors():
         cute_fp4.gemm(torch.randn(4, 64, device="cuda", dtype=torch.bfloat16), w)
     with pytest.raises(TypeError, match="bfloat16 or float16"):
         cute_fp4.gemm(torch.randn(4, 128, device="cuda"), w)
+
+
+@pytest.mark.parametrize("m", [1, 5, 16])
+@pytest.mark.parametrize("a_scaling,b_scaling", [("token", "tensor"), ("tensor", "token"),
+                                                 ("token", "token"), ("tensor", "tensor")])
+@pytest.mark.parametrize("swizzle,out_dtype", [(False, torch.bfloat16), (True, torch.float32)])
+def test_w4a4_remembered_weights_bit_equal(m, a_scaling, b_scaling, swizzle, out_dtype):
+    """cute_fp4.gemm(xq, wq) at decode sizes through the weights' PreparedWeights.w4a4 gives
+    the bits of gemm_nvfp4's weight_stream path with the factors kernel, for a 3-D
+    activation too; an activation with the other scale layout takes the general path."""
+    from cute_fp4.common.jit import device_arch
+    from cute_fp4.gemm.dispatch import gemm_nvfp4, prepared_weights
+    from cute_fp4.gemm.factors import epilogue_factors
+
+    k, n = 512, 1000
+    w = cute_fp4.quantize(torch.randn(n, k, device="cuda"),
+                          Recipe(scaling=b_scaling, swizzle=swizzle, columnwise=False))
+    x = torch.randn(2, m, k, device="cuda")
+    xq = cute_fp4.quantize(x, Recipe(scaling=a_scaling, swizzle=swizzle, columnwise=False))
+    alpha, row, col = epilogue_factors(a_scaling, xq.amax, 448, b_scaling, w.amax, 448,
+                                       device_arch())
+    want = gemm_nvfp4(xq.data, xq.scales, w.data, w.scales, alpha=alpha, row=row, col=col,
+                      out_dtype=out_dtype, scales_swizzled=swizzle, path="weight_stream")
+    got = cute_fp4.gemm(xq, w, out_dtype=out_dtype)
+    assert prepared_weights(w) is not None
+    _bits_equal(got, want.view(2, m, n))
+    other = cute_fp4.quantize(x, Recipe(scaling=a_scaling, swizzle=not swizzle,
+                                        columnwise=False))
+    assert prepared_weights(w).w4a4(other, out_dtype) is None
+    _bits_equal(cute_fp4.gemm(other, w, out_dtype=out_dtype), got)

@@ -14,7 +14,9 @@ from ..recipe import Recipe
 from ..ref.formats import decode_scale
 from ..ref.swizzle import swizzle_scales, swizzled_shape
 from ..tensor import NVFP4Tensor
-from .operands import OuterAmax, _check_operands, _epilogue, _prepare_data, outer_amax_or
+from .factors import epilogue_operands
+from .operands import (OuterAmax, _check_operand, _check_operands, _epilogue, _prepare_data,
+                       outer_amax_or)
 from .sm90_mixed import (UNSCALE_W4A4, UNSCALE_W4A16, UNSCALE_W4A16_FP16, gemm_mixed_sm90,
                          k_pad, launch_mixed, permute_k, predecode_nvfp4)
 from .sm90_w4a16 import _aligned, gemm_w4a16_sm90, launch_w4a16
@@ -352,23 +354,22 @@ def gemm_w4a16(a: torch.Tensor, b_data: torch.Tensor, b_scales: torch.Tensor, *,
     return acc.to(out_dtype)
 
 
-class W4A16Weights:
-    """NVFP4 weights [N, K/2] checked once for repeated W4A16 calls (`cute_fp4.gemm` with a
-    dense activation keeps one per weight NVFP4Tensor, `prepared_w4a16`): what
-    `gemm_w4a16_sm90` / `gemm_mixed_sm90` check and derive per call (dtypes, shapes, the flat
-    scales, the epilogue's OuterAmax vectors, the device's arch and SM count) is done here, so
-    a call checks only its activation (~25 us less host time per call on the H100). Nothing
-    is copied: the kernels read the weights', scales' and amax's current values on every
-    call. Built only on sm_90a, for contiguous data, contiguous scales and tensor / token
-    outer amaxes (`prepared_w4a16` returns None otherwise)."""
+class PreparedWeights:
+    """NVFP4 weights [N, K/2] checked once for repeated GEMM calls with other activations
+    (`cute_fp4.gemm` keeps one per weight NVFP4Tensor, `prepared_weights`): what
+    `gemm_w4a16_sm90` / `gemm_mixed_sm90` / `gemm_nvfp4` check and derive per call about the
+    weights (dtypes, shapes, the flat scales, their epilogue OuterAmax vectors, the device's
+    arch and SM count) is done here, so a call checks only its activation (W4A16: ~20 us less
+    host time per call on the H100). Nothing is copied: the kernels read the weights',
+    scales' and amax's current values on every call. Built only on sm_90a, for contiguous
+    data, contiguous scales and tensor / token outer amaxes (`prepared_weights` returns None
+    otherwise)."""
 
     def __init__(self, data: torch.Tensor, scales: torch.Tensor, amax: torch.Tensor,
                  scaling: str, e4m3_max: int, swizzled: bool):
-        from .factors import epilogue_operands
-        from .operands import _check_operand
-
         self.sf = _check_operand(data, scales, "b", swizzled, to_swizzled=False)
         self.data, self.swizzled = data, bool(swizzled)
+        self.amax, self.scaling, self.e4m3_max = amax, scaling, e4m3_max
         self.n, self.k = data.shape[0], data.shape[1] * 2
         self.device = data.device
         self.arch = device_arch(self.device)
@@ -382,7 +383,7 @@ class W4A16Weights:
         # usable as they are (else those calls take gemm_mixed_sm90, which prepares copies)
         self.tma_ready = self.swizzled and _prepare_data(data) is data
 
-    def __call__(self, a: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+    def w4a16(self, a: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
         """D [M, N] for a CUDA activation a [M, K] (bf16 / fp16, contiguous, on the weights'
         device: the caller checks it)."""
         m = a.shape[0]
@@ -402,18 +403,46 @@ class W4A16Weights:
                             self.alpha_t, None, self.col_t, None, transposed=True,
                             unscale_exp=unscale, arch=self.arch, decode=self.decode)
 
+    def w4a4(self, a: NVFP4Tensor, out_dtype: torch.dtype) -> Optional[torch.Tensor]:
+        """D [M, N] for an NVFP4 activation a [M, K] of at most as many rows as the weights,
+        at decode sizes (`stream_weights`: the weight_stream path of gemm_nvfp4 without its
+        per-call weight checks), with scales in the weights' layout, on their device; None
+        when any of that does not hold (the caller takes the general path). The activation's
+        fields are checked here."""
+        data, scales, amax, recipe = a.data, a.scales, a.amax, a.recipe
+        if (data is None or recipe.swizzle != self.swizzled
+                or recipe.scaling not in ("tensor", "token") or not data.is_cuda
+                or data.get_device() != self.device.index):
+            return None
+        m = data.shape[0] if data.dim() == 2 else -1
+        if m < 1 or m > self.n or not stream_weights(m, self.n, self.sms):
+            return None
+        sfa = _check_operand(data, scales, "a", self.swizzled, to_swizzled=False)
+        if data.shape[1] * 2 != self.k:
+            raise ValueError(f"K mismatch: a is [{m}, {data.shape[1] * 2}], b is "
+                             f"[{self.n}, {self.k}]")
+        alpha, row, col = epilogue_operands(recipe.scaling, amax, recipe.e4m3_max,
+                                            self.scaling, self.amax, self.e4m3_max, self.arch)
+        alpha, row, col, _, decode = _epilogue(alpha, row, col, None, m, self.n, out_dtype,
+                                               self.device)
+        x = decode_values(data, sfa, self.swizzled, torch.bfloat16)
+        out = torch.empty((m, self.n), dtype=out_dtype, device=self.device)
+        return launch_w4a16(x, self.data, self.sf, out, alpha, row, col, None,
+                            swizzled=self.swizzled, transposed=False, arch=self.arch,
+                            decode=decode)
 
-# id(NVFP4Tensor) -> (weak reference to it, its fields when prepared, W4A16Weights)
-_W4A16_WEIGHTS = {}
+
+# id(NVFP4Tensor) -> (weak reference to it, its fields when prepared, PreparedWeights)
+_PREPARED_WEIGHTS = {}
 
 
-def prepared_w4a16(t: NVFP4Tensor) -> Optional[W4A16Weights]:
-    """The W4A16Weights of a weight NVFP4Tensor's rowwise data, made on first use and kept
+def prepared_weights(t: NVFP4Tensor) -> Optional[PreparedWeights]:
+    """The PreparedWeights of a weight NVFP4Tensor's rowwise data, made on first use and kept
     while the tensor lives and its data / scales / amax / recipe stay the same objects at the
     same addresses; None where the fast path does not apply (not an sm_90a CUDA tensor,
     window64 or unsupported scales, non-contiguous fields)."""
     key = id(t)
-    entry = _W4A16_WEIGHTS.get(key)
+    entry = _PREPARED_WEIGHTS.get(key)
     fields = (t.data, t.scales, t.amax, t.recipe)
     if entry is not None and entry[0]() is t:
         old = entry[1]
@@ -426,9 +455,9 @@ def prepared_w4a16(t: NVFP4Tensor) -> Optional[W4A16Weights]:
             and device_arch(data.device) == "sm_90a" and data.dtype == torch.uint8
             and data.dim() == 2 and data.is_contiguous() and scales.is_contiguous()
             and amax.dtype == torch.float32 and amax.is_contiguous()):
-        weights = W4A16Weights(data, scales, amax, recipe.scaling, recipe.e4m3_max,
+        weights = PreparedWeights(data, scales, amax, recipe.scaling, recipe.e4m3_max,
                                recipe.swizzle)
-    _W4A16_WEIGHTS[key] = (weakref.ref(t, lambda _, k=key: _W4A16_WEIGHTS.pop(k, None)),
+    _PREPARED_WEIGHTS[key] = (weakref.ref(t, lambda _, k=key: _PREPARED_WEIGHTS.pop(k, None)),
                            fields + (data.data_ptr() if data is not None else 0,
                                      scales.data_ptr() if scales is not None else 0), weights)
     return weights
