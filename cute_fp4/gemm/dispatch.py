@@ -440,7 +440,9 @@ def prepared_weights(t: NVFP4Tensor) -> Optional[PreparedWeights]:
     """The PreparedWeights of a weight NVFP4Tensor's rowwise data, made on first use and kept
     while the tensor lives and its data / scales / amax / recipe stay the same objects at the
     same addresses; None where the fast path does not apply (not an sm_90a CUDA tensor,
-    window64 or unsupported scales, non-contiguous fields)."""
+    window64 or unsupported scales, non-contiguous fields). The entry holds the fields it was
+    made from: a field replaced on a live tensor is released at its next GEMM call (or when
+    the tensor goes)."""
     key = id(t)
     entry = _PREPARED_WEIGHTS.get(key)
     fields = (t.data, t.scales, t.amax, t.recipe)
@@ -456,8 +458,9 @@ def prepared_weights(t: NVFP4Tensor) -> Optional[PreparedWeights]:
             and data.dim() == 2 and data.is_contiguous() and scales.is_contiguous()
             and amax.dtype == torch.float32 and amax.is_contiguous()):
         weights = PreparedWeights(data, scales, amax, recipe.scaling, recipe.e4m3_max,
-                               recipe.swizzle)
+                                  recipe.swizzle)
+    ptrs = (data.data_ptr() if data is not None else 0,
+            scales.data_ptr() if scales is not None else 0)
     _PREPARED_WEIGHTS[key] = (weakref.ref(t, lambda _, k=key: _PREPARED_WEIGHTS.pop(k, None)),
-                           fields + (data.data_ptr() if data is not None else 0,
-                                     scales.data_ptr() if scales is not None else 0), weights)
+                              fields + ptrs, weights)
     return weights
