@@ -299,3 +299,20 @@ def test_epilogue_operands_cpu_semantics():
             if g is not None:
                 assert isinstance(g, OuterAmax)
                 assert torch.equal(decode_scale(g.amax, g.e4m3_max), w)
+
+
+def test_epilogue_operands_take_outer_amaxes():
+    """operands._epilogue: OuterAmax vectors become their amax tensors plus the decode entry
+    the kernels compile for; plain factors decode nothing; the amaxes are checked like
+    factors (length, device)."""
+    from cute_fp4.gemm.operands import OuterAmax, _epilogue
+
+    dev = torch.device("cpu")
+    amax_row, amax_col, alpha = torch.rand(5), torch.rand(7), torch.rand(1)
+    a, r, c, b, decode = _epilogue(OuterAmax(alpha, 256), OuterAmax(amax_row), amax_col, None,
+                                   5, 7, torch.bfloat16, dev)
+    assert a is alpha and r is amax_row and c is amax_col and b is None
+    assert decode == (256, 448, None)
+    assert _epilogue(None, None, None, None, 5, 7, torch.bfloat16, dev)[4] == (None,) * 3
+    with pytest.raises(ValueError, match="row must have 5 elements"):
+        _epilogue(None, OuterAmax(torch.rand(6)), None, None, 5, 7, torch.bfloat16, dev)
