@@ -1,4 +1,5 @@
-"""`python -m cute_fp4.perf {quant,gemm,linear,dequant,gemm_w4a16,quant_recipes} [options]`: the benchmark sweeps.
+"""`python -m cute_fp4.perf {quant,gemm,linear,dequant,gemm_w4a16,quant_recipes,compile} [options]`:
+the benchmark sweeps (`compile`: JIT compile times, runs without a GPU).
 
 `quant` with a recipe option (--rht, --sr, --2d, --grouped N, --four-over-six {mae,mse},
 --fast-math, --window64, --suite) runs the recipe benchmark (`quant_recipes`), which reports the
@@ -8,7 +9,7 @@ recipe kernels against the plain cast measured in the same run.
 import importlib
 import sys
 
-COMMANDS = ("quant", "gemm", "linear", "dequant", "gemm_w4a16", "quant_recipes")
+COMMANDS = ("quant", "gemm", "linear", "dequant", "gemm_w4a16", "quant_recipes", "compile")
 RECIPE_FLAGS = ("--rht", "--sr", "--2d", "--grouped", "--four-over-six", "--fast-math",
                 "--window64", "--suite")
 

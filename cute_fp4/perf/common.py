@@ -119,6 +119,6 @@ def report(rows: List[Dict[str, object]], title: str, json_path: Optional[str] =
     print(text, flush=True)
     if json_path:
         with open(json_path, "w") as f:
-            json.dump({"title": title, "device": torch.cuda.get_device_name(), "rows": rows},
-                      f, indent=1)
+            device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+            json.dump({"title": title, "device": device, "rows": rows}, f, indent=1)
     return text
