@@ -2,7 +2,7 @@
 # The GPU tests and the benchmarks in one go, for one device call. On the project's device:
 #   source .gpu/prelude.sh && bash perf/gpu_suite.sh [MODE] [BENCH ...]
 # MODE: tests | bench | all (default). BENCH: any of quant quant_recipes gemm gemm_w4a16
-# linear dequant (default all).
+# linear dequant compile (default all).
 # Output folder: $OUT if set, else ./perf/out. It receives gpu_tests.log, bench.md (every
 # table, in order) and bench_json.tar.gz (each benchmark's --json file): few files, because
 # the device tool returns at most 8.
@@ -10,7 +10,7 @@ set -uo pipefail
 mode="${1:-all}"
 [ $# -gt 0 ] && shift
 benches=("$@")
-[ ${#benches[@]} -gt 0 ] || benches=(quant quant_recipes gemm gemm_w4a16 linear dequant)
+[ ${#benches[@]} -gt 0 ] || benches=(quant quant_recipes gemm gemm_w4a16 linear dequant compile)
 out="${OUT:-./perf/out}"
 mkdir -p "$out" "$out/json"
 export PYTHONUNBUFFERED=1
