@@ -202,12 +202,24 @@ class QuantizedLinear(torch.nn.Module):
         self.register_buffer("weight_scales", weight.scales)
         self.register_buffer("weight_amax", weight.amax)
         self.register_buffer("bias", bias)
+        self._weight = None
 
     @property
     def weight(self) -> NVFP4Tensor:
-        return NVFP4Tensor(self.weight_data, self.weight_scales, self.weight_amax, None, None,
-                           None, self.weight_recipe, (self.out_features, self.in_features),
-                           self.weight_dtype)
+        """The weight buffers as an NVFP4Tensor: the same object while the buffers stay the
+        same tensors (so `cute_fp4.gemm` finds the weights' checks it remembers for it,
+        gemm.dispatch.prepared_weights), a new one after `.to()` / `.cuda()` or an assignment
+        replaced them (under torch.compile, a new one each time: no module state changes in a
+        traced forward)."""
+        w = self._weight
+        if (w is None or w.data is not self.weight_data or w.scales is not self.weight_scales
+                or w.amax is not self.weight_amax or torch.compiler.is_compiling()):
+            w = NVFP4Tensor(self.weight_data, self.weight_scales, self.weight_amax, None, None,
+                            None, self.weight_recipe, (self.out_features, self.in_features),
+                            self.weight_dtype)
+            if not torch.compiler.is_compiling():
+                self._weight = w
+        return w
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x.contiguous()

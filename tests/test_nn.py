@@ -358,3 +358,23 @@ def test_linear_gpu_training_step_cuda_graph_with_stochastic_rounding():
         q.weight.grad = None
         q(xe).backward(g)
         assert torch.equal(xe.grad, dx) and torch.equal(q.weight.grad, dw)
+
+
+def test_quantized_linear_weight_object_is_kept():
+    """QuantizedLinear.weight is one NVFP4Tensor while the buffers stay the same tensors (the
+    GEMM remembers its weight checks per NVFP4Tensor), and a new one once `.to()` or an
+    assignment replaced a buffer; the bytes are the buffers' either way."""
+    model = torch.nn.Sequential(torch.nn.Linear(64, 32, bias=False))
+    cute_fp4.convert(model, weight_only=True)
+    q = model[0]
+    w = q.weight
+    assert q.weight is w and w.data is q.weight_data
+    q.to("cpu")  # a no-op move keeps the buffers, so the weight object too
+    assert q.weight is w
+    q.to(torch.float64)  # replaces the floating buffers (the amax)
+    assert q.weight is not w and q.weight.amax is q.weight_amax
+    w = q.weight
+    q.weight_data = q.weight_data.clone()
+    w2 = q.weight
+    assert w2 is not w and w2.data is q.weight_data and torch.equal(w2.data, w.data)
+    assert q.weight is w2
