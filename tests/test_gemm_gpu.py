@@ -465,18 +465,19 @@ def test_outer_amax_epilogue_bit_equal(path, a_scaling, b_scaling, m, n, k, gen)
     a_amax, b_amax = amaxes(a_scaling, m), amaxes(b_scaling, n)
     b_amax = b_amax.flip(0)
     bias = torch.randn(n, generator=gen).to(dev)
+    if path == "w4a16":
+        a = torch.randn(m, k, generator=gen).to(dev, torch.bfloat16)
+    else:
+        a, sa = rand_fp4(m, k, gen)
+        a, sa = a.to(dev), swizzle_scales(sa).to(dev)
     arch = device_arch()
     outs = []
     for make in (epilogue_factors, epilogue_operands):
         alpha, row, col = make(a_scaling, a_amax, 448, b_scaling, b_amax, 256, arch)
         if path == "w4a16":
-            a = torch.randn(m, k, generator=gen).to(dev, torch.bfloat16) if not outs else a
             outs.append(gemm_w4a16(a, b, sb, alpha=alpha, col=col, bias=bias,
                                    scales_swizzled=True, out_dtype=torch.float32))
         else:
-            if not outs:
-                a, sa = rand_fp4(m, k, gen)
-                a, sa = a.to(dev), swizzle_scales(sa).to(dev)
             outs.append(gemm_nvfp4(a, sa, b, sb, alpha=alpha, row=row, col=col, bias=bias,
                                    scales_swizzled=True, out_dtype=torch.float32, path=path))
     want, got = outs

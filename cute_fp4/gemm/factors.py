@@ -15,7 +15,7 @@ from typing import Optional
 import cutlass
 import cutlass.cute as cute
 import torch
-from cutlass import Float32, Int32
+from cutlass import Int32
 
 from ..common import encode as E
 from ..common.jit import KERNELS, compile_kernel, dyn, env_stream, fake_tensor
