@@ -26,3 +26,40 @@ def test_mxfp8_dequantize_ptx(arch):
     assert ptx_target(ptx) == arch
     # Hardware FP8 -> wider conversion on both architectures.
     assert missing_instructions(ptx, [r"cvt\.rn\.f16x2\.e4m3x2", r"st\.global\.v4"]) == []
+
+
+def test_kernel_disk_cache_round_trip(tmp_path, monkeypatch):
+    """CUTE_FP4_KERNEL_CACHE (common.jit): a compiled kernel is exported once and a later
+    cache loads its TVM-FFI function instead of compiling; a damaged file warns and is
+    compiled and written again; without the variable nothing is written."""
+    import tvm_ffi
+
+    from cute_fp4.common import jit
+    from cute_fp4.quant.dequantize import nvfp4_kernel
+
+    def build():
+        return jit.compile_kernel(*nvfp4_kernel(torch.bfloat16, "tensor", True, 448),
+                                  arch="sm_90a")
+
+    def no_build():
+        raise AssertionError("compiled although the kernel is on disk")
+
+    key = ("test_kernel_disk_cache", 1)
+    monkeypatch.delenv("CUTE_FP4_KERNEL_CACHE", raising=False)
+    monkeypatch.setenv("CUTE_DSL_ARCH", "sm_90a")
+    monkeypatch.setattr(jit, "_current_arch", lambda: "sm_90a")
+    jit.KernelCache().get(key, build)
+    assert list(tmp_path.iterdir()) == []
+    monkeypatch.setenv("CUTE_FP4_KERNEL_CACHE", str(tmp_path))
+    jit.KernelCache().get(key, build)
+    files = list(tmp_path.glob("*.o"))
+    assert len(files) == 1 and files[0].stat().st_size > 1000
+    loaded = jit.KernelCache().get(key, no_build)
+    assert isinstance(loaded, tvm_ffi.Function) and jit.ffi_function(loaded) is loaded
+    with pytest.raises(AssertionError, match="compiled although"):
+        jit.KernelCache().get(("test_kernel_disk_cache", 2), no_build)
+    files[0].write_bytes(b"damaged")
+    with pytest.warns(RuntimeWarning, match="could not load the cached kernel"):
+        jit.KernelCache().get(key, build)
+    assert files[0].read_bytes() != b"damaged"
+    assert isinstance(jit.KernelCache().get(key, no_build), tvm_ffi.Function)

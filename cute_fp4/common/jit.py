@@ -3,18 +3,26 @@
 Kernels are compiled once per configuration against fake (symbolic-shape) tensors with TVM-FFI
 enabled, so a call passes torch tensors straight to the compiled function (no per-call
 `from_dlpack`) and the launch goes to torch's current stream. Compiled functions are kept in
-memory by configuration key, for the life of the process. There is no disk cache: the DSL
-skips its file cache for `cute.compile` (a compile-only call, base_dsl/dsl.py), so a new
-process compiles again; `python -m cute_fp4.perf compile` measures it (0.16-0.9 s per kernel
-on a 2-CPU host, the first and a second process alike).
+memory by configuration key, for the life of the process. The DSL skips its own file cache
+for `cute.compile` (a compile-only call, base_dsl/dsl.py), so a new process compiles again
+(0.15-0.8 s per kernel on a 2-CPU host, `python -m cute_fp4.perf compile`). Opt-in disk cache:
+with CUTE_FP4_KERNEL_CACHE=<dir>, each kernel compiled on a CUDA device is also exported as an
+object file (the DSL's `export_to_c`) named by a hash of its configuration key, the device's
+arch and the sources of cute_fp4 + the DSL version; a later process loads it
+(`cute.runtime.load_module`: the same JITLink loading the DSL does for every compile) instead
+of compiling. Opt-in until a device run has launched kernels loaded that way.
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
+import os
 import tempfile
 import threading
 import time
+import warnings
+from pathlib import Path
 from typing import Callable, Dict, Hashable, Optional
 
 import torch
@@ -101,6 +109,7 @@ def compile_kernel(fn: Callable, *args, arch: str, keep_ptx: bool = False):
     if arch not in SUPPORTED_ARCHS:
         raise ValueError(f"arch must be one of {SUPPORTED_ARCHS}, got {arch!r}")
     opts = f"--enable-tvm-ffi --gpu-arch {arch}"
+    _COMPILED_ARCH.arch = arch
     if not keep_ptx:
         return cute.compile(fn, *args, options=opts)
     with tempfile.TemporaryDirectory(prefix="cute_fp4_ptx_") as dump:
@@ -109,16 +118,54 @@ def compile_kernel(fn: Callable, *args, arch: str, keep_ptx: bool = False):
 
 def ffi_function(compiled):
     """The tvm_ffi.Function under a compiled kernel: called positionally, without the DSL's
-    Python wrapper (~0.5-1.5 us less host time per call on the H100's host)."""
-    fn = compiled.__tvm_ffi_object__()
+    Python wrapper (~0.5-1.5 us less host time per call on the H100's host). A kernel loaded
+    from the disk cache already is one."""
+    unwrap = getattr(compiled, "__tvm_ffi_object__", None)
+    if unwrap is None:
+        return compiled
+    fn = unwrap()
     if fn is None:
         raise RuntimeError("cute_fp4: the compiled kernel has no TVM-FFI function (was it "
                            "compiled for another architecture?)")
     return fn
 
 
+# The arch of this thread's last compile_kernel (the disk cache names files by it).
+_COMPILED_ARCH = threading.local()
+KERNEL_CACHE_ENV = "CUTE_FP4_KERNEL_CACHE"
+_EXPORTED_NAME = "cute_fp4_kernel"
+
+
+@functools.lru_cache(maxsize=1)
+def _code_version() -> str:
+    """A hash of cute_fp4's Python sources and the DSL / TVM-FFI versions: a cached kernel is
+    only reused by the exact code that compiled it."""
+    import cutlass
+    import tvm_ffi
+
+    digest = hashlib.sha256()
+    root = Path(__file__).resolve().parent.parent
+    for path in sorted(root.rglob("*.py")):
+        digest.update(path.relative_to(root).as_posix().encode())
+        digest.update(path.read_bytes())
+    for module in (cutlass, tvm_ffi):
+        digest.update(str(getattr(module, "__version__", "")).encode())
+    return digest.hexdigest()
+
+
+def _current_arch() -> Optional[str]:
+    """The arch runtime compiles target here: the current CUDA device's, else the DSL's
+    CUTE_DSL_ARCH (compiling without a GPU), else None (no disk cache)."""
+    import torch
+
+    if torch.cuda.is_available():
+        return device_arch()
+    return os.environ.get("CUTE_DSL_ARCH") or None
+
+
 class KernelCache:
-    """Compiled kernels by configuration key, with the compile time of each recorded."""
+    """Compiled kernels by configuration key, with the compile time of each recorded (disk
+    loads included: the time a call waited for its kernel)."""
 
     def __init__(self):
         self._fns: Dict[Hashable, Callable] = {}
@@ -133,10 +180,48 @@ class KernelCache:
                 fn = self._fns.get(key)
                 if fn is None:
                     start = time.perf_counter()
-                    fn = build()
+                    fn = self._load(key)
+                    if fn is None:
+                        _COMPILED_ARCH.arch = None
+                        fn = build()
+                        self._save(key, fn, getattr(_COMPILED_ARCH, "arch", None))
                     self.compile_seconds[key] = time.perf_counter() - start
                     self._fns[key] = fn
         return fn
+
+    @staticmethod
+    def _path(key: Hashable, arch: Optional[str]) -> Optional[Path]:
+        root = os.environ.get(KERNEL_CACHE_ENV)
+        if not root or arch is None:
+            return None
+        name = hashlib.sha256(f"{_code_version()}|{arch}|{key!r}".encode()).hexdigest()
+        return Path(root) / f"{name}.o"
+
+    def _load(self, key: Hashable) -> Optional[Callable]:
+        path = self._path(key, _current_arch())
+        if path is None or not path.is_file():
+            return None
+        from cutlass.cute.runtime import load_module
+
+        try:
+            return getattr(load_module(str(path), enable_tvm_ffi=True), _EXPORTED_NAME)
+        except Exception as e:  # a damaged file: compile again (and overwrite it)
+            warnings.warn(f"cute_fp4: could not load the cached kernel {path} ({e}); "
+                          "compiling it again", RuntimeWarning)
+            return None
+
+    def _save(self, key: Hashable, fn: Callable, arch: Optional[str]):
+        path = self._path(key, arch)
+        if path is None or not hasattr(fn, "export_to_c"):
+            return
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f"{path.stem}.{os.getpid()}.{threading.get_ident()}.o")
+            fn.export_to_c(str(tmp), function_name=_EXPORTED_NAME)
+            os.replace(tmp, path)
+        except OSError as e:
+            warnings.warn(f"cute_fp4: could not write the kernel cache {path} ({e})",
+                          RuntimeWarning)
 
     def ffi(self, key: Hashable, build: Callable[[], Callable]) -> Callable:
         """`get`'s kernel as its TVM-FFI function (`ffi_function`), kept beside it."""

@@ -1,15 +1,14 @@
 """`python -m cute_fp4.perf compile [--arch A] [--json F]`: JIT compile time of one kernel of
 each family (SPEC 5: cold <= 2 s per kernel, warm from a disk cache << 1 s).
 
-Each kernel is compiled in its own fresh process twice, both times against one new, empty
-CUTE_DSL_CACHE_DIR: the first compile is cold (it includes the DSL's per-process set-up, what
-a user's first call pays); the second process would find the code on disk if the DSL cached
-`cute.compile` results there. It does not (compile-only calls skip its file cache), so the
-second column measures what a new process pays again. Only `compile_kernel` is timed (not
-the imports, nor building the fake arguments). A third column is the in-memory hit of
-`KERNELS.get` in the first process (every later call of the same configuration). Runs
-without a GPU (the arch defaults to the device's, else sm_90a); compilation is CPU work, so
-the times depend on the host, not the GPU.
+Each kernel is compiled in fresh processes: "cold" with no cache (what a user's first call
+pays, the DSL's per-process set-up included; the DSL's own file cache does not apply to
+`cute.compile`, so every new process pays this again), then twice with one new, empty
+CUTE_FP4_KERNEL_CACHE (common.jit's opt-in disk cache): the first compiles and exports the
+kernel, the second loads it. Only `KERNELS.get` is timed (not the imports, nor building the
+fake arguments). The last column is its in-memory hit in the cold process (every later call
+of the same configuration). Runs without a GPU (the arch defaults to the device's, else
+sm_90a, passed as CUTE_DSL_ARCH); compilation is CPU work, so the times depend on the host.
 """
 
 from __future__ import annotations
@@ -86,9 +85,11 @@ def _compile_once(name: str, arch: str) -> dict:
     return {"seconds": seconds, "hit_us": (time.perf_counter() - start) * 1e6}
 
 
-def _in_subprocess(name: str, arch: str, cache_dir: str) -> dict:
-    env = dict(os.environ, CUTE_DSL_CACHE_DIR=cache_dir)
-    env.pop("CUTE_DSL_DISABLE_FILE_CACHING", None)
+def _in_subprocess(name: str, arch: str, kernel_cache: str = None) -> dict:
+    env = dict(os.environ, CUTE_DSL_ARCH=arch)
+    env.pop("CUTE_FP4_KERNEL_CACHE", None)
+    if kernel_cache:
+        env["CUTE_FP4_KERNEL_CACHE"] = kernel_cache
     run = subprocess.run([sys.executable, "-m", "cute_fp4.perf.compile", "--one", name,
                           "--arch", arch], env=env, capture_output=True, text=True, check=False)
     if run.returncode:
@@ -118,11 +119,13 @@ def main(argv=None) -> int:
     for i, name in enumerate(names):
         progress(i, len(names), name)
         target = "sm_100a" if name == "sm100_gemm" else arch
-        with tempfile.TemporaryDirectory(prefix="cute_fp4_compile_") as cache_dir:
-            cold = _in_subprocess(name, target, cache_dir)
-            warm = _in_subprocess(name, target, cache_dir)
+        cold = _in_subprocess(name, target)
+        with tempfile.TemporaryDirectory(prefix="cute_fp4_kernels_") as cache_dir:
+            export = _in_subprocess(name, target, cache_dir)
+            cached = _in_subprocess(name, target, cache_dir)
         rows.append({"kernel": name, "arch": target, "cold s": cold["seconds"],
-                     "second process s": warm["seconds"], "in-memory hit us": cold["hit_us"]})
+                     "cold + export s": export["seconds"], "from disk s": cached["seconds"],
+                     "in-memory hit us": cold["hit_us"]})
     progress(len(names), len(names), "done")
     host = os.cpu_count()
     report(rows, f"JIT compile time per kernel (host with {host} CPUs)", args.json)
