@@ -15,8 +15,7 @@ from ..ref.formats import decode_scale
 from ..ref.swizzle import swizzle_scales, swizzled_shape
 from ..tensor import NVFP4Tensor
 from .factors import epilogue_operands
-from .operands import (OuterAmax, _check_operand, _check_operands, _epilogue, _prepare_data,
-                       outer_amax_or)
+from .operands import OuterAmax, _check_operand, _check_operands, _epilogue, _prepare_data
 from .sm90_mixed import (UNSCALE_W4A4, UNSCALE_W4A16, UNSCALE_W4A16_FP16, gemm_mixed_sm90,
                          k_pad, launch_mixed, permute_k, predecode_nvfp4)
 from .sm90_w4a16 import _aligned, gemm_w4a16_sm90, launch_w4a16
@@ -138,17 +137,16 @@ def gemm_nvfp4(a_data: torch.Tensor, a_scales: torch.Tensor, b_data: torch.Tenso
             raise ValueError(f"window64 operands need K % 64 == 0, got K={k}")
         if e4m3_max not in (448, 256):
             raise ValueError(f"e4m3_max must be 448 or 256, got {e4m3_max}")
-    alpha, row, col, bias, decode = _epilogue(alpha, row, col, bias, m, n, out_dtype, device)
     if out is not None and (out.dtype != out_dtype or tuple(out.shape) != (m, n)
                             or not out.is_contiguous()):
         raise ValueError(f"out must be a contiguous [{m}, {n}] {out_dtype} tensor")
     if k == 0 and m and n:
         raise ValueError("K must be positive")
     arch = device_arch(device)
-    if arch == "sm_100a":
+    if arch == "sm_100a":  # gemm_nvfp4_sm100 checks the epilogue vectors itself
         return _gemm_sm100(a_data, _swizzled(sfa, m, k, swz), b_data, _swizzled(sfb, n, k, swz),
-                           alpha, row, col, bias, out_dtype, out, windowed, tile_n, stages,
-                           decode)
+                           alpha, row, col, bias, out_dtype, out, windowed, tile_n, stages)
+    alpha, row, col, bias, decode = _epilogue(alpha, row, col, bias, m, n, out_dtype, device)
     if out is None:
         out = torch.empty((m, n), dtype=out_dtype, device=device)
     if m == 0 or n == 0:
@@ -286,7 +284,7 @@ def _gemm_predecode(a_data, sfa, b_data, sfb, alpha, row, col, bias, out, arch, 
 
 
 def _gemm_sm100(a_data, sfa, b_data, sfb, alpha, row, col, bias, out_dtype, out, windowed,
-                tile_n, stages, decode):
+                tile_n, stages):
     """The sm_100a route of gemm_nvfp4: tcgen05 block-scaled kernel (compiled only, never run
     on this project's machines), swizzled scales; a given `out` receives a copy of its
     result."""
@@ -297,7 +295,6 @@ def _gemm_sm100(a_data, sfa, b_data, sfb, alpha, row, col, bias, out_dtype, out,
     if stages is not None:
         raise ValueError("stages is a sm_90a kernel option (the sm_100a kernel sizes its "
                          "pipeline itself)")
-    alpha, row, col = (outer_amax_or(v, e) for v, e in zip((alpha, row, col), decode))
     d = gemm_nvfp4_sm100(a_data, sfa, b_data, sfb, alpha=alpha, row=row, col=col, bias=bias,
                          out_dtype=out_dtype, tile_n=tile_n)
     if out is None:
@@ -368,7 +365,7 @@ class PreparedWeights:
     def __init__(self, data: torch.Tensor, scales: torch.Tensor, amax: torch.Tensor,
                  scaling: str, e4m3_max: int, swizzled: bool):
         self.sf = _check_operand(data, scales, "b", swizzled, to_swizzled=False)
-        self.data, self.swizzled = data, bool(swizzled)
+        self.data, self.scales, self.swizzled = data, scales, bool(swizzled)
         self.amax, self.scaling, self.e4m3_max = amax, scaling, e4m3_max
         self.n, self.k = data.shape[0], data.shape[1] * 2
         self.device = data.device
@@ -395,8 +392,7 @@ class PreparedWeights:
                                 None, swizzled=self.swizzled, transposed=False, arch=self.arch,
                                 decode=self.decode)
         if not self.tma_ready:
-            return gemm_mixed_sm90(self.data, self.sf.view(self.n, -1) if not self.swizzled
-                                   else self.sf, a, alpha=self.alpha, col=self.col,
+            return gemm_mixed_sm90(self.data, self.scales, a, alpha=self.alpha, col=self.col,
                                    out_dtype=out_dtype, scales_swizzled=self.swizzled, out=out)
         unscale = UNSCALE_W4A16_FP16 if a.dtype == torch.float16 else UNSCALE_W4A16
         return launch_mixed(self.data, self.sf, permute_k(a, k_pad(self.k // 2), self.arch), out,
@@ -425,11 +421,9 @@ class PreparedWeights:
                                             self.scaling, self.amax, self.e4m3_max, self.arch)
         alpha, row, col, _, decode = _epilogue(alpha, row, col, None, m, self.n, out_dtype,
                                                self.device)
-        x = decode_values(data, sfa, self.swizzled, torch.bfloat16)
         out = torch.empty((m, self.n), dtype=out_dtype, device=self.device)
-        return launch_w4a16(x, self.data, self.sf, out, alpha, row, col, None,
-                            swizzled=self.swizzled, transposed=False, arch=self.arch,
-                            decode=decode)
+        return _gemm_weight_stream(data, sfa, self.data, self.sf, alpha, row, col, None, out,
+                                   self.arch, decode, self.swizzled)
 
 
 # id(NVFP4Tensor) -> (weak reference to it, its fields when prepared, PreparedWeights)

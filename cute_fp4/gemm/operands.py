@@ -90,11 +90,6 @@ class OuterAmax:
             raise ValueError(f"OuterAmax.e4m3_max must be 448 or 256, got {self.e4m3_max}")
 
 
-def outer_amax_or(v, e4m3_max: Optional[int]):
-    """v wrapped as an OuterAmax when e4m3_max is given (an entry of `_epilogue`'s decode)."""
-    return v if e4m3_max is None or v is None else OuterAmax(v, e4m3_max)
-
-
 def _vector(v, n: int, name: str, device) -> Optional[torch.Tensor]:
     """An optional epilogue vector (alpha, row, col) as contiguous FP32 of n elements."""
     if v is None:

@@ -7,15 +7,13 @@ stores. References: `cute_fp4.ref.dequantize` and `cute_fp4.ref.mxfp8_dequantize
 
 from __future__ import annotations
 
-import functools
-
 import cutlass
 import cutlass.cute as cute
 import torch
 from cutlass import Float32, Int32, Uint32
 
 from ..common.jit import (KERNELS, compile_kernel, device_arch, dyn, env_stream, fake_tensor,
-                          ffi_function, torch_to_cutlass)
+                          torch_to_cutlass)
 from ..common.scales import (FLT_MAX, bits_to_f32, e2m1_to_f32, e4m3_to_f32, e8m0_to_f32,
                              f32_to_bits, outer_encode_scale, swizzled_scale_offset)
 from ..ref.dequantize import MXFP8_DTYPES, OUT_DTYPES
@@ -175,22 +173,14 @@ def mxfp8_kernel(in_dtype: torch.dtype, out_dtype: torch.dtype, swizzled: bool):
             fake_tensor(torch_to_cutlass(out_dtype), (m, k)), env_stream())
 
 
-@functools.lru_cache(maxsize=None)
-def _nvfp4_function(dtype: torch.dtype, scaling: str, swizzled: bool, e4m3_max: int,
-                    arch: str):
-    """The TVM-FFI function of one NVFP4 dequantize configuration (compiled once, through the
-    KERNELS cache; looked up here without building its key per call)."""
-    key = ("dequantize_nvfp4", dtype, scaling, swizzled, e4m3_max, arch)
-    return ffi_function(KERNELS.get(key, lambda: compile_kernel(
-        *nvfp4_kernel(dtype, scaling, swizzled, e4m3_max), arch=arch)))
-
-
 def dequantize(t: NVFP4Tensor, dtype: torch.dtype) -> torch.Tensor:
     """GPU dequantize of the rowwise data of `t` (validated by `cute_fp4.dequantize`)."""
     data, recipe = t.data, t.recipe
     device = data.device
-    fn = _nvfp4_function(dtype, recipe.scaling, recipe.swizzle, recipe.e4m3_max,
-                         device_arch(device))
+    arch = device_arch(device)
+    key = ("dequantize_nvfp4", dtype, recipe.scaling, recipe.swizzle, recipe.e4m3_max, arch)
+    fn = KERNELS.ffi(key, lambda: compile_kernel(
+        *nvfp4_kernel(dtype, recipe.scaling, recipe.swizzle, recipe.e4m3_max), arch=arch))
     out = torch.empty((data.shape[0], t.cols), dtype=dtype, device=device)
     fn(data, t.scales, t.amax, out)
     return out if len(t.shape) == 2 else out.view(t.shape)
