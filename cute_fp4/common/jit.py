@@ -156,8 +156,6 @@ def _code_version() -> str:
 def _current_arch() -> Optional[str]:
     """The arch runtime compiles target here: the current CUDA device's, else the DSL's
     CUTE_DSL_ARCH (compiling without a GPU), else None (no disk cache)."""
-    import torch
-
     if torch.cuda.is_available():
         return device_arch()
     return os.environ.get("CUTE_DSL_ARCH") or None
