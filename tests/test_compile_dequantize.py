@@ -1,6 +1,9 @@
 """Compile tests (CPU, no GPU needed): the dequantize kernels build for sm_90a and sm_100a and
 use the instructions we rely on."""
 
+import os
+import time
+
 import pytest
 import torch
 
@@ -29,9 +32,10 @@ def test_mxfp8_dequantize_ptx(arch):
 
 
 def test_kernel_disk_cache_round_trip(tmp_path, monkeypatch):
-    """CUTE_FP4_KERNEL_CACHE (common.jit): a compiled kernel is exported once and a later
-    cache loads its TVM-FFI function instead of compiling; a damaged file warns and is
-    compiled and written again; without the variable nothing is written."""
+    """The disk cache (common.jit): a compiled kernel is exported once and a later cache loads
+    its TVM-FFI function instead of compiling; a damaged file warns and is compiled and
+    written again; CUTE_FP4_KERNEL_CACHE=0 writes nothing; the default directory is under
+    XDG_CACHE_HOME; other code versions' directories unused for 30 days are removed."""
     import tvm_ffi
 
     from cute_fp4.common import jit
@@ -45,14 +49,23 @@ def test_kernel_disk_cache_round_trip(tmp_path, monkeypatch):
         raise AssertionError("compiled although the kernel is on disk")
 
     key = ("test_kernel_disk_cache", 1)
-    monkeypatch.delenv("CUTE_FP4_KERNEL_CACHE", raising=False)
     monkeypatch.setenv("CUTE_DSL_ARCH", "sm_90a")
     monkeypatch.setattr(jit, "_current_arch", lambda: "sm_90a")
+    monkeypatch.setenv("CUTE_FP4_KERNEL_CACHE", "0")
+    assert jit.kernel_cache_root() is None
     jit.KernelCache().get(key, build)
-    assert list(tmp_path.iterdir()) == []
-    monkeypatch.setenv("CUTE_FP4_KERNEL_CACHE", str(tmp_path))
+    monkeypatch.delenv("CUTE_FP4_KERNEL_CACHE")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert jit.kernel_cache_root() == tmp_path / "xdg" / "cute_fp4" / "kernels"
+    root = tmp_path / "kernels"
+    stale, recent = root / "stale_version", root / "recent_version"
+    for old in (stale, recent):
+        old.mkdir(parents=True)
+    os.utime(stale, (time.time() - 31 * 24 * 3600,) * 2)
+    monkeypatch.setenv("CUTE_FP4_KERNEL_CACHE", str(root))
     jit.KernelCache().get(key, build)
-    files = list(tmp_path.glob("*.o"))
+    assert not stale.exists() and recent.is_dir()
+    files = list(root.glob("*/*.o"))
     assert len(files) == 1 and files[0].stat().st_size > 1000
     loaded = jit.KernelCache().get(key, no_build)
     assert isinstance(loaded, tvm_ffi.Function) and jit.ffi_function(loaded) is loaded

@@ -5,12 +5,14 @@ enabled, so a call passes torch tensors straight to the compiled function (no pe
 `from_dlpack`) and the launch goes to torch's current stream. Compiled functions are kept in
 memory by configuration key, for the life of the process. The DSL skips its own file cache
 for `cute.compile` (a compile-only call, base_dsl/dsl.py), so a new process compiles again
-(0.15-0.8 s per kernel on a 2-CPU host, `python -m cute_fp4.perf compile`). Opt-in disk cache:
-with CUTE_FP4_KERNEL_CACHE=<dir>, each kernel compiled on a CUDA device is also exported as an
-object file (the DSL's `export_to_c`) named by a hash of its configuration key, the device's
-arch and the sources of cute_fp4 + the DSL version; a later process loads it
-(`cute.runtime.load_module`: the same JITLink loading the DSL does for every compile) instead
-of compiling. Opt-in until a device run has launched kernels loaded that way.
+(0.2-1.1 s per kernel on a 2-CPU host, `python -m cute_fp4.perf compile`). So cute_fp4 keeps
+its own disk cache: each kernel compiled is also exported as an object file (the DSL's
+`export_to_c`) named by a hash of its configuration key and the arch, in a directory named by
+a hash of cute_fp4's sources + the DSL version; a later process loads it
+(`cute.runtime.load_module`: the same JITLink loading the DSL does for every compile, ~22 ms)
+instead of compiling. The cache lives in $CUTE_FP4_KERNEL_CACHE, by default
+$XDG_CACHE_HOME/cute_fp4/kernels (~/.cache/cute_fp4/kernels); CUTE_FP4_KERNEL_CACHE=0 turns it
+off. Directories of other code versions unused for 30 days are removed.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
+import shutil
 import tempfile
 import threading
 import time
@@ -153,6 +156,42 @@ def _code_version() -> str:
     return digest.hexdigest()
 
 
+def kernel_cache_root() -> Optional[Path]:
+    """The disk cache's directory: $CUTE_FP4_KERNEL_CACHE, else $XDG_CACHE_HOME/cute_fp4/kernels
+    (~/.cache/cute_fp4/kernels); None when CUTE_FP4_KERNEL_CACHE=0."""
+    root = os.environ.get(KERNEL_CACHE_ENV)
+    if root == "0":
+        return None
+    if root:
+        return Path(root)
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "cute_fp4" / "kernels"
+
+
+_STALE_SECONDS = 30 * 24 * 3600
+_VERSION_DIRS_SEEN = set()
+
+
+def _version_dir(root: Path) -> Path:
+    """This code version's directory under `root`. The first use in a process marks it used
+    (mtime) and removes sibling versions unused for 30 days: without that, every upgrade or
+    source edit would leave a full set of kernels behind."""
+    path = root / _code_version()[:24]
+    if path not in _VERSION_DIRS_SEEN:
+        _VERSION_DIRS_SEEN.add(path)
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+            os.utime(path)
+            cutoff = time.time() - _STALE_SECONDS
+            for other in root.iterdir():
+                if other != path and other.is_dir() and other.stat().st_mtime < cutoff:
+                    shutil.rmtree(other, ignore_errors=True)
+        except OSError as e:
+            warnings.warn(f"cute_fp4: could not prepare the kernel cache {path} ({e})",
+                          RuntimeWarning)
+    return path
+
+
 def _current_arch() -> Optional[str]:
     """The arch runtime compiles target here: the current CUDA device's, else the DSL's
     CUTE_DSL_ARCH (compiling without a GPU), else None (no disk cache)."""
@@ -189,11 +228,11 @@ class KernelCache:
 
     @staticmethod
     def _path(key: Hashable, arch: Optional[str]) -> Optional[Path]:
-        root = os.environ.get(KERNEL_CACHE_ENV)
-        if not root or arch is None:
+        root = kernel_cache_root()
+        if root is None or arch is None:
             return None
-        name = hashlib.sha256(f"{_code_version()}|{arch}|{key!r}".encode()).hexdigest()
-        return Path(root) / f"{name}.o"
+        name = hashlib.sha256(f"{arch}|{key!r}".encode()).hexdigest()
+        return _version_dir(root) / f"{name}.o"
 
     def _load(self, key: Hashable) -> Optional[Callable]:
         path = self._path(key, _current_arch())
@@ -213,7 +252,6 @@ class KernelCache:
         if path is None or not hasattr(fn, "export_to_c"):
             return
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_name(f"{path.stem}.{os.getpid()}.{threading.get_ident()}.o")
             fn.export_to_c(str(tmp), function_name=_EXPORTED_NAME)
             os.replace(tmp, path)

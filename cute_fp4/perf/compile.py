@@ -3,8 +3,8 @@ each family (SPEC 5: cold <= 2 s per kernel, warm from a disk cache << 1 s).
 
 Each kernel is compiled in fresh processes: "cold" with no cache (what a user's first call
 pays, the DSL's per-process set-up included; the DSL's own file cache does not apply to
-`cute.compile`, so every new process pays this again), then twice with one new, empty
-CUTE_FP4_KERNEL_CACHE (common.jit's opt-in disk cache): the first compiles and exports the
+`cute.compile`; CUTE_FP4_KERNEL_CACHE=0), then twice with one new, empty
+CUTE_FP4_KERNEL_CACHE directory (common.jit's disk cache): the first compiles and exports the
 kernel, the second loads it. Only `KERNELS.get` is timed (not the imports, nor building the
 fake arguments). The last column is its in-memory hit in the cold process (every later call
 of the same configuration). Runs without a GPU (the arch defaults to the device's, else
@@ -86,10 +86,7 @@ def _compile_once(name: str, arch: str) -> dict:
 
 
 def _in_subprocess(name: str, arch: str, kernel_cache: str = None) -> dict:
-    env = dict(os.environ, CUTE_DSL_ARCH=arch)
-    env.pop("CUTE_FP4_KERNEL_CACHE", None)
-    if kernel_cache:
-        env["CUTE_FP4_KERNEL_CACHE"] = kernel_cache
+    env = dict(os.environ, CUTE_DSL_ARCH=arch, CUTE_FP4_KERNEL_CACHE=kernel_cache or "0")
     run = subprocess.run([sys.executable, "-m", "cute_fp4.perf.compile", "--one", name,
                           "--arch", arch], env=env, capture_output=True, text=True, check=False)
     if run.returncode:
