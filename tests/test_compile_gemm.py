@@ -117,6 +117,31 @@ def test_mixed_sm90_narrow_ptx(tile_n, ctas_per_sm, k_split):
     assert len(re.findall(r"\bbar(rier)?\.arrive", ptx)) == (2 if k_split else 0)
 
 
+@pytest.mark.parametrize("k_slices", [2, 4])
+def test_mixed_sm90_k_slices_ptx(k_slices):
+    """k_slices: each thread passes two cluster barriers (release / acquire), rank 0 reads the
+    other ranks' sums through DSMEM (mapa + ld.shared::cluster: 32 accumulators of a 64 x 64
+    tile per thread and peer rank); k_slices needs k_split."""
+    import cutlass
+
+    from cute_fp4.gemm.sm90_mixed import (UNSCALE_W4A16, Sm90GemmMixed, max_stages,
+                                          mixed_kernel)
+
+    stages = max_stages(64, 2, True, 2, True)
+    op, args = mixed_kernel(torch.bfloat16, 64, stages, (True, False, True, True),
+                            torch.float32, True, UNSCALE_W4A16, True, 132, 2, True,
+                            k_slices=k_slices)
+    ptx = _sm90_gemm_ptx(op, args, 64, ctas_per_sm=2)
+    assert len(re.findall(r"barrier\.cluster\.arrive;", ptx)) == 4  # producers + consumers
+    assert len(re.findall(r"barrier\.cluster\.wait;", ptx)) == 4
+    assert len(re.findall(r"ld\.shared::cluster\.f32", ptx)) == 32 * (k_slices - 1)
+    assert len(re.findall(r"mapa\.shared::cluster", ptx)) == 32 * (k_slices - 1)
+    with pytest.raises(ValueError, match="k_slices"):
+        Sm90GemmMixed(cutlass.BFloat16, tile_n=64, stages=4, k_slices=2)
+    with pytest.raises(ValueError, match="k_slices"):
+        Sm90GemmMixed(cutlass.BFloat16, tile_n=64, stages=4, k_split=True, k_slices=3)
+
+
 @pytest.mark.parametrize("tile_n,ctas_per_sm,k_split", [(256, 1, False), (32, 2, True)])
 def test_mixed_sm90_fp16_ptx(tile_n, ctas_per_sm, k_split):
     """FP16 activations (W4A16): FP16 wgmma, the weights decoded to FP16 (FP16x2 multiplies,
@@ -207,28 +232,32 @@ def test_permute_k_ptx(arch):
 
 def test_pick_mixed_config():
     """Tile width by waves per SM and cost per FLOP (the shapes measured in notes/gemm.md);
-    decode sizes (Q <= 64): the narrowest width, split while the tiles fit the SMs, two CTAs
-    per SM past them (notes/gemm_w4a16.md, session 7); stages: what shared memory holds next
+    decode sizes (Q <= 64): the narrowest width, k_split / k_slices / two CTAs per SM so that
+    one wave fills the SMs (notes/gemm_w4a16.md, sessions 7 and 19); stages: what shared memory holds next
     to the epilogue buffer."""
     from cute_fp4.gemm.sm90_mixed import pick_mixed_config
 
-    assert pick_mixed_config(2048, 2048) == (256, 4, 1, False)  # 1 wave of 256 = 2 of 128
-    assert pick_mixed_config(4096, 1024, transposed=True) == (256, 4, 1, False)
-    assert pick_mixed_config(2048, 1024) == (128, 8, 1, False)  # 64 tiles of 256
-    assert pick_mixed_config(8192, 8192) == (256, 4, 1, False)
-    assert pick_mixed_config(8192, 100) == (128, 8, 1, False)  # Q <= 128
+    assert pick_mixed_config(2048, 2048) == (256, 4, 1, False, 1)  # 1 wave of 256 = 2 of 128
+    assert pick_mixed_config(4096, 1024, transposed=True) == (256, 4, 1, False, 1)
+    assert pick_mixed_config(2048, 1024) == (128, 8, 1, False, 1)  # 64 tiles of 256
+    assert pick_mixed_config(8192, 8192) == (256, 4, 1, False, 1)
+    assert pick_mixed_config(8192, 100) == (128, 8, 1, False, 1)  # Q <= 128
     # many waves: 2% fewer SM-waves at 128 do not pay for its decode (16384x7168x2048 dgrad)
-    assert pick_mixed_config(16384, 7168) == (256, 4, 1, False)
+    assert pick_mixed_config(16384, 7168) == (256, 4, 1, False, 1)
     # FP32 output: a 256-wide epilogue buffer would leave 2 stages
-    assert pick_mixed_config(8192, 8192, out_elt=4) == (128, 7, 1, False)
-    # decode sizes, W4A16 (transposed): 64 weight tiles of 128 rows -> 128 k_split tiles
-    assert pick_mixed_config(8192, 64, transposed=True) == (64, 8, 1, True)
-    assert pick_mixed_config(8192, 3, transposed=True) == (16, 8, 1, True)
-    # 128 tiles: one per SM, k_split's 256 would not fit
-    assert pick_mixed_config(16384, 32, transposed=True) == (32, 8, 1, False)
+    assert pick_mixed_config(8192, 8192, out_elt=4) == (128, 7, 1, False, 1)
+    # decode sizes, W4A16 (transposed), the tiles cut to fill one wave (session 19):
+    # 32 weight tiles of 128 rows -> 64 k_split tiles -> 128 CTAs in clusters of 2
+    assert pick_mixed_config(4096, 64, transposed=True) == (64, 8, 1, True, 2)
+    # 128 k_split tiles: in clusters of 2 at two CTAs per SM up to tile_n 32, else one each
+    assert pick_mixed_config(8192, 3, transposed=True) == (16, 8, 2, True, 2)
+    assert pick_mixed_config(8192, 64, transposed=True) == (64, 8, 1, True, 1)
+    # 256 k_split tiles: two per SM up to tile_n 32, else 128 tiles of 128 rows
+    assert pick_mixed_config(16384, 32, transposed=True) == (32, 8, 2, True, 1)
+    assert pick_mixed_config(16384, 64, transposed=True) == (64, 8, 1, False, 1)
     # 224 tiles > 132 SMs: two CTAs per SM, each with half the shared memory
-    assert pick_mixed_config(28672, 64, transposed=True) == (64, 7, 2, False)
-    assert pick_mixed_config(28672, 64, out_elt=4, transposed=True) == (64, 6, 2, False)
+    assert pick_mixed_config(28672, 64, transposed=True) == (64, 7, 2, False, 1)
+    assert pick_mixed_config(28672, 64, out_elt=4, transposed=True) == (64, 6, 2, False, 1)
 
 
 def _decode_ptx(kind, decode, arch):

@@ -270,6 +270,36 @@ def test_mixed_narrow_tiles(tile_n, ctas_per_sm, k_split, m, n, k, gen):
     check(out, d64, mag, k, torch.float32)
 
 
+@pytest.mark.parametrize("tile_n,ctas_per_sm,k_slices", [
+    (16, 1, 2), (64, 2, 2), (32, 2, 4), (64, 1, 4)])
+@pytest.mark.parametrize("m,n,k", [(1, 300, 192), (17, 136, 64), (40, 34000, 192),
+                                   (64, 257, 320), (100, 520, 1088)])
+def test_mixed_k_slices(tile_n, ctas_per_sm, k_slices, m, n, k, gen):
+    """k_slices (clusters of CTAs splitting a 64-row tile's k-tiles, DSMEM reduction in rank
+    order): slices without k-tiles (k = 64 / 192 with 4 slices), uneven slices (17 k-tiles),
+    more clusters than fit at once (n = 34000), tokens past a tile. Deterministic (a second
+    run is bit-equal), bit-equal to the narrowest tile with the same k_slices (the same sums
+    in the same order), within the GEMM bound of float64; poisoned FP32 out."""
+    from cute_fp4.gemm.sm90_mixed import gemm_mixed_sm90
+
+    a = torch.randn(m, k, generator=gen).to(torch.bfloat16)
+    w, sw = rand_fp4(n, k, gen)
+    alpha = torch.rand(1, generator=gen) + 0.5
+    col = torch.rand(n, generator=gen) + 0.5
+    bias = torch.randn(n, generator=gen)
+    args = (w.cuda(), sw.cuda(), a.cuda())
+    kw = dict(alpha=alpha.cuda(), col=col.cuda(), bias=bias.cuda(), out_dtype=torch.float32)
+    config = dict(tile_n=tile_n, ctas_per_sm=ctas_per_sm, k_split=True, k_slices=k_slices)
+    out = torch.full((m, n), float("nan"), device="cuda")
+    gemm_mixed_sm90(*args, **kw, out=out, **config)
+    assert torch.equal(out, gemm_mixed_sm90(*args, **kw, **config))
+    same_order = gemm_mixed_sm90(*args, **kw, tile_n=16, ctas_per_sm=1, k_split=True,
+                                 k_slices=k_slices)
+    assert torch.equal(out, same_order)
+    d64, mag = expected64(a.double(), values64(w, sw), alpha, None, col, bias)
+    check(out, d64, mag, k, torch.float32)
+
+
 def test_w4a16_dispatch(monkeypatch, gen):
     """cute_fp4.gemm's W4A16 choice: BF16 and FP16 activations stream the weights where
     `stream_weights` says so and run the mixed kernel otherwise (decode-size configurations

@@ -310,8 +310,7 @@ def test_weight_stream_shapes(m, n, k, small, weight_stream_calls, gen):
     m, n = orient(m, n, small)
     a, sa = rand_fp4(m, k, gen)
     b, sb = rand_fp4(n, k, gen)
-    auto = stream_weights(min(m, n), max(m, n), torch.cuda.get_device_properties(0)
-                          .multi_processor_count)
+    auto = stream_weights(min(m, n))
     out = run_nvfp4(a, sa, b, sb, path="auto" if auto else "weight_stream")
     assert weight_stream_calls == [(m, n)]
     d64, mag = expected_nvfp4(a, sa, b, sb)
@@ -408,13 +407,12 @@ def test_weight_stream_exact_small_sums(small, gen):
 
 
 def test_weight_stream_dispatch(weight_stream_calls, gen):
-    """"auto" takes weight_stream exactly when `stream_weights` says so (up to 16 rows; 64
-    while the other operand has at most 32 * SMs rows) and no window64 operand is given (else
-    predecode / decode_both)."""
+    """"auto" takes weight_stream exactly when `stream_weights` says so (up to 16 rows) and no
+    window64 operand is given (else predecode / decode_both)."""
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     k = 64
     many = 32 * sms + 1
-    for m, n, taken in ((16, 300, True), (300, 16, True), (64, 300, True), (300, 64, True),
+    for m, n, taken in ((16, 300, True), (300, 16, True), (17, 300, False), (300, 64, False),
                         (65, 300, False), (300, 65, False), (16, many, True),
                         (17, many, False), (many, 17, False)):
         weight_stream_calls.clear()

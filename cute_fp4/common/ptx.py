@@ -106,6 +106,15 @@ def st_shared(addr: Int32, *words, clobber: bool, ty: str = "b32", loc=None, ip=
                volatile=True, loc=loc, ip=ip)
 
 
+@dsl_user_op
+def ld_shared_cluster(addr: Int32, rank: Int32, *, loc=None, ip=None) -> Float32:
+    """One FP32 word at shared address `addr` of the cluster's CTA `rank` (DSMEM: mapa, then
+    ld.shared::cluster; volatile, so it stays after the cluster barrier that publishes it)."""
+    code = ("{\n\t.reg .b32 ra;\n\tmapa.shared::cluster.u32 ra, $1, $2;\n\t"
+            "ld.shared::cluster.f32 $0, [ra];\n\t}")
+    return inline_asm(code, "=f,r,r", [addr, rank], volatile=True, loc=loc, ip=ip)
+
+
 L2_PRIORITIES = ("evict_first", "evict_normal", "evict_last")
 
 

@@ -8,7 +8,7 @@ from typing import Optional
 import torch
 
 from ..common.jit import (KERNELS, compile_kernel, device_arch, dyn, env_stream, fake_tensor,
-                          num_sms, torch_to_cutlass)
+                          torch_to_cutlass)
 from ..quant.dequantize import dequantize
 from ..recipe import Recipe
 from ..ref.formats import decode_scale
@@ -114,7 +114,7 @@ def gemm_nvfp4(a_data: torch.Tensor, a_scales: torch.Tensor, b_data: torch.Tenso
     override the kernel configuration (benchmarks).
 
     sm_90a kernels (`path`): "weight_stream" (the "auto" choice without window64 operands at
-    decode sizes: `stream_weights(min(M, N), max(M, N), SMs)`) decodes the smaller operand (A
+    decode sizes: `stream_weights(min(M, N))`) decodes the smaller operand (A
     on ties) exactly to BF16 values e2m1 * scale (`decode_values`) and runs the weight-streaming W4A16
     kernel (`sm90_w4a16.gemm_w4a16_sm90`) with the other operand as its weights (when B is the
     smaller, A's rows are the weight rows and the kernel writes D row by row from them:
@@ -153,7 +153,7 @@ def gemm_nvfp4(a_data: torch.Tensor, a_scales: torch.Tensor, b_data: torch.Tenso
         return out
     if arch != "sm_90a":
         raise NotImplementedError(f"gemm_nvfp4 runs on sm_90a and sm_100a (device is {arch})")
-    path = pick_sm90_path(path, m, n, windowed, num_sms(device))
+    path = pick_sm90_path(path, m, n, windowed)
     if path == "weight_stream":
         if tile_n is not None or stages is not None:
             raise ValueError("tile_n and stages configure the wgmma kernels, not the "
@@ -187,19 +187,19 @@ def gemm_nvfp4(a_data: torch.Tensor, a_scales: torch.Tensor, b_data: torch.Tenso
 SM90_PATHS = ("auto", "weight_stream", "predecode", "decode_both")
 
 
-def stream_weights(rows: int, weight_rows: int, sms: int) -> bool:
-    """Whether `rows` tokens x `weight_rows` weight rows (min and max of M, N) run faster on the
+def stream_weights(rows: int) -> bool:
+    """Whether `rows` tokens (the smaller of M, N) x any number of weight rows run faster on the
     weight-streaming kernel (`sm90_w4a16`) than on the mixed wgmma kernel with its decode-size
-    configurations. H100, graph replays, K = 8192 (notes/gemm_w4a16.md, session 7): streaming
-    wins up to 16 tokens (8192 weight rows: 17-21 vs 27 us; 28672: 53-69 vs 69-71 us); from 17
-    tokens on the mixed kernel wins (32 x 8192: 29 vs 37 us, 64 x 8192: 32 vs 53 us, 64 x
-    28672: 93 vs 182 us) except on small weight matrices, where the streaming time, which
-    falls with N, is below the mixed kernel's per-tile time, which does not (kept below
-    32 * SMs weight rows)."""
-    return rows <= 16 or (rows <= 64 and weight_rows <= 32 * sms)
+    configurations: up to 16 tokens. H100, graph replays, K = 8192 (notes/gemm_w4a16.md,
+    sessions 7 and 19): 16 tokens stream in 15.0-16.8 us on 1024-4096 weight rows against
+    17.3-18.4 on the mixed kernel, 21.3 / 38.8 us on 8192 / 16384 rows against 25.4 / 41.0;
+    from 17 tokens on the mixed kernel wins or ties (17 x 1024: 17.8 against 17.1; 32 x 4096:
+    19.1 against 20.0; 64 x 4096: 20.2 against 28.3; 32 x 8192: 26.8 against 37.2; 64 x
+    16384: 51.8 against 103); measured from 1024 to 28672 weight rows."""
+    return rows <= 16
 
 
-def pick_sm90_path(path: str, m: int, n: int, windowed: bool, sms: int) -> str:
+def pick_sm90_path(path: str, m: int, n: int, windowed: bool) -> str:
     """The sm_90a kernel path of gemm_nvfp4 (see its docstring) for `path` ("auto" or one of
     the named paths, checked against the operands)."""
     if path not in SM90_PATHS:
@@ -210,7 +210,7 @@ def pick_sm90_path(path: str, m: int, n: int, windowed: bool, sms: int) -> str:
         return path
     if windowed:
         return "decode_both"
-    return "weight_stream" if stream_weights(min(m, n), max(m, n), sms) else "predecode"
+    return "weight_stream" if stream_weights(min(m, n)) else "predecode"
 
 
 def decode_values(data: torch.Tensor, scales: torch.Tensor, swizzled: bool,
@@ -321,15 +321,14 @@ def gemm_w4a16(a: torch.Tensor, b_data: torch.Tensor, b_scales: torch.Tensor, *,
     kernel).
 
     On sm_90a, BF16 and FP16 activations run the weight-streaming W4A16 kernel (`sm90_w4a16`)
-    where `stream_weights(M, N, SMs)` says it is faster (up to 16 tokens, 64 on small weight
-    matrices) and the mixed wgmma kernel (`sm90_mixed.gemm_mixed_sm90`: weights decoded in
-    registers to the activations' dtype, activations by TMA, narrow tiles at decode sizes)
-    otherwise. Both accumulate exact products in FP32. On sm_100a the weights are dequantized
+    where `stream_weights(M)` says it is faster (up to 16 tokens) and the mixed wgmma kernel
+    (`sm90_mixed.gemm_mixed_sm90`: weights decoded in registers to the activations' dtype,
+    activations by TMA, narrow tiles and clusters at decode sizes) otherwise. Both accumulate exact products in FP32. On sm_100a the weights are dequantized
     once (exact e2m1 * scale, in the activation dtype) and cuBLAS runs, then the epilogue in
     FP32: the same sum up to its rounding (the dense GEMM rounds its result to the activation
     dtype before the epilogue when out_dtype is 16-bit; fp32 outputs use an FP32 GEMM)."""
     if a.dim() == 2 and a.is_cuda and device_arch(a.device) == "sm_90a":
-        if not stream_weights(a.shape[0], b_data.shape[0], num_sms(a.device)):
+        if not stream_weights(a.shape[0]):
             return gemm_mixed_sm90(b_data, b_scales, a, alpha=alpha, col=col, bias=bias,
                                    out_dtype=out_dtype, scales_swizzled=scales_swizzled)
         return gemm_w4a16_sm90(a, b_data, b_scales, alpha=alpha, col=col, bias=bias,
@@ -370,7 +369,6 @@ class PreparedWeights:
         self.n, self.k = data.shape[0], data.shape[1] * 2
         self.device = data.device
         self.arch = device_arch(self.device)
-        self.sms = num_sms(self.device)
         self.alpha, _, self.col = epilogue_operands("dense", None, 448, scaling, amax, e4m3_max,
                                                     self.arch)
         vectors = _epilogue(self.alpha, None, self.col, None, 1, self.n, torch.float32,
@@ -387,7 +385,7 @@ class PreparedWeights:
         out = torch.empty((m, self.n), dtype=out_dtype, device=self.device)
         if m == 0 or self.n == 0:
             return out
-        if stream_weights(m, self.n, self.sms):
+        if stream_weights(m):
             return launch_w4a16(a, self.data, self.sf, out, self.alpha_t, None, self.col_t,
                                 None, swizzled=self.swizzled, transposed=False, arch=self.arch,
                                 decode=self.decode)
@@ -411,7 +409,7 @@ class PreparedWeights:
                 or data.get_device() != self.device.index):
             return None
         m = data.shape[0] if data.dim() == 2 else -1
-        if m < 1 or m > self.n or not stream_weights(m, self.n, self.sms):
+        if m < 1 or m > self.n or not stream_weights(m):
             return None
         sfa = _check_operand(data, scales, "a", self.swizzled, to_swizzled=False)
         if data.shape[1] * 2 != self.k:

@@ -55,7 +55,7 @@ from ..common.decode import (DECODE_EXP_SHIFT, FP16_DECODE_EXP_SHIFT, decode_e2m
                              decode_e2m1x8_f16, e4m3_to_bf16x2_scale, e4m3_to_f16x2_scale)
 from ..common.jit import (KERNELS, compile_kernel, dyn, env_stream, fake_tensor, num_sms,
                           torch_to_cutlass)
-from ..common.ptx import ld_global, ld_shared, prmt, st_global
+from ..common.ptx import ld_global, ld_shared, ld_shared_cluster, prmt, st_global
 from .parts import EpilogueOperands, prefetch_tma, tma_slices
 
 TILE_M = 128
@@ -68,6 +68,8 @@ MIXED_TILE_NS = (16, 32, 64, 128, 256)
 # CTAs per SM -> (producer, consumer registers, widest tile_n that fits them without spills):
 # producer * 128 + consumer * 256 <= the launch allocation * 384 (168 / 80 / 56 per thread)
 MIXED_REGS = {1: (40, 232, 256), 2: (24, 104, 64), 3: (24, 72, 16)}
+# k_slices: CTAs per cluster, each a slice of a 64-row tile's k-tiles
+K_SLICES = (1, 2, 4)
 # named barriers of the k_split accumulator hand-over (the staged epilogue uses 2 and 3)
 BAR_RED_FULL, BAR_RED_FREE = 4, 5
 # NVFP4 x predecoded NVFP4: both carry 2**-7; NVFP4 x raw BF16: one factor
@@ -348,8 +350,12 @@ class Sm90GemmMixed(Sm90Gemm):
     memory each; the persistent grid is num_ctas * ctas_per_sm CTAs at most) and k_split
     (tile_n <= 64: a tile is 64 rows and its two MMA warpgroups take the even and the odd
     k-tiles, then add their accumulators, the even ones' first, through shared memory: twice
-    the tiles at half the k-loop each, for weights with fewer 128-row tiles than SMs) and fp16
-    (y FP16 and x decoded to FP16: W4A16 with FP16 activations, unscale_exp 14).
+    the tiles at half the k-loop each, for weights with fewer 128-row tiles than SMs),
+    k_slices (with k_split: a cluster of k_slices CTAs per 64-row tile, CTA r of it the r-th
+    slice of the k-tiles; the CTAs of rank > 0 leave their sums in shared memory and rank 0
+    adds them in rank order (DSMEM) and runs the epilogue: deterministic, not persistent, one
+    tile per cluster; for weights with fewer 64-row tiles than CTA slots) and fp16 (y FP16
+    and x decoded to FP16: W4A16 with FP16 activations, unscale_exp 14).
     `__call__` takes packed x [P, K/2] (uint8, K/2 a multiple of 16), its swizzled scales (flat
     uint8), y [Q, >= K] BF16 or FP16 (row pitch a multiple of 16 bytes), D [M, N] and the
     optional alpha [1], row [M], col [N], bias [N]."""
@@ -359,7 +365,7 @@ class Sm90GemmMixed(Sm90Gemm):
                  has_bias: bool = False, transposed: bool = False,
                  unscale_exp: int = UNSCALE_W4A4, vec_store: bool = False,
                  num_ctas: int = 132, ctas_per_sm: int = 1, k_split: bool = False,
-                 fp16: bool = False, decode=(None, None, None)):
+                 k_slices: int = 1, fp16: bool = False, decode=(None, None, None)):
         if tile_n not in MIXED_TILE_NS:
             raise ValueError(f"tile_n must be one of {MIXED_TILE_NS}, got {tile_n}")
         if ctas_per_sm not in MIXED_REGS or tile_n > MIXED_REGS[ctas_per_sm][2]:
@@ -376,6 +382,9 @@ class Sm90GemmMixed(Sm90Gemm):
                              f"{ctas_per_sm} CTA(s) per SM; got {stages}")
         if k_split and tile_n > 64:
             raise ValueError(f"k_split needs tile_n <= 64, got {tile_n}")
+        if k_slices not in K_SLICES or (k_slices > 1 and not k_split):
+            raise ValueError(f"k_slices must be one of {K_SLICES}, and 1 without k_split; got "
+                             f"{k_slices} with k_split={k_split}")
         if fp16 and unscale_exp != UNSCALE_W4A16_FP16:
             raise ValueError(f"fp16 (FP16 activations, FP16 decode) needs unscale_exp "
                              f"{UNSCALE_W4A16_FP16}, got {unscale_exp}")
@@ -384,6 +393,7 @@ class Sm90GemmMixed(Sm90Gemm):
         self.ab_dtype = cutlass.Float16 if fp16 else cutlass.BFloat16
         self.ctas_per_sm = ctas_per_sm
         self.k_split = k_split
+        self.k_slices = k_slices
         self.tile_m = 64 if k_split else TILE_M
         self.transposed = transposed
         self.unscale_exp = unscale_exp
@@ -421,10 +431,14 @@ class Sm90GemmMixed(Sm90Gemm):
         self.set_shared_storage(**arrays)
 
         grid = (cutlass.min(tiles, self.num_ctas * self.ctas_per_sm), 1, 1)
+        cluster = None
+        if const_expr(self.k_slices > 1):
+            grid = (tiles * self.k_slices, 1, 1)
+            cluster = (self.k_slices, 1, 1)
         self.kernel(
             tma_x, tma_mX, tma_sf, tma_mSF, tma_y, tma_mY, mD, (mAlpha, mRow, mCol, mBias),
             tiled_mma, (pk_layout, sf_layout, y_layout), tx_bytes,
-        ).launch(grid=grid, block=[self.threads, 1, 1], stream=stream,
+        ).launch(grid=grid, block=[self.threads, 1, 1], cluster=cluster, stream=stream,
                  min_blocks_per_mp=self.ctas_per_sm,
                  preferred_smem_carveout=100 if self.ctas_per_sm > 1 else None)
 
@@ -454,7 +468,15 @@ class Sm90GemmMixed(Sm90Gemm):
         tile_m = self.tile_m
         p_tiles = cute.ceil_div(mX.shape[0], tile_m)
         tiles = p_tiles * cute.ceil_div(mY.shape[0], tile_n)
-        my_tiles = (tiles - bid + n_ctas - 1) // n_ctas
+        # k_slices: cluster `unit` (tile unit, one per cluster) and this CTA's k-tiles
+        # kt0 .. kt0 + k_count - 1; else the persistent walk over every k-tile
+        unit, units, kt0, k_count = bid, n_ctas, Int32(0), k_tiles
+        if const_expr(self.k_slices > 1):
+            per_slice = cute.ceil_div(k_tiles, self.k_slices)
+            unit, units = bid // self.k_slices, n_ctas // self.k_slices
+            kt0 = (bid % self.k_slices) * per_slice
+            k_count = cutlass.max(cutlass.min(per_slice, k_tiles - kt0), 0)
+        my_tiles = (tiles - unit + units - 1) // units
 
         if wg_idx == 0:
             cute.arch.setmaxregister_decrease(self.producer_regs)
@@ -463,14 +485,15 @@ class Sm90GemmMixed(Sm90Gemm):
                 state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer,
                                                      self.stages)
                 for i in cutlass.range(my_tiles, unroll=1):
-                    p_tile, q_tile = self.tile_coords(bid + i * n_ctas, p_tiles)
+                    p_tile, q_tile = self.tile_coords(unit + i * units, p_tiles)
                     gX = cute.local_tile(mX, (tile_m, TILE_K // 2), (p_tile, None))
                     # scales come in tiles of 128 rows
                     sf_tile = p_tile // (TILE_M // tile_m)
                     gY = cute.local_tile(mY, (tile_n, TILE_K), (q_tile, None))
                     tXsX, tXgX = tma_slices(tma_x, sX, gX)
                     tYsY, tYgY = tma_slices(tma_y, sY, gY)
-                    for kt in cutlass.range(k_tiles, unroll=1):
+                    for kl in cutlass.range(k_count, unroll=1):
+                        kt = kt0 + kl
                         mainloop.producer_acquire(state)
                         bar = mainloop.producer_get_barrier(state)
                         s = state.index
@@ -481,6 +504,11 @@ class Sm90GemmMixed(Sm90Gemm):
                         mainloop.producer_commit(state)
                         state.advance()
                 mainloop.producer_tail(state)
+            if const_expr(self.k_slices > 1):
+                # the consumers' two cluster barriers (reduce_slices), once: one tile per CTA
+                for _ in cutlass.range_constexpr(2):
+                    cute.arch.cluster_arrive()
+                    cute.arch.cluster_wait()
         else:
             cute.arch.setmaxregister_increase(self.consumer_regs)
             ctid = tidx - 128
@@ -498,16 +526,16 @@ class Sm90GemmMixed(Sm90Gemm):
 
             pk_off, sf_off, sf_shift = a_fragment_offsets(mma_tid)
             x_base = sX.iterator.toint() + pk_off
-            n_own = (k_tiles - k_first + k_step - 1) // k_step
+            n_own = (k_count - k_first + k_step - 1) // k_step
 
             for i in cutlass.range(my_tiles, unroll=1):
-                p_tile, q_tile = self.tile_coords(bid + i * n_ctas, p_tiles)
+                p_tile, q_tile = self.tile_coords(unit + i * units, p_tiles)
                 # a 64-row tile's rows sit at row 64 (p_tile % 2) of their 128-row scale tile
                 sf_base = sSF.iterator.toint() + sf_off
                 if const_expr(self.k_split):
                     sf_base = sf_base + (p_tile % 2) * 8
                 # pipeline position of this tile's first k-tile
-                g0 = i * k_tiles + k_first
+                g0 = i * k_count + k_first
                 acc.fill(0.0)
                 if n_own > 0:
                     self.decode_stage(mainloop, g0, x_base, sf_base, sf_shift, rA[0])
@@ -536,10 +564,18 @@ class Sm90GemmMixed(Sm90Gemm):
                 if const_expr(self.k_split):
                     self.add_partials(acc, storage.sRed.data_ptr(), mma_wg, mma_tid, i,
                                       my_tiles)
-                    if mma_wg == 0:
+                    runs_epilogue = mma_wg == 0
+                    if const_expr(self.k_slices > 1):
+                        runs_epilogue = runs_epilogue & self.reduce_slices(
+                            acc, storage.sRed.data_ptr(), mma_wg, mma_tid, bid % self.k_slices)
+                    if runs_epilogue:
                         self.epilogue_staged(acc, tiled_mma.get_slice(mma_tid), mD, epi,
                                              p_tile, q_tile, storage.sD.data_ptr(), 0,
                                              mma_tid)
+                    if const_expr(self.k_slices > 1):
+                        # rank 0 has read every peer's shared memory: they may exit
+                        cute.arch.cluster_arrive()
+                        cute.arch.cluster_wait()
                 else:
                     self.epilogue_staged(acc, tiled_mma.get_slice(ctid), mD, epi, p_tile,
                                          q_tile, storage.sD.data_ptr(), mma_wg, ctid % 128)
@@ -565,6 +601,28 @@ class Sm90GemmMixed(Sm90Gemm):
                 acc[j] = acc[j] + red[j, t]
             if i + 1 < my_tiles:
                 cute.arch.barrier_arrive(barrier_id=BAR_RED_FREE, number_of_threads=256)
+
+    @cute.jit
+    def reduce_slices(self, acc, red_ptr, mma_wg, t, rank):
+        """k_slices: the cluster's sum of the tile, in rank order, into the accumulators of
+        rank 0's warpgroup 0. The other ranks' warpgroup 0 threads put theirs in their own
+        k_split buffer (thread t's element j at j * 128 + t, where add_partials has just read
+        it), a cluster barrier publishes them (release / acquire), and rank 0 adds them through
+        DSMEM. Returns whether this CTA is rank 0; every thread of the cluster passes the
+        barrier (the producer warpgroup too)."""
+        red = cute.make_tensor(cute.recast_ptr(red_ptr, dtype=Float32),
+                               cute.make_layout((cute.size(acc), 128), stride=(128, 1)))
+        if (mma_wg == 0) & (rank > 0):
+            for j in cutlass.range_constexpr(cute.size(acc)):
+                red[j, t] = acc[j]
+        cute.arch.cluster_arrive()
+        cute.arch.cluster_wait()
+        if (mma_wg == 0) & (rank == 0):
+            base = red.iterator.toint()
+            for r in cutlass.range_constexpr(1, self.k_slices):
+                for j in cutlass.range_constexpr(cute.size(acc)):
+                    acc[j] = acc[j] + ld_shared_cluster(base + (j * 128 + t) * 4, Int32(r))
+        return rank == 0
 
     @staticmethod
     def tile_coords(t, p_tiles):
@@ -704,20 +762,27 @@ class MixedConfig(NamedTuple):
     stages: int
     ctas_per_sm: int = 1
     k_split: bool = False
+    k_slices: int = 1
 
 
 @functools.lru_cache(maxsize=4096)
 def pick_mixed_config(p: int, q: int, sms: int = 132, out_elt: int = 2,
                       transposed: bool = False) -> MixedConfig:
-    """MixedConfig(tile_n, stages, ctas_per_sm, k_split) for P register-operand rows x Q
-    TMA-operand rows and out_elt-byte outputs.
+    """MixedConfig(tile_n, stages, ctas_per_sm, k_split, k_slices) for P register-operand rows
+    x Q TMA-operand rows and out_elt-byte outputs.
 
     Q <= 64 (decode sizes): a tile costs about the same at any width up to 64 (the register
     decode of its 128 x K weights and the wgmma chain of each k-tile bound it: H100, K = 8192,
-    44-49 us per tile at widths 16-64), so the narrowest power of two >= Q; k_split (64-row
-    tiles, half the k-loop each: 27-32 us) when the split tiles still fit one per SM, and two
-    CTAs per SM when the tiles outnumber the SMs (69-93 us for two tiles per SM against 86-93
-    with one; notes/gemm_w4a16.md, session 7).
+    44-49 us per tile at widths 16-64), so the narrowest power of two >= Q, and the tiles are
+    cut so that one wave fills the SMs (H100, graphs, K = 8192, notes/gemm_w4a16.md sessions 7
+    and 19): k_split (64-row tiles, half the k-loop each) with k_slices 2 (clusters of 2 CTAs
+    on halves of the k-tiles) at one CTA per SM while those fit (4096 rows: 18.6-19.9 us
+    against 26.5-29.2 without slices); then, while the 64-row tiles fit one per SM, k_slices 2
+    at two CTAs per SM for tile_n <= 32 (8192 rows: 24.5-26.0 against 28.6-29.8) and plain
+    k_split for tile_n 64 (31.1; 32.0 with slices); then, while they fit two per SM, k_split
+    at two CTAs per SM for tile_n <= 32 (16384 rows: 39.7-42.6 against 46.3); else 128-row
+    tiles, two CTAs per SM when they outnumber the SMs. tile_n 64 at two CTAs per SM is
+    register-bound (104 per thread for 32 accumulators and the decode).
     Wider Q: the tile width with the least time per SM, counted as waves (ceil(tiles / sms))
     x tile_n x the cost per FLOP, which is 1.17x higher at tile_n 128 (twice the register
     decode per FLOP; measured 2048^3: 482 vs 412 TFLOP/s; 1024x2048x2048, 64 tiles of 256:
@@ -727,9 +792,14 @@ def pick_mixed_config(p: int, q: int, sms: int = 132, out_elt: int = 2,
     if q <= 64:
         tile_n = max(16, 1 << (q - 1).bit_length())
         tiles = p_tiles * -(-q // tile_n)
-        if 2 * tiles <= sms:
-            return MixedConfig(tile_n, max_stages(tile_n, out_elt, transposed, 1, True), 1,
-                               True)
+        split_tiles = 2 * tiles  # 64-row tiles
+        for ctas_per_sm, k_slices, fits in ((1, 2, 2 * split_tiles <= sms),
+                                            (2, 2, split_tiles <= sms and tile_n <= 32),
+                                            (1, 1, split_tiles <= sms),
+                                            (2, 1, split_tiles <= 2 * sms and tile_n <= 32)):
+            if fits:
+                return MixedConfig(tile_n, max_stages(tile_n, out_elt, transposed, ctas_per_sm,
+                                                      True), ctas_per_sm, True, k_slices)
         ctas_per_sm = 2 if tiles > sms else 1
         return MixedConfig(tile_n, max_stages(tile_n, out_elt, transposed, ctas_per_sm),
                            ctas_per_sm)
@@ -746,7 +816,7 @@ def pick_mixed_config(p: int, q: int, sms: int = 132, out_elt: int = 2,
 
 def mixed_kernel(out_dtype, tile_n, stages, flags, bias_dtype, transposed, unscale_exp,
                  vec_store, num_ctas=132, ctas_per_sm=1, k_split=False, fp16=False,
-                 decode=(None, None, None)):
+                 decode=(None, None, None), k_slices=1):
     """The compile-time op and fake arguments of one Sm90GemmMixed configuration."""
     import cutlass
 
@@ -754,7 +824,8 @@ def mixed_kernel(out_dtype, tile_n, stages, flags, bias_dtype, transposed, unsca
     op = Sm90GemmMixed(torch_to_cutlass(out_dtype), tile_n=tile_n, stages=stages,
                        has_alpha=has_alpha, has_row=has_row, has_col=has_col, has_bias=has_bias,
                        transposed=transposed, unscale_exp=unscale_exp, vec_store=vec_store,
-                       num_ctas=num_ctas, ctas_per_sm=ctas_per_sm, k_split=k_split, fp16=fp16,
+                       num_ctas=num_ctas, ctas_per_sm=ctas_per_sm, k_split=k_split,
+                       k_slices=k_slices, fp16=fp16,
                        decode=decode)
     elt = torch.empty((), dtype=out_dtype).element_size()
     p, q = dyn(), dyn()
@@ -853,7 +924,8 @@ def predecode_nvfp4(data: torch.Tensor, sf_flat: torch.Tensor, arch: str) -> tor
 def launch_mixed(x_data, sfx, y, out, alpha, row, col, bias, *, transposed: bool,
                  unscale_exp: int, arch: str, tile_n: Optional[int] = None,
                  stages: Optional[int] = None, ctas_per_sm: Optional[int] = None,
-                 k_split: Optional[bool] = None, decode=(None, None, None)):
+                 k_split: Optional[bool] = None, k_slices: Optional[int] = None,
+                 decode=(None, None, None)):
     """Run Sm90GemmMixed on prepared operands: x_data [P, K/2] uint8 with 16-byte rows and
     base, sfx its flat swizzled scales, y [Q, >= K] BF16 (FP16: W4A16 with FP16 activations,
     unscale_exp UNSCALE_W4A16_FP16) in the kernel's K order with 16-byte
@@ -866,20 +938,22 @@ def launch_mixed(x_data, sfx, y, out, alpha, row, col, bias, *, transposed: bool
         tile_n = picked.tile_n
         ctas_per_sm = ctas_per_sm or picked.ctas_per_sm
         k_split = picked.k_split if k_split is None else k_split
+        k_slices = k_slices or picked.k_slices
     ctas_per_sm = ctas_per_sm or 1
     k_split = bool(k_split)
+    k_slices = k_slices or 1
     stages = stages or max_stages(tile_n, elt, transposed, ctas_per_sm, k_split)
     flags = (alpha is not None, row is not None, col is not None, bias is not None)
     bias_dtype = bias.dtype if bias is not None else None
     vec_store = (out.shape[1] * elt) % 16 == 0 and out.data_ptr() % 16 == 0
     fp16 = y.dtype == torch.float16
     key = ("gemm_mixed_sm90", out.dtype, tile_n, stages, flags, bias_dtype, transposed,
-           unscale_exp, vec_store, sms, ctas_per_sm, k_split, fp16, decode)
+           unscale_exp, vec_store, sms, ctas_per_sm, k_split, fp16, decode, k_slices)
 
     def build():
         op, args = mixed_kernel(out.dtype, tile_n, stages, flags, bias_dtype, transposed,
                                 unscale_exp, vec_store, sms, ctas_per_sm, k_split, fp16,
-                                decode)
+                                decode, k_slices)
         return compile_kernel(op, *args, arch=arch)
 
     KERNELS.ffi(key, build)(x_data, sfx, y, out, alpha, row, col, bias)
@@ -892,7 +966,8 @@ def gemm_mixed_sm90(w_data: torch.Tensor, w_scales: torch.Tensor, a: torch.Tenso
                     out_dtype: torch.dtype = torch.bfloat16, scales_swizzled: bool = False,
                     out: Optional[torch.Tensor] = None, tile_n: Optional[int] = None,
                     stages: Optional[int] = None, ctas_per_sm: Optional[int] = None,
-                    k_split: Optional[bool] = None) -> torch.Tensor:
+                    k_split: Optional[bool] = None, k_slices: Optional[int] = None
+                    ) -> torch.Tensor:
     """W4A16 for any M (prefill): D[m, n] = cast(alpha * row[m] * col[n] *
     sum_k a[m, k] * w[n, k] + bias[n]) with BF16 or FP16 activations a [M, K] (natural K
     order) and NVFP4 weights w [N, K/2] (E4M3 scales, compact or swizzled), FP32 accumulation.
@@ -927,4 +1002,4 @@ def gemm_mixed_sm90(w_data: torch.Tensor, w_scales: torch.Tensor, a: torch.Tenso
     return launch_mixed(w_prep, sfw, permute_k(a, k_pad(w_prep.shape[1]), arch), out, alpha,
                         row, col, bias, transposed=True, unscale_exp=unscale, arch=arch,
                         tile_n=tile_n, stages=stages, ctas_per_sm=ctas_per_sm,
-                        k_split=k_split, decode=decode)
+                        k_split=k_split, k_slices=k_slices, decode=decode)

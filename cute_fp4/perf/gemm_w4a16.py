@@ -34,7 +34,6 @@ def bench_configs(m: int, n: int, k: int, graphs: bool, configs,
                   act_dtype: torch.dtype = torch.bfloat16) -> List[dict]:
     """One row per W4A16 configuration (None: automatic), the baselines timed once."""
     from ..api import gemm as api_gemm
-    from ..common.jit import num_sms
     from ..gemm.dispatch import W4A16_MAX_DECODE_ROWS, stream_weights
     from ..gemm.sm90_mixed import gemm_mixed_sm90
     from ..gemm.sm90_w4a16 import gemm_w4a16_sm90
@@ -46,7 +45,7 @@ def bench_configs(m: int, n: int, k: int, graphs: bool, configs,
     if m > W4A16_MAX_DECODE_ROWS and configs != [None]:
         raise ValueError(f"--config sets the decode kernel (M <= {W4A16_MAX_DECODE_ROWS}), "
                          f"got M = {m}")
-    stream = configs != [None] or stream_weights(m, n, num_sms(torch.device("cuda")))
+    stream = configs != [None] or stream_weights(m)
     a = torch.randn(m, k, device="cuda", dtype=act_dtype)
     out = torch.empty(m, n, dtype=act_dtype, device="cuda")
     amax = torch.full((1,), 3.0, device="cuda")
