@@ -237,18 +237,11 @@ def test_mixed_w4a16_full_scale_range(m, act_dtype, gen):
     check(out, d64, mag, k, torch.float32)
 
 
-@pytest.mark.parametrize("tile_n,ctas_per_sm,k_split", [
-    (16, 1, False), (16, 3, False), (32, 2, False), (64, 1, False), (64, 2, False),
-    (16, 1, True), (32, 2, True), (64, 1, True), (64, 2, True)])
-@pytest.mark.parametrize("m,n,k", [(1, 300, 192), (17, 136, 64), (40, 34000, 192),
-                                   (64, 257, 320), (100, 520, 192)])
-def test_mixed_narrow_tiles(tile_n, ctas_per_sm, k_split, m, n, k, gen):
-    """The decode-sized configurations of the mixed kernel (64 x tile_n wgmma, several CTAs
-    per SM, k_split): tokens past one tile (m > tile_n), partial weight tiles, more tiles than
-    CTAs (n = 34000: 266 weight tiles of 128 rows), one k-tile (k_split's second warpgroup
-    idle) and odd k-tile counts. Bit-equal to the 128-wide tile without k_split (the same
-    k16 sums in the same order), with k_split to the narrowest k_split tile (its even-then-odd
-    order), and within the GEMM bound of float64; FP32 out with alpha, col, bias."""
+def _check_mixed_config(m, n, k, gen, config, same_order):
+    """gemm_mixed_sm90 with `config` (keyword arguments) on fresh BF16 activations [m, k] and
+    NVFP4 weights [n, k], FP32 out (NaN-poisoned) with alpha, col and bias: a second run is
+    bit-equal (deterministic), so is the `same_order` configuration (the same sums in the same
+    order), and the result is within the GEMM bound of float64."""
     from cute_fp4.gemm.sm90_mixed import gemm_mixed_sm90
 
     a = torch.randn(m, k, generator=gen).to(torch.bfloat16)
@@ -259,15 +252,30 @@ def test_mixed_narrow_tiles(tile_n, ctas_per_sm, k_split, m, n, k, gen):
     args = (w.cuda(), sw.cuda(), a.cuda())
     kw = dict(alpha=alpha.cuda(), col=col.cuda(), bias=bias.cuda(), out_dtype=torch.float32)
     out = torch.full((m, n), float("nan"), device="cuda")
-    gemm_mixed_sm90(*args, **kw, out=out, tile_n=tile_n, ctas_per_sm=ctas_per_sm,
-                    k_split=k_split)
-    if k_split:
-        same_order = gemm_mixed_sm90(*args, **kw, tile_n=16, ctas_per_sm=1, k_split=True)
-    else:
-        same_order = gemm_mixed_sm90(*args, **kw, tile_n=128, k_split=False)
-    assert torch.equal(out, same_order)
+    gemm_mixed_sm90(*args, **kw, out=out, **config)
+    assert torch.equal(out, gemm_mixed_sm90(*args, **kw, **config))
+    assert torch.equal(out, gemm_mixed_sm90(*args, **kw, **same_order))
     d64, mag = expected64(a.double(), values64(w, sw), alpha, None, col, bias)
     check(out, d64, mag, k, torch.float32)
+
+
+@pytest.mark.parametrize("tile_n,ctas_per_sm,k_split", [
+    (16, 1, False), (16, 3, False), (32, 2, False), (64, 1, False), (64, 2, False),
+    (16, 1, True), (32, 2, True), (64, 1, True), (64, 2, True)])
+@pytest.mark.parametrize("m,n,k", [(1, 300, 192), (17, 136, 64), (40, 34000, 192),
+                                   (64, 257, 320), (100, 520, 192)])
+def test_mixed_narrow_tiles(tile_n, ctas_per_sm, k_split, m, n, k, gen):
+    """The decode-sized configurations of the mixed kernel (64 x tile_n wgmma, several CTAs
+    per SM, k_split): tokens past one tile (m > tile_n), partial weight tiles, more tiles than
+    CTAs (n = 34000: 266 weight tiles of 128 rows), one k-tile (k_split's second warpgroup
+    idle) and odd k-tile counts. Deterministic; bit-equal to the 128-wide tile without
+    k_split (the same k16 sums in the same order), with k_split to the narrowest k_split tile
+    (its even-then-odd order), and within the GEMM bound of float64; FP32 out with alpha,
+    col, bias."""
+    same_order = (dict(tile_n=16, ctas_per_sm=1, k_split=True) if k_split else
+                  dict(tile_n=128, k_split=False))
+    _check_mixed_config(m, n, k, gen, dict(tile_n=tile_n, ctas_per_sm=ctas_per_sm,
+                                           k_split=k_split), same_order)
 
 
 @pytest.mark.parametrize("tile_n,ctas_per_sm,k_slices", [
@@ -280,24 +288,10 @@ def test_mixed_k_slices(tile_n, ctas_per_sm, k_slices, m, n, k, gen):
     more clusters than fit at once (n = 34000), tokens past a tile. Deterministic (a second
     run is bit-equal), bit-equal to the narrowest tile with the same k_slices (the same sums
     in the same order), within the GEMM bound of float64; poisoned FP32 out."""
-    from cute_fp4.gemm.sm90_mixed import gemm_mixed_sm90
-
-    a = torch.randn(m, k, generator=gen).to(torch.bfloat16)
-    w, sw = rand_fp4(n, k, gen)
-    alpha = torch.rand(1, generator=gen) + 0.5
-    col = torch.rand(n, generator=gen) + 0.5
-    bias = torch.randn(n, generator=gen)
-    args = (w.cuda(), sw.cuda(), a.cuda())
-    kw = dict(alpha=alpha.cuda(), col=col.cuda(), bias=bias.cuda(), out_dtype=torch.float32)
-    config = dict(tile_n=tile_n, ctas_per_sm=ctas_per_sm, k_split=True, k_slices=k_slices)
-    out = torch.full((m, n), float("nan"), device="cuda")
-    gemm_mixed_sm90(*args, **kw, out=out, **config)
-    assert torch.equal(out, gemm_mixed_sm90(*args, **kw, **config))
-    same_order = gemm_mixed_sm90(*args, **kw, tile_n=16, ctas_per_sm=1, k_split=True,
-                                 k_slices=k_slices)
-    assert torch.equal(out, same_order)
-    d64, mag = expected64(a.double(), values64(w, sw), alpha, None, col, bias)
-    check(out, d64, mag, k, torch.float32)
+    _check_mixed_config(m, n, k, gen,
+                        dict(tile_n=tile_n, ctas_per_sm=ctas_per_sm, k_split=True,
+                             k_slices=k_slices),
+                        dict(tile_n=16, ctas_per_sm=1, k_split=True, k_slices=k_slices))
 
 
 def test_w4a16_dispatch(monkeypatch, gen):

@@ -825,8 +825,7 @@ def mixed_kernel(out_dtype, tile_n, stages, flags, bias_dtype, transposed, unsca
                        has_alpha=has_alpha, has_row=has_row, has_col=has_col, has_bias=has_bias,
                        transposed=transposed, unscale_exp=unscale_exp, vec_store=vec_store,
                        num_ctas=num_ctas, ctas_per_sm=ctas_per_sm, k_split=k_split,
-                       k_slices=k_slices, fp16=fp16,
-                       decode=decode)
+                       k_slices=k_slices, fp16=fp16, decode=decode)
     elt = torch.empty((), dtype=out_dtype).element_size()
     p, q = dyn(), dyn()
     m, n = (q, p) if transposed else (p, q)
