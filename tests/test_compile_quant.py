@@ -10,7 +10,8 @@ from cute_fp4.common.compile_check import compile_ptx, missing_instructions, ptx
 from cute_fp4.quant.cast import CastKernel
 from cute_fp4.quant.dispatch import (ENC_TABLE_COMPACT_TWIN_MAX_BYTES, L2_WARM_MAX_BYTES,
                                      amax_tensor_kernel, amax_token_kernel, cast_kernel,
-                                     cast_walk)
+                                     cast_walk, token_rows_kernel)
+from cute_fp4.quant.token_rows import token_rows_config
 
 ARCHS = ["sm_90a", "sm_100a"]
 E2M1_CVT = "cvt.rn.satfinite.e2m1x2.f32"
@@ -52,6 +53,47 @@ def test_cast_ptx(arch, fused_amax, dtype, row, col, swizzle, per_token):
         assert E2M1_CVT in ptx
     else:
         assert "e2m1" not in ptx
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("dtype,k,swizzle,col_amax", [
+    ("bf16", 8192, False, True), ("bf16", 2048, True, False), ("fp16", 272, False, True),
+    ("fp32", 16384, True, True), ("fp32", 48, False, False)])
+def test_token_rows_ptx(arch, dtype, k, swizzle, col_amax):
+    """The per-token rowwise cast in the amax pass: 16-byte read-only loads, row maxima by
+    redux.sync, IEEE outer scale and block reciprocals, 4-byte data stores; column maxima by
+    red.global.max only with col_amax; the hardware E2M1 conversion on sm_100a only."""
+    esize = {"bf16": 2, "fp16": 2, "fp32": 4}[dtype]
+    split = token_rows_config(k, esize, swizzle)
+    ptx = compile_ptx(*token_rows_kernel(dtype, swizzle, col_amax, split), arch=arch)
+    assert ptx_target(ptx) == arch
+    need = [r"ld\.global\.nc\.v4", r"redux\.sync\.max\.u32", r"div\.rn\.f32", r"rcp\.rn\.f32",
+            r"cvt\.rn\.satfinite\.e4m3x2\.f32", r"st\.global\.b32", r"shfl\.sync\.bfly"]
+    assert missing_instructions(ptx, need) == []
+    assert "div.approx" not in ptx and "rcp.approx" not in ptx
+    assert ("red.relaxed.gpu.global.max.u32" in ptx) == col_amax
+    assert "cp.async.bulk" not in ptx
+    if arch == "sm_100a":
+        assert E2M1_CVT in ptx
+    else:
+        assert "e2m1" not in ptx
+
+
+def test_token_rows_config():
+    """Work splits: threads per row a power of two covering the row's units (one unit each)
+    up to 256, then up to 8 units per thread; 32 input words per thread and strip; None
+    beyond 16384 columns; swizzled rows cover their padding scale columns."""
+    assert token_rows_config(16, 2, False) == (32, 1, 4)
+    assert token_rows_config(272, 2, False) == (64, 1, 8)
+    assert token_rows_config(2048, 2, False) == (256, 1, 8)
+    assert token_rows_config(2064, 2, False) == (256, 2, 4)
+    assert token_rows_config(8192, 2, False) == (256, 4, 2)
+    assert token_rows_config(8192, 4, False) == (256, 4, 1)
+    assert token_rows_config(12304, 2, True) == (256, 7, 1)
+    assert token_rows_config(16384, 4, True) == (256, 8, 1)
+    assert token_rows_config(16400, 2, False) is None
+    assert token_rows_config(2000, 2, True) == (256, 1, 8)  # 125 -> 128 scale columns
+    assert token_rows_config(2000, 2, False) == (256, 1, 8)
 
 
 @pytest.mark.parametrize("arch", ARCHS)

@@ -27,6 +27,7 @@ from ..recipe import Recipe
 from ..tensor import NVFP4Tensor
 from .amax import AmaxTensor, AmaxToken, tensor_partials
 from .cast import RUN_SCALE_BYTES, CastKernel
+from .token_rows import TokenRowCast, token_rows_config
 
 _DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 _CUTLASS = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16, "fp32": cutlass.Float32}
@@ -59,6 +60,17 @@ def cast_kernel(dtype: str, rowwise: bool, columnwise: bool, swizzle: bool, per_
             fake_tensor(cutlass.Float32, (None,), align=4),
             fake_tensor(cutlass.Float32, (None,), align=4),
             _u8_2d(), _f8_2d(), _u8_2d(), _f8_2d(), env_stream())
+
+
+def token_rows_kernel(dtype: str, swizzle: bool, col_amax: bool, split: tuple,
+                      num_sms: int = 132, ctas_per_sm: int = 2, l2_keep: int = 0):
+    """(kernel, *fake compile arguments) of the per-token rowwise cast in the amax pass;
+    split = token_rows_config(k, esize, swizzle)."""
+    esize = _CUTLASS[dtype].width // 8
+    return (TokenRowCast(dtype, swizzle, col_amax, *split, num_sms, ctas_per_sm, l2_keep),
+            fake_tensor(_CUTLASS[dtype], (dyn(), dyn(16 // esize))),
+            fake_tensor(cutlass.Float32, (None,), align=4),
+            fake_tensor(cutlass.Float32, (None,), align=4), _u8_2d(), _f8_2d(), env_stream())
 
 
 def amax_tensor_kernel(dtype: str, num_sms: int = 132, l2_keep: int = 0):
@@ -177,6 +189,13 @@ RUN_BYTES = {(False, False): (0, 1 << 62), (True, False): (0, 128 << 20),
 ENC_TABLE_COMPACT_TWIN_MAX_BYTES = 256 << 20
 
 
+# Per-token rowwise outputs are cast in the amax pass by TokenRowCast (one read for rowwise
+# only; row+col: that pass, then the K2 cast of the twin), for rows of up to 16384 elements;
+# TOKEN_ROWS_CTAS_PER_SM resident CTAs (notes/quant.md "Session 20").
+TOKEN_ROWS = True
+TOKEN_ROWS_CTAS_PER_SM = 2
+
+
 def plain_walk(per_token: bool) -> tuple:
     """The walk without any option (two CTAs per SM, forwards; the enc table per tensor): the
     fused cast's, and cast_kernel's default."""
@@ -255,14 +274,29 @@ class _Plan:
         self.reduced = reduced
         self.row, self.col = row, col
         self.amax = None
-        walk = cast_walk(m, k, esize, per_token, fused, col and not swz, row and not swz, sms)
+        # per token rowwise: the rows are cast in the amax pass (TokenRowCast), and the K2
+        # cast writes the twin only, if any (cast_row: whether K2 writes the rowwise output)
+        split = token_rows_config(k, esize, swz) if TOKEN_ROWS else None
+        rows_in_amax = per_token and row and not fused and split is not None
+        cast_row = row and not rows_in_amax
+        walk = cast_walk(m, k, esize, per_token, fused, col and not swz, cast_row and not swz,
+                         sms)
         keep = L2_KEEP_BYTES[col]
-        if not walk[1] or m * k * esize <= keep:
-            keep = 0  # the cast walks forwards, or the whole input fits in the kept part
+        if not col and rows_in_amax or not walk[1] or m * k * esize <= keep:
+            # nothing reads the input after the amax pass, the cast walks forwards, or the
+            # whole input fits in the kept part
+            keep = 0
         self.l2_keep = keep
+        self.token_rows = None
+        if rows_in_amax:
+            ctas = TOKEN_ROWS_CTAS_PER_SM
+            self.token_rows = ffi_function(KERNELS.get(
+                ("token_rows", name, swz, col, split, sms, ctas, keep, arch),
+                lambda: compile_kernel(*token_rows_kernel(name, swz, col, split, sms, ctas, keep),
+                                       arch=arch)))
         if per_token:
             n_amax = m + k
-            if not fused:
+            if not fused and self.token_rows is None:
                 self.amax = ffi_function(KERNELS.get(
                     ("amax_token", name, keep, arch),
                     lambda: compile_kernel(*amax_token_kernel(name, keep), arch=arch)))
@@ -273,10 +307,12 @@ class _Plan:
             self.amax = ffi_function(KERNELS.get(
                 ("amax_tensor", name, sms, keep, arch),
                 lambda: compile_kernel(*amax_tensor_kernel(name, sms, keep), arch=arch)))
-        self.cast = ffi_function(KERNELS.get(
-            ("cast", name, row, col, swz, per_token, sms, fused, walk, arch),
-            lambda: compile_kernel(*cast_kernel(name, row, col, swz, per_token, sms, fused, walk),
-                                   arch=arch)))
+        self.cast = None
+        if cast_row or col:
+            self.cast = ffi_function(KERNELS.get(
+                ("cast", name, cast_row, col, swz, per_token, sms, fused, walk, arch),
+                lambda: compile_kernel(*cast_kernel(name, cast_row, col, swz, per_token, sms,
+                                                    fused, walk), arch=arch)))
         off = self.amax_bytes = (4 * n_amax + 255) // 256 * 256
         self.m, self.k, self.n_amax = m, k, n_amax
         # (shape, strides, byte offset) of each present output; absent ones are None
@@ -357,10 +393,15 @@ class _Plan:
                 arg_r = arg_c = amax_c if amax_r is None else amax_r
         elif self.per_token:
             amax_all = words[:m + k]
-            amax_all.zero_()
             amax_r = arg_r = amax_all[:m]
             amax_c = arg_c = amax_all[m:]
-            self.amax(x, amax_r, amax_c)
+            if self.token_rows is not None:
+                if self.col:
+                    amax_c.zero_()  # the column amax is reduced with atomics
+                self.token_rows(x, amax_r, amax_c, data, scales)
+            else:
+                amax_all.zero_()
+                self.amax(x, amax_r, amax_c)
             if amax_reduce is not None:
                 amax_reduce(amax_c)
         else:
@@ -374,9 +415,13 @@ class _Plan:
                 self.amax(x, arg_r)
             amax_r = amax_c = words[:1]
         dummy, dummy_f8 = self.dummy, self.dummy_f8
-        self.cast(x, arg_r, arg_c, dummy if data is None else data,
-                  dummy_f8 if scales is None else scales, dummy if data_t is None else data_t,
-                  dummy_f8 if scales_t is None else scales_t)
+        if self.token_rows is None:
+            self.cast(x, arg_r, arg_c, dummy if data is None else data,
+                      dummy_f8 if scales is None else scales,
+                      dummy if data_t is None else data_t,
+                      dummy_f8 if scales_t is None else scales_t)
+        elif self.col:
+            self.cast(x, arg_r, arg_c, dummy, dummy_f8, data_t, scales_t)
         if out is None:
             return NVFP4Tensor(data, scales, amax_r if self.row else None, data_t, scales_t,
                                amax_c if self.col else None, self.recipe, self.shape,
