@@ -62,14 +62,13 @@ def cast_kernel(dtype: str, rowwise: bool, columnwise: bool, swizzle: bool, per_
             _u8_2d(), _f8_2d(), _u8_2d(), _f8_2d(), env_stream())
 
 
-def token_rows_kernel(dtype: str, swizzle: bool, col_amax: bool, split: tuple,
-                      num_sms: int = 132, ctas_per_sm: int = 2, l2_keep: int = 0):
+def token_rows_kernel(dtype: str, swizzle: bool, split: tuple, num_sms: int = 132,
+                      ctas_per_sm: int = 0):
     """(kernel, *fake compile arguments) of the per-token rowwise cast in the amax pass;
     split = token_rows_config(k, esize, swizzle)."""
     esize = _CUTLASS[dtype].width // 8
-    return (TokenRowCast(dtype, swizzle, col_amax, *split, num_sms, ctas_per_sm, l2_keep),
+    return (TokenRowCast(dtype, swizzle, *split, num_sms, ctas_per_sm),
             fake_tensor(_CUTLASS[dtype], (dyn(), dyn(16 // esize))),
-            fake_tensor(cutlass.Float32, (None,), align=4),
             fake_tensor(cutlass.Float32, (None,), align=4), _u8_2d(), _f8_2d(), env_stream())
 
 
@@ -189,11 +188,12 @@ RUN_BYTES = {(False, False): (0, 1 << 62), (True, False): (0, 128 << 20),
 ENC_TABLE_COMPACT_TWIN_MAX_BYTES = 256 << 20
 
 
-# Per-token rowwise outputs are cast in the amax pass by TokenRowCast (one read for rowwise
-# only; row+col: that pass, then the K2 cast of the twin), for rows of up to 16384 elements;
-# TOKEN_ROWS_CTAS_PER_SM resident CTAs (notes/quant.md "Session 20").
+# Per token, rowwise only (no twin): TokenRowCast reads each row once, finding its amax and
+# casting it (rows of up to 16384 elements; longer ones take K1 + K2), one CTA per strip of
+# rows (TOKEN_ROWS_CTAS_PER_SM = 0; > 0: a persistent grid of that many per SM).
+# Measured (H100, bf16, graphs; notes/quant.md "Session 20"): 57.8 -> 35-37 us at 2^25.
 TOKEN_ROWS = True
-TOKEN_ROWS_CTAS_PER_SM = 2
+TOKEN_ROWS_CTAS_PER_SM = 0
 
 
 def plain_walk(per_token: bool) -> tuple:
@@ -274,26 +274,21 @@ class _Plan:
         self.reduced = reduced
         self.row, self.col = row, col
         self.amax = None
-        # per token rowwise: the rows are cast in the amax pass (TokenRowCast), and the K2
-        # cast writes the twin only, if any (cast_row: whether K2 writes the rowwise output)
+        # per token, rowwise only: TokenRowCast finds the row amaxes and casts the rows in one
+        # read (no K1, no K2)
         split = token_rows_config(k, esize, swz) if TOKEN_ROWS else None
-        rows_in_amax = per_token and row and not fused and split is not None
-        cast_row = row and not rows_in_amax
-        walk = cast_walk(m, k, esize, per_token, fused, col and not swz, cast_row and not swz,
-                         sms)
-        keep = L2_KEEP_BYTES[col]
-        if not col and rows_in_amax or not walk[1] or m * k * esize <= keep:
-            # nothing reads the input after the amax pass, the cast walks forwards, or the
-            # whole input fits in the kept part
-            keep = 0
-        self.l2_keep = keep
         self.token_rows = None
-        if rows_in_amax:
+        if per_token and row and not col and not fused and split is not None:
             ctas = TOKEN_ROWS_CTAS_PER_SM
             self.token_rows = ffi_function(KERNELS.get(
-                ("token_rows", name, swz, col, split, sms, ctas, keep, arch),
-                lambda: compile_kernel(*token_rows_kernel(name, swz, col, split, sms, ctas, keep),
+                ("token_rows", name, swz, split, sms, ctas, arch),
+                lambda: compile_kernel(*token_rows_kernel(name, swz, split, sms, ctas),
                                        arch=arch)))
+        walk = cast_walk(m, k, esize, per_token, fused, col and not swz, row and not swz, sms)
+        keep = L2_KEEP_BYTES[col]
+        if not walk[1] or m * k * esize <= keep:
+            keep = 0  # the cast walks forwards, or the whole input fits in the kept part
+        self.l2_keep = keep
         if per_token:
             n_amax = m + k
             if not fused and self.token_rows is None:
@@ -307,12 +302,14 @@ class _Plan:
             self.amax = ffi_function(KERNELS.get(
                 ("amax_tensor", name, sms, keep, arch),
                 lambda: compile_kernel(*amax_tensor_kernel(name, sms, keep), arch=arch)))
+        # one launch writes every output, amaxes included (out= needs no scratch words)
+        self.one_launch = fused or self.token_rows is not None
         self.cast = None
-        if cast_row or col:
+        if self.token_rows is None:
             self.cast = ffi_function(KERNELS.get(
-                ("cast", name, cast_row, col, swz, per_token, sms, fused, walk, arch),
-                lambda: compile_kernel(*cast_kernel(name, cast_row, col, swz, per_token, sms,
-                                                    fused, walk), arch=arch)))
+                ("cast", name, row, col, swz, per_token, sms, fused, walk, arch),
+                lambda: compile_kernel(*cast_kernel(name, row, col, swz, per_token, sms, fused,
+                                                    walk), arch=arch)))
         off = self.amax_bytes = (4 * n_amax + 255) // 256 * 256
         self.m, self.k, self.n_amax = m, k, n_amax
         # (shape, strides, byte offset) of each present output; absent ones are None
@@ -352,7 +349,7 @@ class _Plan:
         words = None
         if out is not None:
             data, scales, data_t, scales_t = out.data, out.scales, out.data_t, out.scales_t
-            if not self.fused:
+            if not self.one_launch:
                 words = _alloc(self.amax_bytes, self.dev).view(torch.float32)
         elif separate:
             buf = _alloc(self.amax_bytes, self.dev)
@@ -391,17 +388,16 @@ class _Plan:
                 arg_c = amax_r if amax_c is None else amax_c
             else:  # it writes the one amax to arg_r
                 arg_r = arg_c = amax_c if amax_r is None else amax_r
+        elif self.token_rows is not None:
+            amax_r = out.amax if out is not None else words[:m]
+            amax_c = None
+            self.token_rows(x, amax_r, data, scales)
         elif self.per_token:
             amax_all = words[:m + k]
             amax_r = arg_r = amax_all[:m]
             amax_c = arg_c = amax_all[m:]
-            if self.token_rows is not None:
-                if self.col:
-                    amax_c.zero_()  # the column amax is reduced with atomics
-                self.token_rows(x, amax_r, amax_c, data, scales)
-            else:
-                amax_all.zero_()
-                self.amax(x, amax_r, amax_c)
+            amax_all.zero_()
+            self.amax(x, amax_r, amax_c)
             if amax_reduce is not None:
                 amax_reduce(amax_c)
         else:
@@ -415,18 +411,15 @@ class _Plan:
                 self.amax(x, arg_r)
             amax_r = amax_c = words[:1]
         dummy, dummy_f8 = self.dummy, self.dummy_f8
-        if self.token_rows is None:
+        if self.cast is not None:
             self.cast(x, arg_r, arg_c, dummy if data is None else data,
-                      dummy_f8 if scales is None else scales,
-                      dummy if data_t is None else data_t,
+                      dummy_f8 if scales is None else scales, dummy if data_t is None else data_t,
                       dummy_f8 if scales_t is None else scales_t)
-        elif self.col:
-            self.cast(x, arg_r, arg_c, dummy, dummy_f8, data_t, scales_t)
         if out is None:
             return NVFP4Tensor(data, scales, amax_r if self.row else None, data_t, scales_t,
                                amax_c if self.col else None, self.recipe, self.shape,
                                self.dtype)
-        if not self.fused:
+        if not self.one_launch:
             for dst, src in ((out.amax, amax_r), (out.amax_t, amax_c)):
                 if dst is not None:
                     dst.copy_(src)

@@ -5,11 +5,8 @@ The per-token rowwise output needs only its own row's amax, which the two-kernel
 ``AmaxToken``, then the K2 cast) reads the input twice for. Here a CTA loads a strip of whole
 rows into registers, reduces each row's amax across its threads, writes ``amax_r`` and the
 rowwise data and scales (compact or 128x4 swizzled, padding zeroed) from the same registers.
-With ``col_amax`` it also folds the strip into per-thread column maxima and reduces them into
-``amax_c`` with ``red.global.max.u32`` at the end (``amax_c`` zeroed before the launch, as for
-K1): the columnwise twin then comes from the K2 cast with ``rowwise=False``, so per token row+col
-reads the input twice and does the rowwise half of the encoding in the pass that is otherwise
-bound by memory (notes/quant.md "Session 20").
+Per-token row+col keeps K1 + K2: folding the column maxima into this pass costs one atomic per
+(CTA, column), a burst at the end that the L2 serialises (notes/quant.md "Session 20").
 
 Work split: a unit is 8 elements (half a 16-element block; 16 bytes of bf16/fp16, 32 of fp32).
 ``tpr`` threads (32..256, a power of two) share a row, thread t taking units t % tpr + tpr * v,
@@ -26,7 +23,6 @@ from cutlass import Float32, Int32, Int64, Uint32
 
 from cute_fp4.common import encode as E
 from cute_fp4.common.scales import outer_encode_scale, swizzled_scale_offset
-from cute_fp4.quant.amax import keep_load, keep_policies
 
 DTYPES = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16, "fp32": cutlass.Float32}
 ONE_SIXTH = 0.16666667  # fp32(1/6), as the K2 cast
@@ -57,25 +53,6 @@ def token_rows_config(k: int, esize: int, swizzle: bool):
     return tpr, per_thread, passes
 
 
-def abs_max_pairs(words, accs, dtype_name: str):
-    """(max.NaN of |.| over packed 16-bit words, per half; accs[i] max.NaN |words[i]|): the
-    unit's amax pair and the running column maxima, one abs per word."""
-    ty = "bf16x2" if dtype_name == "bf16" else "f16x2"
-    n = len(words)
-    lines = ["{\n.reg .b32 a;\n"]
-    for i in range(n):
-        lines.append(f"abs.{ty} a, {{$r{i}}};\n")
-        lines.append(f"max.NaN.{ty} {{$w{i + 1}}}, {{$r{n + i}}}, a;\n")
-        if i == 0:
-            lines.append("mov.b32 {$w0}, a;\n")
-        else:
-            lines.append(f"max.NaN.{ty} {{$w0}}, {{$w0}}, a;\n")
-    lines.append("}")
-    out = cute.arch.inline_ptx("".join(lines), write_only_types=[Uint32] * (n + 1),
-                               read_only_args=[Uint32(w) for w in words] + [Uint32(a) for a in accs])
-    return out[0], list(out[1:])
-
-
 def redux_max_u32(v):
     """Warp-wide max of a Uint32 (every lane gets it)."""
     return E._ptx1("redux.sync.max.u32 {$w0}, {$r0}, 0xFFFFFFFF;", Uint32, Uint32(v))
@@ -86,12 +63,12 @@ def max_u32(a, b):
 
 
 class TokenRowCast:
-    """Compile-time config: input dtype name, scale layout, whether the column amax is wanted
-    (a columnwise twin follows), the work split (token_rows_config), CTAs per SM and the L2
-    keep bytes (amax.keep_policies: the K2 twin cast walks backwards after this pass)."""
+    """Compile-time config: input dtype name, scale layout, the work split (token_rows_config)
+    and the grid: ctas_per_sm > 0 is persistent (that many CTAs per SM walk the strips), 0
+    launches one CTA per strip."""
 
-    def __init__(self, dtype: str, swizzle: bool, col_amax: bool, tpr: int, units: int,
-                 passes: int, num_sms: int, ctas_per_sm: int = 2, l2_keep: int = 0):
+    def __init__(self, dtype: str, swizzle: bool, tpr: int, units: int, passes: int,
+                 num_sms: int, ctas_per_sm: int = 0):
         if dtype not in DTYPES:
             raise TypeError(f"TokenRowCast: unsupported input dtype {dtype!r} (bf16, fp16, fp32)")
         if tpr not in (32, 64, 128, 256) or not 1 <= units <= MAX_UNITS or passes < 1:
@@ -100,7 +77,6 @@ class TokenRowCast:
         self.dtype_name = dtype
         self.esize = DTYPES[dtype].width // 8
         self.swizzle = swizzle
-        self.col_amax = col_amax
         self.tpr = tpr
         self.units = units
         self.passes = passes
@@ -110,12 +86,11 @@ class TokenRowCast:
             raise ValueError(f"TokenRowCast: {self.strip_rows} rows per strip > {MAX_STRIP_ROWS}")
         self.num_sms = num_sms
         self.ctas_per_sm = ctas_per_sm
-        self.l2_keep = l2_keep
         self.words = UNIT * self.esize // 4  # input words per unit
 
     @cute.jit
-    def __call__(self, x: cute.Tensor, amax_r: cute.Tensor, amax_c: cute.Tensor,
-                 q: cute.Tensor, s: cute.Tensor, stream):
+    def __call__(self, x: cute.Tensor, amax_r: cute.Tensor, q: cute.Tensor, s: cute.Tensor,
+                 stream):
         self.hw = E.has_hw_e2m1()
         M = x.shape[0]
         K = x.shape[1]
@@ -123,13 +98,15 @@ class TokenRowCast:
         if cutlass.const_expr(self.swizzle):
             rows = (M + 127) // 128 * 128
         n_strips = (rows + self.strip_rows - 1) // self.strip_rows
-        grid = cutlass.min(n_strips, self.num_sms * self.ctas_per_sm)
-        self.kernel(x, amax_r, amax_c, q, s, M, K, n_strips).launch(
+        grid = n_strips
+        if cutlass.const_expr(self.ctas_per_sm > 0):
+            grid = cutlass.min(n_strips, self.num_sms * self.ctas_per_sm)
+        self.kernel(x, amax_r, q, s, M, K, n_strips).launch(
             grid=(grid, 1, 1), block=(THREADS, 1, 1), stream=stream)
 
     @cute.kernel
-    def kernel(self, x: cute.Tensor, amax_r: cute.Tensor, amax_c: cute.Tensor, q: cute.Tensor,
-               s: cute.Tensor, M: Int32, K: Int32, n_strips: Int32):
+    def kernel(self, x: cute.Tensor, amax_r: cute.Tensor, q: cute.Tensor, s: cute.Tensor,
+               M: Int32, K: Int32, n_strips: Int32):
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         gdim, _, _ = cute.arch.grid_dim()
@@ -141,7 +118,6 @@ class TokenRowCast:
         nw = self.words
         x_base = x.iterator.toint()
         ar_base = amax_r.iterator.toint()
-        ac_base = amax_c.iterator.toint()
         q_base = q.iterator.toint()
         s_base = s.iterator.toint()
         n_units = K // UNIT
@@ -156,17 +132,12 @@ class TokenRowCast:
         prow = tidx // tpr
         tu = tidx % tpr
         even = (tidx % 2) == 0
-        policies = keep_policies(self.l2_keep, Int64(M) * Int64(K) * self.esize)
 
         smem = cutlass.memory.SmemAllocator()
         # per strip parity, pass and warp: the warp's max of its row in that pass
         red = smem.allocate_tensor(Uint32, cute.make_layout(2 * self.passes * (THREADS // 32)))
         red_base = red.iterator.toint()
 
-        # column maxima of the thread's units over its rows: packed 16-bit pairs (bf16 /
-        # fp16) or FP32 bits, nw words per unit
-        cols = cute.make_rmem_tensor((nw * self.units,), Uint32)
-        cols.fill(0)
         parity = Int32(0)
         for strip in cutlass.range(bidx, n_strips, gdim, unroll=1):
             row0 = strip * R
@@ -182,12 +153,12 @@ class TokenRowCast:
                         * self.esize
                     words = []
                     for h in cutlass.range_constexpr(nw // 4):
-                        words += list(keep_load(x_base, x_off + h * 16, policies))
+                        words += list(E.ld_global_nc_v4(x_base + x_off + h * 16))
                     words = [Uint32(cutlass.select_(ok, w, Uint32(0))) for w in words]
                     per_unit.append((words, ok))
                 data.append(per_unit)
 
-            # unit amaxes, the passes' row partials, the column maxima
+            # unit amaxes and the passes' row partials
             uamax = []
             for p in cutlass.range_constexpr(self.passes):
                 part = Float32(0.0)
@@ -196,20 +167,9 @@ class TokenRowCast:
                     words = data[p][v][0]
                     if cutlass.const_expr(self.esize == 4):
                         xs = [E.bits_f32(w) for w in words]
-                        ua = E.block_amax(xs)
-                        if cutlass.const_expr(self.col_amax):
-                            for i in cutlass.range_constexpr(nw):
-                                cols[v * nw + i] = E.f32_bits(
-                                    E.abs_max_nan(E.bits_f32(cols[v * nw + i]), xs[i]))
+                        ua = E.block_amax([E.bits_f32(w) for w in words])
                     else:
-                        if cutlass.const_expr(self.col_amax):
-                            pair, acc = abs_max_pairs(
-                                words, [cols[v * nw + i] for i in range(nw)], self.dtype_name)
-                            for i in cutlass.range_constexpr(nw):
-                                cols[v * nw + i] = acc[i]
-                        else:
-                            pair = E.amax_pairs(words, self.dtype_name)
-                        ua = E.amax_fold(pair, self.dtype_name)
+                        ua = E.amax_fold(E.amax_pairs(words, self.dtype_name), self.dtype_name)
                     ua_p.append(ua)
                     part = E.fmax_nan(part, ua)
                 uamax.append(ua_p)
@@ -262,19 +222,3 @@ class TokenRowCast:
                         if even & ok:
                             E.st_global_u8(s_base + Int64(row) * nsc + Int64(u // 2), code)
             parity = 1 - parity
-
-        if cutlass.const_expr(self.col_amax):
-            # every thread's maxima (rows of other passes' threads are other partials)
-            for v in cutlass.range_constexpr(self.units):
-                u = tu + tpr * v
-                if u < n_units:
-                    col_addr = ac_base + Int64(u) * (UNIT * 4)
-                    for i in cutlass.range_constexpr(nw):
-                        c = cols[v * nw + i]
-                        if cutlass.const_expr(self.esize == 4):
-                            E.red_max_u32(col_addr + i * 4, E.canonical_nan_bits(E.bits_f32(c)))
-                        else:
-                            lo = E.unpack_lo(c, self.dtype_name)
-                            hi = E.unpack_hi(c, self.dtype_name)
-                            E.red_max_u32(col_addr + (2 * i) * 4, E.canonical_nan_bits(lo))
-                            E.red_max_u32(col_addr + (2 * i + 1) * 4, E.canonical_nan_bits(hi))
