@@ -2,7 +2,9 @@
 
 Columns: time, GB/s of the unavoidable bytes, % of the HBM floor (unavoidable bytes / copy
 bandwidth measured in this run: the input is read twice, once for the amax and once for the
-cast; every output is written once), speedup over torch.compile of the reference quantizer.
+cast, except per-token rowwise only, which finds each row's amax and casts the row in one pass
+(quant/token_rows.py): once; every output is written once), speedup over torch.compile of the
+reference quantizer.
 Eager times flush L2 before each call (do_bench); graph replays take 3 distinct inputs in turn,
 so a call can find in L2 only what its own amax pass left there (the cast reads that part
 first: quant/cast.py), never its input from the previous call.
@@ -31,9 +33,13 @@ M_DEFAULT = [1024, 2048, 4096, 8192, 16384, 32768]
 K_DEFAULT = [2048, 4096, 8192]
 
 
-def floor_bytes(m: int, k: int, elem: int, rowwise: bool, columnwise: bool) -> int:
+def floor_bytes(m: int, k: int, elem: int, rowwise: bool, columnwise: bool,
+                reads: int = 2) -> int:
+    """Unavoidable bytes: the input read `reads` times (twice: an amax pass, then the cast;
+    once: per-token rowwise only, whose rows are cast in the pass that finds their amax),
+    every output written once."""
     outputs = (int(rowwise) + int(columnwise)) * (m * k // 2 + m * k // 16)
-    return 2 * m * k * elem + outputs
+    return reads * m * k * elem + outputs
 
 
 def main(argv=None):
@@ -51,6 +57,7 @@ def main(argv=None):
                    help="only the host-time table (no bandwidth sweep)")
     args = p.parse_args(argv)
 
+    from ..quant import dispatch
     from ..quant.dispatch import quantize
     from .. import ref
 
@@ -79,7 +86,8 @@ def main(argv=None):
         base_ms = None
         if compiled_ref is not None:
             base_ms = bench_ms(lambda: compiled_ref(x, recipe))
-        nbytes = floor_bytes(m, k, x.element_size(), rw, cw)
+        reads = 1 if dispatch.plan_for(x, recipe).token_rows is not None else 2
+        nbytes = floor_bytes(m, k, x.element_size(), rw, cw, reads)
         floor_ms = nbytes / copy_bw / 1e6
         for mode in args.modes:
             ms = (bench_ms(fn) if mode == "eager" else

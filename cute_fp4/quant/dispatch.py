@@ -5,7 +5,8 @@ a per-shape cached plan; per-tensor scaling needs no zero-fill (partial maxima, 
 
 Tiny inputs (at most FUSED_MAX_TILES cast tiles, no amax_reduce) take ONE launch: the cast
 with its fused amax (one CTA computes the amaxes before it casts; cast.py), instead of the
-amax kernel, per token a zero-fill, and the cast.
+amax kernel, per token a zero-fill, and the cast. Larger per-token rowwise-only calls take one
+launch too: TokenRowCast (token_rows.py) finds each row's amax and casts the row in one read.
 
 Supported: recipe.scaling in {"tensor", "token"}, block (1, 16), no rht / stochastic rounding /
 4over6: the recipe kernels (`recipes_dispatch.quantize_recipe`) run those, and the public
