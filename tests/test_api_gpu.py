@@ -129,6 +129,8 @@ def _poison(t):
     ((128, 128), Recipe(columnwise=True), "fused"),
     ((128, 128), Recipe(scaling="token", columnwise=True), "fused"),
     ((16, 64), Recipe(scaling="token", rowwise=False, columnwise=True), "fused"),
+    ((16, 64), Recipe(scaling="token"), "rows"),
+    ((2, 512, 1024), Recipe(scaling="token", swizzle=True), "rows"),
     ((1008, 2048), Recipe(columnwise=True), "two launches"),
     ((1008, 2000), Recipe(scaling="token", columnwise=True, swizzle=True), "two launches"),
     ((1008, 2048), Recipe(scaling="token", rowwise=False, columnwise=True), "two launches"),
@@ -149,7 +151,9 @@ def test_quantize_out_in_place(shape, recipe, path, distinct_amax):
     x = (torch.randn(shape, generator=gen) * torch.logspace(-2, 2, shape[-1])).cuda()
     x = x.to(torch.bfloat16)
     if path != "recipe":
-        assert dispatch.plan_for(x, recipe).fused == (path == "fused")
+        plan = dispatch.plan_for(x, recipe)
+        assert plan.fused == (path == "fused")
+        assert (plan.token_rows is not None) == (path == "rows")
     out = cute_fp4.quantize(torch.randn_like(x), recipe, seed=4)
     if distinct_amax:
         out = dataclasses.replace(out, **{n: getattr(out, n).clone() for n in ("amax", "amax_t")

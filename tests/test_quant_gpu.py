@@ -299,8 +299,10 @@ def test_fused_bit_exact(shape, kind, dtype, scaling, gen, fused_limit):
             for swizzle in (False, True):
                 recipe = Recipe(scaling=scaling, rowwise=row, columnwise=col, swizzle=swizzle)
                 plan = dispatch.plan_for(x, recipe)
-                assert plan.fused is fused
-                assert (plan.amax is None and plan.token_rows is None) is fused
+                rows = scaling == "token" and not col  # TokenRowCast at any size
+                assert plan.fused is (fused and not rows)
+                assert (plan.token_rows is not None) is rows
+                assert (plan.amax is None) is (fused or rows)
                 check(dispatch.quantize(x, recipe), ref.quantize(x, recipe), recipe)
 
 
@@ -309,7 +311,7 @@ def test_fused_bit_exact(shape, kind, dtype, scaling, gen, fused_limit):
 def test_fused_threshold(dtype, tiles, gen, fused_limit):
     """With FUSED_MAX_TILES = tiles (the committed value among them), the dispatch takes the
     fused path up to that many cast tiles (along M or K) and the two launches just above;
-    amax_reduce always takes the two launches."""
+    amax_reduce always takes the two launches; per-token rowwise only always TokenRowCast."""
     fused_limit(tiles)
     tile_k = 128 // torch.empty((), dtype=dtype).element_size()
     cases = [((128 * tiles, tile_k), True), ((128, tile_k * tiles), True),
@@ -321,7 +323,9 @@ def test_fused_threshold(dtype, tiles, gen, fused_limit):
         for scaling in ("tensor", "token"):
             for row, col in _output_sets(shape[0]):
                 recipe = Recipe(scaling=scaling, rowwise=row, columnwise=col, swizzle=True)
-                assert dispatch.plan_for(x, recipe).fused is fused
+                rows = scaling == "token" and not col
+                assert dispatch.plan_for(x, recipe).fused is (fused and not rows)
+                assert (dispatch.plan_for(x, recipe).token_rows is not None) is rows
                 assert not dispatch.plan_for(x, recipe, reduced=True).fused
                 check(dispatch.quantize(x, recipe), ref.quantize(x, recipe), recipe)
 

@@ -11,7 +11,8 @@ first: quant/cast.py), never its input from the previous call.
 
 A second table gives the host time per call on a tiny input (16 x 64, rowwise), the best of
 5 means over 2000 back-to-back calls (the device host's timing noise is one-sided): one
-compiled kernel called through TVM-FFI with prebuilt arguments (the cast), the CUDA quantize
+compiled kernel called through TVM-FFI with prebuilt arguments (the fused cast; per token
+TokenRowCast), the CUDA quantize
 (`quant.dispatch.quantize`: allocation, views, and for this size the ONE launch of the cast
 with its fused amax; larger inputs: amax kernel, per-token zero-fill, cast) and the public
 `cute_fp4.quantize`, and the same writing into the buffers of an earlier result (`out=`: no
@@ -113,10 +114,11 @@ def main(argv=None):
 
 
 def host_overhead_rows(dtype, scalings):
-    """Per scaling: host microseconds of the bare cast kernel call (TVM-FFI, the plan's
-    function), of quant.dispatch.quantize and of cute_fp4.quantize on a 16x64 input, fresh
-    outputs and `out=` an earlier result; "path"
-    says which the dispatch takes (the fused single launch, or amax kernel + cast)."""
+    """Per scaling: host microseconds of the bare kernel call (TVM-FFI, the plan's function:
+    the fused cast, or per token TokenRowCast), of quant.dispatch.quantize and of
+    cute_fp4.quantize on a 16x64 input, fresh outputs and `out=` an earlier result; "path"
+    says which the dispatch takes (TokenRowCast or the fused cast: one launch; or amax kernel
+    + cast)."""
     import cute_fp4
     from ..quant import dispatch
 
@@ -131,11 +133,17 @@ def host_overhead_rows(dtype, scalings):
         plan = dispatch.plan_for(x, recipe)
         amax = torch.zeros(plan.n_amax, device="cuda")
         amax_r, amax_c = (amax[:16], amax[16:]) if scaling == "token" else (amax, amax)
+        if plan.token_rows is not None:
+            path = "rows (1 launch)"
+            kernel = lambda: plan.token_rows(x, amax_r, t.data, t.scales)  # noqa: E731
+        else:
+            path = "fused (1 launch)" if plan.fused else "amax + cast"
+            kernel = lambda: plan.cast(x, amax_r, amax_c, t.data, t.scales,  # noqa: E731
+                                       plan.dummy, plan.dummy_f8)
         rows.append({
             "scaling": scaling,
-            "path": "fused (1 launch)" if plan.fused else "amax + cast",
-            "cast kernel call (TVM-FFI)": best_us(
-                lambda: plan.cast(x, amax_r, amax_c, t.data, t.scales, plan.dummy, plan.dummy_f8)),
+            "path": path,
+            "kernel call (TVM-FFI)": best_us(kernel),
             "quant.dispatch.quantize": best_us(lambda: dispatch.quantize(x, recipe)),
             "cute_fp4.quantize": best_us(lambda: cute_fp4.quantize(x, recipe)),
             "cute_fp4.quantize(out=)": best_us(lambda: cute_fp4.quantize(x, recipe, out=t)),

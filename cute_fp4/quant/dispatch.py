@@ -5,8 +5,9 @@ a per-shape cached plan; per-tensor scaling needs no zero-fill (partial maxima, 
 
 Tiny inputs (at most FUSED_MAX_TILES cast tiles, no amax_reduce) take ONE launch: the cast
 with its fused amax (one CTA computes the amaxes before it casts; cast.py), instead of the
-amax kernel, per token a zero-fill, and the cast. Larger per-token rowwise-only calls take one
-launch too: TokenRowCast (token_rows.py) finds each row's amax and casts the row in one read.
+amax kernel, per token a zero-fill, and the cast. Per-token rowwise-only calls of any size take
+one launch of TokenRowCast (token_rows.py), which finds each row's amax and casts the row in one
+read (rows up to 16384 elements).
 
 Supported: recipe.scaling in {"tensor", "token"}, block (1, 16), no rht / stochastic rounding /
 4over6: the recipe kernels (`recipes_dispatch.quantize_recipe`) run those, and the public
@@ -190,9 +191,11 @@ ENC_TABLE_COMPACT_TWIN_MAX_BYTES = 256 << 20
 
 
 # Per token, rowwise only (no twin): TokenRowCast reads each row once, finding its amax and
-# casting it (rows of up to 16384 elements; longer ones take K1 + K2), one CTA per strip of
-# rows (TOKEN_ROWS_CTAS_PER_SM = 0; > 0: a persistent grid of that many per SM).
-# Measured (H100, bf16, graphs; notes/quant.md "Session 20"): 57.8 -> 35-37 us at 2^25.
+# casting it (rows of up to 16384 elements; longer ones take K1 + K2 or the fused cast), one
+# CTA per strip of rows (TOKEN_ROWS_CTAS_PER_SM = 0; > 0: a persistent grid of that many per
+# SM). Measured (H100, bf16, graphs; notes/quant.md "Session 20"): 57.7 -> 33.3 us at 2^25
+# (one CTA per strip; persistent 2 / 3 per SM 37.1 / 35.0); host time of the bare call on a
+# 16x64 input 4.5 us vs 8.5 for the fused cast's.
 TOKEN_ROWS = True
 TOKEN_ROWS_CTAS_PER_SM = 0
 
@@ -269,17 +272,20 @@ class _Plan:
         sms = num_sms(dev)
         row, col, swz = recipe.rowwise, recipe.columnwise, recipe.swizzle
         self.per_token = per_token = recipe.scaling == "token"
-        self.fused = fused = not reduced and cast_tiles(m, k, esize) <= FUSED_MAX_TILES
+        # per token, rowwise only: TokenRowCast finds the row amaxes and casts the rows in one
+        # read, at any size (on tiny inputs too: its call takes 4 arguments and no TMA
+        # descriptor, ~4 us less host time than the fused cast's)
+        split = token_rows_config(k, esize, swz) if TOKEN_ROWS else None
+        rows_only = per_token and row and not col and split is not None
+        self.fused = fused = (not reduced and not rows_only
+                              and cast_tiles(m, k, esize) <= FUSED_MAX_TILES)
         self.recipe, self.shape, self.dtype, self.dev = recipe, tuple(shape), dtype, dev
         self.flat = (m, k) if len(shape) != 2 else None
         self.reduced = reduced
         self.row, self.col = row, col
         self.amax = None
-        # per token, rowwise only: TokenRowCast finds the row amaxes and casts the rows in one
-        # read (no K1, no K2)
-        split = token_rows_config(k, esize, swz) if TOKEN_ROWS else None
         self.token_rows = None
-        if per_token and row and not col and not fused and split is not None:
+        if rows_only:
             ctas = TOKEN_ROWS_CTAS_PER_SM
             self.token_rows = ffi_function(KERNELS.get(
                 ("token_rows", name, swz, split, sms, ctas, arch),
