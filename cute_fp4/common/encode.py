@@ -425,6 +425,15 @@ def ld_global_f32(addr):
     return ld_global(addr, ty="f32", volatile=True)
 
 
+def redux_max_u32(v):
+    """Warp-wide max of a Uint32 (every lane gets it)."""
+    return _ptx1("redux.sync.max.u32 {$w0}, {$r0}, 0xFFFFFFFF;", Uint32, Uint32(v))
+
+
+def max_u32(a, b):
+    return _ptx1("max.u32 {$w0}, {$r0}, {$r1};", Uint32, Uint32(a), Uint32(b))
+
+
 def shfl_xor_max_nan(x, mask):
     """max.NaN of x and the value of lane (lane ^ mask)."""
     return _ptx1(

@@ -10,9 +10,10 @@ from cutlass import Float32, Int32, Uint32
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
-from .encode import rcp_rn
+from .encode import mul_rn, rcp_rn
 
 FLT_MAX = 3.4028234663852886e38
+ONE_SIXTH = 0.16666667  # fp32(1/6) = 0x3E2AAAAB: the block scale multiplies S_enc by it
 
 
 @dsl_user_op
@@ -39,6 +40,14 @@ def outer_encode_scale(amax: Float32, e4m3_max: cutlass.Constexpr[float]) -> Flo
 def decode_outer_scale(amax: Float32, e4m3_max: cutlass.Constexpr[float]) -> Float32:
     """S_dec = 1 / S_enc (ref.formats.decode_scale: IEEE reciprocal, subnormals kept)."""
     return rcp_rn(outer_encode_scale(amax, e4m3_max))
+
+
+@cute.jit
+def outer_block_scales(amax: Float32, e4m3_max: cutlass.Constexpr[float]):
+    """(S_enc * fp32(1/6), S_dec) of an outer amax: the two per-amax operands of
+    encode.block_scale (one rounded product, one IEEE reciprocal)."""
+    s_enc = outer_encode_scale(amax, e4m3_max)
+    return mul_rn(s_enc, Float32(ONE_SIXTH)), rcp_rn(s_enc)
 
 
 @cute.jit

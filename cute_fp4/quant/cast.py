@@ -44,11 +44,10 @@ from cutlass import Float32, Int32, Int64, Uint32
 from cutlass.cute.nvgpu import cpasync
 
 from cute_fp4.common import encode as E
-from cute_fp4.common.scales import outer_encode_scale, swizzled_scale_offset
+from cute_fp4.common.scales import outer_block_scales, swizzled_scale_offset
 from cute_fp4.quant.amax import max_tensor_partials, vec_abs_max, vec_values
 
 DTYPES = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16, "fp32": cutlass.Float32}
-ONE_SIXTH = 0.16666667  # fp32(1/6) = 0x3E2AAAAB
 FUSED_BATCH = 4  # 16-byte loads in flight per thread in the fused amax pre-pass
 RUN_SCALE_BYTES = 32  # a run's compact rowwise scales per row: one whole 32-byte sector
 ENC_CODES = 128  # scale bytes of a block amax >= 0: 0 .. 0x7E, NaN 0x7F
@@ -158,11 +157,6 @@ class CastKernel:
         )
 
     # ------------------------------------------------------------------ helpers
-    @cute.jit
-    def _outer_of(self, amax):
-        s_enc = outer_encode_scale(amax, E.E4M3_MAX)
-        return E.mul_rn(s_enc, Float32(ONE_SIXTH)), E.rcp_rn(s_enc)
-
     @cute.jit
     def _tensor_amax(self, ar_base, n_partials, tidx, bidx, red_addr):
         """Per-tensor amax from the AmaxTensor partials amax[1:]; CTA 0 writes amax[0]. Every
@@ -376,7 +370,7 @@ class CastKernel:
                 else:
                     amax_t = self._tensor_amax(ar_base, amax_r.shape[0] - 1, tidx, bidx,
                                                storage.red.data_ptr().toint())
-                s6, sdec = self._outer_of(amax_t)
+                s6, sdec = outer_block_scales(amax_t, E.E4M3_MAX)
                 if cutlass.const_expr(self.enc_table):
                     self._fill_enc_table(enc_tab, tidx, sdec)
 
@@ -442,7 +436,7 @@ class CastKernel:
         else:
             amax_cur = self._lane_amax(tm, tk, M, K, tidx, ar_base, ac_base)
         if cutlass.const_expr(self.per_token):
-            s6, sdec = self._outer_of(amax_cur)
+            s6, sdec = outer_block_scales(amax_cur, E.E4M3_MAX)
         pipe.consumer_wait(cstate)
         stage_addr = sbase + cstate.index * self.stage_bytes
 

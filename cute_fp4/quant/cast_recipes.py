@@ -39,14 +39,13 @@ from cute_fp4.common import encode as E
 from cute_fp4.common.encode import add_rn, block_amax, sub_rn
 from cute_fp4.common.philox import philox_block16, round_keys
 from cute_fp4.common.ptx import st_shared
-from cute_fp4.common.scales import (e2m1_to_f32, e4m3_to_f32, outer_encode_scale,
+from cute_fp4.common.scales import (ONE_SIXTH, e2m1_to_f32, e4m3_to_f32, outer_encode_scale,
                                     swizzled_scale_offset)
 from cute_fp4.ref.quantize import RHT_SIGNS
 
 DTYPES = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16, "fp32": cutlass.Float32}
 TILE = 64
 THREADS = 256
-ONE_SIXTH = 0.16666667  # fp32(1/6): the plain block scale multiplies S_enc by it
 G_ROW0, G_ROWS, G_Q, G_S, G_QT, G_ST, G_AR, G_AC = range(8)
 GTAB_COLS = 8
 FOUR_OVER_SIX = (None, "mae", "mse")

@@ -195,7 +195,7 @@ ENC_TABLE_COMPACT_TWIN_MAX_BYTES = 256 << 20
 # CTA per strip of rows (TOKEN_ROWS_CTAS_PER_SM = 0; > 0: a persistent grid of that many per
 # SM). Measured (H100, bf16, graphs; notes/quant.md "Session 20"): 57.7 -> 33.3 us at 2^25
 # (one CTA per strip; persistent 2 / 3 per SM 37.1 / 35.0); host time of the bare call on a
-# 16x64 input 4.5 us vs 8.5 for the fused cast's.
+# 16x64 input 4.3-4.4 us vs 4.8-4.9 for the fused cast's (perf/results/quant_host_h100.md).
 TOKEN_ROWS = True
 TOKEN_ROWS_CTAS_PER_SM = 0
 
@@ -274,7 +274,7 @@ class _Plan:
         self.per_token = per_token = recipe.scaling == "token"
         # per token, rowwise only: TokenRowCast finds the row amaxes and casts the rows in one
         # read, at any size (on tiny inputs too: its call takes 4 arguments and no TMA
-        # descriptor, ~4 us less host time than the fused cast's)
+        # descriptor, 4.3-4.4 us against the fused cast's 4.8-4.9 in the same run)
         split = token_rows_config(k, esize, swz) if TOKEN_ROWS else None
         rows_only = per_token and row and not col and split is not None
         self.fused = fused = (not reduced and not rows_only
@@ -297,7 +297,7 @@ class _Plan:
             keep = 0  # the cast walks forwards, or the whole input fits in the kept part
         self.l2_keep = keep
         if per_token:
-            n_amax = m + k
+            n_amax = m if self.token_rows is not None else m + k  # TokenRowCast: rows only
             if not fused and self.token_rows is None:
                 self.amax = ffi_function(KERNELS.get(
                     ("amax_token", name, keep, arch),

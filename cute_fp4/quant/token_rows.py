@@ -22,10 +22,10 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64, Uint32
 
 from cute_fp4.common import encode as E
-from cute_fp4.common.scales import outer_encode_scale, swizzled_scale_offset
+from cute_fp4.common.scales import outer_block_scales, swizzled_scale_offset
+from cute_fp4.quant.amax import vec_values
 
 DTYPES = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16, "fp32": cutlass.Float32}
-ONE_SIXTH = 0.16666667  # fp32(1/6), as the K2 cast
 THREADS = 256
 UNIT = 8  # elements per thread and unit (half a block)
 MAX_UNITS = 8  # units per thread and row: K <= 256 * 8 * 8 = 16384
@@ -51,15 +51,6 @@ def token_rows_config(k: int, esize: int, swizzle: bool):
     passes = max(1, STRIP_WORDS // words)
     passes = min(passes, MAX_STRIP_ROWS * tpr // THREADS)
     return tpr, per_thread, passes
-
-
-def redux_max_u32(v):
-    """Warp-wide max of a Uint32 (every lane gets it)."""
-    return E._ptx1("redux.sync.max.u32 {$w0}, {$r0}, 0xFFFFFFFF;", Uint32, Uint32(v))
-
-
-def max_u32(a, b):
-    return E._ptx1("max.u32 {$w0}, {$r0}, {$r1};", Uint32, Uint32(a), Uint32(b))
 
 
 class TokenRowCast:
@@ -166,14 +157,13 @@ class TokenRowCast:
                 for v in cutlass.range_constexpr(self.units):
                     words = data[p][v][0]
                     if cutlass.const_expr(self.esize == 4):
-                        xs = [E.bits_f32(w) for w in words]
-                        ua = E.block_amax([E.bits_f32(w) for w in words])
+                        ua = E.block_amax(vec_values(words, self.dtype_name))
                     else:
                         ua = E.amax_fold(E.amax_pairs(words, self.dtype_name), self.dtype_name)
                     ua_p.append(ua)
                     part = E.fmax_nan(part, ua)
                 uamax.append(ua_p)
-                wmax = redux_max_u32(E.f32_bits(part))
+                wmax = E.redux_max_u32(E.f32_bits(part))
                 if lane == 0:
                     E.st_shared_u32(red_base + ((parity * self.passes + p) * (THREADS // 32)
                                                 + warp) * 4, wmax)
@@ -185,13 +175,11 @@ class TokenRowCast:
             w0 = (parity * self.passes + l_row // P) * (THREADS // 32) + (l_row % P) * wpr
             mx = Uint32(0)
             for i in cutlass.range_constexpr(wpr):
-                mx = max_u32(mx, E.ld_shared_u32(red_base + (w0 + i) * 4))
+                mx = E.max_u32(mx, E.ld_shared_u32(red_base + (w0 + i) * 4))
             amax_row = E.bits_f32(E.canonical_nan_bits(E.bits_f32(mx)))
             if (warp == 0) & (lane < R) & (row0 + lane < M):
                 E.st_global_u32(ar_base + Int64(row0 + lane) * 4, E.f32_bits(amax_row))
-            s_enc = outer_encode_scale(amax_row, E.E4M3_MAX)
-            s6_l = E.mul_rn(s_enc, Float32(ONE_SIXTH))
-            sdec_l = E.rcp_rn(s_enc)
+            s6_l, sdec_l = outer_block_scales(amax_row, E.E4M3_MAX)
 
             for p in cutlass.range_constexpr(self.passes):
                 src = p * P + (warp * 32) // tpr  # the warp's row in pass p
@@ -204,12 +192,7 @@ class TokenRowCast:
                     ua = uamax[p][v]
                     bamax = E.shfl_xor_max_nan(ua, 1)
                     code, enc = E.block_scale(bamax, s6, sdec)
-                    if cutlass.const_expr(self.esize == 4):
-                        xs = [E.bits_f32(w) for w in words]
-                    else:
-                        xs = []
-                        for w in words:
-                            xs += [E.unpack_lo(w, self.dtype_name), E.unpack_hi(w, self.dtype_name)]
+                    xs = vec_values(words, self.dtype_name)
                     packed = E.encode8(xs, enc, E.is_nan(enc), self.hw)
                     if ok:
                         E.st_global_u32(q_base + Int64(row) * half_k + Int64(u) * 4, packed)
