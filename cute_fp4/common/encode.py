@@ -193,13 +193,13 @@ _SW_DECL = (
 _SW_CONST = (-0x4B000000 * 0x11111111) % 2**32
 
 
-def _sw_elem(i: int, x: str, v: str = "v") -> str:
-    """Element i (PTX register x) into the word {$w0}. v = "v": the sign by a compare and a
-    predicated add per element; else the product goes to register v (fma with +0, see
-    sign_nibbles_ptx) and the sign is left to the caller."""
+def _sw_elem(i: int, x: str, v: str = "v", e: str = "e") -> str:
+    """Element i (PTX register x, multiplier register e) into the word {$w0}. v = "v": the
+    sign by a compare and a predicated add per element; else the product goes to register v
+    (fma with +0, see sign_nibbles_ptx) and the sign is left to the caller."""
     signed = v == "v"
     lines = [
-        f"mul.rn.f32 v, {x}, e;" if signed else f"fma.rn.f32 {v}, {x}, e, 0f00000000;",
+        f"mul.rn.f32 v, {x}, {e};" if signed else f"fma.rn.f32 {v}, {x}, {e}, 0f00000000;",
         f"abs.f32 a, {v};",
         "min.f32 a, a, 0f40C00000;",
         "fma.rn.f32 c, a, 0f40000000, 0f4B000000;",
@@ -249,23 +249,29 @@ def _sw_encode8_signs_ptx():
     return "".join(body)
 
 
-def _sw_encode8_ptx():
+def _sw_encode8_ptx(pair: bool = False):
+    """pair: elements 0-3 with the multiplier {$r8}, 4-7 with {$r9} (encode8_pair)."""
     body = ["{\n", _SW_DECL, "mov.f32 e, {$r8};\n"]
+    if pair:
+        body.append(".reg .f32 e1;\nmov.f32 e1, {$r9};\n")
     for i in range(8):
-        body.append(_sw_elem(i, "{$r%d}" % i))
+        body.append(_sw_elem(i, "{$r%d}" % i, e="e1" if pair and i >= 4 else "e"))
     body.append(f"add.u32 {{$w0}}, {{$w0}}, {_SW_CONST};\n}}")
     return "".join(body)
 
 
-def _hw_encode8_ptx():
+def _hw_encode8_ptx(pair: bool = False):
     lines = [
         "{\n.reg .b8 c;\n.reg .b32 w;\n.reg .f32 v0;\n.reg .f32 v1;\n.reg .f32 e;\n",
         "mov.f32 e, {$r8};\n",
     ]
+    if pair:
+        lines.append(".reg .f32 e1;\nmov.f32 e1, {$r9};\n")
     for j in range(4):
+        e = "e1" if pair and j >= 2 else "e"
         # -0 (and +0) -> +0: x*e + 0 turns -0 into +0 and leaves every other value.
-        lines.append("mul.rn.f32 v0, {$r%d}, e;\nadd.rn.f32 v0, v0, 0f00000000;\n" % (2 * j))
-        lines.append("mul.rn.f32 v1, {$r%d}, e;\nadd.rn.f32 v1, v1, 0f00000000;\n" % (2 * j + 1))
+        lines.append(f"mul.rn.f32 v0, {{$r{2 * j}}}, {e};\nadd.rn.f32 v0, v0, 0f00000000;\n")
+        lines.append(f"mul.rn.f32 v1, {{$r{2 * j + 1}}}, {e};\nadd.rn.f32 v1, v1, 0f00000000;\n")
         lines.append("cvt.rn.satfinite.e2m1x2.f32 c, v1, v0;\n")
         lines.append("cvt.u32.u8 w, c;\n")
         if j == 0:
@@ -279,6 +285,8 @@ def _hw_encode8_ptx():
 _SW_ENCODE8 = _sw_encode8_ptx()
 _SW_ENCODE8_SIGNS = _sw_encode8_signs_ptx()
 _HW_ENCODE8 = _hw_encode8_ptx()
+_SW_ENCODE8_PAIR = _sw_encode8_ptx(pair=True)
+_HW_ENCODE8_PAIR = _hw_encode8_ptx(pair=True)
 
 
 def encode8(xs, enc, block_nan, hw: bool):
@@ -293,6 +301,19 @@ def encode8(xs, enc, block_nan, hw: bool):
         "{\n.reg .pred p;\nsetp.ne.u32 p, {$r1}, 0;\nselp.b32 {$w0}, 0, {$r0}, p;\n}",
         Uint32, w, Uint32(block_nan),
     )
+
+
+def encode8_pair(xs, enc_lo, enc_hi, hw: bool):
+    """encode8 of two half blocks: xs[0:4] with enc_lo into nibbles 0-3, xs[4:8] with enc_hi
+    into nibbles 4-7; a NaN enc zeroes its half (code 0, like the reference)."""
+    code = _HW_ENCODE8_PAIR if hw else _SW_ENCODE8_PAIR
+    w = cute.arch.inline_ptx(
+        code, write_only_types=[Uint32],
+        read_only_args=[Float32(x) for x in xs] + [Float32(enc_lo), Float32(enc_hi)])
+    return _ptx1(
+        "{\n.reg .pred p;\n.reg .b32 m;\nsetp.num.f32 p, {$r1}, {$r1};\nselp.b32 m, 0xFFFF, 0, p;\n"
+        "setp.num.f32 p, {$r2}, {$r2};\n@p or.b32 m, m, 0xFFFF0000;\nand.b32 {$w0}, {$r0}, m;\n}",
+        Uint32, w, Float32(enc_lo), Float32(enc_hi))
 
 
 def encode8_nonzero_products(xs, enc):

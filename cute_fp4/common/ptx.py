@@ -176,6 +176,27 @@ def red_max_u32(addr: Int64, value, *, loc=None, ip=None):
 
 
 @dsl_user_op
-def prmt(a: Int32, b: Int32, sel: int, *, loc=None, ip=None) -> Int32:
-    """prmt.b32 with a constant selector: bytes of (a, b) picked by the 4 nibbles of sel."""
-    return inline_asm(f"prmt.b32 $0, $1, $2, 0x{sel:04X};", "=r,r,r", [a, b], loc=loc, ip=ip)
+def prmt(a: Int32, b: Int32, sel, *, loc=None, ip=None) -> Int32:
+    """prmt.b32: bytes of (a, b) picked by the 4 nibbles of sel (a Python int: an immediate;
+    else a run-time register)."""
+    if isinstance(sel, int):
+        return inline_asm(f"prmt.b32 $0, $1, $2, 0x{sel:04X};", "=r,r,r", [a, b], loc=loc, ip=ip)
+    return inline_asm("prmt.b32 $0, $1, $2, $3;", "=r,r,r,r", [a, b, sel], loc=loc, ip=ip)
+
+
+@dsl_user_op
+def mma_16816(a, b, c, *, fp16: bool, loc=None, ip=None):
+    """mma.sync m16n8k16 (row.col), BF16 or FP16 inputs, FP32 accumulators c -> d."""
+    ty = "f16" if fp16 else "bf16"
+    asm = (f"mma.sync.aligned.m16n8k16.row.col.f32.{ty}.{ty}.f32 "
+           "{$0, $1, $2, $3}, {$4, $5, $6, $7}, {$8, $9}, {$10, $11, $12, $13};")
+    return inline_asm(asm, "=f,=f,=f,=f,r,r,r,r,r,r,0,1,2,3", [*a, *b, *c], loc=loc, ip=ip)
+
+
+@dsl_user_op
+def ldmatrix_x4_trans(addr: Int32, *, loc=None, ip=None):
+    """ldmatrix .x4 .trans: four 8x8 16-bit matrices, matrix j's rows at the 16-byte shared
+    addresses of lanes 8j .. 8j + 7; register j of lane (g = lane / 4, q = lane % 4) holds
+    elements (2q, g) and (2q + 1, g) of matrix j (volatile, like ld_shared)."""
+    return inline_asm("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {$0, $1, $2, $3}, [$4];",
+                      "=r,=r,=r,=r,r", [addr], volatile=True, loc=loc, ip=ip)

@@ -29,7 +29,7 @@ power of two exactly.
 
 from __future__ import annotations
 
-from typing import Optional, Tuple, Type
+from typing import Optional, Type
 
 import cuda.bindings.driver as cuda
 import torch
@@ -37,28 +37,18 @@ import torch
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64, const_expr
-from cutlass.cutlass_dsl import dsl_user_op
 
 from ..common.decode import (DECODE_EXP_SHIFT, FP16_DECODE_EXP_SHIFT, decode_e2m1x8,
                              decode_e2m1x8_f16, e4m3_to_bf16x2_scale, e4m3_to_f16x2_scale)
 from ..common.jit import KERNELS, compile_kernel, device_arch, dyn, env_stream, fake_tensor, \
     torch_to_cutlass
-from ..common.ptx import inline_asm, ld_global, prmt
+from ..common.ptx import ld_global, mma_16816, prmt
 from ..ref.formats import FLOAT_DTYPES as OUT_DTYPES
 from ..ref.swizzle import swizzled_shape
 from .operands import _epilogue
 from .parts import EpilogueOperands
 
 CHUNK_K = 128  # K values per warp step: 4 threads x 32
-
-
-@dsl_user_op
-def mma_16816(a: Tuple, b: Tuple, c: Tuple, *, fp16: bool, loc=None, ip=None):
-    """mma.sync m16n8k16 (row.col), BF16 or FP16 inputs, FP32 accumulators c -> d."""
-    ty = "f16" if fp16 else "bf16"
-    asm = (f"mma.sync.aligned.m16n8k16.row.col.f32.{ty}.{ty}.f32 "
-           "{$0, $1, $2, $3}, {$4, $5, $6, $7}, {$8, $9}, {$10, $11, $12, $13};")
-    return inline_asm(asm, "=f,=f,=f,=f,r,r,r,r,r,r,0,1,2,3", [*a, *b, *c], loc=loc, ip=ip)
 
 
 class Sm90GemmW4A16(EpilogueOperands):

@@ -34,6 +34,12 @@ one 32-byte sector per row: they are staged in smem and stored whole at the end 
 bytes once and the blocks load theirs from smem (no per-block conversion and IEEE reciprocal).
 `preload`: a tile's smem words for both passes are read before its first smem store (the run's
 scales), instead of by each pass (each rowwise step) where it starts.
+
+`rht` (bf16 / fp16 inputs, with the twin): the twin quantizes the 16-point Random Hadamard
+Transform of each 16-row column block (SPEC section 2, the recipe option): the transform is one
+tensor-core MMA per block row and 16 columns (`_col_pass_rht`), and the twin's outer scale is
+the post-RHT amax (per tensor amax_c holds its own partials; per token amax_c is the post-RHT
+column amax), from RecipeAmax.
 """
 
 import cutlass
@@ -44,13 +50,18 @@ from cutlass import Float32, Int32, Int64, Uint32
 from cutlass.cute.nvgpu import cpasync
 
 from cute_fp4.common import encode as E
+from cute_fp4.common.ptx import ldmatrix_x4_trans, mma_16816, prmt
 from cute_fp4.common.scales import outer_block_scales, swizzled_scale_offset
 from cute_fp4.quant.amax import max_tensor_partials, vec_abs_max, vec_values
+from cute_fp4.ref.quantize import RHT_SIGNS
 
 DTYPES = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16, "fp32": cutlass.Float32}
 FUSED_BATCH = 4  # 16-byte loads in flight per thread in the fused amax pre-pass
 RUN_SCALE_BYTES = 32  # a run's compact rowwise scales per row: one whole 32-byte sector
 ENC_CODES = 128  # scale bytes of a block amax >= 0: 0 .. 0x7E, NaN 0x7F
+RHT_NEG = sum(1 << k for k, sign in enumerate(RHT_SIGNS) if sign < 0)  # rows with sign -1
+# 16-bit patterns of +0.25 / -0.25 (the RHT matrix entries, exact in both formats)
+RHT_QUARTER = {"bf16": (0x3E80, 0xBE80), "fp16": (0x3400, 0xB400)}
 
 
 class CastKernel:
@@ -63,7 +74,8 @@ class CastKernel:
     def __init__(self, dtype: str, rowwise: bool, columnwise: bool, swizzle: bool,
                  per_token: bool, num_sms: int, stages: int = 4, ctas_per_sm: int = 2,
                  fused_amax: bool = False, reverse: bool = False, prefetch_amax: bool = False,
-                 band: int = 1, run: int = 1, enc_table: bool = False, preload: bool = False):
+                 band: int = 1, run: int = 1, enc_table: bool = False, preload: bool = False,
+                 rht: bool = False):
         if dtype not in DTYPES:
             raise TypeError(f"CastKernel: unsupported input dtype {dtype!r} (bf16, fp16, fp32)")
         if not (rowwise or columnwise):
@@ -94,12 +106,18 @@ class CastKernel:
             raise ValueError("CastKernel: enc_table needs a per-tensor outer scale")
         self.enc_table = enc_table
         self.preload = preload
+        if rht and (not columnwise or dtype == "fp32" or fused_amax):
+            raise ValueError("CastKernel: rht needs the columnwise output, a bf16 / fp16 input "
+                             "(the MMA takes 16-bit operands) and an amax pass (not fused_amax)")
+        self.rht = rht
         self.stage_bytes = self.tile_m * self.tile_bytes
         self.threads = 32 * (self.num_consumer_warps + 1)
         # rows of a tile per consumer warp (both passes); per token the warp's lanes compute
-        # the outer scales of these rows and of the warp's 16 / esize columns (_lane_amax)
+        # the outer scales of these rows and of the warp's columns (_lane_amax): 16 / esize
+        # in the column pass, 16 with the RHT (_col_pass_rht)
         self.warp_rows = self.tile_m // self.num_consumer_warps
-        assert self.warp_rows + 16 // self.esize <= 32
+        self.warp_cols = 16 if rht else 16 // self.esize
+        assert self.warp_rows + self.warp_cols <= 32
         self.consumer_threads = 32 * self.num_consumer_warps
         # blocks per consumer thread in each pass
         # rowwise pass: each warp step covers 32 // (tile_k / 16) rows
@@ -111,7 +129,9 @@ class CastKernel:
         fused_cols = fused_amax and per_token and columnwise
         self.colred_words = self.num_consumer_warps * self.chunk_cols if fused_cols else 1
         self.runsc_bytes = 2 * self.tile_m * RUN_SCALE_BYTES if run > 1 else 16
-        self.enc_tab_words = ENC_CODES if enc_table else 1
+        # the twin's own table after the rowwise one with the RHT (its outer amax differs)
+        self.enc_tab_words = ENC_CODES * (1 + int(rht)) if enc_table else 1
+        self.red_words = self.num_consumer_warps * (1 + int(rht))
         # _flush_run_scales: each consumer thread stores 16 bytes of the run's scales
         assert run == 1 or self.consumer_threads * 16 == self.tile_m * RUN_SCALE_BYTES
 
@@ -143,7 +163,7 @@ class CastKernel:
         @cute.struct
         class Storage:
             bars: cute.struct.MemRange[cutlass.Int64, 2 * self.stages]
-            red: cute.struct.MemRange[Float32, self.num_consumer_warps]
+            red: cute.struct.MemRange[Float32, self.red_words]
             colred: cute.struct.MemRange[Float32, self.colred_words]
             # run > 1: the compact rowwise scales of a run (tile_m rows x 32 bytes), two buffers
             runsc: cute.struct.Align[cute.struct.MemRange[cutlass.Uint8, self.runsc_bytes], 16]
@@ -262,14 +282,18 @@ class CastKernel:
             E.st_shared_u32(enc_tab + tidx * 4, E.f32_bits(E.enc_from_code(Uint32(tidx), sdec)))
         cute.arch.barrier(barrier_id=1, number_of_threads=self.consumer_threads)
 
+    def _block_scale(self, amax, s6, sdec, enc_tab):
+        """(scale byte, enc) of a block amax: converted, or with enc_table looked up in the
+        table at enc_tab."""
+        if cutlass.const_expr(not self.enc_table):
+            return E.block_scale(amax, s6, sdec)
+        code = E.block_scale_byte(amax, s6)
+        return code, E.bits_f32(E.ld_shared_u32(enc_tab + Int32(code) * 4))
+
     def _quantize16(self, xs, amax, s6, sdec, enc_tab):
         """16 FP32 values with their block amax -> (scale byte, word0, word1); enc NaN (NaN
         block amax or outer scale) zeroes the words."""
-        if cutlass.const_expr(not self.enc_table):
-            code, enc = E.block_scale(amax, s6, sdec)
-        else:
-            code = E.block_scale_byte(amax, s6)
-            enc = E.bits_f32(E.ld_shared_u32(enc_tab + Int32(code) * 4))
+        code, enc = self._block_scale(amax, s6, sdec, enc_tab)
         return (code, *E.encode16(xs, enc, self.hw))
 
     # ------------------------------------------------------------------ kernel
@@ -360,6 +384,7 @@ class CastKernel:
             enc_tab = storage.enc_tab.data_ptr().toint()
             s6 = Float32(0.0)
             sdec = Float32(0.0)
+            col_outer = None  # per tensor with the RHT: the twin's (s6, sdec)
             if cutlass.const_expr(self.fused_amax and self.per_token):
                 self._fused_token_amax(x.iterator.toint(), M, K, tidx, ar_base, ac_base,
                                        storage.colred.data_ptr().toint())
@@ -371,10 +396,18 @@ class CastKernel:
                     amax_t = self._tensor_amax(ar_base, amax_r.shape[0] - 1, tidx, bidx,
                                                storage.red.data_ptr().toint())
                 s6, sdec = outer_block_scales(amax_t, E.E4M3_MAX)
+                if cutlass.const_expr(self.rht):  # the twin's outer amax is the RHT output's
+                    amax_tc = self._tensor_amax(
+                        ac_base, amax_c.shape[0] - 1, tidx, bidx,
+                        storage.red.data_ptr().toint() + 4 * self.num_consumer_warps)
+                    col_outer = outer_block_scales(amax_tc, E.E4M3_MAX)
                 if cutlass.const_expr(self.enc_table):
                     self._fill_enc_table(enc_tab, tidx, sdec)
+                    if cutlass.const_expr(self.rht):
+                        self._fill_enc_table(enc_tab + ENC_CODES * 4, tidx, col_outer[1])
 
             offs = self._col_offsets(tidx)
+            rht_b = self._rht_fragments(tidx) if self.rht else None
             row_thr = self._row_thread_offsets(tidx, half_k, nsc_r)
             col_thr = self._col_thread_offsets(tidx, half_m, nsc_c)
             cstate = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
@@ -392,7 +425,8 @@ class CastKernel:
                     amax_next, s6, sdec = self._cast_tile(
                         pipe, cstate, sbase, tidx, tm, uk, tm_n, uk_n, M, K, half_k, half_m,
                         nsc_r, nsc_c, pad_c_c, row_thr, col_thr, offs, q_base, s_base, qt_base,
-                        st_base, ar_base, ac_base, amax_next, s6, sdec, enc_tab, runsc)
+                        st_base, ar_base, ac_base, amax_next, s6, sdec, enc_tab, runsc, col_outer,
+                        rht_b)
                     cstate.advance()
                 else:
                     # the run's rowwise scales go to smem (buffer runsc), then out as whole
@@ -405,7 +439,7 @@ class CastKernel:
                             cutlass.select_(last, uk_n * self.run, tk + 1), M, K, half_k, half_m,
                             nsc_r, nsc_c, pad_c_c, row_thr, col_thr, offs, q_base, s_base,
                             qt_base, st_base, ar_base, ac_base, amax_next, s6, sdec, enc_tab,
-                            runsc + run_off + i * (self.tile_k // 16))
+                            runsc + run_off + i * (self.tile_k // 16), col_outer, rht_b)
                         cstate.advance()
                     self._flush_run_scales(runsc + run_off, tidx, tm, uk, M, nsc_r, s_base)
                     run_off = self.tile_m * RUN_SCALE_BYTES - run_off
@@ -426,10 +460,12 @@ class CastKernel:
     @cute.jit
     def _cast_tile(self, pipe, cstate, sbase, tidx, tm, tk, tm_n, tk_n, M, K, half_k, half_m,
                    nsc_r, nsc_c, pad_c_c, row_thr, col_thr, offs, q_base, s_base, qt_base,
-                   st_base, ar_base, ac_base, amax_next, s6, sdec, enc_tab, run_sc):
+                   st_base, ar_base, ac_base, amax_next, s6, sdec, enc_tab, run_sc, col_outer,
+                   rht_b):
         """Consumers: both passes over tile (tm, tk) in stage cstate of the ring; (tm_n,
         tk_n) is the CTA's next tile. Returns (amax_next, s6, sdec): per token the lane's amax
-        of the next tile (prefetch_amax) and this tile's outer scale."""
+        of the next tile (prefetch_amax) and this tile's outer scale. col_outer, rht_b: see
+        _col_pass_rht."""
         if cutlass.const_expr(self.prefetch_amax):
             amax_cur = amax_next
             amax_next = self._lane_amax(tm_n, tk_n, M, K, tidx, ar_base, ac_base)
@@ -455,8 +491,12 @@ class CastKernel:
         if cutlass.const_expr(self.columnwise):
             if cutlass.const_expr(not self.preload):
                 col_words = self._col_words(stage_addr, offs)
-            self._col_pass(col_words, tidx, tm, tk, M, K, half_m, nsc_c, pad_c_c, col_thr,
-                           qt_base, st_base, s6, sdec, enc_tab)
+            if cutlass.const_expr(self.rht):
+                self._col_pass_rht(col_words, tidx, tm, tk, M, K, half_m, nsc_c, pad_c_c,
+                                   qt_base, st_base, s6, sdec, col_outer, enc_tab, rht_b)
+            else:
+                self._col_pass(col_words, tidx, tm, tk, M, K, half_m, nsc_c, pad_c_c, col_thr,
+                               qt_base, st_base, s6, sdec, enc_tab)
 
         cute.arch.sync_warp()
         pipe.consumer_release(cstate)
@@ -517,10 +557,10 @@ class CastKernel:
         if cutlass.const_expr(self.per_token):
             warp = tidx // 32
             lane = tidx % 32
-            ncols = 16 // self.esize
+            ncols = self.warp_cols
             wr = self.warp_rows
             row = cutlass.min(cutlass.max(tm, 0) * self.tile_m + warp * wr + lane, M - 1)
-            col = cutlass.min(tk * self.tile_k + warp * ncols
+            col = cutlass.min(tk * self.tile_k + self._warp_col0(warp)
                               + cutlass.min(cutlass.max(lane - wr, 0), ncols - 1), K - 1)
             addr = ar_base + Int64(row) * 4
             if cutlass.const_expr(self.columnwise):
@@ -531,6 +571,13 @@ class CastKernel:
                     addr = col_addr
             amax = E.ld_global_f32(addr)
         return amax
+
+    def _warp_col0(self, warp):
+        """First tile column of the warp in the column pass: 16 / esize columns per warp, or
+        with the RHT 16 columns of one half of the tile rows (_col_offsets)."""
+        if self.rht:
+            return (warp % 4) * 16
+        return warp * self.warp_cols
 
     # ------------------------------------------------------------------ rowwise pass
     @cute.jit
@@ -629,6 +676,8 @@ class CastKernel:
         encoded word is rotated left by rb nibbles (_col_pass)."""
         warp = tidx // 32
         lane = tidx % 32
+        if cutlass.const_expr(self.rht):
+            return self._rht_offsets(warp, lane)
         rb = lane // 4
         cp = lane % 4
         offs = []
@@ -658,7 +707,9 @@ class CastKernel:
 
     def _col_words(self, stage_addr, offs):
         """The 16 words of the thread's columnwise blocks in the stage at stage_addr (the
-        rotated order of _col_offsets)."""
+        rotated order of _col_offsets); with the RHT its 4 MMA A fragments (_rht_offsets)."""
+        if self.rht:
+            return [ldmatrix_x4_trans(stage_addr + o) for o in offs]
         return [E.ld_shared_u32(stage_addr + offs[i % 8] + (i // 8) * 8 * self.tile_bytes)
                 for i in range(16)]
 
@@ -717,6 +768,136 @@ class CastKernel:
             else:
                 if valid:
                     E.st_global_u8(st_tile + s_off, code)
+
+    # ------------------------------------------------------------------ columnwise RHT pass
+    # Warp w takes the 16 tile columns 16 * (w % 4) .. + 15 (two 16-byte chunks) in the tile
+    # rows 64 * (w // 4) .. + 63: 4 block rows i of 16 rows. Per block row, two MMAs
+    # m16n8k16 D = A B give the transform of the warp's 16 columns: A[j][k] = x[16 i + k][j]
+    # (the block transposed: ldmatrix .trans of the row-major smem tile, conflict-free with
+    # its 128-byte swizzle) and B = the RHT matrix 0.25 * diag(sign) H16 with its 16 output
+    # columns in the order RHT_OUT (constant fragments, _rht_fragments), so that lane
+    # (g = lane / 4, q = lane % 4) holds outputs 4q .. 4q + 3 of columns g and g + 8: a 16-bit
+    # piece of each 8-byte output block. Products of 16-bit values and +-0.25 are exact and
+    # the 16 terms add in FP32 on the tensor core: the same values as the reference's FP32
+    # butterflies wherever no partial sum rounds (a block's nonzero magnitudes within 2^12 of
+    # each other for bf16), else within the SPEC's RHT tolerance.
+    RHT_OUT = (0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15)
+
+    @cute.jit
+    def _rht_offsets(self, warp, lane):
+        """Per block row i of the warp: the smem byte offset (within a stage) of the row this
+        lane gives ldmatrix: matrix j = lane / 8 is rows 8 (j / 2) .. + 7 of the block and the
+        warp's chunk j % 2; lane % 8 is the row in it (so row % 8 = lane % 8)."""
+        row = (warp // 4) * 64 + (lane // 16) * 8 + lane % 8
+        chunk = 2 * (warp % 4) + (lane // 8) % 2
+        off = row * self.tile_bytes + ((chunk ^ (lane % 8)) * 16)
+        return [off + i * 16 * self.tile_bytes for i in range(4)]
+
+    @cute.jit
+    def _rht_fragments(self, tidx):
+        """The lane's B fragments of the two RHT MMAs (output columns RHT_OUT[8h .. 8h + 7]):
+        (b0, b1) with b0 = rows 2q, 2q + 1 and b1 = rows 2q + 8, 2q + 9 of output column
+        n = g; entry (k, o) = +-0.25, negative where sign[k] * (-1)^popcount(k & o) is."""
+        lane = tidx % 32
+        g = Uint32(lane // 4)
+        q = Uint32(lane % 4)
+        pos, neg = RHT_QUARTER[self.dtype_name]
+        frags = []
+        for h in cutlass.range_constexpr(2):
+            o = ((g >> 1) << 2) | Uint32(2 * h) | (g & 1)  # RHT_OUT[8h + g]
+            regs = []
+            for k_lo in cutlass.range_constexpr(0, 16, 8):
+                halves = []
+                for k_off in cutlass.range_constexpr(2):
+                    k = q * 2 + Uint32(k_lo + k_off)
+                    p = k & o
+                    p = p ^ (p >> 2)
+                    p = p ^ (p >> 1)
+                    minus = (p ^ (Uint32(RHT_NEG) >> k)) & 1
+                    halves.append(cutlass.select_(minus == 1, Uint32(neg), Uint32(pos)))
+                regs.append(Int32(halves[0] | (halves[1] << 16)))
+            frags.append(tuple(regs))
+        return frags
+
+    @cute.jit
+    def _col_pass_rht(self, frags, tidx, tm, tk, M, K, half_m, nsc_c, pad_c_c, qt_base,
+                      st_base, s6, sdec, col_outer, enc_tab, rht_b):
+        """The twin of the RHT'd tile from the warp's A fragments (_col_words). Per output
+        column (g, g + 8) and block row i, lane q holds 4 of the block's 16 values: the block
+        amax is reduced and scattered over the 4 lanes (lane q keeps block row q's), lane q
+        converts block row q's scale, the 4 lanes share their enc, encode their pieces, and
+        two shuffles transpose the pieces so that lane q stores block row q's 8 bytes (a
+        column's 4 block rows: one 32-byte sector). Scale outer operands: col_outer (per
+        tensor: the twin's own) or the lane's per-token s6 / sdec of the column."""
+        lane = tidx % 32
+        warp = tidx // 32
+        g = lane // 4
+        q = lane % 4
+        hi = (q >> 1) == 1  # lane bit 1: the pair of block rows kept in the first exchange
+        odd = (q & 1) == 1
+        fp16 = self.dtype_name == "fp16"
+        zero = (Float32(0.0),) * 4
+        ys = [[], []]  # per column: per block row, the lane's 4 values (outputs 4q .. 4q + 3)
+        for i in cutlass.range_constexpr(4):
+            d0 = mma_16816(frags[i], rht_b[0], zero, fp16=fp16)
+            d1 = mma_16816(frags[i], rht_b[1], zero, fp16=fp16)
+            ys[0].append([d0[0], d0[1], d1[0], d1[1]])
+            ys[1].append([d0[2], d0[3], d1[2], d1[3]])
+        row_blk = (warp // 4) * 4  # the warp's first block row of the tile
+        blk0 = tm * (self.tile_m // 16)
+        gblk = blk0 + row_blk + q  # lane q's block row along M
+        row_ok = gblk * 16 < M
+        col0 = tk * self.tile_k
+        sw_tile = st_base
+        if cutlass.const_expr(self.swizzle):  # per tile + per thread, as in _col_thread_offsets
+            sw_tile = st_base + Int64(swizzled_scale_offset(col0, blk0, Int32(nsc_c)))
+        enc_tab_c = enc_tab
+        if cutlass.const_expr(self.rht and not self.per_token):
+            enc_tab_c = enc_tab + ENC_CODES * 4
+        # 0x5410: the low halves of (a, b); 0x7632: the high halves
+        keep_sel = cutlass.select_(odd, Uint32(0x7632), Uint32(0x5410))
+        send_sel = cutlass.select_(odd, Uint32(0x5410), Uint32(0x7632))
+        out_sel0 = cutlass.select_(hi, Uint32(0x7632), Uint32(0x5410))
+        out_sel1 = cutlass.select_(hi, Uint32(0x5410), Uint32(0x7632))
+        for cc in cutlass.range_constexpr(2):
+            c = (warp % 4) * 16 + g + 8 * cc  # tile column
+            gk = col0 + c
+            if cutlass.const_expr(self.per_token):
+                src = self.warp_rows + g + 8 * cc
+                s6_c = cute.arch.shuffle_sync(s6, src)
+                sdec_c = cute.arch.shuffle_sync(sdec, src)
+            else:
+                s6_c, sdec_c = col_outer
+            m = [E.block_amax(ys[cc][i]) for i in range(4)]
+            # reduce-scatter over the 4 lanes: xor 2 exchanges pairs of block rows, xor 1 rows
+            k0 = cutlass.select_(hi, m[2], m[0])
+            k1 = cutlass.select_(hi, m[3], m[1])
+            k0 = E.fmax_nan(k0, cute.arch.shuffle_sync_bfly(cutlass.select_(hi, m[0], m[2]), 2))
+            k1 = E.fmax_nan(k1, cute.arch.shuffle_sync_bfly(cutlass.select_(hi, m[1], m[3]), 2))
+            amax = E.fmax_nan(cutlass.select_(odd, k1, k0),
+                              cute.arch.shuffle_sync_bfly(cutlass.select_(odd, k0, k1), 1))
+            code, enc = self._block_scale(amax, s6_c, sdec_c, enc_tab_c)
+            encs = [cute.arch.shuffle_sync(enc, (lane & 0x1C) | i) for i in range(4)]
+            w01 = E.encode8_pair(ys[cc][0] + ys[cc][1], encs[0], encs[1], self.hw)
+            w23 = E.encode8_pair(ys[cc][2] + ys[cc][3], encs[2], encs[3], self.hw)
+            # transpose the 16-bit pieces: lane q ends with block row q's from lanes 0 .. 3
+            keep = cutlass.select_(hi, w23, w01)
+            recv = cute.arch.shuffle_sync_bfly(cutlass.select_(hi, w01, w23), 2)
+            keep2 = Uint32(prmt(keep, recv, keep_sel))
+            recv2 = Uint32(cute.arch.shuffle_sync_bfly(Uint32(prmt(keep, recv, send_sel)), 1))
+            a = cutlass.select_(odd, recv2, keep2)
+            b = cutlass.select_(odd, keep2, recv2)
+            valid = (gk < K) & row_ok
+            if valid:
+                E.st_global_v2(qt_base + Int64(gk) * half_m + Int64(gblk) * 8,
+                               prmt(a, b, out_sel0), prmt(a, b, out_sel1))
+            if cutlass.const_expr(self.swizzle):
+                if Int64(gblk) < pad_c_c:
+                    E.st_global_u8(sw_tile + Int64(swizzled_scale_offset(c, row_blk + q, Int32(8))),
+                                   cutlass.select_(valid, code, Uint32(0)))
+            else:
+                if valid:
+                    E.st_global_u8(st_base + Int64(gk) * nsc_c + Int64(gblk), code)
 
     # ------------------------------------------------------------------ swizzle padding
     @cute.jit

@@ -31,12 +31,14 @@ from typing import Callable, List, Optional, Sequence
 import cutlass
 import torch
 
-from ..common.jit import KERNELS, compile_kernel, device_arch, dyn, env_stream, fake_tensor
+from ..common.jit import (KERNELS, compile_kernel, device_arch, dyn, env_stream, fake_tensor,
+                          num_sms)
 from ..ops import copy_fields
 from ..recipe import Recipe
 from ..ref.philox import check_seed_offset
 from ..tensor import NVFP4Tensor
 from .cast_recipes import GTAB_COLS, TILE, RecipeAmax, RecipeCastKernel
+from .dispatch import cast_kernel, cast_walk
 
 _DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 _CUTLASS = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16, "fp32": cutlass.Float32}
@@ -71,6 +73,29 @@ def amax_recipe_kernel(dtype: str, per_token: bool, rht: bool, do_row: bool, do_
     f32 = [fake_tensor(cutlass.Float32, (None,), align=4) for _ in range(3 if col_sum else 2)]
     return (op, *_common_fakes(dtype), fake_tensor(cutlass.Int32, (None, 2), align=4), *f32,
             *(() if col_sum else (None,)), env_stream())
+
+
+def rht_on_plain_cast(recipe: Recipe, n_groups: int, dtype: str) -> bool:
+    """Whether the plain cast (CastKernel with rht: the twin's RHT on the tensor cores) runs
+    this recipe after RecipeAmax: one tensor, bf16 / fp16, the columnwise RHT, 1x16 blocks,
+    round to nearest, no 4over6, E4M3_MAX 448, scaling tensor or token. Its persistent TMA
+    walk with the MMA transform is faster than the recipe kernel (notes/quant_recipes.md
+    "Session 21"); everything else runs the recipe kernel."""
+    return (n_groups == 1 and dtype != "fp32" and recipe.rht and recipe.columnwise
+            and recipe.block_rows == 1 and not recipe.stochastic_rounding
+            and recipe.four_over_six is None and recipe.e4m3_max == 448
+            and recipe.scaling in ("tensor", "token"))
+
+
+def rht_walk(m: int, k: int, esize: int, per_token: bool, compact_twin: bool,
+             compact_row: bool, num_sms: int) -> tuple:
+    """The tile walk of the RHT cast: the plain cast's (dispatch.cast_walk) with two CTAs per
+    SM and no preload. Measured (H100, bf16 row+col, full quantize in graphs, 8192x8192): per
+    tensor compact 166.5 -> 145.4 us (the plain cast's one CTA per SM leaves the MMA, shuffle
+    and store latencies of _col_pass_rht exposed), swizzled 151.0 -> 141.4, per token 161.6
+    -> 159.6 / 156.5 -> 154.3 (notes/quant_recipes.md "Session 21")."""
+    walk = cast_walk(m, k, esize, per_token, False, compact_twin, compact_row, num_sms)
+    return (2,) + walk[1:6] + (False,)
 
 
 def _alloc(shape, device) -> torch.Tensor:
@@ -109,6 +134,11 @@ def _check(x: torch.Tensor, recipe: Recipe) -> torch.Tensor:
     if x.data_ptr() % 16:
         raise ValueError("x must be 16-byte aligned")
     return x2
+
+
+def _scale_shape(rows: int, blocks: int, swz: bool):
+    """Scale matrix shape of `rows` rows of `blocks` 16-element blocks."""
+    return (_ceil(rows, 128) * 128, _ceil(blocks, 4) * 4) if swz else (rows, blocks)
 
 
 def _check_rows(m: int, recipe: Recipe, what: str):
@@ -151,9 +181,9 @@ class _Plan:
             ar, ac = _amax_offsets(scaling, g, row0, k)
             gtab.append((row0, mg, q_len, s_len, qt_len, st_len, ar, ac))
             q_len += mg * k // 2
-            s_len += _ceil(mg, 128) * 128 * _ceil(nsc, 4) * 4 if swz else mg * nsc
+            s_len += _scale_shape(mg, nsc, swz)[0] * _scale_shape(mg, nsc, swz)[1]
             qt_len += k * mg // 2
-            st_len += _ceil(k, 128) * 128 * _ceil(mg // 16, 4) * 4 if swz else k * (mg // 16)
+            st_len += _scale_shape(k, mg // 16, swz)[0] * _scale_shape(k, mg // 16, swz)[1]
             row0 += mg
         self.gtab = gtab
         self.lens = (q_len, s_len, qt_len, st_len)
@@ -180,6 +210,17 @@ class _Plan:
             self.amax_fn = KERNELS.get(akey, lambda: compile_kernel(
                 *amax_recipe_kernel(name, scaling == "token", recipe.rht, do_row, do_col,
                                     col_sum), arch=arch))
+        self.plain = rht_on_plain_cast(recipe, len(sizes), name)
+        if self.plain:
+            m, sms, per_token = sizes[0], num_sms(dev), scaling == "token"
+            walk = rht_walk(m, k, _CUTLASS[name].width // 8, per_token, col and not swz,
+                            row and not swz, sms)
+            ckey = ("cast", name, row, col, swz, per_token, sms, False, walk, "rht", arch)
+            self.cast_fn = KERNELS.get(ckey, lambda: compile_kernel(
+                *cast_kernel(name, row, col, swz, per_token, sms, False, walk, rht=True),
+                arch=arch))
+            self.shapes_2d = (m, k, _scale_shape(m, nsc, swz), _scale_shape(k, m // 16, swz))
+            return
         ckey = ("cast_recipe",) + _cast_config(name, recipe) + (arch,)
         self.cast_fn = KERNELS.get(ckey, lambda: compile_kernel(
             *cast_recipe_kernel(name, recipe), arch=arch))
@@ -218,7 +259,13 @@ def _run(x2: torch.Tensor, sizes: List[int], recipe: Recipe, seed: int, offset: 
         qt = _alloc(max(qt_len, 1), dev) if col else None
         st = _alloc(max(st_len, 1), dev) if col else None
     ar_len, ac_len = max(plan.ar_len, 1), max(plan.ac_len, 1)
-    if scaling == "window64":
+    arg_r = arg_c = None  # per tensor on the plain cast: its [amax, partial] words per side
+    if plan.launch and plan.plain and scaling == "tensor":
+        # RecipeAmax reduces into the partials, the cast reads them (and writes the amaxes)
+        words = torch.zeros(4, dtype=torch.float32, device=dev)
+        arg_r, arg_c = words[0:2], words[2:4]
+        amax_r, amax_c = words[1:2], words[3:4]
+    elif scaling == "window64":
         amax_r, amax_c = _alloc_f32(ar_len, dev), _alloc_f32(ac_len, dev)
     elif plan.alias:  # zeroed first (reduced with red.global.max); one amax serves both
         amax_r = amax_c = torch.zeros(ar_len, dtype=torch.float32, device=dev)
@@ -240,7 +287,16 @@ def _run(x2: torch.Tensor, sizes: List[int], recipe: Recipe, seed: int, offset: 
         column_sum.zero_()
     if amax_reduce is not None:
         _reduce_amaxes(amax_reduce, recipe, amax_r, amax_c, plan.alias)
-    if plan.launch:
+    if plan.launch and plan.plain:
+        if arg_r is None:
+            arg_r, arg_c = amax_r, amax_c
+        m, k, s_shape, st_shape = plan.shapes_2d
+        d2 = plan.dummy.view(1, 1)
+        f8 = torch.float8_e4m3fn
+        plan.cast_fn(x2, arg_r, arg_c, q.view(m, k // 2) if row else d2,
+                     s.view(s_shape).view(f8) if row else d2.view(f8),
+                     qt.view(k, m // 2), st.view(st_shape).view(f8))
+    elif plan.launch:
         dummy = plan.dummy
         rng = plan.rng if rng_state is None else rng_state.contiguous()
         plan.cast_fn(x2, plan.tt, plan.gt, amax_r, amax_c, q if row else dummy,
@@ -253,11 +309,11 @@ def _run(x2: torch.Tensor, sizes: List[int], recipe: Recipe, seed: int, offset: 
         data = scales = amax = data_t = scales_t = amax_t = None
         if row:
             data = q[qo:qo + mg * k // 2].view(mg, k // 2)
-            srows, scols = (_ceil(mg, 128) * 128, _ceil(nsc, 4) * 4) if swz else (mg, nsc)
+            srows, scols = _scale_shape(mg, nsc, swz)
             scales = s[so:so + srows * scols].view(srows, scols).view(torch.float8_e4m3fn)
         if col:
             data_t = qt[qto:qto + k * mg // 2].view(k, mg // 2)
-            srows, scols = (_ceil(k, 128) * 128, _ceil(mg // 16, 4) * 4) if swz else (k, mg // 16)
+            srows, scols = _scale_shape(k, mg // 16, swz)
             scales_t = st[sto:sto + srows * scols].view(srows, scols).view(torch.float8_e4m3fn)
         if scaling == "tensor":
             amax, amax_t = amax_r[g:g + 1], amax_c[g:g + 1]
