@@ -130,6 +130,68 @@ def test_cast_walks_ptx(arch, per_token):
     assert len(ptxs) == 7 + (not per_token)
 
 
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("dtype,row,swizzle,per_token,walk", [
+    ("bf16", True, False, False, (2, True, False, 4, 8, True, False)),
+    ("bf16", True, True, True, (2, True, True, 1, 1, False, False)),
+    ("fp16", False, False, True, (2, False, False, 4, 1, False, True)),
+    ("fp16", True, True, False, (1, False, False, 1, 1, False, False)),
+])
+def test_cast_rht_ptx(arch, dtype, row, swizzle, per_token, walk):
+    """The RHT cast transforms the twin on the tensor cores: per 16-row block row one
+    ldmatrix .x4 .trans of the smem tile and two m16n8k16 MMAs of the input's 16-bit type with
+    FP32 accumulators; per tensor the twin's own outer amax and enc table (IEEE reciprocals
+    for two outer scales and two table fills), the rest as the plain cast."""
+    ptx = compile_ptx(*cast_kernel(dtype, row, True, swizzle, per_token, walk=walk, rht=True),
+                      arch=arch)
+    assert ptx_target(ptx) == arch
+    ty = "bf16" if dtype == "bf16" else "f16"
+    assert ptx.count(f"mma.sync.aligned.m16n8k16.row.col.f32.{ty}.{ty}.f32") == 8
+    assert ptx.count("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16") == 4
+    need = [r"cp\.async\.bulk\.tensor", r"shfl\.sync\.bfly", r"shfl\.sync\.idx",
+            r"st\.global\.v2\.b32", r"cvt\.rn\.satfinite\.e4m3x2\.f32"]
+    assert missing_instructions(ptx, need) == []
+    assert "div.approx" not in ptx and "rcp.approx" not in ptx and ".ftz" not in ptx
+    if not per_token and walk[5]:
+        assert ptx.count("rcp.rn.f32") == 4
+    if arch == "sm_100a":
+        assert E2M1_CVT in ptx
+    else:
+        assert "e2m1" not in ptx
+
+
+def test_cast_rht_rules():
+    """The RHT cast needs the twin, a 16-bit input (the MMA operands) and an amax pass."""
+    assert CastKernel("bf16", False, True, False, True, 132, rht=True).warp_cols == 16
+    for dtype, col, fused in [("fp32", True, False), ("bf16", False, False), ("fp16", True, True)]:
+        with pytest.raises(ValueError, match="rht needs"):
+            CastKernel(dtype, True, col, False, False, 132, fused_amax=fused, rht=True)
+
+
+def test_cast_rht_matrix():
+    """The lanes' constant B fragments hold 0.25 * diag(sign) @ H16 with the output columns
+    in the order RHT_OUT: rebuilt here from the same bit rules and checked against the
+    reference's transform of the identity (ref.rht)."""
+    import torch
+
+    from cute_fp4 import ref
+    from cute_fp4.quant.cast import RHT_NEG
+
+    h = ref.rht(torch.eye(16, dtype=torch.float64))  # row k: the transform of unit vector k
+    out = CastKernel.RHT_OUT
+    for lane in range(32):
+        g, q = lane // 4, lane % 4
+        for half in range(2):
+            o = ((g >> 1) << 2) | (2 * half) | (g & 1)
+            assert o == out[8 * half + g]
+            for k in (2 * q, 2 * q + 1, 2 * q + 8, 2 * q + 9):
+                p = k & o
+                p ^= p >> 2
+                p ^= p >> 1
+                minus = (p ^ (RHT_NEG >> k)) & 1
+                assert (-0.25 if minus else 0.25) == h[k, o].item()
+
+
 def test_cast_run_rules():
     """The run covers one 32-byte sector of rowwise scales (8 tiles of bf16, 16 of fp32) and
     needs compact rowwise scales."""

@@ -61,6 +61,30 @@ def test_rht(shape, kind, dtype, scaling, gen):
     run_all(make_input(shape, kind, dtype, gen), Recipe(scaling=scaling, rht=True))
 
 
+def _wide_blocks(shape, dtype, gen):
+    """Every 16-row column block mixes magnitudes 2^-24 .. 2^14 (fp16: 2^-14 .. 2^14) with
+    random signs, so the RHT's partial sums need more than FP32's 24 bits and round."""
+    lo = -14 if dtype == torch.float16 else -24
+    e = torch.randint(lo, 15, shape, generator=gen).float()
+    x = torch.randn(shape, generator=gen).sign() * (1 + torch.rand(shape, generator=gen)) * 2 ** e
+    return x.to(dtype).cuda()
+
+
+@pytest.mark.parametrize("shape", [(272, 4112), (1040, 2064), (48, 80)])
+@pytest.mark.parametrize("kind", ["normal", "outliers", "tiny", "huge", "special", "wide"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("scaling", ["tensor", "token"])
+def test_rht_plain_cast(shape, kind, dtype, scaling, gen):
+    """Single-tensor RN RHT recipes run on the plain cast with the MMA transform
+    (rht_on_plain_cast): byte-equal to the reference's FP32 butterflies, also where partial
+    sums round ("wide") and on subnormal inputs, with tile tails in M and K and several tiles
+    per CTA."""
+    x = _wide_blocks(shape, dtype, gen) if kind == "wide" else make_input(shape, kind, dtype, gen)
+    recipe = Recipe(scaling=scaling, rht=True)
+    assert rd.rht_on_plain_cast(recipe.replace(columnwise=True), 1, "bf16")
+    run_all(x, recipe, outputs=[(True, True), (False, True)])
+
+
 @pytest.mark.parametrize("shape", [(16, 32), (96, 80), (256, 1024)])
 @pytest.mark.parametrize("scaling", ["tensor", "token"])
 @pytest.mark.parametrize("rht", [False, True])

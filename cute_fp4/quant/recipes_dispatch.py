@@ -77,13 +77,12 @@ def amax_recipe_kernel(dtype: str, per_token: bool, rht: bool, do_row: bool, do_
 
 def rht_on_plain_cast(recipe: Recipe, n_groups: int, dtype: str) -> bool:
     """Whether the plain cast (CastKernel with rht: the twin's RHT on the tensor cores) runs
-    this recipe after RecipeAmax: one tensor, bf16 / fp16, the columnwise RHT, 1x16 blocks,
-    round to nearest, no 4over6, E4M3_MAX 448, scaling tensor or token. Its persistent TMA
+    this recipe after RecipeAmax: one tensor, bf16 / fp16, the columnwise RHT (1x16 blocks),
+    round to nearest, no 4over6 (so E4M3_MAX 448), scaling tensor or token. Its persistent TMA
     walk with the MMA transform is faster than the recipe kernel (notes/quant_recipes.md
     "Session 21"); everything else runs the recipe kernel."""
     return (n_groups == 1 and dtype != "fp32" and recipe.rht and recipe.columnwise
-            and recipe.block_rows == 1 and not recipe.stochastic_rounding
-            and recipe.four_over_six is None and recipe.e4m3_max == 448
+            and not recipe.stochastic_rounding and recipe.four_over_six is None
             and recipe.scaling in ("tensor", "token"))
 
 
