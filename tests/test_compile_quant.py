@@ -247,7 +247,10 @@ def test_amax_ptx(arch, dtype):
 def test_amax_l2_keep_ptx(arch):
     """l2_keep: every input load carries an L2 cache policy, chosen between evict_first and
     evict_normal."""
-    for kernel in (amax_tensor_kernel("bf16", 132, 1 << 20), amax_token_kernel("bf16", 1 << 20)):
+    from cute_fp4.quant.recipes_dispatch import amax_recipe_kernel
+
+    for kernel in (amax_tensor_kernel("bf16", 132, 1 << 20), amax_token_kernel("bf16", 1 << 20),
+                   amax_recipe_kernel("bf16", True, True, True, True, False, 1 << 20)):
         ptx = compile_ptx(*kernel, arch=arch)
         assert missing_instructions(ptx, [
             r"createpolicy\.fractional\.L2::evict_first\.b64",

@@ -18,6 +18,7 @@ from cute_fp4 import Recipe
 from cute_fp4.common.compile_check import compile_ptx, missing_instructions, ptx_target
 from cute_fp4.quant.cast_recipes import _SR_ELEM, _SR_SEL, DIV_CONST, DIV_CONST_MIN_HEX
 from cute_fp4.ref.formats import e2m1_encode_stochastic
+from cute_fp4.quant.dispatch import cast_walk
 from cute_fp4.quant.recipes_dispatch import (amax_recipe_kernel, cast_recipe_kernel,
                                              rht_on_plain_cast, rht_walk)
 
@@ -244,8 +245,8 @@ def test_sr_encode_matches_reference():
 
 def test_rht_routing():
     """Single-tensor bf16 / fp16 RN 1x16 RHT recipes (tensor or token scaling, no 4over6,
-    with the twin) run on the plain cast, with two CTAs per SM and no preload; every other
-    RHT recipe on the recipe kernel."""
+    with the twin) run on the plain cast, with two CTAs per SM, no preload and per token no
+    run; every other RHT recipe on the recipe kernel."""
     rht = Recipe(rht=True, columnwise=True)
     assert rht_on_plain_cast(rht, 1, "bf16") and rht_on_plain_cast(rht, 1, "fp16")
     assert rht_on_plain_cast(rht.replace(scaling="token", swizzle=True, rowwise=False), 1, "bf16")
@@ -258,4 +259,6 @@ def test_rht_routing():
         assert not rht_on_plain_cast(recipe, groups, dtype), recipe
     for m, per_token in [(4096, False), (8192, True), (64, False)]:
         walk = rht_walk(m, 8192, 2, per_token, True, True, 132)
-        assert walk[0] == 2 and walk[6] is False
+        plain = cast_walk(m, 8192, 2, per_token, False, True, True, 132)
+        assert walk[0] == 2 and walk[6] is False and walk[1:4] == plain[1:4]
+        assert walk[4] == (1 if per_token else plain[4])

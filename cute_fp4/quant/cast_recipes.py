@@ -39,6 +39,7 @@ from cute_fp4.common import encode as E
 from cute_fp4.common.encode import add_rn, block_amax, sub_rn
 from cute_fp4.common.philox import philox_block16, round_keys
 from cute_fp4.common.ptx import st_shared
+from cute_fp4.quant.amax import keep_load, keep_policies
 from cute_fp4.common.scales import (ONE_SIXTH, e2m1_to_f32, e4m3_to_f32, outer_encode_scale,
                                     swizzled_scale_offset)
 from cute_fp4.ref.quantize import RHT_SIGNS
@@ -736,12 +737,14 @@ class RecipeAmax:
     64-row tile of its group in four 16-row strips, 16 loads in flight per thread; the thread
     then holds 16 rows x 8 (bf16) columns, i.e. whole 16-row column blocks for the RHT.
     atab int32 [C, 2]: (first tile, tile count <= WARPS) of each CTA row, all inside one group;
-    warp w takes tile w; grid (ceil(K / slab), C)."""
+    warp w takes tile w; grid (ceil(K / slab), C). l2_keep (bytes): the L2 priorities of
+    amax.keep_policies (the last l2_keep bytes of x normal, the rest evict_first), for the
+    plain RHT cast walking backwards (recipes_dispatch)."""
 
     WARPS = THREADS // 32
 
     def __init__(self, dtype: str, per_token: bool, rht: bool, do_row: bool, do_col: bool,
-                 col_sum: bool = False):
+                 col_sum: bool = False, l2_keep: int = 0):
         if dtype not in DTYPES:
             raise TypeError(f"unsupported input dtype {dtype!r} (bf16, fp16, fp32)")
         if not (do_row or do_col):
@@ -752,6 +755,7 @@ class RecipeAmax:
         self.slab = 32 * self.epv
         self.per_token, self.rht, self.do_row, self.do_col = per_token, rht, do_row, do_col
         self.col_sum = col_sum
+        self.l2_keep = l2_keep
 
     @cute.jit
     def __call__(self, x: cute.Tensor, ttab: cute.Tensor, gtab: cute.Tensor, atab: cute.Tensor,
@@ -847,6 +851,7 @@ class RecipeAmax:
         rbytes = Int64(K) * self.esize
         base = (xbase + (row0 + Int64(lr0)) * rbytes
                 + Int64(cutlass.min(col, K - self.epv)) * self.esize)
+        policies = keep_policies(self.l2_keep, Int64(x.shape[0]) * rbytes)
         # register accumulators (tensors: they live across the dynamic loop): facc[0] the
         # row max (tensor), facc[1 + j] column j's max; the same as packed 16-bit maxima in
         # pacc[0] and pacc[1 + word] (bf16 / fp16 inputs; columns without the RHT)
@@ -860,7 +865,11 @@ class RecipeAmax:
             rows = []
             for i in cutlass.range_constexpr(16):
                 r = cutlass.min(s * 16 + i, nrows - 1)
-                rows.append(list(E.ld_global_nc_v4(base + Int64(r) * rbytes)))
+                addr = base + Int64(r) * rbytes
+                if cutlass.const_expr(policies is None):
+                    rows.append(list(E.ld_global_nc_v4(addr)))
+                else:
+                    rows.append(list(keep_load(xbase, addr - xbase, policies)))
             if cutlass.const_expr(self.col_sum):
                 for i in cutlass.range_constexpr(16):
                     keep = s * 16 + i < nrows  # rows past the group are clamped copies

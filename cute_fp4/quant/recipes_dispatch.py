@@ -38,7 +38,7 @@ from ..recipe import Recipe
 from ..ref.philox import check_seed_offset
 from ..tensor import NVFP4Tensor
 from .cast_recipes import GTAB_COLS, TILE, RecipeAmax, RecipeCastKernel
-from .dispatch import cast_kernel, cast_walk
+from .dispatch import L2_KEEP_BYTES, cast_kernel, cast_walk
 
 _DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 _CUTLASS = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16, "fp32": cutlass.Float32}
@@ -68,8 +68,8 @@ def cast_recipe_kernel(dtype: str, recipe: Recipe):
 
 
 def amax_recipe_kernel(dtype: str, per_token: bool, rht: bool, do_row: bool, do_col: bool,
-                       col_sum: bool = False):
-    op = RecipeAmax(dtype, per_token, rht, do_row, do_col, col_sum)
+                       col_sum: bool = False, l2_keep: int = 0):
+    op = RecipeAmax(dtype, per_token, rht, do_row, do_col, col_sum, l2_keep)
     f32 = [fake_tensor(cutlass.Float32, (None,), align=4) for _ in range(3 if col_sum else 2)]
     return (op, *_common_fakes(dtype), fake_tensor(cutlass.Int32, (None, 2), align=4), *f32,
             *(() if col_sum else (None,)), env_stream())
@@ -89,12 +89,14 @@ def rht_on_plain_cast(recipe: Recipe, n_groups: int, dtype: str) -> bool:
 def rht_walk(m: int, k: int, esize: int, per_token: bool, compact_twin: bool,
              compact_row: bool, num_sms: int) -> tuple:
     """The tile walk of the RHT cast: the plain cast's (dispatch.cast_walk) with two CTAs per
-    SM and no preload. Measured (H100, bf16 row+col, full quantize in graphs, 8192x8192): per
-    tensor compact 166.5 -> 145.4 us (the plain cast's one CTA per SM leaves the MMA, shuffle
-    and store latencies of _col_pass_rht exposed), swizzled 151.0 -> 141.4, per token 161.6
-    -> 159.6 / 156.5 -> 154.3 (notes/quant_recipes.md "Session 21")."""
+    SM, no preload and per token no run. Measured (H100, bf16 row+col, full quantize in
+    graphs, 8192x8192, before the amax pass's L2 priorities): per tensor compact 166.5 ->
+    145.4 us (the plain cast's one CTA per SM leaves the MMA, shuffle and store latencies of
+    _col_pass_rht exposed), swizzled 151.0 -> 141.4; per token compact 161.6 -> 156.1,
+    swizzled 156.5 -> 154.3; per tensor without the run: compact 147.4 vs 142.7 with it
+    (notes/quant_recipes.md "Session 21")."""
     walk = cast_walk(m, k, esize, per_token, False, compact_twin, compact_row, num_sms)
-    return (2,) + walk[1:6] + (False,)
+    return (2,) + walk[1:4] + (1 if per_token else walk[4], walk[5], False)
 
 
 def _alloc(shape, device) -> torch.Tensor:
@@ -201,19 +203,24 @@ class _Plan:
         self.dummy = torch.empty(1, dtype=torch.uint8, device=dev)  # for absent outputs
         self.n_kt = 2 * _ceil(k, 128) if swz and col else _ceil(k, TILE)
         arch = device_arch(dev)
+        self.plain = rht_on_plain_cast(recipe, len(sizes), name)
+        keep = 0
+        if self.plain:
+            m, sms, per_token = sizes[0], num_sms(dev), scaling == "token"
+            esize = _CUTLASS[name].width // 8
+            walk = rht_walk(m, k, esize, per_token, col and not swz, row and not swz, sms)
+            # the amax pass's L2 priorities before a backwards cast, as dispatch._Plan's
+            if walk[1] and m * k * esize > L2_KEEP_BYTES[col]:
+                keep = L2_KEEP_BYTES[col]
         self.amax_fn = None
         if scaling != "window64" and atab:
             do_row, do_col = row or self.alias, col and not self.alias
             akey = ("amax_recipe", name, scaling == "token", recipe.rht, do_row, do_col,
-                    col_sum, arch)
+                    col_sum, keep, arch)
             self.amax_fn = KERNELS.get(akey, lambda: compile_kernel(
                 *amax_recipe_kernel(name, scaling == "token", recipe.rht, do_row, do_col,
-                                    col_sum), arch=arch))
-        self.plain = rht_on_plain_cast(recipe, len(sizes), name)
+                                    col_sum, keep), arch=arch))
         if self.plain:
-            m, sms, per_token = sizes[0], num_sms(dev), scaling == "token"
-            walk = rht_walk(m, k, _CUTLASS[name].width // 8, per_token, col and not swz,
-                            row and not swz, sms)
             ckey = ("cast", name, row, col, swz, per_token, sms, False, walk, "rht", arch)
             self.cast_fn = KERNELS.get(ckey, lambda: compile_kernel(
                 *cast_kernel(name, row, col, swz, per_token, sms, False, walk, rht=True),
