@@ -43,9 +43,12 @@ def same_amax(a, b):
                                         | both_nan).all())
 
 
-def check(got, want, recipe):
+def check(got, want, recipe, twin_agree=None):
     """Byte equality of data, scales and amax for each output the recipe asks for; the others
-    are absent."""
+    are absent. twin_agree (the RHT twin where its FP32 sums may round differently from the
+    reference's butterflies, SPEC section 2): at least that fraction of the twin's codes and
+    scale bytes equal instead of all of them (its amax stays exact: the amax pass computes
+    it with the reference's butterflies)."""
     for side in ("", "_t"):
         on = recipe.rowwise if side == "" else recipe.columnwise
         data, scales, amax = (getattr(got, n + side) for n in ("data", "scales", "amax"))
@@ -53,6 +56,13 @@ def check(got, want, recipe):
             assert data is None and scales is None and amax is None
             continue
         wdata, wscales, wamax = (getattr(want, n + side) for n in ("data", "scales", "amax"))
+        if side == "_t" and twin_agree is not None:
+            assert data.shape == wdata.shape and scales.shape == wscales.shape
+            codes, wcodes = (torch.stack([d & 0xF, d >> 4], -1) for d in (data, wdata))
+            assert (codes == wcodes).float().mean().item() >= twin_agree, "data_t"
+            assert (u8(scales) == u8(wscales)).float().mean().item() >= twin_agree, "scales_t"
+            assert same_amax(amax, wamax), "amax_t"
+            continue
         assert torch.equal(data, wdata), "data" + side
         assert torch.equal(u8(scales), u8(wscales)), "scales" + side
         assert same_amax(amax, wamax), "amax" + side

@@ -31,12 +31,12 @@ def poison(monkeypatch):
 OUTPUTS = [(True, True), (True, False), (False, True)]
 
 
-def run_all(x, base: Recipe, seed=0, offset=0, outputs=OUTPUTS):
+def run_all(x, base: Recipe, seed=0, offset=0, outputs=OUTPUTS, twin_agree=None):
     for row, col in outputs:
         for swizzle in (False, True):
             recipe = base.replace(rowwise=row, columnwise=col, swizzle=swizzle)
             got = rd.quantize_recipe(x, recipe, seed=seed, offset=offset)
-            check(got, ref.quantize(x, recipe, seed=seed, offset=offset), recipe)
+            check(got, ref.quantize(x, recipe, seed=seed, offset=offset), recipe, twin_agree)
 
 
 @pytest.mark.parametrize("shape", [(16, 16), (48, 64), (128, 1040), (320, 192)])
@@ -63,7 +63,8 @@ def test_rht(shape, kind, dtype, scaling, gen):
 
 def _wide_blocks(shape, dtype, gen):
     """Every 16-row column block mixes magnitudes 2^-24 .. 2^14 (fp16: 2^-14 .. 2^14) with
-    random signs, so the RHT's partial sums need more than FP32's 24 bits and round."""
+    random signs, so the RHT's partial sums need more than FP32's 24 bits and round (the
+    tensor core's sum and the reference's butterflies may then differ in the last bit)."""
     lo = -14 if dtype == torch.float16 else -24
     e = torch.randint(lo, 15, shape, generator=gen).float()
     x = torch.randn(shape, generator=gen).sign() * (1 + torch.rand(shape, generator=gen)) * 2 ** e
@@ -76,13 +77,15 @@ def _wide_blocks(shape, dtype, gen):
 @pytest.mark.parametrize("scaling", ["tensor", "token"])
 def test_rht_plain_cast(shape, kind, dtype, scaling, gen):
     """Single-tensor RN RHT recipes run on the plain cast with the MMA transform
-    (rht_on_plain_cast): byte-equal to the reference's FP32 butterflies, also where partial
-    sums round ("wide") and on subnormal inputs, with tile tails in M and K and several tiles
-    per CTA."""
-    x = _wide_blocks(shape, dtype, gen) if kind == "wide" else make_input(shape, kind, dtype, gen)
+    (rht_on_plain_cast): byte-equal to the reference's FP32 butterflies (subnormal, huge and
+    special inputs included), with tile tails in M and K and several tiles per CTA; where
+    the block sums round ("wide"), the twin within the SPEC's RHT rule (>= 99.9% identical
+    codes; measured: notes/quant_recipes.md "Session 21")."""
+    wide = kind == "wide"
+    x = _wide_blocks(shape, dtype, gen) if wide else make_input(shape, kind, dtype, gen)
     recipe = Recipe(scaling=scaling, rht=True)
     assert rd.rht_on_plain_cast(recipe.replace(columnwise=True), 1, "bf16")
-    run_all(x, recipe, outputs=[(True, True), (False, True)])
+    run_all(x, recipe, outputs=[(True, True), (False, True)], twin_agree=0.999 if wide else None)
 
 
 @pytest.mark.parametrize("shape", [(16, 32), (96, 80), (256, 1024)])
