@@ -551,7 +551,7 @@ class CastKernel:
         """Per token: the amax whose outer scale this lane computes for its warp in tile
         (tm, tk), once per tile instead of once per thread and block: lanes 0 .. warp_rows - 1
         take the warp's rows (the rowwise pass's lanes of row r read lane r % warp_rows), the
-        next 16 / esize lanes its columns (the columnwise pass's); indices clamped into the
+        next warp_cols lanes its columns (the columnwise pass's); indices clamped into the
         tensor (tail rows / columns, spare lanes). Per tensor: 0, unused."""
         amax = Float32(0.0)
         if cutlass.const_expr(self.per_token):
@@ -852,8 +852,8 @@ class CastKernel:
         if cutlass.const_expr(self.swizzle):  # per tile + per thread, as in _col_thread_offsets
             sw_tile = st_base + Int64(swizzled_scale_offset(col0, blk0, Int32(nsc_c)))
         enc_tab_c = enc_tab
-        if cutlass.const_expr(self.rht and not self.per_token):
-            enc_tab_c = enc_tab + ENC_CODES * 4
+        if cutlass.const_expr(not self.per_token):
+            enc_tab_c = enc_tab + ENC_CODES * 4  # the twin's table (per tensor, enc_table)
         # 0x5410: the low halves of (a, b); 0x7632: the high halves
         keep_sel = cutlass.select_(odd, Uint32(0x7632), Uint32(0x5410))
         send_sel = cutlass.select_(odd, Uint32(0x5410), Uint32(0x7632))
