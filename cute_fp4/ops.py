@@ -19,7 +19,7 @@ from . import ref
 from .recipe import Recipe
 from .ref.formats import decode_scale
 from .ref.quantize import block_outer_amax
-from .ref.swizzle import swizzle_scales, swizzled_shape, unswizzle_scales
+from .ref.swizzle import scale_shape, swizzle_scales, unswizzle_scales
 from .tensor import FIELDS, NVFP4Tensor
 
 
@@ -168,7 +168,7 @@ def _unaliased(outs: Tuple[Tensor, ...]) -> Tuple[Tensor, ...]:
 
 
 def output_shapes(rows: int, cols: int, recipe: Recipe):
-    scales = swizzled_shape(rows, cols // 16) if recipe.swizzle else (rows, cols // 16)
+    scales = scale_shape(rows, cols // 16, recipe.swizzle)
     amax = {"tensor": (1,), "token": (rows,), "window64": (rows, cols // 64)}[recipe.scaling]
     return (rows, cols // 2), scales, amax
 

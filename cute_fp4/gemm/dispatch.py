@@ -12,7 +12,7 @@ from ..common.jit import (KERNELS, compile_kernel, device_arch, dyn, env_stream,
 from ..quant.dequantize import dequantize
 from ..recipe import Recipe
 from ..ref.formats import decode_scale
-from ..ref.swizzle import swizzle_scales, swizzled_shape
+from ..ref.swizzle import scale_shape, swizzle_scales
 from ..tensor import NVFP4Tensor
 from .factors import epilogue_operands
 from .operands import OuterAmax, _check_operand, _check_operands, _epilogue, _prepare_data
@@ -221,7 +221,7 @@ def decode_values(data: torch.Tensor, scales: torch.Tensor, swizzled: bool,
     dequantize kernel with a unit outer scale (amax 2688: S_enc = 1)."""
 
     rows, k = data.shape[0], data.shape[1] * 2
-    shape = swizzled_shape(rows, k // 16) if swizzled else (rows, k // 16)
+    shape = scale_shape(rows, k // 16, swizzled)
     sf = scales.view(torch.float8_e4m3fn).reshape(shape)
     return dequantize(NVFP4Tensor(_aligned(data), sf, _unit_amax(data.device), None, None,
                                   None, Recipe(swizzle=swizzled), (rows, k), dtype), dtype)

@@ -39,9 +39,9 @@ from cute_fp4.common import encode as E
 from cute_fp4.common.encode import add_rn, block_amax, sub_rn
 from cute_fp4.common.philox import philox_block16, round_keys
 from cute_fp4.common.ptx import st_shared
-from cute_fp4.quant.amax import keep_load, keep_policies
 from cute_fp4.common.scales import (ONE_SIXTH, e2m1_to_f32, e4m3_to_f32, outer_encode_scale,
                                     swizzled_scale_offset)
+from cute_fp4.quant.amax import keep_load, keep_policies
 from cute_fp4.ref.quantize import RHT_SIGNS
 
 DTYPES = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16, "fp32": cutlass.Float32}

@@ -26,6 +26,7 @@ import torch
 from ..common.jit import (KERNELS, compile_kernel, device_arch, dyn, env_stream, fake_tensor,
                           ffi_function, num_sms)
 from ..recipe import Recipe
+from ..ref.swizzle import scale_shape
 from ..tensor import NVFP4Tensor
 from .amax import AmaxTensor, AmaxToken, tensor_partials
 from .cast import RUN_SCALE_BYTES, CastKernel
@@ -125,12 +126,6 @@ def _alloc(nbytes: int, device) -> torch.Tensor:
     """The one output allocation of a call (uninitialised; tests replace it with a poisoning
     one)."""
     return torch.empty(nbytes, dtype=torch.uint8, device=device)
-
-
-def _scale_shape(rows: int, cols: int, swizzle: bool):
-    if swizzle:
-        return ((rows + 127) // 128 * 128, (cols // 16 + 3) // 4 * 4)
-    return (rows, cols // 16)
 
 
 # Largest input, in cast tiles (128 rows x 128 bytes), quantized by the one-launch fused path
@@ -323,9 +318,9 @@ class _Plan:
         self.data = self.scales = self.data_t = self.scales_t = None
         shapes = {}
         if row:
-            shapes["data"], shapes["scales"] = (m, k // 2), _scale_shape(m, k, swz)
+            shapes["data"], shapes["scales"] = (m, k // 2), scale_shape(m, k // 16, swz)
         if col:
-            shapes["data_t"], shapes["scales_t"] = (k, m // 2), _scale_shape(k, m, swz)
+            shapes["data_t"], shapes["scales_t"] = (k, m // 2), scale_shape(k, m // 16, swz)
         for key, piece in shapes.items():
             setattr(self, key, (piece, (piece[1], 1), off))
             off += (piece[0] * piece[1] + 255) // 256 * 256

@@ -26,6 +26,7 @@ holds then (a module advances the offset on the device between steps).
 from __future__ import annotations
 
 import functools
+import math
 from typing import Callable, List, Optional, Sequence
 
 import cutlass
@@ -36,6 +37,7 @@ from ..common.jit import (KERNELS, compile_kernel, device_arch, dyn, env_stream,
 from ..ops import copy_fields
 from ..recipe import Recipe
 from ..ref.philox import check_seed_offset
+from ..ref.swizzle import scale_shape
 from ..tensor import NVFP4Tensor
 from .cast_recipes import GTAB_COLS, TILE, RecipeAmax, RecipeCastKernel
 from .dispatch import L2_KEEP_BYTES, cast_kernel, cast_walk
@@ -137,11 +139,6 @@ def _check(x: torch.Tensor, recipe: Recipe) -> torch.Tensor:
     return x2
 
 
-def _scale_shape(rows: int, blocks: int, swz: bool):
-    """Scale matrix shape of `rows` rows of `blocks` 16-element blocks."""
-    return (_ceil(rows, 128) * 128, _ceil(blocks, 4) * 4) if swz else (rows, blocks)
-
-
 def _check_rows(m: int, recipe: Recipe, what: str):
     unit = 64 if recipe.scaling == "window64" else 16
     if recipe.columnwise and m % unit:
@@ -182,9 +179,9 @@ class _Plan:
             ar, ac = _amax_offsets(scaling, g, row0, k)
             gtab.append((row0, mg, q_len, s_len, qt_len, st_len, ar, ac))
             q_len += mg * k // 2
-            s_len += _scale_shape(mg, nsc, swz)[0] * _scale_shape(mg, nsc, swz)[1]
+            s_len += math.prod(scale_shape(mg, nsc, swz))
             qt_len += k * mg // 2
-            st_len += _scale_shape(k, mg // 16, swz)[0] * _scale_shape(k, mg // 16, swz)[1]
+            st_len += math.prod(scale_shape(k, mg // 16, swz))
             row0 += mg
         self.gtab = gtab
         self.lens = (q_len, s_len, qt_len, st_len)
@@ -225,7 +222,7 @@ class _Plan:
             self.cast_fn = KERNELS.get(ckey, lambda: compile_kernel(
                 *cast_kernel(name, row, col, swz, per_token, sms, False, walk, rht=True),
                 arch=arch))
-            self.shapes_2d = (m, k, _scale_shape(m, nsc, swz), _scale_shape(k, m // 16, swz))
+            self.scale_shapes = (scale_shape(m, nsc, swz), scale_shape(k, m // 16, swz))
             return
         ckey = ("cast_recipe",) + _cast_config(name, recipe) + (arch,)
         self.cast_fn = KERNELS.get(ckey, lambda: compile_kernel(
@@ -296,7 +293,8 @@ def _run(x2: torch.Tensor, sizes: List[int], recipe: Recipe, seed: int, offset: 
     if plan.launch and plan.plain:
         if arg_r is None:
             arg_r, arg_c = amax_r, amax_c
-        m, k, s_shape, st_shape = plan.shapes_2d
+        m = x2.shape[0]
+        s_shape, st_shape = plan.scale_shapes
         d2 = plan.dummy.view(1, 1)
         f8 = torch.float8_e4m3fn
         plan.cast_fn(x2, arg_r, arg_c, q.view(m, k // 2) if row else d2,
@@ -315,11 +313,11 @@ def _run(x2: torch.Tensor, sizes: List[int], recipe: Recipe, seed: int, offset: 
         data = scales = amax = data_t = scales_t = amax_t = None
         if row:
             data = q[qo:qo + mg * k // 2].view(mg, k // 2)
-            srows, scols = _scale_shape(mg, nsc, swz)
+            srows, scols = scale_shape(mg, nsc, swz)
             scales = s[so:so + srows * scols].view(srows, scols).view(torch.float8_e4m3fn)
         if col:
             data_t = qt[qto:qto + k * mg // 2].view(k, mg // 2)
-            srows, scols = _scale_shape(k, mg // 16, swz)
+            srows, scols = scale_shape(k, mg // 16, swz)
             scales_t = st[sto:sto + srows * scols].view(srows, scols).view(torch.float8_e4m3fn)
         if scaling == "tensor":
             amax, amax_t = amax_r[g:g + 1], amax_c[g:g + 1]

@@ -14,6 +14,11 @@ def swizzled_shape(rows: int, cols: int) -> tuple:
     return (-(-rows // 128) * 128, -(-cols // 4) * 4)
 
 
+def scale_shape(rows: int, cols: int, swizzle: bool) -> tuple:
+    """Shape of the scales of a [rows, cols] scale matrix: padded when swizzled."""
+    return swizzled_shape(rows, cols) if swizzle else (rows, cols)
+
+
 def swizzled_offset(r: torch.Tensor, c: torch.Tensor, cols: int) -> torch.Tensor:
     """Byte offset of scale (r, c) in the swizzled buffer of a matrix with `cols` columns."""
     tiles_per_row = -(-cols // 4)
