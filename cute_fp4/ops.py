@@ -42,9 +42,11 @@ def _or_empty(t: Optional[Tensor], like: Tensor, dtype) -> Tensor:
 
 
 def plain_cast(recipe: Recipe) -> bool:
-    """Recipes of the bandwidth-tuned cast (quant/cast.py); the others run the recipe kernels
-    (quant/cast_recipes.py: 16x16 blocks, RHT, stochastic rounding, 4over6, window64)."""
-    return (recipe.block == (1, 16) and recipe.scaling in ("tensor", "token")
+    """Recipes of the bandwidth-tuned cast (quant/cast.py: 1x16 blocks per tensor or per token,
+    16x16 blocks per tensor); the others run the recipe kernels (quant/cast_recipes.py: RHT,
+    stochastic rounding, 4over6, window64; recipes_dispatch sends its RHT ones back to the
+    plain cast's walk)."""
+    return (recipe.scaling in ("tensor", "token")
             and not (recipe.rht or recipe.stochastic_rounding or recipe.four_over_six))
 
 

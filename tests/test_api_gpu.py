@@ -135,6 +135,8 @@ def _poison(t):
     ((1008, 2000), Recipe(scaling="token", columnwise=True, swizzle=True), "two launches"),
     ((1008, 2048), Recipe(scaling="token", rowwise=False, columnwise=True), "two launches"),
     ((2, 512, 1024), Recipe(swizzle=True), "two launches"),
+    ((128, 128), Recipe(block=(16, 16), columnwise=True), "fused"),
+    ((1008, 2048), Recipe(block=(16, 16), columnwise=True, swizzle=True), "two launches"),
     ((512, 1024), Recipe(rht=True, stochastic_rounding=True, columnwise=True), "recipe"),
     ((512, 1024), Recipe(scaling="window64", columnwise=True, swizzle=True), "recipe"),
     ((512, 1024), Recipe(block=(16, 16), four_over_six="mse", columnwise=True), "recipe"),

@@ -160,6 +160,59 @@ def test_cast_rht_ptx(arch, dtype, row, swizzle, per_token, walk):
         assert "e2m1" not in ptx
 
 
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("dtype,row,col,swizzle,fused,walk", [
+    ("bf16", True, True, False, False, (1, True, False, 4, 8, True, True)),
+    ("bf16", True, True, True, True, None),
+    ("bf16", True, False, False, False, (1, False, False, 1, 8, False, False)),
+    ("fp16", False, True, True, False, (1, True, False, 1, 1, True, False)),
+    ("fp32", True, True, True, False, (1, False, False, 1, 1, True, False)),
+    ("fp32", True, True, False, False, (1, False, False, 4, 16, False, False)),
+])
+def test_cast_block2d_ptx(arch, dtype, row, col, swizzle, fused, walk):
+    """16x16 blocks: one E4M3 scale conversion per tile and thread instead of one per block
+    (row_steps rowwise, 4 / esize columnwise), the tile amax reduced over the lanes of a
+    block column (shuffles xor 16 .. bpr: 3 for 16-bit inputs, 4 for fp32) and, with the
+    twin, handed to the columnwise pass through smem (one 8-byte store and load) after one
+    more consumer barrier; the 1x16 kernel of the same walk is the reference count."""
+    args = (dtype, row, col, swizzle, False, 132, fused, walk)
+    ptx = compile_ptx(*cast_kernel(*args, block2d=True), arch=arch)
+    plain = compile_ptx(*cast_kernel(*args), arch=arch)
+    assert ptx_target(ptx) == arch
+    op = CastKernel(dtype, row, col, swizzle, False, 132, block2d=True)
+    esize = 4 if dtype == "fp32" else 2
+
+    def count(text, pattern):
+        return len(re.findall(pattern, text))
+
+    cvt = r"cvt\.rn\.satfinite\.e4m3x2\.f32"
+    assert count(plain, cvt) - count(ptx, cvt) == op.row_steps * row + 4 // esize * col - 1
+    bfly = r"shfl\.sync\.bfly"
+    assert count(ptx, bfly) - count(plain, bfly) == (3 if esize == 2 else 4)
+    assert count(ptx, r"st\.shared\.v2\.b32") == count(ptx, r"ld\.shared\.v2\.b32") == int(col)
+    bar = r"bar(rier)?\.sync"
+    assert count(ptx, bar) - count(plain, bar) == int(col)
+    need = [r"cp\.async\.bulk\.tensor", r"st\.global\.v2\.b32"]
+    assert missing_instructions(ptx, need) == []
+    assert "div.approx" not in ptx and "rcp.approx" not in ptx
+    if arch == "sm_100a":
+        assert E2M1_CVT in ptx
+    else:
+        assert "e2m1" not in ptx
+
+
+def test_cast_block2d_rules():
+    """16x16 blocks need a per-tensor outer scale and no RHT; the smem tile scales exist only
+    with the twin (one (byte, enc) pair per 16x16 tile of each ring stage)."""
+    for per_token, rht in [(True, False), (False, True)]:
+        with pytest.raises(ValueError, match="block2d"):
+            CastKernel("bf16", True, True, False, per_token, 132, rht=rht, block2d=True)
+    op = CastKernel("bf16", True, True, False, False, 132, stages=4, block2d=True)
+    assert op.tile_scale_words == 2 * 4 * 8 * 4
+    assert CastKernel("fp32", True, True, False, False, 132, block2d=True).bpr == 2
+    assert CastKernel("bf16", True, False, False, False, 132, block2d=True).tile_scale_words == 2
+
+
 def test_cast_rht_rules():
     """The RHT cast needs the twin, a 16-bit input (the MMA operands) and an amax pass."""
     assert CastKernel("bf16", False, True, False, True, 132, rht=True).warp_cols == 16

@@ -8,7 +8,7 @@ import torch
 from cute_fp4 import Recipe, ref
 from cute_fp4.quant import dispatch
 
-from quant_checks import check, make_input, same_amax
+from quant_checks import check, make_input, same_amax, u8
 
 pytestmark = pytest.mark.gpu
 
@@ -228,9 +228,10 @@ def test_bad_inputs():
             dispatch.quantize(torch.randn(64, 64, device="cuda"), Recipe(**opt))
 
 
-@pytest.mark.parametrize("scaling", ["tensor", "token"])
+@pytest.mark.parametrize("scaling,block", [("tensor", (1, 16)), ("token", (1, 16)),
+                                           ("tensor", (16, 16))])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_amax_reduce(scaling, dtype, gen):
+def test_amax_reduce(scaling, block, dtype, gen):
     """A cross-rank amax reduction stand-in that raises the amax (x3, or a fixed larger value):
     the outputs are the reference's with that amax; the per-row amaxes stay local."""
     x = make_input((256, 1040), "outliers", dtype, gen)
@@ -238,11 +239,58 @@ def test_amax_reduce(scaling, dtype, gen):
     for amax_reduce in (lambda t: t.copy_(t * 3), lambda t: t.fill_(big)):
         for row, col in [(True, True), (True, False), (False, True)]:
             for swizzle in (False, True):
-                recipe = Recipe(scaling=scaling, rowwise=row, columnwise=col, swizzle=swizzle)
+                recipe = Recipe(scaling=scaling, block=block, rowwise=row, columnwise=col,
+                                swizzle=swizzle)
                 got = dispatch.quantize(x, recipe, amax_reduce=amax_reduce)
                 check(got, ref.quantize(x, recipe, amax_reduce=amax_reduce), recipe)
                 if scaling == "token" and row:
                     assert same_amax(got.amax, ref.amax_per_token(x)[0])
+
+
+# 16x16 blocks (per tensor) on the plain cast (CastKernel block2d): tiles of one row pass warp
+# shared with the twin through smem; rowwise only where M is not a multiple of 16 (tail tiles
+# padded with zero rows, as the reference pads them).
+@pytest.mark.parametrize("shape", SHAPES + [(200, 48), (77, 4112)])
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_block2d_bit_exact(shape, kind, dtype, gen):
+    x = make_input(shape, kind, dtype, gen)
+    for row, col in _output_sets(shape[0]):
+        for swizzle in (False, True):
+            recipe = Recipe(block=(16, 16), rowwise=row, columnwise=col, swizzle=swizzle)
+            got = dispatch.quantize(x, recipe)
+            want = ref.quantize(x, recipe)
+            check(got, want, recipe)
+            if row and col and not swizzle:
+                # one scale per 16x16 tile: the twin's scales are the rowwise ones transposed
+                tiles = u8(got.scales)[::16].t().repeat_interleave(16, 0)
+                assert torch.equal(u8(got.scales_t), tiles)
+
+
+@pytest.mark.parametrize("shape", [(1008, 1024), (640, 2064), (8192, 4096)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("warm", [True, False])
+@pytest.mark.parametrize("kind", ["outliers", "special"])
+def test_block2d_walks_bit_exact(shape, dtype, warm, kind, gen, monkeypatch):
+    """16x16 blocks on the walks of large inputs, forced here: backwards with the enc table and
+    the preloaded words (warm) or forwards without the table (cold); the run (compact rowwise
+    scales) and the band (compact twin) at every size; several tiles per CTA and ring stage
+    ((8192, 4096): every stage's tile-scale buffer reused)."""
+    monkeypatch.setattr(dispatch, "L2_WARM_MAX_BYTES", 1 << 40 if warm else 0)
+    monkeypatch.setattr(dispatch, "ENC_TABLE_COMPACT_TWIN_MAX_BYTES", 1 << 40 if warm else 0)
+    monkeypatch.setattr(dispatch, "RUN_MIN_UNITS_PER_SM", 0)
+    monkeypatch.setattr(dispatch, "RUN_BYTES", {key: (0, 1 << 62) for key in dispatch.RUN_BYTES})
+    dispatch._plan.cache_clear()
+    x = make_input(shape, kind, dtype, gen)
+    for row, col in [(True, True), (True, False), (False, True)]:
+        for swizzle in (False, True):
+            recipe = Recipe(block=(16, 16), rowwise=row, columnwise=col, swizzle=swizzle)
+            walk = dispatch.cast_walk(*shape, x.element_size(), False, False,
+                                      col and not swizzle, row and not swizzle)
+            assert walk[1] == warm and walk[6] == (warm and row and not swizzle and walk[4] > 1)
+            assert not dispatch.plan_for(x, recipe).fused
+            check(dispatch.quantize(x, recipe), ref.quantize(x, recipe), recipe)
+    dispatch._plan.cache_clear()
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -303,6 +351,21 @@ def test_fused_bit_exact(shape, kind, dtype, scaling, gen, fused_limit):
                 assert plan.fused is (fused and not rows)
                 assert (plan.token_rows is not None) is rows
                 assert (plan.amax is None) is (fused or rows)
+                check(dispatch.quantize(x, recipe), ref.quantize(x, recipe), recipe)
+
+
+@pytest.mark.parametrize("shape", TINY_SHAPES)
+@pytest.mark.parametrize("kind", ["outliers", "special", "zero"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_block2d_fused_bit_exact(shape, kind, dtype, gen, fused_limit):
+    """16x16 blocks on tiny inputs: the one-launch path and the two-launch path."""
+    x = _tiny_input(shape, kind, dtype, gen)
+    for limit, fused in ((10**6, True), (0, False)):
+        fused_limit(limit)
+        for row, col in _output_sets(shape[0]):
+            for swizzle in (False, True):
+                recipe = Recipe(block=(16, 16), rowwise=row, columnwise=col, swizzle=swizzle)
+                assert dispatch.plan_for(x, recipe).fused is fused
                 check(dispatch.quantize(x, recipe), ref.quantize(x, recipe), recipe)
 
 

@@ -409,6 +409,15 @@ def ld_shared_v4(addr):
     return ld_shared(addr, 4, clobber=False, dtype=Uint32)
 
 
+def ld_shared_v2(addr):
+    """8-byte shared-memory load at a 32-bit shared address: 2 x Uint32."""
+    return ld_shared(addr, 2, clobber=False, dtype=Uint32)
+
+
+def st_shared_v2(addr, v0, v1):
+    st_shared(addr, Uint32(v0), Uint32(v1), clobber=False)
+
+
 def st_shared_u32(addr, v):
     st_shared(addr, Uint32(v), clobber=False)
 

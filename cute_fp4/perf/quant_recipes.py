@@ -9,6 +9,11 @@ input read twice when an outer amax pass is needed, once for window64; every out
 once), the ratio to the plain cast of the same shape and outputs (the plain cast uses the
 recipe's scaling where it supports it, else per-tensor) and, for grouped inputs, the ratio to
 one single-tensor launch of the same recipe and total size.
+
+Each recipe is timed as `cute_fp4.quantize` runs it on CUDA (`ops.quantize_impl`: 16x16
+blocks per tensor on the plain cast, the rest on the recipe kernels, whose dispatch sends the
+RN RHT back to the plain cast's walk), except the suite's "recipe kernel" rows, which time
+`recipes_dispatch.quantize_recipe` itself.
 """
 
 from __future__ import annotations
@@ -45,18 +50,20 @@ def _plain_recipe(recipe: Recipe) -> Recipe:
 
 
 def cases(args):
-    """[(label, recipe, groups)]: groups 0 = one single-tensor launch."""
+    """[(label, recipe, groups)]: groups 0 = one single-tensor call of cute_fp4.quantize's
+    CUDA path, -1 = one call of the recipe kernels (quantize_recipe), N > 0 = N groups."""
     cw = not args.rowwise_only
 
     def rec(**kw):
         return Recipe(rowwise=True, columnwise=cw, **kw)
 
     if args.suite:
-        out = [("recipe kernel, no option", rec(), 0), ("rht", rec(rht=True), 0),
+        out = [("recipe kernel, no option", rec(), -1), ("rht", rec(rht=True), 0),
                ("token + rht", rec(scaling="token", rht=True), 0),
                ("stochastic rounding", rec(stochastic_rounding=True), 0),
                ("token + SR", rec(scaling="token", stochastic_rounding=True), 0),
                ("2d (16, 16)", rec(block=(16, 16)), 0),
+               ("2d (16, 16), recipe kernel", rec(block=(16, 16)), -1),
                ("window64", rec(scaling="window64"), 0)]
         out += [(f"4over6 {fos}{' fast_math' if fast else ''}",
                  rec(four_over_six=fos, fast_math=fast), 0)
@@ -92,6 +99,7 @@ def main(argv=None):
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
 
+    from ..ops import quantize_impl
     from ..quant.dispatch import quantize as plain
     from ..quant.recipes_dispatch import quantize_grouped, quantize_recipe
 
@@ -124,15 +132,18 @@ def main(argv=None):
                 if base not in plain_ms:
                     plain_ms[base] = bench(lambda xi: plain(xi, base))
                     row(f"plain cast ({base.scaling})", base, plain_ms[base], 1.0, float("nan"))
-                if groups:
+                if groups > 0:
                     if recipe not in single_ms:
                         single_ms[recipe] = bench(lambda xi: quantize_recipe(xi, recipe, seed=1))
                     sizes = _splits(m, groups, 64 if recipe.scaling == "window64" else 16)
                     ms = bench(lambda xi: quantize_grouped(xi, sizes, recipe, seed=1))
                     row(label, recipe, ms, ms / plain_ms[base], ms / single_ms[recipe])
-                else:
+                elif groups < 0:
                     ms = bench(lambda xi: quantize_recipe(xi, recipe, seed=1))
                     single_ms[recipe] = ms
+                    row(label, recipe, ms, ms / plain_ms[base], float("nan"))
+                else:
+                    ms = bench(lambda xi: quantize_impl(xi, recipe, 1, 0))
                     row(label, recipe, ms, ms / plain_ms[base], float("nan"))
     what = "every recipe" if args.suite else str(todo[0][1])
     title = (f"NVFP4 recipe quantize, {what} ({args.dtype}, "

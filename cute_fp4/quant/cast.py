@@ -40,6 +40,12 @@ Transform of each 16-row column block (SPEC section 2, the recipe option): the t
 tensor-core MMA per block row and 16 columns (`_col_pass_rht`), and the twin's outer scale is
 the post-RHT amax (per tensor amax_c holds its own partials; per token amax_c is the post-RHT
 column amax), from RecipeAmax.
+
+`block2d` (per tensor, no RHT): 16x16 blocks (SPEC section 1, the recipe's block=(16, 16)): one
+scale per 16x16 tile, shared by its 16 rowwise blocks and its 16 twin blocks. The rowwise pass's
+warp w holds block row w of the tile, so the tile amaxes are a shuffle reduction of its block
+amaxes (_tile_scales); with the twin, lanes 0 .. bpr - 1 leave each tile's (scale byte, enc) in
+smem for the columnwise pass, after a consumer barrier.
 """
 
 import cutlass
@@ -75,7 +81,7 @@ class CastKernel:
                  per_token: bool, num_sms: int, stages: int = 4, ctas_per_sm: int = 2,
                  fused_amax: bool = False, reverse: bool = False, prefetch_amax: bool = False,
                  band: int = 1, run: int = 1, enc_table: bool = False, preload: bool = False,
-                 rht: bool = False):
+                 rht: bool = False, block2d: bool = False):
         if dtype not in DTYPES:
             raise TypeError(f"CastKernel: unsupported input dtype {dtype!r} (bf16, fp16, fp32)")
         if not (rowwise or columnwise):
@@ -110,6 +116,10 @@ class CastKernel:
             raise ValueError("CastKernel: rht needs the columnwise output, a bf16 / fp16 input "
                              "(the MMA takes 16-bit operands) and an amax pass (not fused_amax)")
         self.rht = rht
+        if block2d and (per_token or rht):
+            raise ValueError("CastKernel: block2d (16x16 blocks) needs a per-tensor outer scale "
+                             "and no rht")
+        self.block2d = block2d
         self.stage_bytes = self.tile_m * self.tile_bytes
         self.threads = 32 * (self.num_consumer_warps + 1)
         # rows of a tile per consumer warp (both passes); per token the warp's lanes compute
@@ -132,6 +142,13 @@ class CastKernel:
         # the twin's own table after the rowwise one with the RHT (its outer amax differs)
         self.enc_tab_words = ENC_CODES * (1 + int(rht)) if enc_table else 1
         self.red_words = self.num_consumer_warps * (1 + int(rht))
+        # block2d with the twin: (scale byte, enc) words of each 16x16 tile of a stage, one
+        # buffer per ring stage (a warp rewrites one only after the barrier of a later tile)
+        self.bpr = self.tile_k // 16  # 1x16 blocks (16x16 tiles) per tile row
+        self.tile_scale_bytes = 8 * (self.tile_m // 16) * self.bpr  # per stage
+        self.tile_scale_words = stages * self.tile_scale_bytes // 4
+        if not (block2d and columnwise):
+            self.tile_scale_words = 2
         # _flush_run_scales: each consumer thread stores 16 bytes of the run's scales
         assert run == 1 or self.consumer_threads * 16 == self.tile_m * RUN_SCALE_BYTES
 
@@ -169,6 +186,8 @@ class CastKernel:
             runsc: cute.struct.Align[cute.struct.MemRange[cutlass.Uint8, self.runsc_bytes], 16]
             # enc_table: enc of every scale byte (_fill_enc_table)
             enc_tab: cute.struct.Align[cute.struct.MemRange[Float32, self.enc_tab_words], 16]
+            # block2d with the twin: the tiles' (scale byte, enc) (_tile_scales)
+            tile_sc: cute.struct.Align[cute.struct.MemRange[Uint32, self.tile_scale_words], 8]
             sx: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(smem_layout)], 1024]
 
         self.storage = Storage
@@ -418,6 +437,7 @@ class CastKernel:
             if cutlass.const_expr(self.prefetch_amax):
                 amax_next = self._lane_amax(tm, uk * self.run, M, K, tidx, ar_base, ac_base)
             runsc = storage.runsc.data_ptr().toint()
+            tile_sc = storage.tile_sc.data_ptr().toint()
             run_off = Int32(0)  # the run's buffer: runs alternate between the two
             for t in cutlass.range(bidx, n_units, gdim, unroll=1):
                 tm_n, uk_n = self._next_tile(tm, uk, steps, n_uk)
@@ -426,7 +446,7 @@ class CastKernel:
                         pipe, cstate, sbase, tidx, tm, uk, tm_n, uk_n, M, K, half_k, half_m,
                         nsc_r, nsc_c, pad_c_c, row_thr, col_thr, offs, q_base, s_base, qt_base,
                         st_base, ar_base, ac_base, amax_next, s6, sdec, enc_tab, runsc, col_outer,
-                        rht_b)
+                        rht_b, tile_sc)
                     cstate.advance()
                 else:
                     # the run's rowwise scales go to smem (buffer runsc), then out as whole
@@ -439,7 +459,8 @@ class CastKernel:
                             cutlass.select_(last, uk_n * self.run, tk + 1), M, K, half_k, half_m,
                             nsc_r, nsc_c, pad_c_c, row_thr, col_thr, offs, q_base, s_base,
                             qt_base, st_base, ar_base, ac_base, amax_next, s6, sdec, enc_tab,
-                            runsc + run_off + i * (self.tile_k // 16), col_outer, rht_b)
+                            runsc + run_off + i * (self.tile_k // 16), col_outer, rht_b,
+                            tile_sc)
                         cstate.advance()
                     self._flush_run_scales(runsc + run_off, tidx, tm, uk, M, nsc_r, s_base)
                     run_off = self.tile_m * RUN_SCALE_BYTES - run_off
@@ -461,11 +482,11 @@ class CastKernel:
     def _cast_tile(self, pipe, cstate, sbase, tidx, tm, tk, tm_n, tk_n, M, K, half_k, half_m,
                    nsc_r, nsc_c, pad_c_c, row_thr, col_thr, offs, q_base, s_base, qt_base,
                    st_base, ar_base, ac_base, amax_next, s6, sdec, enc_tab, run_sc, col_outer,
-                   rht_b):
+                   rht_b, tile_sc):
         """Consumers: both passes over tile (tm, tk) in stage cstate of the ring; (tm_n,
         tk_n) is the CTA's next tile. Returns (amax_next, s6, sdec): per token the lane's amax
         of the next tile (prefetch_amax) and this tile's outer scale. col_outer, rht_b: see
-        _col_pass_rht."""
+        _col_pass_rht; tile_sc: the block2d tile scales' smem buffers."""
         if cutlass.const_expr(self.prefetch_amax):
             amax_cur = amax_next
             amax_next = self._lane_amax(tm_n, tk_n, M, K, tidx, ar_base, ac_base)
@@ -480,14 +501,20 @@ class CastKernel:
         # load across a store that may alias it); else each pass (row step) reads its words
         row_words = col_words = None
         if cutlass.const_expr(self.preload):
-            if cutlass.const_expr(self.rowwise):
-                row_words = [self._row_step_words(stage_addr, tidx, row_thr[j][0])
-                             for j in range(self.row_steps)]
+            if cutlass.const_expr(self.rowwise or self.block2d):
+                row_words = self._row_words(stage_addr, tidx, row_thr)
             if cutlass.const_expr(self.columnwise):
                 col_words = self._col_words(stage_addr, offs)
+        # block2d: the scale of each 16x16 tile from the rowwise blocks' words
+        tile_scale = None
+        sc_buf = tile_sc + cstate.index * self.tile_scale_bytes
+        if cutlass.const_expr(self.block2d):
+            if cutlass.const_expr(row_words is None):
+                row_words = self._row_words(stage_addr, tidx, row_thr)
+            tile_scale = self._tile_scales(row_words, tidx, s6, sdec, enc_tab, sc_buf)
         if cutlass.const_expr(self.rowwise):
             self._row_pass(stage_addr, row_words, tidx, tm, tk, M, K, half_k, nsc_r, row_thr,
-                           q_base, s_base, s6, sdec, enc_tab, run_sc)
+                           q_base, s_base, s6, sdec, enc_tab, run_sc, tile_scale)
         if cutlass.const_expr(self.columnwise):
             if cutlass.const_expr(not self.preload):
                 col_words = self._col_words(stage_addr, offs)
@@ -495,8 +522,11 @@ class CastKernel:
                 self._col_pass_rht(col_words, tidx, tm, tk, M, K, half_m, nsc_c, pad_c_c,
                                    qt_base, st_base, s6, sdec, col_outer, enc_tab, rht_b)
             else:
+                if cutlass.const_expr(self.block2d):  # the tile scales of the column blocks
+                    cute.arch.barrier(barrier_id=1, number_of_threads=self.consumer_threads)
+                    tile_scale = self._col_tile_scale(tidx, sc_buf)
                 self._col_pass(col_words, tidx, tm, tk, M, K, half_m, nsc_c, pad_c_c, col_thr,
-                               qt_base, st_base, s6, sdec, enc_tab)
+                               qt_base, st_base, s6, sdec, enc_tab, tile_scale)
 
         cute.arch.sync_warp()
         pipe.consumer_release(cstate)
@@ -600,6 +630,41 @@ class CastKernel:
                         swizzled_scale_offset(r, b, Int32(4))))
         return out
 
+    def _row_words(self, stage_addr, tidx, row_thr):
+        """The words of the thread's rowwise blocks, per step (_row_step_words)."""
+        return [self._row_step_words(stage_addr, tidx, row_thr[j][0])
+                for j in range(self.row_steps)]
+
+    @cute.jit
+    def _tile_scales(self, row_words, tidx, s6, sdec, enc_tab, sc_buf):
+        """block2d: (scale byte, enc) of the thread's 16x16 tile. Warp w's rowwise steps cover
+        the tile rows 16 w .. 16 w + 15 (row_steps * 32 / bpr of them) and lane % bpr is the
+        block column, so the tile amax is the max over the thread's steps and the lanes
+        sharing lane % bpr. With the twin, lanes 0 .. bpr - 1 store the (byte, enc) of tile
+        (w, lane) at sc_buf for the columnwise pass (_col_tile_scale)."""
+        words = [w for step in row_words for w in step]
+        if cutlass.const_expr(self.esize == 4):
+            amax = E.block_amax([E.bits_f32(v) for v in words])
+        else:
+            amax = E.amax_fold(E.amax_pairs(words, self.dtype_name), self.dtype_name)
+        for m in (16, 8, 4, 2, 1):
+            if cutlass.const_expr(m >= self.bpr):
+                amax = E.shfl_xor_max_nan(amax, m)
+        code, enc = self._block_scale(amax, s6, sdec, enc_tab)
+        if cutlass.const_expr(self.columnwise):
+            lane = tidx % 32
+            if lane < self.bpr:
+                E.st_shared_v2(sc_buf + (tidx // 32 * self.bpr + lane) * 8, code, E.f32_bits(enc))
+        return code, enc
+
+    @cute.jit
+    def _col_tile_scale(self, tidx, sc_buf):
+        """block2d: (scale byte, enc) of the columnwise thread's tile (block row lane / 4,
+        the column block of the warp's 16 / esize columns), from _tile_scales."""
+        rb = tidx % 32 // 4
+        code, enc = E.ld_shared_v2(sc_buf + (rb * self.bpr + tidx // 32 // self.esize) * 8)
+        return code, E.bits_f32(enc)
+
     def _row_step_words(self, stage_addr, tidx, r):
         """The words of the thread's rowwise block in tile row r of the stage at stage_addr:
         16-byte loads of swizzled chunks (conflict-free)."""
@@ -612,12 +677,13 @@ class CastKernel:
 
     @cute.jit
     def _row_pass(self, stage_addr, row_words, tidx, tm, tk, M, K, half_k, nsc_r, row_thr,
-                  q_base, s_base, s6, sdec, enc_tab, run_sc):
+                  q_base, s_base, s6, sdec, enc_tab, run_sc, tile_scale):
         """Lanes of a warp take consecutive 16-element blocks of consecutive rows, so one warp
         store covers whole 32-byte sectors (bpr blocks of 8 bytes per row). Per token, s6 /
-        sdec are the lane's (_lane_amax). row_words: the steps' words (preload), or None: each
-        step reads its own. run > 1: the compact scales go to the run's smem buffer at run_sc
-        (this tile's column there) instead of global memory."""
+        sdec are the lane's (_lane_amax). row_words: the steps' words (preload, block2d), or
+        None: each step reads its own. run > 1: the compact scales go to the run's smem buffer
+        at run_sc (this tile's column there) instead of global memory. tile_scale (block2d):
+        the (scale byte, enc) of every step's block."""
         bpr = self.tile_k // 16  # blocks per tile row
         lane = tidx % 32
         b = lane % bpr
@@ -637,19 +703,25 @@ class CastKernel:
                 src = j * (32 // bpr) + lane // bpr  # row r - warp_rows * warp
                 s6_r = cute.arch.shuffle_sync(s6, src)
                 sdec_r = cute.arch.shuffle_sync(sdec, src)
-            if cutlass.const_expr(self.preload):
+            if cutlass.const_expr(row_words is not None):
                 words = row_words[j]
             else:
                 words = self._row_step_words(stage_addr, tidx, r)
             xs = []
             if cutlass.const_expr(self.esize == 4):
                 xs = [E.bits_f32(v) for v in words]
-                amax = E.block_amax(xs)
             else:
                 for v in words:
                     xs += [E.unpack_lo(v, self.dtype_name), E.unpack_hi(v, self.dtype_name)]
-                amax = E.amax_fold(E.amax_pairs(words, self.dtype_name), self.dtype_name)
-            code, w0, w1 = self._quantize16(xs, amax, s6_r, sdec_r, enc_tab)
+            if cutlass.const_expr(tile_scale is not None):
+                code = tile_scale[0]
+                w0, w1 = E.encode16(xs, tile_scale[1], self.hw)
+            else:
+                if cutlass.const_expr(self.esize == 4):
+                    amax = E.block_amax(xs)
+                else:
+                    amax = E.amax_fold(E.amax_pairs(words, self.dtype_name), self.dtype_name)
+                code, w0, w1 = self._quantize16(xs, amax, s6_r, sdec_r, enc_tab)
             valid = (gr < M) & col_ok
             if valid:
                 E.st_global_v2(q_tile + q_off, w0, w1)
@@ -715,14 +787,15 @@ class CastKernel:
 
     @cute.jit
     def _col_pass(self, words, tidx, tm, tk, M, K, half_m, nsc_c, pad_c_c, col_thr,
-                  qt_base, st_base, s6, sdec, enc_tab):
+                  qt_base, st_base, s6, sdec, enc_tab, tile_scale):
         """Lanes with consecutive block rows store consecutive 8-byte pieces of one output row
         (64 bytes per input column and tile) from the thread's 16 words (_col_words). Per
-        token, s6 / sdec are the lane's (_lane_amax)."""
+        token, s6 / sdec are the lane's (_lane_amax). tile_scale (block2d): the (scale byte,
+        enc) of the thread's blocks (one 16x16 tile)."""
         lane = tidx % 32
         rb = lane // 4
         cols = 4 // self.esize  # input columns per 4-byte word
-        if cutlass.const_expr(self.esize == 2):
+        if cutlass.const_expr(self.esize == 2 and tile_scale is None):
             # block amax of both columns of the words at once (low / high halves)
             pair = E.amax_pairs(words, self.dtype_name)
             amax2 = (E.unpack_lo(pair, self.dtype_name), E.unpack_hi(pair, self.dtype_name))
@@ -751,11 +824,15 @@ class CastKernel:
                     xs.append(E.unpack_lo(words[i], self.dtype_name))
                 else:
                     xs.append(E.unpack_hi(words[i], self.dtype_name))
-            if cutlass.const_expr(self.esize == 4):
-                amax = E.block_amax(xs)
+            if cutlass.const_expr(tile_scale is not None):
+                code = tile_scale[0]
+                w0, w1 = E.encode16(xs, tile_scale[1], self.hw)
             else:
-                amax = amax2[cc]
-            code, w0, w1 = self._quantize16(xs, amax, s6_c, sdec_c, enc_tab)
+                if cutlass.const_expr(self.esize == 4):
+                    amax = E.block_amax(xs)
+                else:
+                    amax = amax2[cc]
+                code, w0, w1 = self._quantize16(xs, amax, s6_c, sdec_c, enc_tab)
             w0 = E.rotl_nibbles(w0, rb)
             w1 = E.rotl_nibbles(w1, rb)
             valid = (gk < K) & row_ok

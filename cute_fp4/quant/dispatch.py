@@ -9,8 +9,8 @@ amax kernel, per token a zero-fill, and the cast. Per-token rowwise-only calls o
 one launch of TokenRowCast (token_rows.py), which finds each row's amax and casts the row in one
 read (rows up to 16384 elements).
 
-Supported: recipe.scaling in {"tensor", "token"}, block (1, 16), no rht / stochastic rounding /
-4over6: the recipe kernels (`recipes_dispatch.quantize_recipe`) run those, and the public
+Supported: recipe.scaling in {"tensor", "token"}, 1x16 blocks or (per tensor) 16x16 blocks
+(CastKernel block2d), no rht / stochastic rounding / 4over6: the recipe kernels (`recipes_dispatch.quantize_recipe`) run those, and the public
 `cute_fp4.quantize` routes each recipe to its kernel (`ops.plain_cast`); called directly, this
 module raises NotImplementedError naming the option.
 """
@@ -46,17 +46,18 @@ def _f8_2d():
 
 def cast_kernel(dtype: str, rowwise: bool, columnwise: bool, swizzle: bool, per_token: bool,
                 num_sms: int = 132, fused_amax: bool = False,
-                walk: tuple = None, rht: bool = False):
+                walk: tuple = None, rht: bool = False, block2d: bool = False):
     """(kernel, *fake compile arguments) of the K2 cast for a configuration; walk =
     (CTAs per SM, reverse tile walk, per-token amax prefetch, band, run, enc table, preload),
-    see cast_walk (default: plain_walk); rht: the twin of the RHT'd input (recipes_dispatch)."""
+    see cast_walk (default: plain_walk); rht: the twin of the RHT'd input (recipes_dispatch);
+    block2d: 16x16 blocks."""
     if walk is None:
         walk = plain_walk(per_token)
     ctas_per_sm, reverse, prefetch_amax, band, run, enc_table, preload = walk
     op = CastKernel(dtype, rowwise, columnwise, swizzle, per_token, num_sms,
                     ctas_per_sm=ctas_per_sm, fused_amax=fused_amax, reverse=reverse,
                     prefetch_amax=prefetch_amax, band=band, run=run, enc_table=enc_table,
-                    preload=preload, rht=rht)
+                    preload=preload, rht=rht, block2d=block2d)
     esize = _CUTLASS[dtype].width // 8
     m, k = dyn(), dyn(16 // esize)
     return (op, fake_tensor(_CUTLASS[dtype], (m, k)),
@@ -102,9 +103,6 @@ def _check_recipe(recipe: Recipe):
     if recipe.four_over_six is not None:
         raise NotImplementedError(
             f"cute_fp4 plain CUDA cast: Recipe.four_over_six {_RECIPE_KERNELS}")
-    if recipe.block != (1, 16):
-        raise NotImplementedError(
-            f"cute_fp4 plain CUDA cast: Recipe.block={recipe.block} {_RECIPE_KERNELS}")
     if recipe.scaling not in ("tensor", "token"):
         raise NotImplementedError(
             f"cute_fp4 plain CUDA cast: Recipe.scaling={recipe.scaling!r} {_RECIPE_KERNELS}")
@@ -308,10 +306,11 @@ class _Plan:
         self.one_launch = fused or self.token_rows is not None
         self.cast = None
         if self.token_rows is None:
+            block2d = recipe.block == (16, 16)
             self.cast = ffi_function(KERNELS.get(
-                ("cast", name, row, col, swz, per_token, sms, fused, walk, arch),
+                ("cast", name, row, col, swz, per_token, sms, fused, walk, block2d, arch),
                 lambda: compile_kernel(*cast_kernel(name, row, col, swz, per_token, sms, fused,
-                                                    walk), arch=arch)))
+                                                    walk, block2d=block2d), arch=arch)))
         off = self.amax_bytes = (4 * n_amax + 255) // 256 * 256
         self.m, self.k, self.n_amax = m, k, n_amax
         # (shape, strides, byte offset) of each present output; absent ones are None
