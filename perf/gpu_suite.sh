@@ -19,18 +19,21 @@ python3 -c "import torch; p = torch.cuda.get_device_properties(0); print(p.name,
 if [ "$mode" = tests ] || [ "$mode" = all ]; then
     # One pytest per group of files, in parallel: the time is mostly kernel compilation
     # (CPU-bound, one core each); the GPU work of the tests is small.
-    shards=("tests/test_quant_gpu.py" "tests/test_quant_recipes_gpu.py"
+    # test_quant_gpu.py is two shards (-k filters), its compilation being the longest
+    shards=("tests/test_quant_gpu.py" "tests/test_quant_gpu.py" "tests/test_quant_recipes_gpu.py"
             "tests/test_gemm_gpu.py" "tests/test_gemm_w4a16_gpu.py"
             "tests/test_dequantize_gpu.py tests/test_api_gpu.py tests/test_nn.py tests/test_cli.py")
+    filters=("block2d or token_rows or fused" "not (block2d or token_rows or fused)" "" "" "" "")
     pids=()
     for i in "${!shards[@]}"; do
-        python3 -m pytest -q -m gpu -p no:cacheprovider ${shards[$i]} > "$out/shard$i.log" 2>&1 &
+        python3 -m pytest -q -m gpu -p no:cacheprovider ${shards[$i]} \
+            ${filters[$i]:+-k "${filters[$i]}"} > "$out/shard$i.log" 2>&1 &
         pids+=($!)
     done
     : > "$out/gpu_tests.log"
     for i in "${!shards[@]}"; do
         wait "${pids[$i]}" || status=1
-        { echo "== ${shards[$i]}"; grep -E "^(FAILED|ERROR)|[0-9]+ (passed|failed)" "$out/shard$i.log"; } \
+        { echo "== ${shards[$i]} ${filters[$i]:+-k \"${filters[$i]}\"}"; grep -E "^(FAILED|ERROR)|[0-9]+ (passed|failed)" "$out/shard$i.log"; } \
             | tee -a "$out/gpu_tests.log"
         rm -f "$out/shard$i.log"
     done

@@ -149,6 +149,7 @@ class CastKernel:
         self.tile_scale_words = stages * self.tile_scale_bytes // 4
         if not (block2d and columnwise):
             self.tile_scale_words = 2
+        assert not block2d or self.row_steps * 32 // self.bpr == 16  # a warp's rows: 16
         # _flush_run_scales: each consumer thread stores 16 bytes of the run's scales
         assert run == 1 or self.consumer_threads * 16 == self.tile_m * RUN_SCALE_BYTES
 
@@ -630,6 +631,13 @@ class CastKernel:
                         swizzled_scale_offset(r, b, Int32(4))))
         return out
 
+    def _words_amax(self, words, xs):
+        """max.NaN of |x| over the input words of rowwise blocks: fp32 from their values xs,
+        16-bit types on the packed pairs (E.amax_pairs; xs unused)."""
+        if self.esize == 4:
+            return E.block_amax(xs)
+        return E.amax_fold(E.amax_pairs(words, self.dtype_name), self.dtype_name)
+
     def _row_words(self, stage_addr, tidx, row_thr):
         """The words of the thread's rowwise blocks, per step (_row_step_words)."""
         return [self._row_step_words(stage_addr, tidx, row_thr[j][0])
@@ -643,10 +651,8 @@ class CastKernel:
         sharing lane % bpr. With the twin, lanes 0 .. bpr - 1 store the (byte, enc) of tile
         (w, lane) at sc_buf for the columnwise pass (_col_tile_scale)."""
         words = [w for step in row_words for w in step]
-        if cutlass.const_expr(self.esize == 4):
-            amax = E.block_amax([E.bits_f32(v) for v in words])
-        else:
-            amax = E.amax_fold(E.amax_pairs(words, self.dtype_name), self.dtype_name)
+        xs = [E.bits_f32(v) for v in words] if self.esize == 4 else None
+        amax = self._words_amax(words, xs)
         for m in (16, 8, 4, 2, 1):
             if cutlass.const_expr(m >= self.bpr):
                 amax = E.shfl_xor_max_nan(amax, m)
@@ -717,11 +723,8 @@ class CastKernel:
                 code = tile_scale[0]
                 w0, w1 = E.encode16(xs, tile_scale[1], self.hw)
             else:
-                if cutlass.const_expr(self.esize == 4):
-                    amax = E.block_amax(xs)
-                else:
-                    amax = E.amax_fold(E.amax_pairs(words, self.dtype_name), self.dtype_name)
-                code, w0, w1 = self._quantize16(xs, amax, s6_r, sdec_r, enc_tab)
+                code, w0, w1 = self._quantize16(xs, self._words_amax(words, xs), s6_r, sdec_r,
+                                                enc_tab)
             valid = (gr < M) & col_ok
             if valid:
                 E.st_global_v2(q_tile + q_off, w0, w1)
