@@ -3,6 +3,8 @@ of an NVFP4Tensor against the reference's."""
 
 import torch
 
+from cute_fp4.ref.swizzle import swizzle_scales, swizzled_shape
+
 
 def make_input(shape, kind, dtype, gen, window_outlier=False):
     """A CUDA input of `kind`: normal; outliers (heavy-tailed, outlier rows and columns,
@@ -43,12 +45,27 @@ def same_amax(a, b):
                                         | both_nan).all())
 
 
-def check(got, want, recipe, twin_agree=None):
+def rht_exact_blocks(x):
+    """[K, M / 16] bool: the twin blocks of x [M, K] whose 16 RHT outputs are exact in FP32
+    (the float64 transform is representable). There the reference's butterflies round nothing
+    and the tensor core's sum (exact products, one rounding) gives the same values, so the
+    twin's codes and scale must be the reference's bytes; elsewhere the SPEC's RHT rule."""
+    from cute_fp4 import ref
+
+    xt = x.t().double().cpu()
+    matrix = ref.rht(torch.eye(16)).double()  # x @ matrix is the transform of a row block
+    y = xt.reshape(-1, 16) @ matrix
+    exact = torch.isfinite(y) & (y.float().double() == y)
+    return exact.all(dim=1).view(xt.shape[0], xt.shape[1] // 16)
+
+
+def check(got, want, recipe, twin_agree=None, twin_exact=None):
     """Byte equality of data, scales and amax for each output the recipe asks for; the others
     are absent. twin_agree (the RHT twin where its FP32 sums may round differently from the
     reference's butterflies, SPEC section 2): at least that fraction of the twin's codes and
-    scale bytes equal instead of all of them (its amax stays exact: the amax pass computes
-    it with the reference's butterflies)."""
+    scale bytes equal instead of all of them, and all of them in the blocks where twin_exact
+    (rht_exact_blocks) is true (its amax stays exact: the amax pass computes it with the
+    reference's butterflies)."""
     for side in ("", "_t"):
         on = recipe.rowwise if side == "" else recipe.columnwise
         data, scales, amax = (getattr(got, n + side) for n in ("data", "scales", "amax"))
@@ -59,8 +76,20 @@ def check(got, want, recipe, twin_agree=None):
         if side == "_t" and twin_agree is not None:
             assert data.shape == wdata.shape and scales.shape == wscales.shape
             codes, wcodes = (torch.stack([d & 0xF, d >> 4], -1) for d in (data, wdata))
-            assert (codes == wcodes).float().mean().item() >= twin_agree, "data_t"
-            assert (u8(scales) == u8(wscales)).float().mean().item() >= twin_agree, "scales_t"
+            same = (codes == wcodes).view(codes.shape[0], -1)
+            same_sc = u8(scales) == u8(wscales)
+            assert same.float().mean().item() >= twin_agree, "data_t"
+            assert same_sc.float().mean().item() >= twin_agree, "scales_t"
+            if twin_exact is not None:
+                exact = twin_exact.to(same.device)
+                assert bool(same[exact.repeat_interleave(16, 1)].all()), "data_t (exact blocks)"
+                if recipe.swizzle:  # the padding entries are exact (zero)
+                    rows, cols = exact.shape
+                    pad = torch.ones(swizzled_shape(rows, cols), dtype=torch.bool,
+                                     device=exact.device)
+                    pad[:rows, :cols] = exact
+                    exact = swizzle_scales(pad.view(torch.uint8)).view(torch.bool)
+                assert bool(same_sc[exact].all()), "scales_t (exact blocks)"
             assert same_amax(amax, wamax), "amax_t"
             continue
         assert torch.equal(data, wdata), "data" + side
