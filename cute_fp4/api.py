@@ -56,10 +56,11 @@ def quantize_dbias(dy: torch.Tensor, recipe: Recipe = Recipe(), *, seed: int = 0
                    ) -> Tuple[NVFP4Tensor, torch.Tensor]:
     """`quantize(dy, recipe, ...)` and the sums of dy's columns over all leading dimensions,
     float32 [K]: a Linear's bias gradient (local to the rank under `amax_group`, like a BF16
-    Linear's). On CUDA the recipe kernels (RHT, stochastic rounding, 16x16 blocks, 4over6 with
-    scaling "tensor" / "token") read it in their amax pass: per-CTA FP32 partials in a fixed
-    order, then one small sum, so no extra read of dy and a deterministic result; the plain
-    cast and window64 take a torch sum (one more read of dy). out: as in `quantize`."""
+    Linear's). On CUDA the recipe kernels (RHT, stochastic rounding, 4over6 with scaling
+    "tensor" / "token") read it in their amax pass: per-CTA FP32 partials in a fixed order,
+    then one small sum, so no extra read of dy and a deterministic result; the plain cast (1x16
+    blocks, and 16x16 per tensor) and window64 take a torch sum (one more read of dy). out: as
+    in `quantize`."""
     hit = None if out is None else _out_hit(out, dy, recipe)
     x2 = _check_quantize_args(dy, recipe, rng_state, amax_group, out, hit)
     return ops.quantize(x2, recipe, dy.shape, dy.dtype, seed, offset, rng_state, amax_group,
