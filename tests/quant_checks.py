@@ -3,6 +3,7 @@ of an NVFP4Tensor against the reference's."""
 
 import torch
 
+from cute_fp4 import ref
 from cute_fp4.ref.swizzle import swizzle_scales, swizzled_shape
 
 
@@ -50,8 +51,6 @@ def rht_exact_blocks(x):
     (the float64 transform is representable). There the reference's butterflies round nothing
     and the tensor core's sum (exact products, one rounding) gives the same values, so the
     twin's codes and scale must be the reference's bytes; elsewhere the SPEC's RHT rule."""
-    from cute_fp4 import ref
-
     xt = x.t().double().cpu()
     matrix = ref.rht(torch.eye(16)).double()  # x @ matrix is the transform of a row block
     y = xt.reshape(-1, 16) @ matrix

@@ -17,6 +17,14 @@ ARCHS = ["sm_90a", "sm_100a"]
 E2M1_CVT = "cvt.rn.satfinite.e2m1x2.f32"
 
 
+def check_e2m1(ptx, arch):
+    """E2M1 encode: the hardware cvt on sm_100a, software (no e2m1 instruction) on sm_90a."""
+    if arch == "sm_100a":
+        assert E2M1_CVT in ptx
+    else:
+        assert "e2m1" not in ptx
+
+
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("fused_amax", [False, True])
 @pytest.mark.parametrize("dtype,row,col,swizzle,per_token", [
@@ -49,10 +57,7 @@ def test_cast_ptx(arch, fused_amax, dtype, row, col, swizzle, per_token):
         # the blocks look their enc up in the CTA's table: IEEE reciprocals only for the
         # outer scale and the table fill (per token: one per outer scale and per block)
         assert ptx.count("rcp.rn.f32") == 2
-    if arch == "sm_100a":
-        assert E2M1_CVT in ptx
-    else:
-        assert "e2m1" not in ptx
+    check_e2m1(ptx, arch)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -73,10 +78,7 @@ def test_token_rows_ptx(arch, dtype, k, swizzle, ctas):
     assert missing_instructions(ptx, need) == []
     assert "div.approx" not in ptx and "rcp.approx" not in ptx
     assert not re.search(r"\s(red|atom)\.", ptx)
-    if arch == "sm_100a":
-        assert E2M1_CVT in ptx
-    else:
-        assert "e2m1" not in ptx
+    check_e2m1(ptx, arch)
 
 
 def test_token_rows_config():
@@ -154,10 +156,7 @@ def test_cast_rht_ptx(arch, dtype, row, swizzle, per_token, walk):
     assert "div.approx" not in ptx and "rcp.approx" not in ptx and ".ftz" not in ptx
     if not per_token and walk[5]:
         assert ptx.count("rcp.rn.f32") == 4
-    if arch == "sm_100a":
-        assert E2M1_CVT in ptx
-    else:
-        assert "e2m1" not in ptx
+    check_e2m1(ptx, arch)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -195,10 +194,7 @@ def test_cast_block2d_ptx(arch, dtype, row, col, swizzle, fused, walk):
     need = [r"cp\.async\.bulk\.tensor", r"st\.global\.v2\.b32"]
     assert missing_instructions(ptx, need) == []
     assert "div.approx" not in ptx and "rcp.approx" not in ptx
-    if arch == "sm_100a":
-        assert E2M1_CVT in ptx
-    else:
-        assert "e2m1" not in ptx
+    check_e2m1(ptx, arch)
 
 
 def test_cast_block2d_rules():

@@ -31,9 +31,6 @@ def poison(monkeypatch):
 OUTPUTS = [(True, True), (True, False), (False, True)]
 
 
-NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
-
-
 def run_all(x, base: Recipe, seed=0, offset=0, outputs=OUTPUTS):
     """Every output set and scale layout of `base` against the reference. A twin transformed
     on the tensor cores (rd.rht_on_plain_cast) must be byte-equal in the blocks whose RHT is
@@ -44,7 +41,7 @@ def run_all(x, base: Recipe, seed=0, offset=0, outputs=OUTPUTS):
             recipe = base.replace(rowwise=row, columnwise=col, swizzle=swizzle)
             got = rd.quantize_recipe(x, recipe, seed=seed, offset=offset)
             want = ref.quantize(x, recipe, seed=seed, offset=offset)
-            if col and rd.rht_on_plain_cast(recipe, 1, NAMES[x.dtype]):
+            if col and rd.rht_on_plain_cast(recipe, 1, rd._DTYPE_NAMES[x.dtype]):
                 exact = quant_checks.rht_exact_blocks(x) if exact is None else exact
                 check(got, want, recipe, twin_agree=0.999, twin_exact=exact)
             else:

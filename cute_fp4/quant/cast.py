@@ -90,6 +90,7 @@ class CastKernel:
         self.dtype = DTYPES[dtype]
         self.esize = self.dtype.width // 8
         self.tile_k = self.tile_bytes // self.esize
+        self.bpr = self.tile_k // 16  # 1x16 blocks (16x16 tiles) per tile row
         self.rowwise = rowwise
         self.columnwise = columnwise
         self.swizzle = swizzle
@@ -131,7 +132,7 @@ class CastKernel:
         self.consumer_threads = 32 * self.num_consumer_warps
         # blocks per consumer thread in each pass
         # rowwise pass: each warp step covers 32 // (tile_k / 16) rows
-        self.row_steps = self.tile_m // (32 // (self.tile_k // 16) * self.num_consumer_warps)
+        self.row_steps = self.tile_m // (32 // self.bpr * self.num_consumer_warps)
         # fused per-token column amax: one 32-vector chunk of columns per step, reduced over
         # the consumer warps in smem
         self.vec = 16 // self.esize  # elements per 16-byte vector
@@ -144,7 +145,6 @@ class CastKernel:
         self.red_words = self.num_consumer_warps * (1 + int(rht))
         # block2d with the twin: (scale byte, enc) words of each 16x16 tile of a stage, one
         # buffer per ring stage (a warp rewrites one only after the barrier of a later tile)
-        self.bpr = self.tile_k // 16  # 1x16 blocks (16x16 tiles) per tile row
         self.tile_scale_bytes = 8 * (self.tile_m // 16) * self.bpr  # per stage
         self.tile_scale_words = stages * self.tile_scale_bytes // 4
         if not (block2d and columnwise):
@@ -460,7 +460,7 @@ class CastKernel:
                             cutlass.select_(last, uk_n * self.run, tk + 1), M, K, half_k, half_m,
                             nsc_r, nsc_c, pad_c_c, row_thr, col_thr, offs, q_base, s_base,
                             qt_base, st_base, ar_base, ac_base, amax_next, s6, sdec, enc_tab,
-                            runsc + run_off + i * (self.tile_k // 16), col_outer, rht_b,
+                            runsc + run_off + i * self.bpr, col_outer, rht_b,
                             tile_sc)
                         cstate.advance()
                     self._flush_run_scales(runsc + run_off, tidx, tm, uk, M, nsc_r, s_base)
@@ -507,9 +507,9 @@ class CastKernel:
             if cutlass.const_expr(self.columnwise):
                 col_words = self._col_words(stage_addr, offs)
         # block2d: the scale of each 16x16 tile from the rowwise blocks' words
-        tile_scale = None
-        sc_buf = tile_sc + cstate.index * self.tile_scale_bytes
+        tile_scale = sc_buf = None
         if cutlass.const_expr(self.block2d):
+            sc_buf = tile_sc + cstate.index * self.tile_scale_bytes
             if cutlass.const_expr(row_words is None):
                 row_words = self._row_words(stage_addr, tidx, row_thr)
             tile_scale = self._tile_scales(row_words, tidx, s6, sdec, enc_tab, sc_buf)
@@ -619,7 +619,7 @@ class CastKernel:
         <= 4 columns from a multiple of tile_k / 16) lie in one 128x4 scale tile, so
         swizzled_scale_offset(row0 + r, c0 + b, n) = swizzled_scale_offset(row0, c0, n)
         + swizzled_scale_offset(r, b, 4): the divisions are per tile, not per block."""
-        bpr = self.tile_k // 16  # blocks per tile row
+        bpr = self.bpr
         rows_per_step = 32 // bpr
         warp = tidx // 32
         lane = tidx % 32
@@ -674,7 +674,7 @@ class CastKernel:
     def _row_step_words(self, stage_addr, tidx, r):
         """The words of the thread's rowwise block in tile row r of the stage at stage_addr:
         16-byte loads of swizzled chunks (conflict-free)."""
-        b = tidx % 32 % (self.tile_k // 16)
+        b = tidx % 32 % self.bpr
         row_addr = stage_addr + r * self.tile_bytes
         words = []
         for u in range(self.esize):  # 16-byte chunks per block
@@ -690,7 +690,7 @@ class CastKernel:
         None: each step reads its own. run > 1: the compact scales go to the run's smem buffer
         at run_sc (this tile's column there) instead of global memory. tile_scale (block2d):
         the (scale byte, enc) of every step's block."""
-        bpr = self.tile_k // 16  # blocks per tile row
+        bpr = self.bpr
         lane = tidx % 32
         b = lane % bpr
         gcol_blk = tk * bpr + b  # global scale column
@@ -989,7 +989,7 @@ class CastKernel:
         zero = Uint32(0)
         if cutlass.const_expr(self.rowwise):
             # scale columns beyond the last K tile (only when a tile holds < 4 scale columns)
-            c0 = n_tk * (self.tile_k // 16)
+            c0 = n_tk * self.bpr
             ncols = Int32(pad_c_r) - c0
             rows = (M + 127) // 128 * 128
             for i in cutlass.range(me, rows * ncols, nthr, unroll=1):

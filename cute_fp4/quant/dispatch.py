@@ -10,9 +10,10 @@ one launch of TokenRowCast (token_rows.py), which finds each row's amax and cast
 read (rows up to 16384 elements).
 
 Supported: recipe.scaling in {"tensor", "token"}, 1x16 blocks or (per tensor) 16x16 blocks
-(CastKernel block2d), no rht / stochastic rounding / 4over6: the recipe kernels (`recipes_dispatch.quantize_recipe`) run those, and the public
-`cute_fp4.quantize` routes each recipe to its kernel (`ops.plain_cast`); called directly, this
-module raises NotImplementedError naming the option.
+(CastKernel block2d), no rht / stochastic rounding / 4over6: the recipe kernels
+(`recipes_dispatch.quantize_recipe`) run those, and the public `cute_fp4.quantize` routes each
+recipe to its kernel (`ops.plain_cast`); called directly, this module raises
+NotImplementedError naming the option.
 """
 
 from __future__ import annotations
