@@ -12,6 +12,7 @@ from cute_fp4.quant.dispatch import (ENC_TABLE_COMPACT_TWIN_MAX_BYTES, L2_WARM_M
                                      amax_tensor_kernel, amax_token_kernel, cast_kernel,
                                      cast_walk, token_rows_kernel)
 from cute_fp4.quant.token_rows import token_rows_config
+from cute_fp4.ref.philox import PHILOX_M0, PHILOX_M1
 
 ARCHS = ["sm_90a", "sm_100a"]
 E2M1_CVT = "cvt.rn.satfinite.e2m1x2.f32"
@@ -157,6 +158,49 @@ def test_cast_rht_ptx(arch, dtype, row, swizzle, per_token, walk):
     if not per_token and walk[5]:
         assert ptx.count("rcp.rn.f32") == 4
     check_e2m1(ptx, arch)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("dtype,row,col,swizzle,per_token,rht,walk", [
+    ("bf16", True, True, False, False, False, (2, True, False, 4, 8, True, False)),
+    ("fp32", True, True, True, True, False, (2, True, True, 1, 1, False, False)),
+    ("fp16", False, True, False, True, False, (2, False, False, 4, 1, False, False)),
+    ("bf16", True, False, True, False, False, (1, False, False, 1, 1, True, True)),
+    ("bf16", True, True, False, False, True, (2, True, False, 4, 8, True, False)),
+    ("fp16", False, True, True, True, True, (2, False, True, 1, 1, False, False)),
+])
+def test_cast_sr_ptx(arch, dtype, row, col, swizzle, per_token, rht, walk):
+    """Stochastic rounding on the plain cast, against the same kernel rounding to nearest: one
+    Philox4x32-10 call (ten rounds of two mul.wide.u32 by the Philox multipliers) per 1x16 block of each pass (row_steps
+    rowwise, 4 / esize column blocks, 2 per lane with the RHT), the software stochastic encode
+    on both archs (16 mul.rz.f32 per block, no e2m1 instruction), IEEE arithmetic only; the
+    column pass rotates its blocks' random bytes with run-time prmt selectors (4 per block);
+    with the RHT the lanes exchange their words through smem (one 16-byte store per output
+    column, after which a warp barrier)."""
+    args = (dtype, row, col, swizzle, per_token, 132, False, walk)
+    ptx = compile_ptx(*cast_kernel(*args, rht=rht, stochastic=True), arch=arch)
+    rn = compile_ptx(*cast_kernel(*args, rht=rht), arch=arch)
+    assert ptx_target(ptx) == arch
+    op = CastKernel(dtype, row, col, swizzle, per_token, 132, rht=rht, stochastic=True)
+    calls = op.row_steps * row + (2 if rht else 4 // op.esize) * col
+    assert ptx.count(f"mul.wide.u32 p0, c0, {PHILOX_M0:#010x}") == 10 * calls
+    assert ptx.count(f"mul.wide.u32 p1, c2, {PHILOX_M1:#010x}") == 10 * calls
+    assert ptx.count("mul.rz.f32") == 16 * calls
+    assert "e2m1" not in ptx
+    assert "div.approx" not in ptx and "rcp.approx" not in ptx and ".ftz" not in ptx
+    rotations = len(re.findall(r"prmt\.b32\s+%r\d+, %r\d+, %r\d+, %r\d+;", ptx))
+    assert rotations - len(re.findall(r"prmt\.b32\s+%r\d+, %r\d+, %r\d+, %r\d+;", rn)) == (
+        0 if rht else 4 * (4 // op.esize) * col)
+    assert ptx.count("st.shared.v4.b32") - rn.count("st.shared.v4.b32") == 2 * rht
+    if rht:
+        assert "bar.warp.sync" in ptx
+
+
+def test_cast_sr_rules():
+    with pytest.raises(ValueError, match="stochastic"):
+        CastKernel("bf16", True, True, False, False, 132, block2d=True, stochastic=True)
+    with pytest.raises(ValueError, match="stochastic"):
+        CastKernel("bf16", True, True, False, False, 132, fused_amax=True, stochastic=True)
 
 
 @pytest.mark.parametrize("arch", ARCHS)

@@ -4,7 +4,7 @@ stochastic encode with stochastic rounding; the 4over6 fast path uses cvt.rn.f16
 e4m3x2 products on sm_100a only. The exact 4over6 path's division by a constant
 (cast_recipes.div_const) is checked against IEEE FP32 division by an exact numpy emulation of
 its three operations (CUTE_FP4_EXHAUSTIVE_DIV=1: every FP32 bit pattern, ~4 min). The
-stochastic E2M1 encode (cast_recipes._SR_ELEM) is checked against
+stochastic E2M1 encode (common.encode._sr_elem) is checked against
 ref.formats.e2m1_encode_stochastic by a numpy emulation of its PTX for every random byte
 (CUTE_FP4_EXHAUSTIVE_SR=1: 2M values instead of ~40k, ~1 min)."""
 
@@ -16,11 +16,12 @@ import torch
 
 from cute_fp4 import Recipe
 from cute_fp4.common.compile_check import compile_ptx, missing_instructions, ptx_target
-from cute_fp4.quant.cast_recipes import _SR_ELEM, _SR_SEL, DIV_CONST, DIV_CONST_MIN_HEX
+from cute_fp4.common.encode import _SR_SEL, _sr_elem
+from cute_fp4.quant.cast_recipes import DIV_CONST, DIV_CONST_MIN_HEX
 from cute_fp4.ref.formats import e2m1_encode_stochastic
 from cute_fp4.quant.dispatch import cast_walk
 from cute_fp4.quant.recipes_dispatch import (amax_recipe_kernel, cast_recipe_kernel,
-                                             rht_on_plain_cast, rht_walk)
+                                             on_plain_cast, plain_cast_walk)
 
 ARCHS = ["sm_90a", "sm_100a"]
 RECIPES = [
@@ -46,7 +47,7 @@ def test_cast_recipe_ptx(arch, dtype, recipe):
     need = [r"div\.rn\.f32", r"rcp\.rn\.f32", r"cvt\.rn\.satfinite\.e4m3x2\.f32",
             r"st\.global\.v2\.b32", r"ld\.global\.nc\.v4"]
     if recipe.stochastic_rounding:
-        need += [r"mul\.wide\.u32", r"add\.rz\.f32"]
+        need += [r"mul\.wide\.u32", r"mul\.rz\.f32"]
         # the stochastic encode needs no float <-> int conversion (slow pipe)
         assert "cvt.rmi" not in ptx and "cvt.rzi" not in ptx and "cvt.rn.f32.u32" not in ptx
     if recipe.rht:
@@ -167,42 +168,36 @@ def test_div_const_zero_signs_and_specials(d):
 
 
 # ---------------------------------------------------------------- stochastic encode emulation
-# The PTX of one element, as emulated below (a = min(|x * enc|, 6), w the random word):
-SR_PTX = ("add.rn.f32 g, a, a;\nadd.rz.f32 t, a, 0f40000000;\nmin.f32 g, g, t;\n"
-          "fma.rz.f32 t, a, 0f3F000000, 0f40800000;\nmin.f32 g, g, t;\n"
-          "prmt.b32 b, 0x43000080, {w}, {sel};\nmov.b32 f, b;\n"
-          "add.rz.f32 g, g, f;\nadd.rz.f32 g, g, 0f4AFFFF00;\n")
+# The PTX of one element, as emulated below (a = min(|x * enc|, 6), w the random word,
+# c = 0x8000): B = bits(RZ(a * 2^-126)), d = 4 B + prmt(w, c); the code is byte 3 of d.
+SR_PTX = ("min.f32 a, a, 0f40C00000;\nmul.rz.f32 a, a, 0f00800000;\nmov.b32 b, a;\n"
+          "prmt.b32 r, {$r9}, c, {sel};\nmad.lo.u32 d{i}, b, 4, r;\n")
 
 
-def _prmt(a: int, b: np.ndarray, sel: int) -> np.ndarray:
-    """PTX prmt.b32 (default mode, selector nibbles < 8) of the constant a and the words b."""
-    src = [np.full(b.shape, (a >> (8 * i)) & 0xFF, np.uint32) for i in range(4)]
-    src += [(b >> np.uint32(8 * i)) & np.uint32(0xFF) for i in range(4)]
-    out = np.zeros(b.shape, np.uint32)
+def _prmt(a: np.ndarray, b: int, sel: int) -> np.ndarray:
+    """PTX prmt.b32 (default mode, selector nibbles < 8) of the words a and the constant b."""
+    src = [(a >> np.uint32(8 * i)) & np.uint32(0xFF) for i in range(4)]
+    src += [np.full(a.shape, (b >> (8 * i)) & 0xFF, np.uint32) for i in range(4)]
+    out = np.zeros(a.shape, np.uint32)
     for i in range(4):
         out |= src[(sel >> (4 * i)) & 7] << np.uint32(8 * i)
     return out
 
 
-def _rz32(p: np.ndarray, q: np.ndarray) -> np.ndarray:
-    """FP32 round-toward-zero of p + q (float64 inputs holding FP32-exact non-negative terms):
-    the float64 sum and its TwoSum error decide a sum that lands on an FP32 number exactly."""
-    s = p + q
-    bv = s - p
-    e = (p - (s - bv)) + (q - bv)
-    r = s.astype(np.float32)
-    r64 = r.astype(np.float64)
-    over = (r64 > s) | ((r64 == s) & (e < 0))
-    return np.where(over, np.nextafter(r, np.float32(0)), r).astype(np.float64)
+def _rz_subnormal_bits(a: np.ndarray) -> np.ndarray:
+    """bits(mul.rz.f32(a, 2^-126)) of FP32 a in [0, 6]: below 1 the product is subnormal and
+    truncated to a multiple of 2^-149 (floor(a * 2^23), exact in float64), above it is exact."""
+    a64 = a.astype(np.float64)
+    normal = a.view(np.uint32).astype(np.int64) - (126 << 23)
+    return np.where(a < 1, np.floor(a64 * 2.0**23).astype(np.int64), normal)
 
 
 def sr_encode_emulated(v: np.ndarray, word: np.ndarray, k: int) -> np.ndarray:
     """The kernel's stochastic code of FP32 products v with byte k of the random words."""
-    a = np.minimum(np.abs(v), np.float32(6)).astype(np.float64)
-    g = np.minimum(np.minimum(2 * a, _rz32(a, np.float64(2))), _rz32(0.5 * a, np.float64(4)))
-    f = _prmt(0x43000080, word, int(_SR_SEL[k], 16)).view(np.float32).astype(np.float64)
-    code = (_rz32(_rz32(g, f), np.float64(2**23 - 128)) - 2**23).astype(np.int64)
-    return (code + 8 * (v < 0)).astype(np.uint8)
+    a = np.minimum(np.abs(v), np.float32(6)).astype(np.float32)
+    r = _prmt(word, 0x8000, int(_SR_SEL[k], 16)).astype(np.int64)
+    d = (4 * _rz_subnormal_bits(a) + r) & 0xFFFFFFFF
+    return ((d >> 24) + 8 * (v < 0)).astype(np.uint8)
 
 
 def _sr_values(exhaustive: bool) -> np.ndarray:
@@ -220,17 +215,19 @@ def _sr_values(exhaustive: bool) -> np.ndarray:
 
 
 def test_sr_encode_ptx_is_the_emulated_one():
-    assert SR_PTX in _SR_ELEM
+    for i in range(8):
+        elem = _sr_elem(i, "{$r%d}" % i, "{$r8}", "{$r9}", "v")
+        assert SR_PTX.replace("{sel}", _SR_SEL[i % 4]).replace("{i}", str(i)) in elem
 
 
 @pytest.mark.parametrize("k", range(4))
-def test_sr_prmt_builds_f(k):
-    """F = float(0x43000080 | b << 8) = 128 + (2b + 1) / 512 with b = byte k of the word."""
+def test_sr_prmt_builds_the_rounding_offset(k):
+    """prmt(w, 0x8000) = b << 16 | 0x8000 = (2b + 1) << 15 with b = byte k of the word: the
+    offset (2b + 1) * 2^13 of the grid step 2^22, times 4."""
     w = np.random.default_rng(k).integers(0, 2**32, 4096, dtype=np.uint64).astype(np.uint32)
     b = (w >> np.uint32(8 * k)) & np.uint32(0xFF)
-    f = _prmt(0x43000080, w, int(_SR_SEL[k], 16))
-    assert np.array_equal(f, np.uint32(0x43000080) | (b << np.uint32(8)))
-    assert np.array_equal(f.view(np.float32).astype(np.float64), 128 + (2.0 * b + 1) / 512)
+    r = _prmt(w, 0x8000, int(_SR_SEL[k], 16))
+    assert np.array_equal(r, (np.uint32(2) * b + np.uint32(1)) << np.uint32(15))
 
 
 def test_sr_encode_matches_reference():
@@ -243,22 +240,30 @@ def test_sr_encode_matches_reference():
         assert np.array_equal(got, want), f"byte {b}"
 
 
-def test_rht_routing():
-    """Single-tensor bf16 / fp16 RN 1x16 RHT recipes (tensor or token scaling, no 4over6,
-    with the twin) run on the plain cast, with two CTAs per SM, no preload and per token no
-    run; every other RHT recipe on the recipe kernel."""
+def test_plain_cast_routing():
+    """Single-tensor 1x16 recipes (tensor or token scaling, no 4over6) with the columnwise RHT
+    (bf16 / fp16, with the twin) and / or stochastic rounding (any dtype) run on the plain
+    cast, with two CTAs per SM, the run per tensor without SR only and preload with RHT + SR;
+    every other RHT / SR recipe on the recipe kernel."""
     rht = Recipe(rht=True, columnwise=True)
-    assert rht_on_plain_cast(rht, 1, "bf16") and rht_on_plain_cast(rht, 1, "fp16")
-    assert rht_on_plain_cast(rht.replace(scaling="token", swizzle=True, rowwise=False), 1, "bf16")
+    sr = Recipe(stochastic_rounding=True)
+    for recipe, dtype in [(rht, "bf16"), (rht, "fp16"), (sr, "fp32"), (sr, "bf16"),
+                          (rht.replace(scaling="token", swizzle=True, rowwise=False), "bf16"),
+                          (rht.replace(stochastic_rounding=True), "fp16"),
+                          (sr.replace(scaling="token", columnwise=True, swizzle=True), "fp32")]:
+        assert on_plain_cast(recipe, 1, dtype), recipe
     for recipe, groups, dtype in [
             (rht, 1, "fp32"), (rht, 2, "bf16"), (rht.replace(columnwise=False), 1, "bf16"),
-            (rht.replace(stochastic_rounding=True), 1, "bf16"),
+            (rht.replace(stochastic_rounding=True), 1, "fp32"), (sr, 2, "bf16"),
+            (sr.replace(block=(16, 16)), 1, "bf16"), (sr.replace(scaling="window64"), 1, "bf16"),
             (rht.replace(four_over_six="mse"), 1, "bf16"),
             (rht.replace(scaling="window64"), 1, "bf16"),
             (Recipe(columnwise=True), 1, "bf16")]:
-        assert not rht_on_plain_cast(recipe, groups, dtype), recipe
+        assert not on_plain_cast(recipe, groups, dtype), recipe
     for m, per_token in [(4096, False), (8192, True), (64, False)]:
-        walk = rht_walk(m, 8192, 2, per_token, True, True, 132)
         plain = cast_walk(m, 8192, 2, per_token, False, True, True, 132)
-        assert walk[0] == 2 and walk[6] is False and walk[1:4] == plain[1:4]
-        assert walk[4] == (1 if per_token else plain[4])
+        for rht, sr in [(True, False), (False, True), (True, True)]:
+            walk = plain_cast_walk(m, 8192, 2, per_token, True, True, 132, rht, sr)
+            assert walk[0] == 2 and walk[1:4] == plain[1:4] and walk[5] == plain[5]
+            assert walk[4] == (1 if per_token or sr else plain[4])
+            assert walk[6] == (rht and sr)

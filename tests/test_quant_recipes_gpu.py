@@ -33,7 +33,7 @@ OUTPUTS = [(True, True), (True, False), (False, True)]
 
 def run_all(x, base: Recipe, seed=0, offset=0, outputs=OUTPUTS):
     """Every output set and scale layout of `base` against the reference. A twin transformed
-    on the tensor cores (rd.rht_on_plain_cast) must be byte-equal in the blocks whose RHT is
+    on the tensor cores (the RHT of rd.on_plain_cast) must be byte-equal in the blocks whose RHT is
     exact in FP32 and follow the SPEC's RHT rule elsewhere (quant_checks.rht_exact_blocks)."""
     exact = None
     for row, col in outputs:
@@ -41,7 +41,7 @@ def run_all(x, base: Recipe, seed=0, offset=0, outputs=OUTPUTS):
             recipe = base.replace(rowwise=row, columnwise=col, swizzle=swizzle)
             got = rd.quantize_recipe(x, recipe, seed=seed, offset=offset)
             want = ref.quantize(x, recipe, seed=seed, offset=offset)
-            if col and rd.rht_on_plain_cast(recipe, 1, rd._DTYPE_NAMES[x.dtype]):
+            if col and recipe.rht and rd.on_plain_cast(recipe, 1, rd._DTYPE_NAMES[x.dtype]):
                 exact = quant_checks.rht_exact_blocks(x) if exact is None else exact
                 check(got, want, recipe, twin_agree=0.999, twin_exact=exact)
             else:
@@ -86,7 +86,7 @@ def _wide_blocks(shape, dtype, gen):
 @pytest.mark.parametrize("scaling", ["tensor", "token"])
 def test_rht_plain_cast(shape, kind, dtype, scaling, gen):
     """Single-tensor RN RHT recipes run on the plain cast with the MMA transform
-    (rht_on_plain_cast): byte-equal to the reference's FP32 butterflies wherever the block's
+    (on_plain_cast): byte-equal to the reference's FP32 butterflies wherever the block's
     transform is exact in FP32 (subnormal, huge and special inputs included), with tile tails
     in M and K and several tiles per CTA; elsewhere, and on inputs built so that the block sums
     round ("wide"), the twin within the SPEC's RHT rule (>= 99.9% identical codes; measured:
@@ -94,7 +94,7 @@ def test_rht_plain_cast(shape, kind, dtype, scaling, gen):
     wide = kind == "wide"
     x = _wide_blocks(shape, dtype, gen) if wide else make_input(shape, kind, dtype, gen)
     recipe = Recipe(scaling=scaling, rht=True)
-    assert rd.rht_on_plain_cast(recipe.replace(columnwise=True), 1, "bf16")
+    assert rd.on_plain_cast(recipe.replace(columnwise=True), 1, "bf16")
     # the twin blocks whose bytes must equal the reference's (run_all): most of them, except
     # on the wide inputs, built so that the sums round (the SPEC rule is tested there)
     exact = quant_checks.rht_exact_blocks(x).float().mean().item()
@@ -109,6 +109,27 @@ def test_stochastic_rounding(shape, scaling, rht, gen):
     x = make_input(shape, "outliers", torch.bfloat16, gen)
     for seed, offset in [(0, 0), (12345, 7), (2**64 - 3, 2**32 - 1)]:
         run_all(x, Recipe(scaling=scaling, rht=rht, stochastic_rounding=True), seed, offset)
+
+
+SR_PLAIN = [(torch.bfloat16, False), (torch.float16, False), (torch.float32, False),
+            (torch.bfloat16, True), (torch.float16, True)]
+
+
+@pytest.mark.parametrize("shape", [(272, 4112), (1040, 2064), (48, 80)])
+@pytest.mark.parametrize("kind", ["normal", "outliers", "tiny", "huge", "special"])
+@pytest.mark.parametrize("dtype,rht", SR_PLAIN, ids=["bf16", "fp16", "fp32", "bf16-rht", "fp16-rht"])
+@pytest.mark.parametrize("scaling", ["tensor", "token"])
+def test_sr_plain_cast(shape, kind, dtype, rht, scaling, gen):
+    """Single-tensor 1x16 stochastic rounding runs on the plain cast (on_plain_cast: Philox per
+    block in both passes, the column pass's rotated random bytes, with the RHT the words
+    exchanged between a column's lanes): byte-equal to the reference for every output set and
+    scale layout (the RHT twin within the SPEC's RHT rule where its FP32 sums round), with tile
+    tails in M and K, several tiles per CTA, a seed above 2^63 and the largest offset."""
+    x = make_input(shape, kind, dtype, gen)
+    recipe = Recipe(scaling=scaling, rht=rht, stochastic_rounding=True)
+    assert rd.on_plain_cast(recipe.replace(columnwise=True), 1, rd._DTYPE_NAMES[dtype])
+    seed = int(torch.randint(0, 2**62, (1,), generator=gen)) * 4 + 3
+    run_all(x, recipe, seed=seed, offset=2**32 - 1 - int(torch.randint(0, 9, (1,), generator=gen)))
 
 
 @pytest.mark.parametrize("shape", [(64, 64), (128, 192), (320, 1024)])

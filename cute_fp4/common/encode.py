@@ -19,6 +19,7 @@ indexed at run time); on Blackwell (``sm_100a`` and friends) the hardware
 arch (``CUTE_DSL_ARCH`` or the current GPU).
 """
 
+import cutlass
 from cutlass import Float32, Uint32
 from cutlass.base_dsl import BaseDSL
 import cutlass.cute as cute
@@ -310,6 +311,11 @@ def encode8_pair(xs, enc_lo, enc_hi, hw: bool):
     w = cute.arch.inline_ptx(
         code, write_only_types=[Uint32],
         read_only_args=[Float32(x) for x in xs] + [Float32(enc_lo), Float32(enc_hi)])
+    return _nan_halves(w, enc_lo, enc_hi)
+
+
+def _nan_halves(w, enc_lo, enc_hi):
+    """w with its low (high) 16 bits zeroed where enc_lo (enc_hi) is NaN."""
     return _ptx1(
         "{\n.reg .pred p;\n.reg .b32 m;\nsetp.num.f32 p, {$r1}, {$r1};\nselp.b32 m, 0xFFFF, 0, p;\n"
         "setp.num.f32 p, {$r2}, {$r2};\n@p or.b32 m, m, 0xFFFF0000;\nand.b32 {$w0}, {$r0}, m;\n}",
@@ -330,6 +336,105 @@ def encode16(xs, enc, hw: bool):
     two words of 8 nibbles."""
     nan = is_nan(enc)
     return encode8(xs[0:8], enc, nan, hw), encode8(xs[8:16], enc, nan, hw)
+
+
+# ---------------------------------------------------------------- stochastic rounding
+# Stochastic E2M1 codes (ref.formats.e2m1_encode_stochastic after the clamp of
+# quantize_blocks; software on every arch) by integer arithmetic on FP32 bits. With
+# a = min(|x * enc|, 6), B = bits(RZ(a * 2^-126)) puts the E2M1 grid at the multiples of 2^22
+# in every binade: 0, 0.5, 1, 1.5 in the subnormals and the first normal binade (spacing
+# 2^-149 there), 2, 3 and 4, 6 one binade up each, where the top mantissa bit is the code's.
+# B mod 2^22 is floor(frac * 2^22) (exact for a >= 1, truncated below), and the magnitude
+# rounds up iff frac >= (511 - 2b) / 512 for the element's random byte b, i.e. iff
+# floor(frac * 2^22) + (2b + 1) * 2^13 >= 2^22: one carry into the code. So with
+# d = 4 B + (b << 16) + 2^15 (one prmt puts b << 16 | 0x8000, one mad adds 4 B) the code is byte
+# 3 of d (bits 24..26: a <= 6 has B <= 7 * 2^22 and never carries past code 7). Bytes 3 of
+# eight d are gathered with six prmt and the odd ones shifted into the high nibbles: ~7
+# instructions per element (the min-of-three-terms form of the round-to-nearest encoder above
+# took 13 with the rounding offset). Signs: 8 << 24 added to d for strictly negative products,
+# or (nonzero-products variant) 8 at a time from the products' sign bits (sign_nibbles_ptx).
+_SR_SEL = ("0x4054", "0x4154", "0x4254", "0x4354")  # d bytes: 0x00, 0x80, b (byte k), 0x00
+
+
+def _sr_elem(i: int, x: str, e: str, w: str, v: str) -> str:
+    """Element i (input register x, multiplier e, random word w) into register d{i}; v = "v":
+    the sign per element; else the product goes to v (fma with +0) for sign_nibbles_ptx."""
+    signed = v == "v"
+    lines = [
+        f"mul.rn.f32 v, {x}, {e};" if signed else f"fma.rn.f32 {v}, {x}, {e}, 0f00000000;",
+        f"abs.f32 a, {v};",
+        "min.f32 a, a, 0f40C00000;",
+        "mul.rz.f32 a, a, 0f00800000;",
+        "mov.b32 b, a;",
+        f"prmt.b32 r, {w}, c, {_SR_SEL[i % 4]};",
+        f"mad.lo.u32 d{i}, b, 4, r;",
+    ]
+    if signed:
+        lines += ["setp.lt.f32 p, v, 0f00000000;", f"@p add.u32 d{i}, d{i}, 0x08000000;"]
+    return "\n".join(lines) + "\n"
+
+
+def _sr_encode8_ptx(pair: bool = False, signs8: bool = False) -> str:
+    """Operands: x {$r0..7}, enc {$r8} (pair: {$r9} for elements 4..7), then the two random
+    words (element i: byte i % 4 of word i // 4)."""
+    ds = [f"d{i}" for i in range(8)]
+    vs = [f"v{i}" for i in range(8)] if signs8 else ["v"] * 8
+    w0 = 10 if pair else 9
+    body = ["{\n.reg .f32 v, a;\n.reg .b32 b, r, c, t, u, ev, od;\n.reg .pred p;\n",
+            ".reg .b32 " + ", ".join(ds) + ";\n", "mov.b32 c, 0x8000;\n"]
+    if signs8:
+        body.append(".reg .f32 " + ", ".join(vs) + ";\n")
+    for i in range(8):
+        e = "{$r9}" if pair and i >= 4 else "{$r8}"
+        body.append(_sr_elem(i, "{$r%d}" % i, e, "{$r%d}" % (w0 + i // 4), vs[i]))
+    # byte 3 of d0, d2 / d4, d6 -> bytes 0, 1 / 2, 3 of the even codes (odd likewise)
+    for name, a in (("ev", 0), ("od", 1)):
+        body.append(f"prmt.b32 t, d{a}, d{a + 2}, 0x73;\nprmt.b32 u, d{a + 4}, d{a + 6}, 0x7300;\n"
+                    f"prmt.b32 {name}, t, u, 0x7610;\n")
+    body.append("shl.b32 od, od, 4;\nadd.u32 {$w0}, ev, od;\n")
+    if signs8:
+        body.append(sign_nibbles_ptx(vs, "{$w0}"))
+    body.append("}")
+    return "".join(body)
+
+
+_SR_ENCODE8 = _sr_encode8_ptx()
+_SR_ENCODE8_PAIR = _sr_encode8_ptx(pair=True)
+_SR_ENCODE8_SIGNS = _sr_encode8_ptx(signs8=True)
+
+
+def sr_encode8(xs, enc, words):
+    """Stochastic codes of 8 values with the block's enc and their 2 random words (element i:
+    byte i % 4 of words[i // 4]): Uint32 of 8 nibbles (element i at bits 4i); 0 when enc is
+    NaN (code 0, as the reference)."""
+    w = cute.arch.inline_ptx(
+        _SR_ENCODE8, write_only_types=[Uint32],
+        read_only_args=[Float32(x) for x in xs] + [Float32(enc)] + [Uint32(b) for b in words])
+    return Uint32(cutlass.select_(is_nan(enc) != Uint32(0), Uint32(0), w))
+
+
+def sr_encode8_pair(xs, enc_lo, enc_hi, words):
+    """sr_encode8 of two half blocks: xs[0:4] with enc_lo and words[0], xs[4:8] with enc_hi
+    and words[1]; a NaN enc zeroes its half."""
+    w = cute.arch.inline_ptx(
+        _SR_ENCODE8_PAIR, write_only_types=[Uint32],
+        read_only_args=[Float32(x) for x in xs] + [Float32(enc_lo), Float32(enc_hi)]
+        + [Uint32(b) for b in words])
+    return _nan_halves(w, enc_lo, enc_hi)
+
+
+def sr_encode8_nonzero_products(xs, enc, words):
+    """sr_encode8 for a block whose enc is not NaN and whose nonzero products x * enc do not
+    underflow to zero (the caller's guarantee): signs 8 at a time (sign_nibbles_ptx)."""
+    return cute.arch.inline_ptx(
+        _SR_ENCODE8_SIGNS, write_only_types=[Uint32],
+        read_only_args=[Float32(x) for x in xs] + [Float32(enc)] + [Uint32(b) for b in words])
+
+
+def sr_encode16(xs, enc, words):
+    """Stochastic codes of 16 values (any enc; NaN: code 0 everywhere) with the 4 random words
+    of their block: two words of 8 nibbles."""
+    return sr_encode8(xs[0:8], enc, words[0:2]), sr_encode8(xs[8:16], enc, words[2:4])
 
 
 def rotl_nibbles(w, n):
@@ -416,6 +521,10 @@ def ld_shared_v2(addr):
 
 def st_shared_v2(addr, v0, v1):
     st_shared(addr, Uint32(v0), Uint32(v1), clobber=False)
+
+
+def st_shared_v4(addr, words):
+    st_shared(addr, *[Uint32(w) for w in words], clobber=False)
 
 
 def st_shared_u32(addr, v):

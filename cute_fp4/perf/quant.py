@@ -139,7 +139,7 @@ def host_overhead_rows(dtype, scalings):
         else:
             path = "fused (1 launch)" if plan.fused else "amax + cast"
             kernel = lambda: plan.cast(x, amax_r, amax_c, t.data, t.scales,  # noqa: E731
-                                       plan.dummy, plan.dummy_f8)
+                                       plan.dummy, plan.dummy_f8, None)
         rows.append({
             "scaling": scaling,
             "path": path,

@@ -12,8 +12,8 @@ one single-tensor launch of the same recipe and total size.
 
 Each recipe is timed as `cute_fp4.quantize` runs it on CUDA (`ops.quantize_impl`: 16x16
 blocks per tensor on the plain cast, the rest on the recipe kernels, whose dispatch sends the
-RN RHT back to the plain cast's walk), except the suite's "recipe kernel" rows, which time
-`recipes_dispatch.quantize_recipe` itself.
+single-tensor 1x16 RHT and stochastic rounding back to the plain cast's walk), except the
+suite's "recipe kernel" rows, which time `recipes_dispatch.quantize_recipe` itself.
 """
 
 from __future__ import annotations
@@ -62,6 +62,8 @@ def cases(args):
                ("token + rht", rec(scaling="token", rht=True), 0),
                ("stochastic rounding", rec(stochastic_rounding=True), 0),
                ("token + SR", rec(scaling="token", stochastic_rounding=True), 0),
+               ("rht + SR", rec(rht=True, stochastic_rounding=True), 0),
+               ("token + rht + SR", rec(scaling="token", rht=True, stochastic_rounding=True), 0),
                ("2d (16, 16)", rec(block=(16, 16)), 0),
                ("2d (16, 16), recipe kernel", rec(block=(16, 16)), -1),
                ("window64", rec(scaling="window64"), 0)]

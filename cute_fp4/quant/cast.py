@@ -41,6 +41,15 @@ tensor-core MMA per block row and 16 columns (`_col_pass_rht`), and the twin's o
 the post-RHT amax (per tensor amax_c holds its own partials; per token amax_c is the post-RHT
 column amax), from RecipeAmax.
 
+`stochastic`: stochastic rounding of both outputs (SPEC section 2) from Philox4x32-10 keyed by
+the int64 [seed, offset] device tensor `rng`: one Philox call per 1x16 block gives its 16
+random bytes (common/philox.py: stream 0 the rowwise output, 1 the twin), encoded by
+E.sr_encode16 / sr_encode8_pair. The column pass reads its blocks in a rotated order
+(_col_offsets): the block's random bytes are rotated alike (two prmt per half block). With
+the RHT, lane q of a column's 4 lanes draws block row q's call and the 4 lanes exchange
+their words through smem (_rht_words): lane q encodes outputs 4q .. 4q + 3 of every block
+row, i.e. word q of each block row's call.
+
 `block2d` (per tensor, no RHT): 16x16 blocks (SPEC section 1, the recipe's block=(16, 16)): one
 scale per 16x16 tile, shared by its 16 rowwise blocks and its 16 twin blocks. The rowwise pass's
 warp w holds block row w of the tile, so the tile amaxes are a shuffle reduction of its block
@@ -55,7 +64,10 @@ import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Float32, Int32, Int64, Uint32
 from cutlass.cute.nvgpu import cpasync
 
+from typing import Optional
+
 from cute_fp4.common import encode as E
+from cute_fp4.common.philox import philox4x32, round_keys
 from cute_fp4.common.ptx import ldmatrix_x4_trans, mma_16816, prmt
 from cute_fp4.common.scales import outer_block_scales, swizzled_scale_offset
 from cute_fp4.quant.amax import max_tensor_partials, vec_abs_max, vec_values
@@ -81,7 +93,7 @@ class CastKernel:
                  per_token: bool, num_sms: int, stages: int = 4, ctas_per_sm: int = 2,
                  fused_amax: bool = False, reverse: bool = False, prefetch_amax: bool = False,
                  band: int = 1, run: int = 1, enc_table: bool = False, preload: bool = False,
-                 rht: bool = False, block2d: bool = False):
+                 rht: bool = False, block2d: bool = False, stochastic: bool = False):
         if dtype not in DTYPES:
             raise TypeError(f"CastKernel: unsupported input dtype {dtype!r} (bf16, fp16, fp32)")
         if not (rowwise or columnwise):
@@ -121,6 +133,13 @@ class CastKernel:
             raise ValueError("CastKernel: block2d (16x16 blocks) needs a per-tensor outer scale "
                              "and no rht")
         self.block2d = block2d
+        if stochastic and (block2d or fused_amax):
+            raise ValueError("CastKernel: stochastic rounding needs 1x16 blocks and an amax pass "
+                             "(not block2d, not fused_amax)")
+        self.stochastic = stochastic
+        # stochastic with the RHT: per warp and output column of a lane (2), the 4 Philox
+        # words of each of the 32 lanes (_rht_words)
+        self.sr_words = self.num_consumer_warps * 2 * 32 * 4 if rht and stochastic else 4
         self.stage_bytes = self.tile_m * self.tile_bytes
         self.threads = 32 * (self.num_consumer_warps + 1)
         # rows of a tile per consumer warp (both passes); per token the warp's lanes compute
@@ -162,7 +181,9 @@ class CastKernel:
     # ------------------------------------------------------------------ host side
     @cute.jit
     def __call__(self, x: cute.Tensor, amax_r: cute.Tensor, amax_c: cute.Tensor,
-                 q: cute.Tensor, s: cute.Tensor, qt: cute.Tensor, st: cute.Tensor, stream):
+                 q: cute.Tensor, s: cute.Tensor, qt: cute.Tensor, st: cute.Tensor,
+                 rng: Optional[cute.Tensor], stream):
+        """rng: int64 [seed, offset] of stochastic rounding (None without it)."""
         self.hw = E.has_hw_e2m1()
         smem_layout = sm90_utils.make_smem_layout_a(
             cutlass.tensor_utils.LayoutEnum.ROW_MAJOR, (self.tile_m, 8, self.tile_k), self.dtype, self.stages
@@ -189,12 +210,19 @@ class CastKernel:
             enc_tab: cute.struct.Align[cute.struct.MemRange[Float32, self.enc_tab_words], 16]
             # block2d with the twin: the tiles' (scale byte, enc) (_tile_scales)
             tile_sc: cute.struct.Align[cute.struct.MemRange[Uint32, self.tile_scale_words], 8]
+            # stochastic with the RHT: the Philox words the lanes exchange (_rht_words)
+            sr_x: cute.struct.Align[cute.struct.MemRange[Uint32, self.sr_words], 16]
             sx: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(smem_layout)], 1024]
 
         self.storage = Storage
-        self.kernel(tma_atom, tma_x, smem_layout, M, K, x, amax_r, amax_c, q, s, qt, st).launch(
-            grid=(grid, 1, 1), block=(self.threads, 1, 1), stream=stream
-        )
+        launch = {}
+        if cutlass.const_expr(self.stochastic):
+            # ptxas otherwise spends registers on the round keys beyond what ctas_per_sm CTAs
+            # per SM leave (116 per thread per token with the RHT: one CTA per SM)
+            launch = {"min_blocks_per_mp": self.ctas_per_sm, "preferred_smem_carveout": 100}
+        self.kernel(tma_atom, tma_x, smem_layout, M, K, x, amax_r, amax_c, q, s, qt, st,
+                    rng).launch(grid=(grid, 1, 1), block=(self.threads, 1, 1), stream=stream,
+                                **launch)
 
     # ------------------------------------------------------------------ helpers
     @cute.jit
@@ -310,17 +338,64 @@ class CastKernel:
         code = E.block_scale_byte(amax, s6)
         return code, E.bits_f32(E.ld_shared_u32(enc_tab + Int32(code) * 4))
 
-    def _quantize16(self, xs, amax, s6, sdec, enc_tab):
+    def _quantize16(self, xs, amax, s6, sdec, enc_tab, rnd):
         """16 FP32 values with their block amax -> (scale byte, word0, word1); enc NaN (NaN
-        block amax or outer scale) zeroes the words."""
+        block amax or outer scale) zeroes the words. rnd: the block's 4 random words
+        (stochastic rounding, element i: byte i % 4 of rnd[i // 4]) or None (RN)."""
         code, enc = self._block_scale(amax, s6, sdec, enc_tab)
-        return (code, *E.encode16(xs, enc, self.hw))
+        if cutlass.const_expr(rnd is None):
+            return (code, *E.encode16(xs, enc, self.hw))
+        return (code, *E.sr_encode16(xs, enc, rnd))
+
+    # ------------------------------------------------------------------ stochastic rounding
+    def _sr_state(self, tidx, rng, sr_base):
+        """(round keys, offset, column-pass selectors, RHT exchange addresses) of stochastic
+        rounding. Selectors: the column pass's lane rb holds element (i + rb) % 8 of a half
+        block at position i (_col_offsets), so its random bytes are the half block's 8 bytes
+        rotated by rb: prmt with nibble j = (j + rb) % 8 (low word) / (j + 4 + rb) % 8 (high
+        word). With the RHT: per output column (cc), the 16-byte slot where the lane stores
+        its call's words and the 4 words it loads (_rht_words)."""
+        seed = rng[0]
+        keys = round_keys(Uint32(seed & 0xFFFFFFFF), Uint32(seed >> 32))
+        lane = tidx % 32
+        sels = xch = None
+        if not self.rht:
+            rot = E.rotl_nibbles(Uint32(0x76543210), 8 - lane // 4)
+            sels = (rot, rot >> 16)
+        else:
+            # lane (g, q) stores its 4 words (word j: outputs 4j .. 4j + 3 of block row q) in
+            # chunk g * 4 + (q ^ h) and loads word q of the chunks of block rows 0 .. 3:
+            # the XOR with h = (g / 2) % 4 keeps both conflict-free
+            g = lane // 4
+            q = lane % 4
+            h = (g >> 1) & 3
+            xch = []
+            for cc in range(2):
+                buf = sr_base + (tidx // 32 * 2 + cc) * 32 * 16
+                xch.append((buf + (g * 4 + (q ^ h)) * 16,
+                            [buf + ((g * 4 + (i ^ h)) * 4 + q) * 4 for i in range(4)]))
+        return keys, Uint32(rng[1]), sels, xch
+
+    def _philox(self, call, stream: int, sr):
+        """The 4 random words of Philox call `call` (Int64: the block's index in its
+        output, row-major) of a stream (0 rowwise, 1 the twin)."""
+        return list(philox4x32(Uint32(call & 0xFFFFFFFF), Uint32(call >> 32), sr[1],
+                               Uint32(stream), sr[0]))
+
+    def _rht_words(self, words, sr, cc: int):
+        """RHT twin: lane q has the 4 words of block row q's call; returns word q of the calls
+        of block rows 0 .. 3 (the lanes of a column exchange them through smem)."""
+        st_addr, ld_addrs = sr[3][cc]
+        E.st_shared_v4(st_addr, words)
+        cute.arch.sync_warp()
+        return [E.ld_shared_u32(a) for a in ld_addrs]
 
     # ------------------------------------------------------------------ kernel
     @cute.kernel
     def kernel(self, tma_atom: cute.CopyAtom, tma_x: cute.Tensor, smem_layout: cute.ComposedLayout,
                M: Int32, K: Int32, x: cute.Tensor, amax_r: cute.Tensor, amax_c: cute.Tensor,
-               q: cute.Tensor, s: cute.Tensor, qt: cute.Tensor, st: cute.Tensor):
+               q: cute.Tensor, s: cute.Tensor, qt: cute.Tensor, st: cute.Tensor,
+               rng: Optional[cute.Tensor]):
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         gdim, _, _ = cute.arch.grid_dim()
@@ -428,6 +503,9 @@ class CastKernel:
 
             offs = self._col_offsets(tidx)
             rht_b = self._rht_fragments(tidx) if self.rht else None
+            sr = None
+            if cutlass.const_expr(self.stochastic):
+                sr = self._sr_state(tidx, rng, storage.sr_x.data_ptr().toint())
             row_thr = self._row_thread_offsets(tidx, half_k, nsc_r)
             col_thr = self._col_thread_offsets(tidx, half_m, nsc_c)
             cstate = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
@@ -447,7 +525,7 @@ class CastKernel:
                         pipe, cstate, sbase, tidx, tm, uk, tm_n, uk_n, M, K, half_k, half_m,
                         nsc_r, nsc_c, pad_c_c, row_thr, col_thr, offs, q_base, s_base, qt_base,
                         st_base, ar_base, ac_base, amax_next, s6, sdec, enc_tab, runsc, col_outer,
-                        rht_b, tile_sc)
+                        rht_b, tile_sc, sr)
                     cstate.advance()
                 else:
                     # the run's rowwise scales go to smem (buffer runsc), then out as whole
@@ -461,7 +539,7 @@ class CastKernel:
                             nsc_r, nsc_c, pad_c_c, row_thr, col_thr, offs, q_base, s_base,
                             qt_base, st_base, ar_base, ac_base, amax_next, s6, sdec, enc_tab,
                             runsc + run_off + i * self.bpr, col_outer, rht_b,
-                            tile_sc)
+                            tile_sc, sr)
                         cstate.advance()
                     self._flush_run_scales(runsc + run_off, tidx, tm, uk, M, nsc_r, s_base)
                     run_off = self.tile_m * RUN_SCALE_BYTES - run_off
@@ -483,11 +561,11 @@ class CastKernel:
     def _cast_tile(self, pipe, cstate, sbase, tidx, tm, tk, tm_n, tk_n, M, K, half_k, half_m,
                    nsc_r, nsc_c, pad_c_c, row_thr, col_thr, offs, q_base, s_base, qt_base,
                    st_base, ar_base, ac_base, amax_next, s6, sdec, enc_tab, run_sc, col_outer,
-                   rht_b, tile_sc):
+                   rht_b, tile_sc, sr):
         """Consumers: both passes over tile (tm, tk) in stage cstate of the ring; (tm_n,
         tk_n) is the CTA's next tile. Returns (amax_next, s6, sdec): per token the lane's amax
         of the next tile (prefetch_amax) and this tile's outer scale. col_outer, rht_b: see
-        _col_pass_rht; tile_sc: the block2d tile scales' smem buffers."""
+        _col_pass_rht; tile_sc: the block2d tile scales' smem buffers; sr: _sr_state."""
         if cutlass.const_expr(self.prefetch_amax):
             amax_cur = amax_next
             amax_next = self._lane_amax(tm_n, tk_n, M, K, tidx, ar_base, ac_base)
@@ -515,19 +593,19 @@ class CastKernel:
             tile_scale = self._tile_scales(row_words, tidx, s6, sdec, enc_tab, sc_buf)
         if cutlass.const_expr(self.rowwise):
             self._row_pass(stage_addr, row_words, tidx, tm, tk, M, K, half_k, nsc_r, row_thr,
-                           q_base, s_base, s6, sdec, enc_tab, run_sc, tile_scale)
+                           q_base, s_base, s6, sdec, enc_tab, run_sc, tile_scale, sr)
         if cutlass.const_expr(self.columnwise):
             if cutlass.const_expr(not self.preload):
                 col_words = self._col_words(stage_addr, offs)
             if cutlass.const_expr(self.rht):
                 self._col_pass_rht(col_words, tidx, tm, tk, M, K, half_m, nsc_c, pad_c_c,
-                                   qt_base, st_base, s6, sdec, col_outer, enc_tab, rht_b)
+                                   qt_base, st_base, s6, sdec, col_outer, enc_tab, rht_b, sr)
             else:
                 if cutlass.const_expr(self.block2d):  # the tile scales of the column blocks
                     cute.arch.barrier(barrier_id=1, number_of_threads=self.consumer_threads)
                     tile_scale = self._col_tile_scale(tidx, sc_buf)
                 self._col_pass(col_words, tidx, tm, tk, M, K, half_m, nsc_c, pad_c_c, col_thr,
-                               qt_base, st_base, s6, sdec, enc_tab, tile_scale)
+                               qt_base, st_base, s6, sdec, enc_tab, tile_scale, sr)
 
         cute.arch.sync_warp()
         pipe.consumer_release(cstate)
@@ -683,13 +761,13 @@ class CastKernel:
 
     @cute.jit
     def _row_pass(self, stage_addr, row_words, tidx, tm, tk, M, K, half_k, nsc_r, row_thr,
-                  q_base, s_base, s6, sdec, enc_tab, run_sc, tile_scale):
+                  q_base, s_base, s6, sdec, enc_tab, run_sc, tile_scale, sr):
         """Lanes of a warp take consecutive 16-element blocks of consecutive rows, so one warp
         store covers whole 32-byte sectors (bpr blocks of 8 bytes per row). Per token, s6 /
         sdec are the lane's (_lane_amax). row_words: the steps' words (preload, block2d), or
         None: each step reads its own. run > 1: the compact scales go to the run's smem buffer
         at run_sc (this tile's column there) instead of global memory. tile_scale (block2d):
-        the (scale byte, enc) of every step's block."""
+        the (scale byte, enc) of every step's block. sr: stochastic rounding (_sr_state)."""
         bpr = self.bpr
         lane = tidx % 32
         b = lane % bpr
@@ -723,8 +801,11 @@ class CastKernel:
                 code = tile_scale[0]
                 w0, w1 = E.encode16(xs, tile_scale[1], self.hw)
             else:
+                rnd = None
+                if cutlass.const_expr(sr is not None):
+                    rnd = self._philox(Int64(gr) * nsc_r + Int64(gcol_blk), 0, sr)
                 code, w0, w1 = self._quantize16(xs, self._words_amax(words, xs), s6_r, sdec_r,
-                                                enc_tab)
+                                                enc_tab, rnd)
             valid = (gr < M) & col_ok
             if valid:
                 E.st_global_v2(q_tile + q_off, w0, w1)
@@ -790,11 +871,11 @@ class CastKernel:
 
     @cute.jit
     def _col_pass(self, words, tidx, tm, tk, M, K, half_m, nsc_c, pad_c_c, col_thr,
-                  qt_base, st_base, s6, sdec, enc_tab, tile_scale):
+                  qt_base, st_base, s6, sdec, enc_tab, tile_scale, sr):
         """Lanes with consecutive block rows store consecutive 8-byte pieces of one output row
         (64 bytes per input column and tile) from the thread's 16 words (_col_words). Per
         token, s6 / sdec are the lane's (_lane_amax). tile_scale (block2d): the (scale byte,
-        enc) of the thread's blocks (one 16x16 tile)."""
+        enc) of the thread's blocks (one 16x16 tile). sr: stochastic rounding (_sr_state)."""
         lane = tidx % 32
         rb = lane // 4
         cols = 4 // self.esize  # input columns per 4-byte word
@@ -835,7 +916,12 @@ class CastKernel:
                     amax = E.block_amax(xs)
                 else:
                     amax = amax2[cc]
-                code, w0, w1 = self._quantize16(xs, amax, s6_c, sdec_c, enc_tab)
+                rnd = None
+                if cutlass.const_expr(sr is not None):  # rotated like xs (_sr_state)
+                    p = self._philox(Int64(gk) * nsc_c + Int64(gblk), 1, sr)
+                    lo, hi = sr[2]
+                    rnd = [Uint32(prmt(p[h], p[h + 1], sel)) for h in (0, 2) for sel in (lo, hi)]
+                code, w0, w1 = self._quantize16(xs, amax, s6_c, sdec_c, enc_tab, rnd)
             w0 = E.rotl_nibbles(w0, rb)
             w1 = E.rotl_nibbles(w1, rb)
             valid = (gk < K) & row_ok
@@ -901,14 +987,15 @@ class CastKernel:
 
     @cute.jit
     def _col_pass_rht(self, frags, tidx, tm, tk, M, K, half_m, nsc_c, pad_c_c, qt_base,
-                      st_base, s6, sdec, col_outer, enc_tab, rht_b):
+                      st_base, s6, sdec, col_outer, enc_tab, rht_b, sr):
         """The twin of the RHT'd tile from the warp's A fragments (_col_words). Per output
         column (g, g + 8) and block row i, lane q holds 4 of the block's 16 values: the block
         amax is reduced and scattered over the 4 lanes (lane q keeps block row q's), lane q
         converts block row q's scale, the 4 lanes share their enc, encode their pieces, and
         two shuffles transpose the pieces so that lane q stores block row q's 8 bytes (a
         column's 4 block rows: one 32-byte sector). Scale outer operands: col_outer (per
-        tensor: the twin's own) or the lane's per-token s6 / sdec of the column."""
+        tensor: the twin's own) or the lane's per-token s6 / sdec of the column. sr:
+        stochastic rounding (_sr_state): lane q draws block row q's call (_rht_words)."""
         lane = tidx % 32
         warp = tidx // 32
         g = lane // 4
@@ -958,8 +1045,14 @@ class CastKernel:
                               cute.arch.shuffle_sync_bfly(cutlass.select_(odd, k0, k1), 1))
             code, enc = self._block_scale(amax, s6_c, sdec_c, enc_tab_c)
             encs = [cute.arch.shuffle_sync(enc, (lane & 0x1C) | i) for i in range(4)]
-            w01 = E.encode8_pair(ys[cc][0] + ys[cc][1], encs[0], encs[1], self.hw)
-            w23 = E.encode8_pair(ys[cc][2] + ys[cc][3], encs[2], encs[3], self.hw)
+            if cutlass.const_expr(sr is None):
+                w01 = E.encode8_pair(ys[cc][0] + ys[cc][1], encs[0], encs[1], self.hw)
+                w23 = E.encode8_pair(ys[cc][2] + ys[cc][3], encs[2], encs[3], self.hw)
+            else:
+                rnd = self._rht_words(self._philox(Int64(gk) * nsc_c + Int64(gblk), 1, sr),
+                                      sr, cc)
+                w01 = E.sr_encode8_pair(ys[cc][0] + ys[cc][1], encs[0], encs[1], rnd[0:2])
+                w23 = E.sr_encode8_pair(ys[cc][2] + ys[cc][3], encs[2], encs[3], rnd[2:4])
             # transpose the 16-bit pieces: lane q ends with block row q's from lanes 0 .. 3
             keep = cutlass.select_(hi, w23, w01)
             recv = cute.arch.shuffle_sync_bfly(cutlass.select_(hi, w01, w23), 2)

@@ -52,82 +52,6 @@ GTAB_COLS = 8
 FOUR_OVER_SIX = (None, "mae", "mse")
 
 
-# Stochastic E2M1 codes of 8 elements (ref.formats.e2m1_encode_stochastic after the clamp of
-# quantize_blocks): with a = min(|x * enc|, 6) and the element's random byte b, the code is the
-# E2M1 grid value at or below a + (b + 1/2) / 256 of the grid gap, i.e. the magnitude rounds up
-# iff frac >= (511 - 2b) / 512. With y = (2b + 1) / 512 that is
-#     code = floor(min(2a + y, a + 2 + y, a / 2 + 4 + y)) = floor(y + g(a)),
-#     g(a) = min(2a, a + 2, a / 2 + 4)
-# (one term per grid gap 0.5, 1, 2: the same min-of-terms shape as common/encode.py's RN
-# encoder). g is computed with rz operations: min of RZ = RZ of min, and floor(F + RZ(g)) =
-# floor(F + g) for F = 128 + y because the bounds n - F are FP32 numbers (RZ is monotone).
-# One PRMT puts b into F = float(0x43000080 | b << 8) = 128 + y (no conversion instruction);
-# t = add.rz(g, F) has floor(t) = 128 + code (integers are FP32 numbers there), and one rz
-# add of 2^23 - 128 (exact: the sum lies in [2^23, 2^24), ulp 1) gives 0x4B000000 + code.
-# The word sums bits << 4i, the constants -0x4B000000 << 4i once per word, and 8 << 4i for
-# x * enc < 0. A NaN product only occurs with a NaN enc (NaN block amax), and sr_encode8's
-# caller zeroes those words (code 0, as the reference).
-_SR_SIGN = "setp.lt.f32 p, v, 0f00000000;\n@p add.u32 {$w0}, {$w0}, {sign};\n"
-_SR_ELEM = (
-    "mul.rn.f32 v, {x}, e;\n"
-    "abs.f32 a, v;\nmin.f32 a, a, 0f40C00000;\n"
-    "add.rn.f32 g, a, a;\nadd.rz.f32 t, a, 0f40000000;\nmin.f32 g, g, t;\n"
-    "fma.rz.f32 t, a, 0f3F000000, 0f40800000;\nmin.f32 g, g, t;\n"
-    "prmt.b32 b, 0x43000080, {w}, {sel};\nmov.b32 f, b;\n"
-    "add.rz.f32 g, g, f;\nadd.rz.f32 g, g, 0f4AFFFF00;\n"
-    "mov.b32 b, g;\n{pack}" + _SR_SIGN
-)
-# PRMT selector of byte k of the random word (bytes 4 .. 7): F's bytes (0x80, b, 0x00, 0x43)
-_SR_SEL = ("0x3140", "0x3150", "0x3160", "0x3170")
-_SR_CONST = (-0x4B000000 * 0x11111111) % 2**32
-
-
-def _sr_encode8_ptx(signs: bool) -> str:
-    """signs: the products are fma(x, enc, +0) in registers v0 .. v7 and the signs are set
-    8 at a time at the end (E.sign_nibbles_ptx: nonzero products must not underflow)."""
-    vs = [f"v{i}" for i in range(8)]
-    body = ["{\n.reg .f32 v, a, f, t, g, e;\n.reg .b32 b;\n.reg .pred p;\n"
-            + (".reg .f32 " + ", ".join(vs) + ";\n" if signs else "") + "mov.f32 e, {$r8};\n"]
-    for i in range(8):
-        pack = "mov.b32 {$w0}, b;\n" if i == 0 else \
-            f"shl.b32 b, b, {4 * i};\nadd.u32 {{$w0}}, {{$w0}}, b;\n"
-        elem = _SR_ELEM
-        if signs:
-            elem = (elem.replace("mul.rn.f32 v, {x}, e;",
-                                 f"fma.rn.f32 {vs[i]}, {{x}}, e, 0f00000000;")
-                    .replace("abs.f32 a, v;", f"abs.f32 a, {vs[i]};").replace(_SR_SIGN, ""))
-        body.append(elem.replace("{x}", "{$r%d}" % i).replace("{w}", "{$r%d}" % (9 + i // 4))
-                    .replace("{sel}", _SR_SEL[i % 4])
-                    .replace("{pack}", pack).replace("{sign}", str(8 << (4 * i))))
-    body.append(f"add.u32 {{$w0}}, {{$w0}}, {_SR_CONST};\n")
-    if signs:
-        body.append(E.sign_nibbles_ptx(vs, "{$w0}"))
-    body.append("}")
-    return "".join(body)
-
-
-_SR_ENCODE8 = _sr_encode8_ptx(False)
-_SR_ENCODE8_SIGNS = _sr_encode8_ptx(True)
-
-
-def sr_encode8(xs, enc, words):
-    """Stochastic codes of 8 values with the block's enc and their 2 random words (element i:
-    byte i % 4 of words[i // 4]): Uint32 of 8 nibbles (element i at bits 4i); 0 when enc is
-    NaN."""
-    w = cute.arch.inline_ptx(
-        _SR_ENCODE8, write_only_types=[Uint32],
-        read_only_args=[Float32(x) for x in xs] + [Float32(enc)] + [Uint32(b) for b in words])
-    return Uint32(cutlass.select_(E.is_nan(enc) != Uint32(0), Uint32(0), w))
-
-
-def sr_encode8_nonzero_products(xs, enc, words):
-    """sr_encode8 for a block whose enc is not NaN and whose nonzero products x * enc do not
-    underflow to zero (the caller's guarantee): signs 8 at a time (E.sign_nibbles_ptx)."""
-    return cute.arch.inline_ptx(
-        _SR_ENCODE8_SIGNS, write_only_types=[Uint32],
-        read_only_args=[Float32(x) for x in xs] + [Float32(enc)] + [Uint32(b) for b in words])
-
-
 # Magnitudes of the round-to-nearest E2M1 values of 8 elements (the grid rounding of
 # common/encode.py's software encoder without the codes): with a = min(|x * enc|, 6), the
 # value is add.rn(a, M) - M (exact) with the magic M = 2^22 * max(1, 2^floor(log2 a)), i.e.
@@ -415,7 +339,7 @@ class RecipeCastKernel(_TileLoader):
         """Codes of 16 values, any enc (NaN: zeros)."""
         if cutlass.const_expr(not self.stochastic):
             return E.encode16(xs, enc, self.hw)
-        return sr_encode8(xs[0:8], enc, words[0:2]), sr_encode8(xs[8:16], enc, words[2:4])
+        return E.sr_encode16(xs, enc, words)
 
     @cute.jit
     def _encode16_guarded(self, xs, enc, words, quarter: cutlass.Constexpr):
@@ -435,8 +359,8 @@ class RecipeCastKernel(_TileLoader):
             if cutlass.const_expr(quarter):
                 e = E.mul_rn(enc, Float32(0.25))
             if cutlass.const_expr(self.stochastic):
-                w0 = sr_encode8_nonzero_products(xs[0:8], e, words[0:2])
-                w1 = sr_encode8_nonzero_products(xs[8:16], e, words[2:4])
+                w0 = E.sr_encode8_nonzero_products(xs[0:8], e, words[0:2])
+                w1 = E.sr_encode8_nonzero_products(xs[8:16], e, words[2:4])
             else:
                 w0 = E.encode8_nonzero_products(xs[0:8], e)
                 w1 = E.encode8_nonzero_products(xs[8:16], e)

@@ -47,24 +47,27 @@ def _f8_2d():
 
 def cast_kernel(dtype: str, rowwise: bool, columnwise: bool, swizzle: bool, per_token: bool,
                 num_sms: int = 132, fused_amax: bool = False,
-                walk: tuple = None, rht: bool = False, block2d: bool = False):
+                walk: tuple = None, rht: bool = False, block2d: bool = False,
+                stochastic: bool = False):
     """(kernel, *fake compile arguments) of the K2 cast for a configuration; walk =
     (CTAs per SM, reverse tile walk, per-token amax prefetch, band, run, enc table, preload),
-    see cast_walk (default: plain_walk); rht: the twin of the RHT'd input (recipes_dispatch);
-    block2d: 16x16 blocks."""
+    see cast_walk (default: plain_walk); rht: the twin of the RHT'd input, stochastic:
+    stochastic rounding (both from recipes_dispatch; the compiled function then takes the
+    int64 [seed, offset] tensor after the outputs, else None); block2d: 16x16 blocks."""
     if walk is None:
         walk = plain_walk(per_token)
     ctas_per_sm, reverse, prefetch_amax, band, run, enc_table, preload = walk
     op = CastKernel(dtype, rowwise, columnwise, swizzle, per_token, num_sms,
                     ctas_per_sm=ctas_per_sm, fused_amax=fused_amax, reverse=reverse,
                     prefetch_amax=prefetch_amax, band=band, run=run, enc_table=enc_table,
-                    preload=preload, rht=rht, block2d=block2d)
+                    preload=preload, rht=rht, block2d=block2d, stochastic=stochastic)
     esize = _CUTLASS[dtype].width // 8
     m, k = dyn(), dyn(16 // esize)
     return (op, fake_tensor(_CUTLASS[dtype], (m, k)),
             fake_tensor(cutlass.Float32, (None,), align=4),
             fake_tensor(cutlass.Float32, (None,), align=4),
-            _u8_2d(), _f8_2d(), _u8_2d(), _f8_2d(), env_stream())
+            _u8_2d(), _f8_2d(), _u8_2d(), _f8_2d(),
+            fake_tensor(cutlass.Int64, (2,), align=8) if stochastic else None, env_stream())
 
 
 def token_rows_kernel(dtype: str, swizzle: bool, split: tuple, num_sms: int = 132,
@@ -416,7 +419,7 @@ class _Plan:
         if self.cast is not None:
             self.cast(x, arg_r, arg_c, dummy if data is None else data,
                       dummy_f8 if scales is None else scales, dummy if data_t is None else data_t,
-                      dummy_f8 if scales_t is None else scales_t)
+                      dummy_f8 if scales_t is None else scales_t, None)
         if out is None:
             return NVFP4Tensor(data, scales, amax_r if self.row else None, data_t, scales_t,
                                amax_c if self.col else None, self.recipe, self.shape,

@@ -77,28 +77,41 @@ def amax_recipe_kernel(dtype: str, per_token: bool, rht: bool, do_row: bool, do_
             *(() if col_sum else (None,)), env_stream())
 
 
-def rht_on_plain_cast(recipe: Recipe, n_groups: int, dtype: str) -> bool:
-    """Whether the plain cast (CastKernel with rht: the twin's RHT on the tensor cores) runs
-    this recipe after RecipeAmax: one tensor, bf16 / fp16, the columnwise RHT (1x16 blocks),
-    round to nearest, no 4over6 (so E4M3_MAX 448), scaling tensor or token. Its persistent TMA
-    walk with the MMA transform is faster than the recipe kernel (notes/quant_recipes.md
-    "Session 21"); everything else runs the recipe kernel."""
-    return (n_groups == 1 and dtype != "fp32" and recipe.rht and recipe.columnwise
-            and not recipe.stochastic_rounding and recipe.four_over_six is None
-            and recipe.scaling in ("tensor", "token"))
+def on_plain_cast(recipe: Recipe, n_groups: int, dtype: str) -> bool:
+    """Whether the plain cast (CastKernel) runs this recipe after RecipeAmax: one tensor, 1x16
+    blocks, scaling tensor or token, no 4over6 (so E4M3_MAX 448), with the columnwise RHT
+    (bf16 / fp16 with the twin: CastKernel rht, the transform on the tensor cores) and / or
+    stochastic rounding (CastKernel stochastic). Its persistent TMA walk is faster than the
+    recipe kernel (notes/quant_recipes.md "Session 21", "Session 23"); everything else (16x16
+    with SR, window64, 4over6, groups, RHT of fp32 inputs or without the twin) runs the
+    recipe kernel."""
+    if (n_groups != 1 or recipe.block != (1, 16) or recipe.four_over_six is not None
+            or recipe.scaling not in ("tensor", "token")):
+        return False
+    if recipe.rht:
+        return dtype != "fp32" and recipe.columnwise
+    return recipe.stochastic_rounding
 
 
-def rht_walk(m: int, k: int, esize: int, per_token: bool, compact_twin: bool,
-             compact_row: bool, num_sms: int) -> tuple:
-    """The tile walk of the RHT cast: the plain cast's (dispatch.cast_walk) with two CTAs per
-    SM, no preload and per token no run. Measured (H100, bf16 row+col, full quantize in
-    graphs, 8192x8192, before the amax pass's L2 priorities): per tensor compact 166.5 ->
-    145.4 us (the plain cast's one CTA per SM leaves the MMA, shuffle and store latencies of
-    _col_pass_rht exposed), swizzled 151.0 -> 141.4; per token compact 161.6 -> 156.1,
-    swizzled 156.5 -> 154.3; per tensor without the run: compact 147.4 vs 142.7 with it
-    (notes/quant_recipes.md "Session 21")."""
+def plain_cast_walk(m: int, k: int, esize: int, per_token: bool, compact_twin: bool,
+                    compact_row: bool, num_sms: int, rht: bool, stochastic: bool) -> tuple:
+    """The tile walk of the recipes on the plain cast (on_plain_cast): the plain cast's
+    (dispatch.cast_walk) with two CTAs per SM, the run (compact rowwise scales staged over 8
+    tiles) only per tensor without stochastic rounding, and preload with the RHT and stochastic
+    rounding together. Measured (H100, bf16 row+col, full quantize in graphs):
+    - RHT, 8192x8192, before the amax pass's L2 priorities: per tensor compact 166.5 -> 145.4
+      us (the plain cast's one CTA per SM leaves the MMA, shuffle and store latencies of
+      _col_pass_rht exposed), swizzled 151.0 -> 141.4; per token compact 161.6 -> 156.1,
+      swizzled 156.5 -> 154.3; per tensor without the run: compact 147.4 vs 142.7 with it
+      (notes/quant_recipes.md "Session 21");
+    - stochastic rounding, per tensor compact (session 23): 8192x8192 147.2 us with the run,
+      145.9 without, one CTA per SM 158.8, three 163.4; 16384x2048 81.4 / 80.2; with the RHT
+      as well, without the run and with preload: 170.3 -> 163.7 (per token 186.6 -> 181.2),
+      16384x2048 91.6 -> 88.1 (100.2 -> 97.5); per token SR alone preload is slower (160.1 ->
+      164.0)."""
     walk = cast_walk(m, k, esize, per_token, False, compact_twin, compact_row, num_sms)
-    return (2,) + walk[1:4] + (1 if per_token else walk[4], walk[5], False)
+    run = 1 if per_token or stochastic else walk[4]
+    return (2,) + walk[1:4] + (run, walk[5], rht and stochastic)
 
 
 def _alloc(shape, device) -> torch.Tensor:
@@ -200,12 +213,13 @@ class _Plan:
         self.dummy = torch.empty(1, dtype=torch.uint8, device=dev)  # for absent outputs
         self.n_kt = 2 * _ceil(k, 128) if swz and col else _ceil(k, TILE)
         arch = device_arch(dev)
-        self.plain = rht_on_plain_cast(recipe, len(sizes), name)
+        self.plain = on_plain_cast(recipe, len(sizes), name)
         keep = 0
         if self.plain:
             m, sms, per_token = sizes[0], num_sms(dev), scaling == "token"
             esize = _CUTLASS[name].width // 8
-            walk = rht_walk(m, k, esize, per_token, col and not swz, row and not swz, sms)
+            walk = plain_cast_walk(m, k, esize, per_token, col and not swz, row and not swz, sms,
+                                   recipe.rht, recipe.stochastic_rounding)
             # the amax pass's L2 priorities before a backwards cast, as dispatch._Plan's
             if walk[1] and m * k * esize > L2_KEEP_BYTES[col]:
                 keep = L2_KEEP_BYTES[col]
@@ -218,10 +232,12 @@ class _Plan:
                 *amax_recipe_kernel(name, scaling == "token", recipe.rht, do_row, do_col,
                                     col_sum, keep), arch=arch))
         if self.plain:
-            ckey = ("cast", name, row, col, swz, per_token, sms, False, walk, "rht", arch)
+            rht, sr = recipe.rht, recipe.stochastic_rounding
+            ckey = ("cast", name, row, col, swz, per_token, sms, False, walk, "rht", rht, sr,
+                    arch)
             self.cast_fn = KERNELS.get(ckey, lambda: compile_kernel(
-                *cast_kernel(name, row, col, swz, per_token, sms, False, walk, rht=True),
-                arch=arch))
+                *cast_kernel(name, row, col, swz, per_token, sms, False, walk, rht=rht,
+                             stochastic=sr), arch=arch))
             self.scale_shapes = (scale_shape(m, nsc, swz), scale_shape(k, m // 16, swz))
             return
         ckey = ("cast_recipe",) + _cast_config(name, recipe) + (arch,)
@@ -264,10 +280,11 @@ def _run(x2: torch.Tensor, sizes: List[int], recipe: Recipe, seed: int, offset: 
     ar_len, ac_len = max(plan.ar_len, 1), max(plan.ac_len, 1)
     arg_r = arg_c = None  # per tensor on the plain cast: its [amax, partial] words per side
     if plan.launch and plan.plain and scaling == "tensor":
-        # RecipeAmax reduces into the partials, the cast reads them (and writes the amaxes)
-        words = torch.zeros(4, dtype=torch.float32, device=dev)
-        arg_r, arg_c = words[0:2], words[2:4]
-        amax_r, amax_c = words[1:2], words[3:4]
+        # RecipeAmax reduces into the partials, the cast reads them (and writes the amaxes);
+        # without the RHT both sides share one pair
+        words = torch.zeros(2 if plan.alias else 4, dtype=torch.float32, device=dev)
+        arg_r, arg_c = words[0:2], words[-2:]
+        amax_r, amax_c = words[1:2], words[-1:]
     elif scaling == "window64":
         amax_r, amax_c = _alloc_f32(ar_len, dev), _alloc_f32(ac_len, dev)
     elif plan.alias:  # zeroed first (reduced with red.global.max); one amax serves both
@@ -297,9 +314,13 @@ def _run(x2: torch.Tensor, sizes: List[int], recipe: Recipe, seed: int, offset: 
         s_shape, st_shape = plan.scale_shapes
         d2 = plan.dummy.view(1, 1)
         f8 = torch.float8_e4m3fn
+        rng = None
+        if recipe.stochastic_rounding:
+            rng = plan.rng if rng_state is None else rng_state.contiguous()
         plan.cast_fn(x2, arg_r, arg_c, q.view(m, k // 2) if row else d2,
                      s.view(s_shape).view(f8) if row else d2.view(f8),
-                     qt.view(k, m // 2), st.view(st_shape).view(f8))
+                     qt.view(k, m // 2) if col else d2,
+                     st.view(st_shape).view(f8) if col else d2.view(f8), rng)
     elif plan.launch:
         dummy = plan.dummy
         rng = plan.rng if rng_state is None else rng_state.contiguous()
