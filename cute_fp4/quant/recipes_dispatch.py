@@ -6,7 +6,9 @@ A single tensor is one group: the host builds the tile table (ttab), the group t
 for scaling "tensor" / "token", the amax work table (atab), once per configuration (`_plan`,
 cached with the compiled kernels); then each call makes at most two launches:
 RecipeAmax (outer amax, after the RHT for the columnwise twin) and RecipeCastKernel (both
-outputs; window64 amaxes come out of the cast itself).
+outputs; window64 amaxes come out of the cast itself), or for single 1x16 tensors with the RHT
+and / or stochastic rounding (`on_plain_cast`) the plain cast (CastKernel with rht /
+stochastic) instead of RecipeCastKernel.
 
 Tensor parallelism (input sharded along M, sequence parallel): `amax_reduce(t)` reduces a
 float32 CUDA amax tensor in place across ranks (e.g. an all-reduce MAX). It is called between
