@@ -194,15 +194,20 @@ _SW_DECL = (
 _SW_CONST = (-0x4B000000 * 0x11111111) % 2**32
 
 
+def _magnitude_ptx(x: str, e: str, v: str) -> list:
+    """PTX lines of a = min(|x * e|, 6) (registers v, a). v = "v": the product is mul.rn and the
+    caller sets the sign per element; else it goes to register v as fma with +0 (an exact zero
+    product is +0) for sign_nibbles_ptx."""
+    return [f"mul.rn.f32 v, {x}, {e};" if v == "v" else f"fma.rn.f32 {v}, {x}, {e}, 0f00000000;",
+            f"abs.f32 a, {v};", "min.f32 a, a, 0f40C00000;"]
+
+
 def _sw_elem(i: int, x: str, v: str = "v", e: str = "e") -> str:
     """Element i (PTX register x, multiplier register e) into the word {$w0}. v = "v": the
     sign by a compare and a predicated add per element; else the product goes to register v
     (fma with +0, see sign_nibbles_ptx) and the sign is left to the caller."""
     signed = v == "v"
-    lines = [
-        f"mul.rn.f32 v, {x}, {e};" if signed else f"fma.rn.f32 {v}, {x}, {e}, 0f00000000;",
-        f"abs.f32 a, {v};",
-        "min.f32 a, a, 0f40C00000;",
+    lines = _magnitude_ptx(x, e, v) + [
         "fma.rn.f32 c, a, 0f40000000, 0f4B000000;",
         "add.rn.f32 d, a, 0f4B000002;",
         "min.f32 c, c, d;",
@@ -360,10 +365,7 @@ def _sr_elem(i: int, x: str, e: str, w: str, v: str) -> str:
     """Element i (input register x, multiplier e, random word w) into register d{i}; v = "v":
     the sign per element; else the product goes to v (fma with +0) for sign_nibbles_ptx."""
     signed = v == "v"
-    lines = [
-        f"mul.rn.f32 v, {x}, {e};" if signed else f"fma.rn.f32 {v}, {x}, {e}, 0f00000000;",
-        f"abs.f32 a, {v};",
-        "min.f32 a, a, 0f40C00000;",
+    lines = _magnitude_ptx(x, e, v) + [
         "mul.rz.f32 a, a, 0f00800000;",
         "mov.b32 b, a;",
         f"prmt.b32 r, {w}, c, {_SR_SEL[i % 4]};",
