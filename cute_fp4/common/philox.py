@@ -51,9 +51,15 @@ def philox4x32(c0, c1, c2, c3, keys):
     )
 
 
-def philox_block16(idx0, offset, stream: int, keys):
-    """The four random words of the 16 consecutive elements idx0 .. idx0 + 15 of a stream
-    (idx0 an Int64 multiple of 16): word j holds the bytes of elements idx0 + 4j .. 4j + 3."""
-    call = Int64(idx0) // 16
+def philox_call(call, offset, stream: int, keys):
+    """The four random words of Philox call `call` (an Int64: the 16-element block
+    16 * call .. 16 * call + 15 of the stream) of a stream: word j holds the bytes of elements
+    16 * call + 4j .. 4j + 3."""
     return list(philox4x32(Uint32(call & 0xFFFFFFFF), Uint32(call >> 32), offset, Uint32(stream),
                            keys))
+
+
+def philox_block16(idx0, offset, stream: int, keys):
+    """The four random words of the 16 consecutive elements idx0 .. idx0 + 15 of a stream
+    (idx0 an Int64 multiple of 16): philox_call of idx0 / 16."""
+    return philox_call(Int64(idx0) // 16, offset, stream, keys)

@@ -57,6 +57,8 @@ amaxes (_tile_scales); with the twin, lanes 0 .. bpr - 1 leave each tile's (scal
 smem for the columnwise pass, after a consumer barrier.
 """
 
+from typing import Optional
+
 import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
@@ -64,10 +66,8 @@ import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Float32, Int32, Int64, Uint32
 from cutlass.cute.nvgpu import cpasync
 
-from typing import Optional
-
 from cute_fp4.common import encode as E
-from cute_fp4.common.philox import philox4x32, round_keys
+from cute_fp4.common.philox import philox_call, round_keys
 from cute_fp4.common.ptx import ldmatrix_x4_trans, mma_16816, prmt
 from cute_fp4.common.scales import outer_block_scales, swizzled_scale_offset
 from cute_fp4.quant.amax import max_tensor_partials, vec_abs_max, vec_values
@@ -377,10 +377,9 @@ class CastKernel:
         return keys, Uint32(rng[1]), sels, xch
 
     def _philox(self, call, stream: int, sr):
-        """The 4 random words of Philox call `call` (Int64: the block's index in its
-        output, row-major) of a stream (0 rowwise, 1 the twin)."""
-        return list(philox4x32(Uint32(call & 0xFFFFFFFF), Uint32(call >> 32), sr[1],
-                               Uint32(stream), sr[0]))
+        """The 4 random words of a block: Philox call `call` (Int64: the block's index in
+        its output, row-major) of a stream (0 rowwise, 1 the twin)."""
+        return philox_call(call, sr[1], stream, sr[0])
 
     def _rht_words(self, words, sr, cc: int):
         """RHT twin: lane q has the 4 words of block row q's call; returns word q of the calls
