@@ -354,9 +354,10 @@ def encode16(xs, enc, hw: bool):
 # floor(frac * 2^22) + (2b + 1) * 2^13 >= 2^22: one carry into the code. So with
 # d = 4 B + (b << 16) + 2^15 (one prmt puts b << 16 | 0x8000, one mad adds 4 B) the code is byte
 # 3 of d (bits 24..26: a <= 6 has B <= 7 * 2^22 and never carries past code 7). Bytes 3 of
-# eight d are gathered with six prmt and the odd ones shifted into the high nibbles: ~7
-# instructions per element (the min-of-three-terms form of the round-to-nearest encoder above
-# took 13 with the rounding offset). Signs: 8 << 24 added to d for strictly negative products,
+# eight d are gathered with six prmt and the odd ones shifted into the high nibbles: in SASS
+# ~8 instructions per element (2 of them the per-element sign) plus ~1 for the gather (the
+# min-of-three-terms form of the round-to-nearest encoder above took 13 with the rounding
+# offset). Signs: 8 << 24 added to d for strictly negative products,
 # or (nonzero-products variant) 8 at a time from the products' sign bits (sign_nibbles_ptx).
 _SR_SEL = ("0x4054", "0x4154", "0x4254", "0x4354")  # d bytes: 0x00, 0x80, b (byte k), 0x00
 

@@ -235,7 +235,7 @@ class _Plan:
                                     col_sum, keep), arch=arch))
         if self.plain:
             rht, sr = recipe.rht, recipe.stochastic_rounding
-            ckey = ("cast", name, row, col, swz, per_token, sms, False, walk, "rht", rht, sr,
+            ckey = ("cast", name, row, col, swz, per_token, sms, False, walk, "recipe", rht, sr,
                     arch)
             self.cast_fn = KERNELS.get(ckey, lambda: compile_kernel(
                 *cast_kernel(name, row, col, swz, per_token, sms, False, walk, rht=rht,
