@@ -171,27 +171,37 @@ def test_cast_rht_ptx(arch, dtype, row, swizzle, per_token, walk):
 ])
 def test_cast_sr_ptx(arch, dtype, row, col, swizzle, per_token, rht, walk):
     """Stochastic rounding on the plain cast, against the same kernel rounding to nearest: one
-    Philox4x32-10 call (ten rounds of two mul.wide.u32 by the Philox multipliers) per 1x16 block of each pass (row_steps
-    rowwise, 4 / esize column blocks, 2 per lane with the RHT), the software stochastic encode
-    on both archs (16 mul.rz.f32 per block, no e2m1 instruction), IEEE arithmetic only; the
-    column pass rotates its blocks' random bytes with run-time prmt selectors (4 per block);
-    with the RHT the lanes exchange their words through smem (one 16-byte store per output
-    column, after which a warp barrier)."""
+    Philox4x32-10 call (ten rounds of two mul.wide.u32 by the Philox multipliers) per 1x16 block
+    of each pass (row_steps rowwise, 4 / esize column blocks, 2 per lane with the RHT), the
+    software stochastic encode on both archs (16 mul.rz.f32 per block, no e2m1 instruction),
+    IEEE arithmetic only; the column pass rotates its blocks' random bytes with run-time prmt
+    selectors (4 per block); with the RHT the lanes exchange their words through smem (one
+    16-byte store per output column, after which a warp barrier). 16-bit inputs without the
+    RHT compile the passes twice, the second copy with the signs from the inputs: one
+    set.lt.u32 per input word of a rowwise block (8) and of the column pass (16, both
+    columns)."""
     args = (dtype, row, col, swizzle, per_token, 132, False, walk)
     ptx = compile_ptx(*cast_kernel(*args, rht=rht, stochastic=True), arch=arch)
     rn = compile_ptx(*cast_kernel(*args, rht=rht), arch=arch)
     assert ptx_target(ptx) == arch
     op = CastKernel(dtype, row, col, swizzle, per_token, 132, rht=rht, stochastic=True)
+    copies = 2 if op.input_signs else 1
+    assert op.input_signs == (dtype != "fp32" and not rht)
     calls = op.row_steps * row + (2 if rht else 4 // op.esize) * col
-    assert ptx.count(f"mul.wide.u32 p0, c0, {PHILOX_M0:#010x}") == 10 * calls
-    assert ptx.count(f"mul.wide.u32 p1, c2, {PHILOX_M1:#010x}") == 10 * calls
-    assert ptx.count("mul.rz.f32") == 16 * calls
+    assert ptx.count(f"mul.wide.u32 p0, c0, {PHILOX_M0:#010x}") == 10 * calls * copies
+    assert ptx.count(f"mul.wide.u32 p1, c2, {PHILOX_M1:#010x}") == 10 * calls * copies
+    assert ptx.count("mul.rz.f32") == 16 * calls * copies
+    ty = "bf16x2" if dtype == "bf16" else "f16x2"
+    signs = (8 * op.row_steps * row + 16 * col) if op.input_signs else 0
+    assert ptx.count(f"set.lt.u32.{ty}") == signs
+    assert ptx.count("lop3.b32") - rn.count("lop3.b32") >= signs
     assert "e2m1" not in ptx
     assert "div.approx" not in ptx and "rcp.approx" not in ptx and ".ftz" not in ptx
-    rotations = len(re.findall(r"prmt\.b32\s+%r\d+, %r\d+, %r\d+, %r\d+;", ptx))
-    assert rotations - len(re.findall(r"prmt\.b32\s+%r\d+, %r\d+, %r\d+, %r\d+;", rn)) == (
-        0 if rht else 4 * (4 // op.esize) * col)
-    assert ptx.count("st.shared.v4.b32") - rn.count("st.shared.v4.b32") == 2 * rht
+    reg_prmt = r"prmt\.b32\s+%r\d+, %r\d+, %r\d+, %r\d+;"
+    rotations = len(re.findall(reg_prmt, ptx))
+    assert rotations - copies * len(re.findall(reg_prmt, rn)) == (
+        0 if rht else 4 * (4 // op.esize) * col * copies)
+    assert ptx.count("st.shared.v4.b32") - rn.count("st.shared.v4.b32") == 2 * rht * copies
     if rht:
         assert "bar.warp.sync" in ptx
 

@@ -6,7 +6,9 @@ e4m3x2 products on sm_100a only. The exact 4over6 path's division by a constant
 its three operations (CUTE_FP4_EXHAUSTIVE_DIV=1: every FP32 bit pattern, ~4 min). The
 stochastic E2M1 encode (common.encode._sr_elem) is checked against
 ref.formats.e2m1_encode_stochastic by a numpy emulation of its PTX for every random byte
-(CUTE_FP4_EXHAUSTIVE_SR=1: 2M values instead of ~40k, ~1 min)."""
+(CUTE_FP4_EXHAUSTIVE_SR=1: 2M values instead of ~40k, ~1 min), and so is its variant that
+takes the signs of bf16 / fp16 inputs from sign words (common.encode.sign_word, the plain
+cast's stochastic encoder where every block has enc >= 2^-14)."""
 
 import os
 
@@ -16,7 +18,7 @@ import torch
 
 from cute_fp4 import Recipe
 from cute_fp4.common.compile_check import compile_ptx, missing_instructions, ptx_target
-from cute_fp4.common.encode import _SR_SEL, _sr_elem
+from cute_fp4.common.encode import _SR_SEL, _sr_elem, sr_sign_sel
 from cute_fp4.quant.cast_recipes import DIV_CONST, DIV_CONST_MIN_HEX
 from cute_fp4.ref.formats import e2m1_encode_stochastic
 from cute_fp4.quant.dispatch import cast_walk
@@ -174,10 +176,11 @@ SR_PTX = ("min.f32 a, a, 0f40C00000;\nmul.rz.f32 a, a, 0f00800000;\nmov.b32 b, a
           "prmt.b32 r, {$r9}, c, {sel};\nmad.lo.u32 d{i}, b, 4, r;\n")
 
 
-def _prmt(a: np.ndarray, b: int, sel: int) -> np.ndarray:
-    """PTX prmt.b32 (default mode, selector nibbles < 8) of the words a and the constant b."""
-    src = [(a >> np.uint32(8 * i)) & np.uint32(0xFF) for i in range(4)]
-    src += [np.full(a.shape, (b >> (8 * i)) & 0xFF, np.uint32) for i in range(4)]
+def _prmt(a: np.ndarray, b, sel: int) -> np.ndarray:
+    """PTX prmt.b32 (default mode, selector nibbles < 8) of the words a and the words (or the
+    constant) b."""
+    b = np.broadcast_to(np.asarray(b, np.uint32), a.shape)
+    src = [(w >> np.uint32(8 * i)) & np.uint32(0xFF) for w in (a, b) for i in range(4)]
     out = np.zeros(a.shape, np.uint32)
     for i in range(4):
         out |= src[(sel >> (4 * i)) & 7] << np.uint32(8 * i)
@@ -230,6 +233,87 @@ def test_sr_prmt_builds_the_rounding_offset(k):
     assert np.array_equal(r, (np.uint32(2) * b + np.uint32(1)) << np.uint32(15))
 
 
+def _sign_word_emulated(pairs: np.ndarray, dtype: torch.dtype) -> np.ndarray:
+    """common.encode.sign_word of packed 16-bit pairs: set.lt.u32 per half (IEEE x < 0), then
+    lop3 (s & 0x08000800) | 0x80."""
+    halves = torch.from_numpy(pairs.view(np.int16).copy()).view(dtype)
+    neg = (halves < 0).numpy().reshape(-1, 2)
+    s = np.where(neg[:, 0], 0xFFFF, 0) | np.where(neg[:, 1], 0xFFFF0000, 0)
+    return ((s & 0x08000800) | 0x80).astype(np.uint32)
+
+
+def test_sign_word_ptx():
+    """The sign word is one set.lt.u32 of the pair against 0 and one lop3 (a & b) | c."""
+    import inspect
+
+    from cute_fp4.common import encode
+
+    src = inspect.getsource(encode.sign_word)
+    assert "set.lt.u32.{ty} s, {{$r0}}, z;" in src and '"bf16x2" if' in src
+    assert "lop3.b32 {$w0}, s, 0x08000800, 0x80, 0xEA;" in src
+    assert (0xF0 & 0xCC) | 0xAA == 0xEA  # the LUT of (a & b) | c
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_sr_sign_word_prmt_builds_offset_and_sign(dtype):
+    """prmt(w, sign word) = (2b + 1) << 15 | 8 << 24 where the element is strictly negative:
+    every random byte k and half, over random pairs with -0, +-0, +-inf, NaN and subnormals."""
+    rng = np.random.default_rng(3)
+    pairs = rng.integers(0, 2**32, 1 << 14, dtype=np.uint64).astype(np.uint32)
+    pairs[:8] = [0x80000000, 0x00008000, 0x80008000, 0, 0x7FC0FFC0, 0x00018001, 0xFF80FF80,
+                 0x7F807F80] if dtype == torch.bfloat16 else [
+                 0x80000000, 0x00008000, 0x80008000, 0, 0x7E00FE00, 0x00018001, 0xFC00FC00,
+                 0x7C007C00]
+    sw = _sign_word_emulated(pairs, dtype)
+    halves = torch.from_numpy(pairs.view(np.int16).copy()).view(dtype).reshape(-1, 2)
+    w = rng.integers(0, 2**32, pairs.shape, dtype=np.uint64).astype(np.uint32)
+    for half in range(2):
+        neg = (halves[:, half] < 0).numpy().astype(np.uint32)
+        for k in range(4):
+            b = (w >> np.uint32(8 * k)) & np.uint32(0xFF)
+            r = _prmt(w, sw, int(sr_sign_sel(k, half), 16))
+            assert np.array_equal(r, ((2 * b + 1) << 15) | (neg << 27)), (half, k)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_sr_encode_signed_matches_reference(dtype):
+    """The signed variant's code, (4 B + prmt(w, sign word)) >> 24 with B from the FP32 product
+    x * enc, against ref.formats.e2m1_encode_stochastic of that product, for 16-bit inputs
+    x (every finite / infinite pattern of random halves, -0 and the smallest subnormals) and
+    enc >= 2^-14 (the kernel's condition): the compare on x gives the product's sign."""
+    rng = np.random.default_rng(4)
+    pairs = rng.integers(0, 2**32, 1 << 13, dtype=np.uint64).astype(np.uint32)
+    pairs[:4] = [0x80000000, 0x80018001, 0x00010001, 0x80008001]
+    x = torch.from_numpy(pairs.view(np.int16).copy()).view(dtype).float()
+    keep = ~torch.isnan(x).numpy()  # a NaN input makes its block's enc NaN (words zeroed)
+    x[torch.isnan(x)] = 0.0
+    sw = np.repeat(_sign_word_emulated(pairs, dtype), 2)
+    half = np.tile([0, 1], pairs.size)
+    for enc in (2.0 ** -14, 2.0 ** -14 * 1.37, 0.05, 1.0, 3.0e5, 3.4e38):
+        v = (x * enc).numpy()
+        for b in (0, 1, 127, 200, 255):
+            w = np.full(v.shape, b << 16, np.uint32)
+            r = np.where(half == 0, _prmt(w, sw, int(sr_sign_sel(2, 0), 16)),
+                         _prmt(w, sw, int(sr_sign_sel(2, 1), 16))).astype(np.int64)
+            a = np.minimum(np.abs(v), np.float32(6)).astype(np.float32)
+            got = (((4 * _rz_subnormal_bits(a) + r) & 0xFFFFFFFF) >> 24).astype(np.uint8)
+            want = e2m1_encode_stochastic(torch.from_numpy(v), torch.full(v.shape, b)).numpy()
+            assert np.array_equal(got[keep], want[keep]), (enc, b)
+
+
+def test_sr_encode_signed_needs_its_domain():
+    """Why the kernel checks enc >= 2^-14: below it a negative bf16 subnormal's product can
+    underflow to -0, which the reference encodes as +0 and the input's sign would not."""
+    x = torch.tensor([-(2.0 ** -133)], dtype=torch.bfloat16)
+    v = (x.float() * 2.0 ** -30).numpy()
+    assert v[0] == 0 and np.signbit(v[0])
+    sw = _sign_word_emulated(x.view(torch.int16).numpy().astype(np.uint16).astype(np.uint32),
+                             torch.bfloat16)
+    r = _prmt(np.zeros(1, np.uint32), sw, int(sr_sign_sel(0, 0), 16))
+    assert (r >> 24)[0] == 8  # code -0 from the input's sign
+    assert e2m1_encode_stochastic(torch.from_numpy(v), torch.zeros(1))[0] == 0
+
+
 def test_sr_encode_matches_reference():
     """Every random byte against ref.formats.e2m1_encode_stochastic (grid points, the k/512
     fractions of every gap and their FP32 neighbours, tiny / huge / special values)."""
@@ -243,8 +327,9 @@ def test_sr_encode_matches_reference():
 def test_plain_cast_routing():
     """Single-tensor 1x16 recipes (tensor or token scaling, no 4over6) with the columnwise RHT
     (bf16 / fp16, with the twin) and / or stochastic rounding (any dtype) run on the plain
-    cast, with two CTAs per SM, the run per tensor without SR only and preload with RHT + SR;
-    every other RHT / SR recipe on the recipe kernel."""
+    cast: SR alone with one CTA per SM (two per token for 16-bit inputs) and the run for fp32
+    only; with the RHT two CTAs per SM, the run per tensor without SR only and preload with
+    RHT + SR; every other RHT / SR recipe on the recipe kernel."""
     rht = Recipe(rht=True, columnwise=True)
     sr = Recipe(stochastic_rounding=True)
     for recipe, dtype in [(rht, "bf16"), (rht, "fp16"), (sr, "fp32"), (sr, "bf16"),
@@ -260,10 +345,18 @@ def test_plain_cast_routing():
             (rht.replace(scaling="window64"), 1, "bf16"),
             (Recipe(columnwise=True), 1, "bf16")]:
         assert not on_plain_cast(recipe, groups, dtype), recipe
-    for m, per_token in [(4096, False), (8192, True), (64, False)]:
-        plain = cast_walk(m, 8192, 2, per_token, False, True, True, 132)
+    for m, per_token, esize in [(4096, False, 2), (8192, True, 2), (64, False, 2),
+                                (8192, False, 4), (8192, True, 4)]:
+        plain = cast_walk(m, 8192, esize, per_token, False, True, True, 132)
         for rht, sr in [(True, False), (False, True), (True, True)]:
-            walk = plain_cast_walk(m, 8192, 2, per_token, True, True, 132, rht, sr)
-            assert walk[0] == 2 and walk[1:4] == plain[1:4] and walk[5] == plain[5]
-            assert walk[4] == (1 if per_token or sr else plain[4])
-            assert walk[6] == (rht and sr)
+            if rht and esize == 4:
+                continue
+            walk = plain_cast_walk(m, 8192, esize, per_token, True, True, 132, rht, sr)
+            assert walk[1:4] == plain[1:4] and walk[5] == plain[5]
+            if sr and not rht:  # one CTA per SM except per token for 16-bit inputs
+                assert walk[0] == (2 if per_token and esize == 2 else 1)
+                assert walk[4] == (plain[4] if esize == 4 else 1) and not walk[6]
+            else:
+                assert walk[0] == 2 and walk[4] == (1 if per_token or sr else plain[4])
+                assert walk[6] == (rht and sr)
+    assert plain_cast_walk(8192, 8192, 4, False, True, True, 132, False, True)[4] == 16

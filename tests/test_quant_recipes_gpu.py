@@ -129,7 +129,38 @@ def test_sr_plain_cast(shape, kind, dtype, rht, scaling, gen):
     recipe = Recipe(scaling=scaling, rht=rht, stochastic_rounding=True)
     assert rd.on_plain_cast(recipe.replace(columnwise=True), 1, rd._DTYPE_NAMES[dtype])
     seed = int(torch.randint(0, 2**62, (1,), generator=gen)) * 4 + 3
-    run_all(x, recipe, seed=seed, offset=2**32 - 1 - int(torch.randint(0, 9, (1,), generator=gen)))
+    offset = 2**32 - 1 - int(torch.randint(0, 9, (1,), generator=gen))
+    run_all(x, recipe, seed=seed, offset=offset)
+    # per tensor without the RHT the plain cast's amax pass (AmaxTensor) runs first
+    plan = rd._plan((shape[0],), shape[1], recipe, rd._DTYPE_NAMES[dtype], x.device, seed,
+                    offset, False)
+    assert (plan.tensor_amax is not None) == (scaling == "tensor" and not rht)
+
+
+@pytest.mark.parametrize("huge", [False, True], ids=["fast", "guarded"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("scaling", ["tensor", "token"])
+def test_sr_input_signs(huge, dtype, scaling, gen):
+    """The plain cast's stochastic encoder takes the signs of 16-bit inputs (no RHT) from the
+    inputs where every block's enc >= 2^-14 (CastKernel._input_signs_ok: per tensor, per token
+    per tile and warp): -0 inputs (a +0 code, as the reference) and negative subnormals around
+    zero blocks; huge: one bf16 block also holds 3e38 (fp16: +inf), so its tensor (per token:
+    its row's and column's tiles) takes the per-element signs, where a negative subnormal's
+    product underflows to -0 (the reference's +0 code)."""
+    m, k = 384, 512
+    x = torch.randn((m, k), generator=gen)
+    x[torch.rand((m, k), generator=gen) < 0.2] = -0.0
+    tiny = torch.finfo(dtype).smallest_normal * 2.0 ** -3
+    x[5, 32:48] = -tiny
+    x[200:216, 70] = -tiny
+    if huge:
+        x[5, 40] = 3e38 if dtype == torch.bfloat16 else float("inf")
+        x[200, 72] = x[5, 40]
+    x = x.to(dtype).cuda()
+    assert (x.view(torch.int16) == -32768).float().mean() > 0.15  # -0 inputs
+    assert (x == -tiny).sum() == 31 + int(not huge)
+    recipe = Recipe(scaling=scaling, stochastic_rounding=True)
+    run_all(x, recipe, seed=int(torch.randint(0, 2**62, (1,), generator=gen)), offset=11)
 
 
 @pytest.mark.parametrize("shape", [(64, 64), (128, 192), (320, 1024)])
@@ -299,6 +330,8 @@ def test_bad_inputs():
     (Recipe(block=(16, 16), columnwise=True, swizzle=True), [1]),
     (Recipe(four_over_six="mse", rht=True, columnwise=True), [1, 1]),
     (Recipe(scaling="window64", columnwise=True), []),  # windows are local to a shard
+    (Recipe(columnwise=True, stochastic_rounding=True), [1]),  # the plain cast's AmaxTensor
+    (Recipe(scaling="token", columnwise=True, stochastic_rounding=True), [192]),
 ])
 def test_amax_reduce(recipe, calls, gen):
     """amax_reduce replaces the amaxes that span M by 4x their value (a larger "global" amax):

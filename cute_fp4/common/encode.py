@@ -19,6 +19,8 @@ indexed at run time); on Blackwell (``sm_100a`` and friends) the hardware
 arch (``CUTE_DSL_ARCH`` or the current GPU).
 """
 
+import functools
+
 import cutlass
 from cutlass import Float32, Uint32
 from cutlass.base_dsl import BaseDSL
@@ -362,24 +364,39 @@ def encode16(xs, enc, hw: bool):
 _SR_SEL = ("0x4054", "0x4154", "0x4254", "0x4354")  # d bytes: 0x00, 0x80, b (byte k), 0x00
 
 
-def _sr_elem(i: int, x: str, e: str, w: str, v: str) -> str:
-    """Element i (input register x, multiplier e, random word w) into register d{i}; v = "v":
-    the sign per element; else the product goes to v (fma with +0) for sign_nibbles_ptx."""
-    signed = v == "v"
+def sr_sign_sel(k: int, half: int) -> str:
+    """prmt selector of an element with random byte k whose sign is in half `half` of its
+    sign word (sign_word): bytes 0x00, 0x80, b, and 0x08 / 0x00 (strictly negative or not)."""
+    return "0x%d%d46" % (5 + 2 * half, k)
+
+
+def _sr_elem(i: int, x: str, e: str, w: str, v: str, sign_word: str = None,
+             half: int = 0) -> str:
+    """Element i (input register x, multiplier e, random word w) into register d{i}. Signs:
+    v = "v" and no sign_word: a compare and a predicated add per element; v another register:
+    the product goes to v (fma with +0) for sign_nibbles_ptx; sign_word (v = "v"): the sign
+    word of the element's input (sign_word(), the element in half `half`) supplies the
+    rounding offset's bytes and the sign bit, 8 << 24, in one prmt (no instruction of its
+    own)."""
+    if sign_word is None:
+        r = f"prmt.b32 r, {w}, c, {_SR_SEL[i % 4]};"
+    else:
+        r = f"prmt.b32 r, {w}, {sign_word}, {sr_sign_sel(i % 4, half)};"
     lines = _magnitude_ptx(x, e, v) + [
         "mul.rz.f32 a, a, 0f00800000;",
         "mov.b32 b, a;",
-        f"prmt.b32 r, {w}, c, {_SR_SEL[i % 4]};",
+        r,
         f"mad.lo.u32 d{i}, b, 4, r;",
     ]
-    if signed:
+    if v == "v" and sign_word is None:
         lines += ["setp.lt.f32 p, v, 0f00000000;", f"@p add.u32 d{i}, d{i}, 0x08000000;"]
     return "\n".join(lines) + "\n"
 
 
-def _sr_encode8_ptx(pair: bool = False, signs8: bool = False) -> str:
+def _sr_encode8_ptx(pair: bool = False, signs8: bool = False, halves: tuple = None) -> str:
     """Operands: x {$r0..7}, enc {$r8} (pair: {$r9} for elements 4..7), then the two random
-    words (element i: byte i % 4 of word i // 4)."""
+    words (element i: byte i % 4 of word i // 4); with halves (the signs from sign words,
+    not pair): then the 8 elements' sign words, element i in half halves[i] of its word."""
     ds = [f"d{i}" for i in range(8)]
     vs = [f"v{i}" for i in range(8)] if signs8 else ["v"] * 8
     w0 = 10 if pair else 9
@@ -389,7 +406,8 @@ def _sr_encode8_ptx(pair: bool = False, signs8: bool = False) -> str:
         body.append(".reg .f32 " + ", ".join(vs) + ";\n")
     for i in range(8):
         e = "{$r9}" if pair and i >= 4 else "{$r8}"
-        body.append(_sr_elem(i, "{$r%d}" % i, e, "{$r%d}" % (w0 + i // 4), vs[i]))
+        sw, half = (None, 0) if halves is None else ("{$r%d}" % (11 + i), halves[i])
+        body.append(_sr_elem(i, "{$r%d}" % i, e, "{$r%d}" % (w0 + i // 4), vs[i], sw, half))
     # byte 3 of d0, d2 / d4, d6 -> bytes 0, 1 / 2, 3 of the even codes (odd likewise)
     for name, a in (("ev", 0), ("od", 1)):
         body.append(f"prmt.b32 t, d{a}, d{a + 2}, 0x73;\nprmt.b32 u, d{a + 4}, d{a + 6}, 0x7300;\n"
@@ -404,6 +422,11 @@ def _sr_encode8_ptx(pair: bool = False, signs8: bool = False) -> str:
 _SR_ENCODE8 = _sr_encode8_ptx()
 _SR_ENCODE8_PAIR = _sr_encode8_ptx(pair=True)
 _SR_ENCODE8_SIGNS = _sr_encode8_ptx(signs8=True)
+
+
+@functools.lru_cache(maxsize=None)
+def _sr_encode8_signed_ptx(halves: tuple) -> str:
+    return _sr_encode8_ptx(halves=halves)
 
 
 def sr_encode8(xs, enc, words):
@@ -438,6 +461,40 @@ def sr_encode16(xs, enc, words):
     """Stochastic codes of 16 values (any enc; NaN: code 0 everywhere) with the 4 random words
     of their block: two words of 8 nibbles."""
     return sr_encode8(xs[0:8], enc, words[0:2]), sr_encode8(xs[8:16], enc, words[2:4])
+
+
+# Signs of 16-bit inputs (sr_encode16_signed). Where every nonzero product x * enc of a
+# block is nonzero in FP32 (bf16 / fp16 inputs and enc >= 2^-14: |x * enc| >= 2^-147), the
+# product is strictly negative iff the input is (IEEE compare: -0 and NaN are not), so one
+# HSET2 per pair of inputs and one LOP3 give a sign word: byte 0 0x80, byte 2 0x00, bytes 1 /
+# 3 0x08 where the low / high input is strictly negative. The encoder's per-element prmt then
+# builds its rounding offset (b << 16 | 0x8000) with the sign bit 8 << 24 from it: one
+# instruction per pair of elements instead of a compare and a predicated add per element.
+def sign_word(word, dtype_name: str):
+    """The sign word (see above) of a packed pair of bf16 / fp16 inputs."""
+    ty = "bf16x2" if dtype_name == "bf16" else "f16x2"
+    return _ptx1(
+        "{\n.reg .b32 s, z;\nmov.b32 z, 0;\n"
+        f"set.lt.u32.{ty} s, {{$r0}}, z;\n"
+        "lop3.b32 {$w0}, s, 0x08000800, 0x80, 0xEA;\n}",
+        Uint32, Uint32(word))
+
+
+def sr_encode16_signed(xs, enc, words, signs, halves):
+    """sr_encode16 of 16-bit inputs whose block has enc >= 2^-14 or NaN (the caller's
+    guarantee), with the signs from sign words: element i is in half halves[i] of
+    signs[i]."""
+    nan = is_nan(enc) != Uint32(0)
+    out = []
+    for h in range(2):
+        ptx = _sr_encode8_signed_ptx(tuple(halves[8 * h:8 * h + 8]))
+        w = cute.arch.inline_ptx(
+            ptx, write_only_types=[Uint32],
+            read_only_args=[Float32(x) for x in xs[8 * h:8 * h + 8]] + [Float32(enc)]
+            + [Uint32(b) for b in words[2 * h:2 * h + 2]]
+            + [Uint32(s) for s in signs[8 * h:8 * h + 8]])
+        out.append(Uint32(cutlass.select_(nan, Uint32(0), w)))
+    return out
 
 
 def rotl_nibbles(w, n):

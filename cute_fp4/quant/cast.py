@@ -44,7 +44,11 @@ column amax), from RecipeAmax.
 `stochastic`: stochastic rounding of both outputs (SPEC section 2) from Philox4x32-10 keyed by
 the int64 [seed, offset] device tensor `rng`: one Philox call per 1x16 block gives its 16
 random bytes (common/philox.py: stream 0 the rowwise output, 1 the twin), encoded by
-E.sr_encode16 / sr_encode8_pair. The column pass reads its blocks in a rotated order
+E.sr_encode16 / sr_encode8_pair. With 16-bit inputs (no RHT), tiles whose blocks all have
+enc >= 2^-14 (per tensor: all of them or none; per token: decided per tile and warp,
+_input_signs_ok) take the signs from the inputs (E.sr_encode16_signed: one HSET2 + LOP3 per
+pair of elements instead of a compare and an add per element); the passes are compiled twice
+for it. The column pass reads its blocks in a rotated order
 (_col_offsets): the block's random bytes are rotated alike (two prmt per half block). With
 the RHT, lane q of a column's 4 lanes draws block row q's call and the 4 lanes exchange
 their words through smem (_rht_words): lane q encodes outputs 4q .. 4q + 3 of every block
@@ -137,6 +141,10 @@ class CastKernel:
             raise ValueError("CastKernel: stochastic rounding needs 1x16 blocks and an amax pass "
                              "(not block2d, not fused_amax)")
         self.stochastic = stochastic
+        # stochastic rounding of 16-bit inputs: the signs from the inputs where it is exact
+        # (not with the RHT: only its rowwise pass would, and the second copy of its passes
+        # made ptxas spill and measured 8% slower)
+        self.input_signs = stochastic and self.esize == 2 and not rht
         # stochastic with the RHT: per warp and output column of a lane (2), the 4 Philox
         # words of each of the 32 lanes (_rht_words)
         self.sr_words = self.num_consumer_warps * 2 * 32 * 4 if rht and stochastic else 4
@@ -338,14 +346,28 @@ class CastKernel:
         code = E.block_scale_byte(amax, s6)
         return code, E.bits_f32(E.ld_shared_u32(enc_tab + Int32(code) * 4))
 
-    def _quantize16(self, xs, amax, s6, sdec, enc_tab, rnd):
+    def _quantize16(self, xs, amax, s6, sdec, enc_tab, rnd, signs=None):
         """16 FP32 values with their block amax -> (scale byte, word0, word1); enc NaN (NaN
         block amax or outer scale) zeroes the words. rnd: the block's 4 random words
-        (stochastic rounding, element i: byte i % 4 of rnd[i // 4]) or None (RN)."""
+        (stochastic rounding, element i: byte i % 4 of rnd[i // 4]) or None (RN). signs:
+        (sign words, halves) of the elements (E.sr_encode16_signed; the caller checked
+        _input_signs_ok) or None."""
         code, enc = self._block_scale(amax, s6, sdec, enc_tab)
         if cutlass.const_expr(rnd is None):
             return (code, *E.encode16(xs, enc, self.hw))
+        if cutlass.const_expr(signs is not None):
+            return (code, *E.sr_encode16_signed(xs, enc, rnd, *signs))
         return (code, *E.sr_encode16(xs, enc, rnd))
+
+    def _input_signs_ok(self, sdec):
+        """Whether every block quantized with outer scale sdec (per token: every lane's of
+        the warp) has enc >= 2^-14 or NaN, so that E.sr_encode16_signed is exact for 16-bit
+        inputs: enc = min(1 / RN(scale * sdec), FLT_MAX) with scale <= E4M3_MAX decreases
+        with the scale, so RN(E4M3_MAX * sdec) <= 2^14 suffices (false for a NaN sdec)."""
+        ok = E.mul_rn(Float32(E.E4M3_MAX), sdec) <= Float32(2.0 ** 14)
+        if cutlass.const_expr(self.per_token):
+            ok = cute.arch.vote_all_sync(ok)
+        return ok
 
     # ------------------------------------------------------------------ stochastic rounding
     def _sr_state(self, tidx, rng, sr_base):
@@ -590,9 +612,32 @@ class CastKernel:
             if cutlass.const_expr(row_words is None):
                 row_words = self._row_words(stage_addr, tidx, row_thr)
             tile_scale = self._tile_scales(row_words, tidx, s6, sdec, enc_tab, sc_buf)
+        args = (stage_addr, row_words, col_words, tidx, tm, tk, M, K, half_k, half_m, nsc_r,
+                nsc_c, pad_c_c, row_thr, col_thr, offs, q_base, s_base, qt_base, st_base, s6,
+                sdec, enc_tab, run_sc, col_outer, rht_b, tile_scale, sc_buf, sr)
+        if cutlass.const_expr(self.input_signs):
+            if self._input_signs_ok(sdec):
+                self._passes(*args, True)
+            else:
+                self._passes(*args, False)
+        else:
+            self._passes(*args, False)
+
+        cute.arch.sync_warp()
+        pipe.consumer_release(cstate)
+        return amax_next, s6, sdec
+
+    @cute.jit
+    def _passes(self, stage_addr, row_words, col_words, tidx, tm, tk, M, K, half_k, half_m,
+                nsc_r, nsc_c, pad_c_c, row_thr, col_thr, offs, q_base, s_base, qt_base, st_base,
+                s6, sdec, enc_tab, run_sc, col_outer, rht_b, tile_scale, sc_buf, sr,
+                signs: cutlass.Constexpr):
+        """_cast_tile's rowwise and columnwise passes; signs: the stochastic encoder takes the
+        signs from the 16-bit inputs (_input_signs_ok held)."""
         if cutlass.const_expr(self.rowwise):
             self._row_pass(stage_addr, row_words, tidx, tm, tk, M, K, half_k, nsc_r, row_thr,
-                           q_base, s_base, s6, sdec, enc_tab, run_sc, tile_scale, sr)
+                           q_base, s_base, s6, sdec, enc_tab, run_sc, tile_scale, sr,
+                           signs)
         if cutlass.const_expr(self.columnwise):
             if cutlass.const_expr(not self.preload):
                 col_words = self._col_words(stage_addr, offs)
@@ -604,11 +649,7 @@ class CastKernel:
                     cute.arch.barrier(barrier_id=1, number_of_threads=self.consumer_threads)
                     tile_scale = self._col_tile_scale(tidx, sc_buf)
                 self._col_pass(col_words, tidx, tm, tk, M, K, half_m, nsc_c, pad_c_c, col_thr,
-                               qt_base, st_base, s6, sdec, enc_tab, tile_scale, sr)
-
-        cute.arch.sync_warp()
-        pipe.consumer_release(cstate)
-        return amax_next, s6, sdec
+                               qt_base, st_base, s6, sdec, enc_tab, tile_scale, sr, signs)
 
     @cute.jit
     def _flush_run_scales(self, buf, tidx, tm, uk, M, nsc_r, s_base):
@@ -760,13 +801,15 @@ class CastKernel:
 
     @cute.jit
     def _row_pass(self, stage_addr, row_words, tidx, tm, tk, M, K, half_k, nsc_r, row_thr,
-                  q_base, s_base, s6, sdec, enc_tab, run_sc, tile_scale, sr):
+                  q_base, s_base, s6, sdec, enc_tab, run_sc, tile_scale, sr,
+                  signs: cutlass.Constexpr = False):
         """Lanes of a warp take consecutive 16-element blocks of consecutive rows, so one warp
         store covers whole 32-byte sectors (bpr blocks of 8 bytes per row). Per token, s6 /
         sdec are the lane's (_lane_amax). row_words: the steps' words (preload, block2d), or
         None: each step reads its own. run > 1: the compact scales go to the run's smem buffer
         at run_sc (this tile's column there) instead of global memory. tile_scale (block2d):
-        the (scale byte, enc) of every step's block. sr: stochastic rounding (_sr_state)."""
+        the (scale byte, enc) of every step's block. sr: stochastic rounding (_sr_state);
+        signs: its signs from the inputs (_passes)."""
         bpr = self.bpr
         lane = tidx % 32
         b = lane % bpr
@@ -800,11 +843,14 @@ class CastKernel:
                 code = tile_scale[0]
                 w0, w1 = E.encode16(xs, tile_scale[1], self.hw)
             else:
-                rnd = None
+                rnd = sgn = None
                 if cutlass.const_expr(sr is not None):
                     rnd = self._philox(Int64(gr) * nsc_r + Int64(gcol_blk), 0, sr)
+                if cutlass.const_expr(signs):  # element i: half i % 2 of word i // 2
+                    sws = [E.sign_word(v, self.dtype_name) for v in words]
+                    sgn = ([sws[i // 2] for i in range(16)], [i % 2 for i in range(16)])
                 code, w0, w1 = self._quantize16(xs, self._words_amax(words, xs), s6_r, sdec_r,
-                                                enc_tab, rnd)
+                                                enc_tab, rnd, sgn)
             valid = (gr < M) & col_ok
             if valid:
                 E.st_global_v2(q_tile + q_off, w0, w1)
@@ -870,11 +916,13 @@ class CastKernel:
 
     @cute.jit
     def _col_pass(self, words, tidx, tm, tk, M, K, half_m, nsc_c, pad_c_c, col_thr,
-                  qt_base, st_base, s6, sdec, enc_tab, tile_scale, sr):
+                  qt_base, st_base, s6, sdec, enc_tab, tile_scale, sr,
+                  signs: cutlass.Constexpr = False):
         """Lanes with consecutive block rows store consecutive 8-byte pieces of one output row
         (64 bytes per input column and tile) from the thread's 16 words (_col_words). Per
         token, s6 / sdec are the lane's (_lane_amax). tile_scale (block2d): the (scale byte,
-        enc) of the thread's blocks (one 16x16 tile). sr: stochastic rounding (_sr_state)."""
+        enc) of the thread's blocks (one 16x16 tile). sr: stochastic rounding (_sr_state);
+        signs: its signs from the inputs (_passes)."""
         lane = tidx % 32
         rb = lane // 4
         cols = 4 // self.esize  # input columns per 4-byte word
@@ -882,6 +930,9 @@ class CastKernel:
             # block amax of both columns of the words at once (low / high halves)
             pair = E.amax_pairs(words, self.dtype_name)
             amax2 = (E.unpack_lo(pair, self.dtype_name), E.unpack_hi(pair, self.dtype_name))
+        sws = None
+        if cutlass.const_expr(signs):  # both columns' (element i of column cc: half cc of i)
+            sws = [E.sign_word(v, self.dtype_name) for v in words]
         blk0 = tm * (self.tile_m // 16)
         gblk = blk0 + rb  # global block index along M
         row_ok = gblk * 16 < M
@@ -920,7 +971,8 @@ class CastKernel:
                     p = self._philox(Int64(gk) * nsc_c + Int64(gblk), 1, sr)
                     lo, hi = sr[2]
                     rnd = [Uint32(prmt(p[h], p[h + 1], sel)) for h in (0, 2) for sel in (lo, hi)]
-                code, w0, w1 = self._quantize16(xs, amax, s6_c, sdec_c, enc_tab, rnd)
+                sgn = None if sws is None else (sws, [cc] * 16)
+                code, w0, w1 = self._quantize16(xs, amax, s6_c, sdec_c, enc_tab, rnd, sgn)
             w0 = E.rotl_nibbles(w0, rb)
             w1 = E.rotl_nibbles(w1, rb)
             valid = (gk < K) & row_ok

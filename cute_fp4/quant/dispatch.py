@@ -94,6 +94,33 @@ def amax_token_kernel(dtype: str, l2_keep: int = 0):
             fake_tensor(cutlass.Float32, (None,), align=4), env_stream())
 
 
+def tensor_amax_fn(name: str, num_sms: int, l2_keep: int, arch: str):
+    """The compiled AmaxTensor of a configuration (TVM-FFI function, cached)."""
+    return ffi_function(KERNELS.get(
+        ("amax_tensor", name, num_sms, l2_keep, arch),
+        lambda: compile_kernel(*amax_tensor_kernel(name, num_sms, l2_keep), arch=arch)))
+
+
+def tensor_amax_words(m: int, k: int, esize: int, num_sms: int, reduced: bool) -> int:
+    """Length of the per-tensor amax words: [amax, (with a cross-rank reduction: the local
+    amax,) partial 1..P] (run_tensor_amax)."""
+    return 1 + int(reduced) + tensor_partials(m, k, esize, num_sms)
+
+
+def run_tensor_amax(amax, x: torch.Tensor, words: torch.Tensor, amax_reduce) -> torch.Tensor:
+    """AmaxTensor `amax` of x into its words (tensor_amax_words; no zero-fill: one partial per
+    CTA) and the cross-rank reduction. Returns the words the cast reads (it reduces their
+    partials and writes words[0]): all of them, or with amax_reduce [amax, the reduced local
+    amax as the single partial]."""
+    if amax_reduce is None:
+        amax(x, words)
+        return words
+    amax(x, words[1:])
+    torch.amax(words[2:], dim=0, keepdim=True, out=words[1:2])
+    amax_reduce(words[1:2])
+    return words[:2]
+
+
 _RECIPE_KERNELS = ("is not a plain-cast option: quant.recipes_dispatch.quantize_recipe (or "
                    "cute_fp4.quantize) runs it")
 
@@ -302,10 +329,8 @@ class _Plan:
         elif fused:
             n_amax = 1
         else:
-            n_amax = 1 + int(reduced) + tensor_partials(m, k, esize, sms)
-            self.amax = ffi_function(KERNELS.get(
-                ("amax_tensor", name, sms, keep, arch),
-                lambda: compile_kernel(*amax_tensor_kernel(name, sms, keep), arch=arch)))
+            n_amax = tensor_amax_words(m, k, esize, sms, reduced)
+            self.amax = tensor_amax_fn(name, sms, keep, arch)
         # one launch writes every output, amaxes included (out= needs no scratch words)
         self.one_launch = fused or self.token_rows is not None
         self.cast = None
@@ -406,14 +431,7 @@ class _Plan:
             if amax_reduce is not None:
                 amax_reduce(amax_c)
         else:
-            arg_r = arg_c = words[:self.n_amax]
-            if amax_reduce is not None:
-                self.amax(x, arg_r[1:])
-                torch.amax(arg_r[2:], dim=0, keepdim=True, out=arg_r[1:2])
-                amax_reduce(arg_r[1:2])
-                arg_r = arg_c = arg_r[:2]
-            else:
-                self.amax(x, arg_r)
+            arg_r = arg_c = run_tensor_amax(self.amax, x, words[:self.n_amax], amax_reduce)
             amax_r = amax_c = words[:1]
         dummy, dummy_f8 = self.dummy, self.dummy_f8
         if self.cast is not None:

@@ -8,7 +8,8 @@ cached with the compiled kernels); then each call makes at most two launches:
 RecipeAmax (outer amax, after the RHT for the columnwise twin) and RecipeCastKernel (both
 outputs; window64 amaxes come out of the cast itself), or for single 1x16 tensors with the RHT
 and / or stochastic rounding (`on_plain_cast`) the plain cast (CastKernel with rht /
-stochastic) instead of RecipeCastKernel.
+stochastic) instead of RecipeCastKernel, after the plain cast's own amax pass (AmaxTensor) per
+tensor without the RHT or column sums.
 
 Tensor parallelism (input sharded along M, sequence parallel): `amax_reduce(t)` reduces a
 float32 CUDA amax tensor in place across ranks (e.g. an all-reduce MAX). It is called between
@@ -42,7 +43,8 @@ from ..ref.philox import check_seed_offset
 from ..ref.swizzle import scale_shape
 from ..tensor import NVFP4Tensor
 from .cast_recipes import GTAB_COLS, TILE, RecipeAmax, RecipeCastKernel
-from .dispatch import L2_KEEP_BYTES, cast_kernel, cast_walk
+from .dispatch import (L2_KEEP_BYTES, cast_kernel, cast_walk, run_tensor_amax, tensor_amax_fn,
+                       tensor_amax_words)
 
 _DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 _CUTLASS = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16, "fp32": cutlass.Float32}
@@ -98,20 +100,32 @@ def on_plain_cast(recipe: Recipe, n_groups: int, dtype: str) -> bool:
 def plain_cast_walk(m: int, k: int, esize: int, per_token: bool, compact_twin: bool,
                     compact_row: bool, num_sms: int, rht: bool, stochastic: bool) -> tuple:
     """The tile walk of the recipes on the plain cast (on_plain_cast): the plain cast's
-    (dispatch.cast_walk) with two CTAs per SM, the run (compact rowwise scales staged over 8
-    tiles) only per tensor without stochastic rounding, and preload with the RHT and stochastic
-    rounding together. Measured (H100, bf16 row+col, full quantize in graphs):
-    - RHT, 8192x8192, before the amax pass's L2 priorities: per tensor compact 166.5 -> 145.4
-      us (the plain cast's one CTA per SM leaves the MMA, shuffle and store latencies of
-      _col_pass_rht exposed), swizzled 151.0 -> 141.4; per token compact 161.6 -> 156.1,
-      swizzled 156.5 -> 154.3; per tensor without the run: compact 147.4 vs 142.7 with it
-      (notes/quant_recipes.md "Session 21");
-    - stochastic rounding, per tensor compact (session 23): 8192x8192 147.2 us with the run,
-      145.9 without, one CTA per SM 158.8, three 163.4; 16384x2048 81.4 / 80.2; with the RHT
-      as well, without the run and with preload: 170.3 -> 163.7 (per token 186.6 -> 181.2),
-      16384x2048 91.6 -> 88.1 (100.2 -> 97.5); per token SR alone preload is slower (160.1 ->
-      164.0)."""
+    (dispatch.cast_walk) with
+    - stochastic rounding alone: one CTA per SM (per token for fp32 only, 16-bit inputs keep
+      two), the run (compact rowwise scales staged over a run of tiles) for fp32 only, no
+      preload;
+    - the RHT (with or without stochastic rounding): two CTAs per SM, the run only per tensor
+      without stochastic rounding, preload with both.
+    Measured (H100, row+col compact, full quantize in graphs):
+    - stochastic rounding alone (session 24, after the encoder took the signs from 16-bit
+      inputs), per tensor with two CTAs per SM -> one: bf16 8192x8192 142.4 -> 136.5 us
+      (1.10x -> 1.05x the plain cast), 4096x8192 75.3 -> 72.6, 16384x8192 296.2 -> 280.2,
+      16384x2048 75.4 -> 72.7, fp16 8192x8192 141.6 -> 132.4; the run there +-0.4 (16384x8192
+      +6), preload +2 to +4; fp32 8192x8192 318.4 -> 279.8, with the run 232.3 (1.00x). Per
+      token bf16 one CTA per SM is slower (8192x8192 154.7 -> 156.7, 16384x8192 303.7 ->
+      328.0), fp32 faster (301.0 -> 286.7, with the run 277.1); notes/quant_recipes.md
+      "Session 24";
+    - RHT, 8192x8192 bf16, before the amax pass's L2 priorities: per tensor compact 166.5 ->
+      145.4 us with two CTAs per SM (the plain cast's one CTA per SM leaves the MMA, shuffle
+      and store latencies of _col_pass_rht exposed), swizzled 151.0 -> 141.4; per token
+      compact 161.6 -> 156.1, swizzled 156.5 -> 154.3; per tensor without the run: compact
+      147.4 vs 142.7 with it (notes/quant_recipes.md "Session 21");
+    - RHT + stochastic rounding (session 23), without the run and with preload: 170.3 ->
+      163.7 (per token 186.6 -> 181.2), 16384x2048 91.6 -> 88.1 (100.2 -> 97.5)."""
     walk = cast_walk(m, k, esize, per_token, False, compact_twin, compact_row, num_sms)
+    if stochastic and not rht:
+        ctas = 2 if per_token and esize == 2 else 1
+        return (ctas,) + walk[1:4] + (walk[4] if esize == 4 else 1, walk[5], False)
     run = 1 if per_token or stochastic else walk[4]
     return (2,) + walk[1:4] + (run, walk[5], rht and stochastic)
 
@@ -204,6 +218,7 @@ class _Plan:
         self.ar_len, self.ac_len = _amax_offsets(scaling, len(sizes), row0, k)
         self.alias = scaling == "tensor" and not recipe.rht  # columnwise amax = rowwise amax
         self.launch = bool(ttab) and k > 0
+        self.tensor_amax = None  # AmaxTensor (see below)
         if not self.launch:
             return
         # device copies made here, once: repeated calls make no host-to-device copy, so they
@@ -226,7 +241,13 @@ class _Plan:
             if walk[1] and m * k * esize > L2_KEEP_BYTES[col]:
                 keep = L2_KEEP_BYTES[col]
         self.amax_fn = None
-        if scaling != "window64" and atab:
+        # per tensor on the plain cast without the RHT or column sums: the plain cast's amax
+        # pass (AmaxTensor: partials, no zero-fill; ~2 us less than RecipeAmax + the zero-fill
+        # of its words at 8192x8192 bf16, notes/quant_recipes.md "Session 24")
+        if self.plain and scaling == "tensor" and not recipe.rht and not col_sum:
+            self.tensor_amax = tensor_amax_fn(name, sms, keep, arch)
+            self.amax_dims = (m, k, esize, sms)
+        elif scaling != "window64" and atab:
             do_row, do_col = row or self.alias, col and not self.alias
             akey = ("amax_recipe", name, scaling == "token", recipe.rht, do_row, do_col,
                     col_sum, keep, arch)
@@ -281,7 +302,12 @@ def _run(x2: torch.Tensor, sizes: List[int], recipe: Recipe, seed: int, offset: 
         st = _alloc(max(st_len, 1), dev) if col else None
     ar_len, ac_len = max(plan.ar_len, 1), max(plan.ac_len, 1)
     arg_r = arg_c = None  # per tensor on the plain cast: its [amax, partial] words per side
-    if plan.launch and plan.plain and scaling == "tensor":
+    if plan.launch and plan.tensor_amax is not None:
+        words = torch.empty(tensor_amax_words(*plan.amax_dims, amax_reduce is not None),
+                            dtype=torch.float32, device=dev)
+        arg_r = arg_c = run_tensor_amax(plan.tensor_amax, x2, words, amax_reduce)
+        amax_r = amax_c = words[:1]
+    elif plan.launch and plan.plain and scaling == "tensor":
         # RecipeAmax reduces into the partials, the cast reads them (and writes the amaxes);
         # without the RHT both sides share one pair
         words = torch.zeros(2 if plan.alias else 4, dtype=torch.float32, device=dev)
@@ -307,7 +333,7 @@ def _run(x2: torch.Tensor, sizes: List[int], recipe: Recipe, seed: int, offset: 
                 torch.sum(psum, 0, out=column_sum)
     if column_sum is not None and plan.amax_fn is None:  # nothing to sum (no rows or columns)
         column_sum.zero_()
-    if amax_reduce is not None:
+    if amax_reduce is not None and plan.tensor_amax is None:
         _reduce_amaxes(amax_reduce, recipe, amax_r, amax_c, plan.alias)
     if plan.launch and plan.plain:
         if arg_r is None:
