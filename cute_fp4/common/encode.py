@@ -360,7 +360,8 @@ def encode16(xs, enc, hw: bool):
 # ~8 instructions per element (2 of them the per-element sign) plus ~1 for the gather (the
 # min-of-three-terms form of the round-to-nearest encoder above took 13 with the rounding
 # offset). Signs: 8 << 24 added to d for strictly negative products,
-# or (nonzero-products variant) 8 at a time from the products' sign bits (sign_nibbles_ptx).
+# or (nonzero-products variant) 8 at a time from the products' sign bits (sign_nibbles_ptx),
+# or (16-bit inputs, sr_encode16_signed) inside the rounding offset's prmt, from a sign word.
 _SR_SEL = ("0x4054", "0x4154", "0x4254", "0x4354")  # d bytes: 0x00, 0x80, b (byte k), 0x00
 
 

@@ -82,7 +82,8 @@ def amax_recipe_kernel(dtype: str, per_token: bool, rht: bool, do_row: bool, do_
 
 
 def on_plain_cast(recipe: Recipe, n_groups: int, dtype: str) -> bool:
-    """Whether the plain cast (CastKernel) runs this recipe after RecipeAmax: one tensor, 1x16
+    """Whether the plain cast (CastKernel) runs this recipe after an amax pass (RecipeAmax;
+    AmaxTensor per tensor without the RHT or column sums, _Plan): one tensor, 1x16
     blocks, scaling tensor or token, no 4over6 (so E4M3_MAX 448), with the columnwise RHT
     (bf16 / fp16 with the twin: CastKernel rht, the transform on the tensor cores) and / or
     stochastic rounding (CastKernel stochastic). Its persistent TMA walk is faster than the
