@@ -5,10 +5,15 @@ window amaxes) before the launch."""
 
 import functools
 
+import cutlass
+import cutlass.cute as cute
 import pytest
 import torch
+from cutlass import Int32, Uint32
 
 import quant_checks
+from cute_fp4.common import encode as E
+from cute_fp4.common.jit import compile_kernel, device_arch, env_stream, fake_tensor
 from cute_fp4 import Recipe, ref
 from cute_fp4.quant import recipes_dispatch as rd
 from cute_fp4.ref.formats import e2m1_decode, unpack_fp4
@@ -137,30 +142,87 @@ def test_sr_plain_cast(shape, kind, dtype, rht, scaling, gen):
     assert (plan.tensor_amax is not None) == (scaling == "tensor" and not rht)
 
 
-@pytest.mark.parametrize("huge", [False, True], ids=["fast", "guarded"])
+@pytest.mark.parametrize("guard", ["fast", "huge", "tiny"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("scaling", ["tensor", "token"])
-def test_sr_input_signs(huge, dtype, scaling, gen):
+def test_sr_input_signs(guard, dtype, scaling, gen):
     """The plain cast's stochastic encoder takes the signs of 16-bit inputs (no RHT) from the
-    inputs where every block's enc >= 2^-14 (CastKernel._input_signs_ok: per tensor, per token
-    per tile and warp): -0 inputs (a +0 code, as the reference) and negative subnormals around
-    zero blocks; huge: one bf16 block also holds 3e38 (fp16: +inf), so its tensor (per token:
-    its row's and column's tiles) takes the per-element signs, where a negative subnormal's
-    product underflows to -0 (the reference's +0 code)."""
+    inputs, and per token the blocks' enc from the reciprocal without its slow path, where
+    CastKernel._fast_blocks_ok holds (per tensor, per token per tile and warp): -0 inputs (a
+    +0 code, as the reference) and negative subnormals around zero blocks; huge: one bf16
+    block also holds 3e38 (fp16: +inf), so its tensor (per token: its row's and column's
+    tiles) takes the per-element signs, where a negative subnormal's product underflows to
+    -0 (the reference's +0 code); tiny (bf16): one row and one column of magnitudes ~1e-33
+    (outer scale < 2^-117 per token: the IEEE reciprocal's copy)."""
+    if guard == "tiny" and dtype == torch.float16:
+        pytest.skip("fp16 has no magnitudes below 2^-117 * 2688")
     m, k = 384, 512
     x = torch.randn((m, k), generator=gen)
     x[torch.rand((m, k), generator=gen) < 0.2] = -0.0
     tiny = torch.finfo(dtype).smallest_normal * 2.0 ** -3
     x[5, 32:48] = -tiny
     x[200:216, 70] = -tiny
-    if huge:
+    if guard == "huge":
         x[5, 40] = 3e38 if dtype == torch.bfloat16 else float("inf")
         x[200, 72] = x[5, 40]
+    if guard == "tiny":
+        x[77] *= 1e-33
+        x[:, 300] *= 1e-33
+        x[77, 0:16] = 0.0  # a zero block: scale byte 0, enc FLT_MAX
     x = x.to(dtype).cuda()
     assert (x.view(torch.int16) == -32768).float().mean() > 0.15  # -0 inputs
-    assert (x == -tiny).sum() == 31 + int(not huge)
+    assert (x == -tiny).sum() == 31 + int(guard != "huge")
     recipe = Recipe(scaling=scaling, stochastic_rounding=True)
     run_all(x, recipe, seed=int(torch.randint(0, 2**62, (1,), generator=gen)), offset=11)
+
+
+class _EncFromCode:
+    """out[c, i] = E.enc_from_code(c, sdec[i]) and out[128 + c, i] the same with fast=True,
+    for every scale byte c < 128."""
+
+    @cute.jit
+    def __call__(self, sdec: cute.Tensor, out: cute.Tensor, stream):
+        n = sdec.shape[0]
+        self.kernel(sdec, out, n).launch(grid=((n + 127) // 128, 128, 1), block=(128, 1, 1),
+                                         stream=stream)
+
+    @cute.kernel
+    def kernel(self, sdec: cute.Tensor, out: cute.Tensor, n: Int32):
+        tidx, _, _ = cute.arch.thread_idx()
+        bx, code, _ = cute.arch.block_idx()
+        i = bx * 128 + tidx
+        if i < n:
+            out[code, i] = E.enc_from_code(Uint32(code), sdec[i])
+            out[128 + code, i] = E.enc_from_code(Uint32(code), sdec[i], True)
+
+
+def test_enc_fast_reciprocal(gen):
+    """E.enc_from_code(fast=True) (the reciprocal without its slow path) gives the IEEE
+    path's bits and the reference's enc = min(1 / (s * sdec), FLT_MAX) for every scale byte
+    (0: FLT_MAX, 0x7F: NaN) and outer scales over the whole domain CastKernel._fast_blocks_ok
+    admits (2^-117 <= sdec, RN(448 * sdec) <= 2^14): log-uniform values, both edges, powers
+    of two and their neighbours."""
+    top = torch.tensor(2.0 ** 14 / 448.0, dtype=torch.float32)
+    edges = torch.tensor([2.0 ** -117, 1.0, 2.0 ** -60], dtype=torch.float32)
+    pow2 = torch.tensor([2.0 ** e for e in range(-117, 6)], dtype=torch.float32)
+    near = torch.cat([torch.nextafter(pow2, torch.zeros(())), torch.nextafter(pow2, pow2 * 2)])
+    rand = torch.exp2(torch.rand(1 << 17, generator=gen, dtype=torch.float64) * 122.5 - 117)
+    sdec = torch.cat([edges, top.reshape(1), torch.nextafter(top, torch.zeros(())).reshape(1),
+                      pow2, near, rand.float()])
+    sdec = sdec[(sdec >= 2.0 ** -117) & (sdec * 448.0 <= 2.0 ** 14)].cuda()
+    assert (sdec == 2.0 ** -117).any() and (sdec * 448.0 == 2.0 ** 14).any()
+    op = _EncFromCode()
+    fn = compile_kernel(op, fake_tensor(cutlass.Float32, (None,), align=4),
+                        fake_tensor(cutlass.Float32, (256, None), align=4), env_stream(),
+                        arch=device_arch())
+    out = torch.full((256, sdec.numel()), 12345.0, device="cuda")
+    fn(sdec, out)
+    scales = torch.arange(128, dtype=torch.uint8).view(torch.float8_e4m3fn).float().cuda()
+    want = (1.0 / (scales[:, None] * sdec[None, :])).clamp(max=torch.finfo(torch.float32).max)
+    for got in (out[:128], out[128:]):
+        assert torch.equal(got[:127], want[:127])
+        assert got[127].isnan().all()
+    assert (want[0] == torch.finfo(torch.float32).max).all()
 
 
 @pytest.mark.parametrize("shape", [(64, 64), (128, 192), (320, 1024)])

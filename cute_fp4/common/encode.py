@@ -144,9 +144,28 @@ def e4m3_code(p):
     )
 
 
-def enc_from_code(code, s_dec):
+# In-range reciprocal without rcp.rn's slow-path branch: rcp.rn.f32 compiles to MUFU.RCP and
+# one FMA Newton step (correctly rounded) for operands in [2^-126, 2^126) and calls a
+# subroutine elsewhere; the branch region around every call splits ptxas' scheduling. The
+# start is capped at FLT_MAX so that a zero operand (scale byte 0) ends at min(inf, FLT_MAX)
+# like the IEEE reciprocal instead of NaN; NaN stays NaN.
+RCP_FAST_MIN = 2.0 ** -126
+RCP_FAST_END = 2.0 ** 126
+_RCP_FAST = (
+    "rcp.approx.ftz.f32 r, f;\n"
+    "min.f32 r, r, " + FLT_MAX_HEX + ";\n"
+    "neg.f32 f, f;\n"
+    "fma.rn.f32 e, f, r, 0f3F800000;\n"
+    "fma.rn.f32 f, r, e, r;\n"
+)
+
+
+def enc_from_code(code, s_dec, fast: bool = False):
     """The block's element multiplier ``enc = min(1 / (float(s) * s_dec), FLT_MAX)`` for the
-    E4M3 scale byte ``code``."""
+    E4M3 scale byte ``code``. fast (compile-time): the reciprocal without its slow path, exact
+    where every nonzero scale's product s * s_dec lies in [RCP_FAST_MIN, RCP_FAST_END) (the
+    caller checks the outer scale: CastKernel._fast_blocks_ok)."""
+    rcp = (".reg .f32 r;\n.reg .f32 e;\n" + _RCP_FAST) if fast else "rcp.rn.f32 f, f;\n"
     return _ptx1(
         "{\n.reg .b16 h;\n.reg .b32 w;\n.reg .f16 lo;\n.reg .f16 hi;\n.reg .f32 f;\n"
         "cvt.u16.u32 h, {$r0};\n"
@@ -154,7 +173,7 @@ def enc_from_code(code, s_dec):
         "mov.b32 {lo, hi}, w;\n"
         "cvt.f32.f16 f, lo;\n"
         "mul.rn.f32 f, f, {$r1};\n"
-        "rcp.rn.f32 f, f;\n"
+        + rcp +
         "min.NaN.f32 {$w0}, f, " + FLT_MAX_HEX + ";\n}",
         Float32, Uint32(code), Float32(s_dec),
     )
@@ -166,13 +185,14 @@ def block_scale_byte(amax_b, s_enc_6):
     return e4m3_code(mul_rn(amax_b, s_enc_6))
 
 
-def block_scale(amax_b, s_enc_6, s_dec):
+def block_scale(amax_b, s_enc_6, s_dec, fast: bool = False):
     """One 16-element block: returns (E4M3 scale byte as Uint32, enc as Float32).
 
-    ``s_enc_6`` is ``S_enc * fp32(1/6)`` (one rounded product), ``s_dec`` is ``1 / S_enc``.
+    ``s_enc_6`` is ``S_enc * fp32(1/6)`` (one rounded product), ``s_dec`` is ``1 / S_enc``;
+    fast: enc_from_code's reciprocal without its slow path.
     """
     code = block_scale_byte(amax_b, s_enc_6)
-    return code, enc_from_code(code, s_dec)
+    return code, enc_from_code(code, s_dec, fast)
 
 
 # ---------------------------------------------------------------- E2M1 encode

@@ -46,9 +46,10 @@ the int64 [seed, offset] device tensor `rng`: one Philox call per 1x16 block giv
 random bytes (common/philox.py: stream 0 the rowwise output, 1 the twin), encoded by
 E.sr_encode16 / sr_encode8_pair. With 16-bit inputs (no RHT), tiles whose blocks all have
 enc >= 2^-14 (per tensor: all of them or none; per token: decided per tile and warp,
-_input_signs_ok) take the signs from the inputs (E.sr_encode16_signed: one HSET2 + LOP3 per
-pair of elements instead of a compare and an add per element); the passes are compiled twice
-for it. The column pass reads its blocks in a rotated order
+_fast_blocks_ok) take the signs from the inputs (E.sr_encode16_signed: one HSET2 + LOP3 per
+pair of elements instead of a compare and an add per element) and, without the enc table
+(per token), the blocks' enc from the reciprocal without its slow-path branch
+(E.enc_from_code(fast=True); outer scales >= 2^-117); the passes are compiled twice for it. The column pass reads its blocks in a rotated order
 (_col_offsets): the block's random bytes are rotated alike (two prmt per half block). With
 the RHT, lane q of a column's 4 lanes draws block row q's call and the 4 lanes exchange
 their words through smem (_rht_words): lane q encodes outputs 4q .. 4q + 3 of every block
@@ -338,11 +339,12 @@ class CastKernel:
             E.st_shared_u32(enc_tab + tidx * 4, E.f32_bits(E.enc_from_code(Uint32(tidx), sdec)))
         cute.arch.barrier(barrier_id=1, number_of_threads=self.consumer_threads)
 
-    def _block_scale(self, amax, s6, sdec, enc_tab):
-        """(scale byte, enc) of a block amax: converted, or with enc_table looked up in the
-        table at enc_tab."""
+    def _block_scale(self, amax, s6, sdec, enc_tab, fast=False):
+        """(scale byte, enc) of a block amax: converted (fast: the reciprocal without its
+        slow path, _fast_blocks_ok held), or with enc_table looked up in the table at
+        enc_tab."""
         if cutlass.const_expr(not self.enc_table):
-            return E.block_scale(amax, s6, sdec)
+            return E.block_scale(amax, s6, sdec, fast)
         code = E.block_scale_byte(amax, s6)
         return code, E.bits_f32(E.ld_shared_u32(enc_tab + Int32(code) * 4))
 
@@ -351,20 +353,26 @@ class CastKernel:
         block amax or outer scale) zeroes the words. rnd: the block's 4 random words
         (stochastic rounding, element i: byte i % 4 of rnd[i // 4]) or None (RN). signs:
         (sign words, halves) of the elements (E.sr_encode16_signed; the caller checked
-        _input_signs_ok) or None."""
-        code, enc = self._block_scale(amax, s6, sdec, enc_tab)
+        _fast_blocks_ok, so enc also takes the fast reciprocal) or None."""
+        code, enc = self._block_scale(amax, s6, sdec, enc_tab, signs is not None)
         if cutlass.const_expr(rnd is None):
             return (code, *E.encode16(xs, enc, self.hw))
         if cutlass.const_expr(signs is not None):
             return (code, *E.sr_encode16_signed(xs, enc, rnd, *signs))
         return (code, *E.sr_encode16(xs, enc, rnd))
 
-    def _input_signs_ok(self, sdec):
+    def _fast_blocks_ok(self, sdec):
         """Whether every block quantized with outer scale sdec (per token: every lane's of
-        the warp) has enc >= 2^-14 or NaN, so that E.sr_encode16_signed is exact for 16-bit
-        inputs: enc = min(1 / RN(scale * sdec), FLT_MAX) with scale <= E4M3_MAX decreases
-        with the scale, so RN(E4M3_MAX * sdec) <= 2^14 suffices (false for a NaN sdec)."""
+        the warp) allows the passes' fast copy (_passes with signs):
+        - enc >= 2^-14 or NaN, so that E.sr_encode16_signed is exact for 16-bit inputs:
+          enc = min(1 / RN(scale * sdec), FLT_MAX) with scale <= E4M3_MAX decreases with the
+          scale, so RN(E4M3_MAX * sdec) <= 2^14 suffices (false for a NaN sdec);
+        - without the enc table, every nonzero scale's product in the fast reciprocal's
+          range (E.enc_from_code): the smallest, 2^-9 * sdec, is exact and >= 2^-126 from
+          sdec >= 2^-117 on, and the largest is <= 2^14."""
         ok = E.mul_rn(Float32(E.E4M3_MAX), sdec) <= Float32(2.0 ** 14)
+        if cutlass.const_expr(not self.enc_table):
+            ok = ok & (sdec >= Float32(E.RCP_FAST_MIN * 2.0 ** 9))
         if cutlass.const_expr(self.per_token):
             ok = cute.arch.vote_all_sync(ok)
         return ok
@@ -616,7 +624,7 @@ class CastKernel:
                 nsc_c, pad_c_c, row_thr, col_thr, offs, q_base, s_base, qt_base, st_base, s6,
                 sdec, enc_tab, run_sc, col_outer, rht_b, tile_scale, sc_buf, sr)
         if cutlass.const_expr(self.input_signs):
-            if self._input_signs_ok(sdec):
+            if self._fast_blocks_ok(sdec):
                 self._passes(*args, True)
             else:
                 self._passes(*args, False)
@@ -633,7 +641,7 @@ class CastKernel:
                 s6, sdec, enc_tab, run_sc, col_outer, rht_b, tile_scale, sc_buf, sr,
                 signs: cutlass.Constexpr):
         """_cast_tile's rowwise and columnwise passes; signs: the stochastic encoder takes the
-        signs from the 16-bit inputs (_input_signs_ok held)."""
+        signs from the 16-bit inputs and the fast reciprocal (_fast_blocks_ok held)."""
         if cutlass.const_expr(self.rowwise):
             self._row_pass(stage_addr, row_words, tidx, tm, tk, M, K, half_k, nsc_r, row_thr,
                            q_base, s_base, s6, sdec, enc_tab, run_sc, tile_scale, sr,
