@@ -53,7 +53,13 @@ def test_cast_ptx(arch, fused_amax, dtype, row, col, swizzle, per_token):
         assert ("shfl.sync.bfly" in ptx) == (row or not per_token)
         assert not re.search(r"\s(red|atom)\.", ptx)
     assert missing_instructions(ptx, need) == []
-    assert "div.approx" not in ptx and "rcp.approx" not in ptx and "div.full" not in ptx
+    assert "div.approx" not in ptx and "div.full" not in ptx
+    # per token (no enc table) the cast's fast copy takes each block's enc from the
+    # reciprocal without its slow path (CastKernel._fast_blocks_ok); not the fused cast
+    op = CastKernel(dtype, row, col, swizzle, per_token, 132)
+    blocks = op.row_steps * row + 4 // op.esize * col
+    fast = blocks if per_token and not fused_amax else 0
+    assert ptx.count("rcp.approx.ftz.f32") == ptx.count("rcp.approx") == fast
     if not per_token:
         # the blocks look their enc up in the CTA's table: IEEE reciprocals only for the
         # outer scale and the table fill (per token: one per outer scale and per block)
@@ -149,12 +155,20 @@ def test_cast_rht_ptx(arch, dtype, row, swizzle, per_token, walk):
                       arch=arch)
     assert ptx_target(ptx) == arch
     ty = "bf16" if dtype == "bf16" else "f16"
-    assert ptx.count(f"mma.sync.aligned.m16n8k16.row.col.f32.{ty}.{ty}.f32") == 8
-    assert ptx.count("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16") == 4
+    # per token the passes are compiled twice, the fast copy with each block's enc from the
+    # reciprocal without its slow path (the row steps' and 2 per lane of the twin); preload
+    # (walk[6]) reads the fragments before the copies branch
+    copies = 2 if per_token else 1
+    op = CastKernel(dtype, row, True, swizzle, per_token, 132, rht=True)
+    fast = op.row_steps * row + 2 if per_token else 0
+    assert ptx.count(f"mma.sync.aligned.m16n8k16.row.col.f32.{ty}.{ty}.f32") == 8 * copies
+    assert ptx.count("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16") == (
+        4 if walk[6] else 4 * copies)
     need = [r"cp\.async\.bulk\.tensor", r"shfl\.sync\.bfly", r"shfl\.sync\.idx",
             r"st\.global\.v2\.b32", r"cvt\.rn\.satfinite\.e4m3x2\.f32"]
     assert missing_instructions(ptx, need) == []
-    assert "div.approx" not in ptx and "rcp.approx" not in ptx and ".ftz" not in ptx
+    assert "div.approx" not in ptx
+    assert ptx.count("rcp.approx.ftz.f32") == ptx.count(".ftz") == fast
     if not per_token and walk[5]:
         assert ptx.count("rcp.rn.f32") == 4
     check_e2m1(ptx, arch)
@@ -185,9 +199,10 @@ def test_cast_sr_ptx(arch, dtype, row, col, swizzle, per_token, rht, walk):
     rn = compile_ptx(*cast_kernel(*args, rht=rht), arch=arch)
     assert ptx_target(ptx) == arch
     op = CastKernel(dtype, row, col, swizzle, per_token, 132, rht=rht, stochastic=True)
-    copies = 2 if op.input_signs else 1
     assert op.input_signs == (dtype != "fp32" and not rht)
     calls = op.row_steps * row + (2 if rht else 4 // op.esize) * col
+    fast_rcp = 0 if walk[5] else calls
+    copies = 2 if op.input_signs or fast_rcp else 1
     assert ptx.count(f"mul.wide.u32 p0, c0, {PHILOX_M0:#010x}") == 10 * calls * copies
     assert ptx.count(f"mul.wide.u32 p1, c2, {PHILOX_M1:#010x}") == 10 * calls * copies
     assert ptx.count("mul.rz.f32") == 16 * calls * copies
@@ -196,15 +211,15 @@ def test_cast_sr_ptx(arch, dtype, row, col, swizzle, per_token, rht, walk):
     assert ptx.count(f"set.lt.u32.{ty}") == signs
     assert ptx.count("lop3.b32") - rn.count("lop3.b32") >= signs
     assert "e2m1" not in ptx
-    # the copy with the signs takes, without the enc table (walk[5]), each block's enc from
-    # the reciprocal without its slow path; IEEE arithmetic elsewhere
-    fast_rcp = calls if op.input_signs and not walk[5] else 0
+    # without the enc table (walk[5]) the fast copy takes each block's enc from the
+    # reciprocal without its slow path; IEEE arithmetic elsewhere
     assert ptx.count("rcp.approx.ftz.f32") == ptx.count(".ftz") == fast_rcp
     assert ptx.count("rcp.rn.f32") == rn.count("rcp.rn.f32")
     assert "div.approx" not in ptx
     reg_prmt = r"prmt\.b32\s+%r\d+, %r\d+, %r\d+, %r\d+;"
     rotations = len(re.findall(reg_prmt, ptx))
-    assert rotations - copies * len(re.findall(reg_prmt, rn)) == (
+    rn_copies = 2 if per_token else 1  # the RN cast's fast copy: per token only
+    assert rotations - copies // rn_copies * len(re.findall(reg_prmt, rn)) == (
         0 if rht else 4 * (4 // op.esize) * col * copies)
     assert ptx.count("st.shared.v4.b32") - rn.count("st.shared.v4.b32") == 2 * rht * copies
     if rht:

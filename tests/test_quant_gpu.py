@@ -53,6 +53,29 @@ def test_columnwise_any_k(gen):
         check(dispatch.quantize(x, recipe), ref.quantize(x, recipe), recipe)
 
 
+@pytest.mark.parametrize("shape", [(640, 2064), (1024, 4096)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_token_fast_copy_bit_exact(shape, dtype, gen):
+    """Per token, the cast's tiles whose warps' outer scales are all >= 2^-117 take the fast
+    copy of the passes (the blocks' enc from the reciprocal without its slow path), the
+    others the IEEE copy (CastKernel._fast_blocks_ok): rows and columns of magnitudes ~1e-34
+    (outer scales ~2^-121) and ~1e-31 (~2^-111, fast) beside normal ones, a zero block in a
+    tiny row (scale byte 0: enc FLT_MAX) and an all-zero row (outer scale 1)."""
+    m, k = shape
+    x = torch.randn(shape, generator=gen)
+    x[7] *= 1e-34
+    x[m - 100] *= 1e-31
+    x[:, 40] *= 1e-34
+    x[:, k - 33] *= 1e-31
+    x[7, 16:32] = 0.0
+    x[m // 2] = 0.0
+    x = x.to(dtype).cuda()
+    for row, col in [(True, True), (False, True)]:  # rowwise only: TokenRowCast
+        for swizzle in (False, True):
+            recipe = Recipe(scaling="token", rowwise=row, columnwise=col, swizzle=swizzle)
+            check(dispatch.quantize(x, recipe), ref.quantize(x, recipe), recipe)
+
+
 # Per-token rowwise-only outputs cast in the amax pass (TokenRowCast): every work split
 # (threads per row 32 .. 256 with K = 16 .. 2064, units per thread 1 .. 8 with K up to 16384,
 # a 12304-column row's 7 units), strips in tails (M not a multiple of the strip's rows),

@@ -176,6 +176,27 @@ def test_sr_input_signs(guard, dtype, scaling, gen):
     run_all(x, recipe, seed=int(torch.randint(0, 2**62, (1,), generator=gen)), offset=11)
 
 
+@pytest.mark.parametrize("sr", [False, True])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_rht_token_fast_copy(sr, dtype, gen):
+    """Per-token RHT (with or without stochastic rounding) on the plain cast: tiles whose
+    warps' outer scales are all >= 2^-117 take the fast copy (the blocks' enc from the
+    reciprocal without its slow path), the others the IEEE copy: bf16 rows and columns of
+    magnitudes ~1e-34 beside normal ones (fp16 cannot hold them: its tiny rows are
+    subnormal, still on the fast copy), a zero block in a tiny row, an all-zero row."""
+    m, k = 640, 1040
+    x = torch.randn((m, k), generator=gen)
+    tiny = 1e-34 if dtype == torch.bfloat16 else 1e-6
+    x[7] *= tiny
+    x[:, 40] *= tiny
+    x[7, 16:32] = 0.0
+    x[m // 2] = 0.0
+    x = x.to(dtype).cuda()
+    recipe = Recipe(scaling="token", rht=True, stochastic_rounding=sr)
+    run_all(x, recipe, seed=int(torch.randint(0, 2**62, (1,), generator=gen)), offset=5,
+            outputs=[(True, True), (False, True)])
+
+
 class _EncFromCode:
     """out[c, i] = E.enc_from_code(c, sdec[i]) and out[128 + c, i] the same with fast=True,
     for every scale byte c < 128."""

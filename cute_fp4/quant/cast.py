@@ -44,16 +44,22 @@ column amax), from RecipeAmax.
 `stochastic`: stochastic rounding of both outputs (SPEC section 2) from Philox4x32-10 keyed by
 the int64 [seed, offset] device tensor `rng`: one Philox call per 1x16 block gives its 16
 random bytes (common/philox.py: stream 0 the rowwise output, 1 the twin), encoded by
-E.sr_encode16 / sr_encode8_pair. With 16-bit inputs (no RHT), tiles whose blocks all have
-enc >= 2^-14 (per tensor: all of them or none; per token: decided per tile and warp,
-_fast_blocks_ok) take the signs from the inputs (E.sr_encode16_signed: one HSET2 + LOP3 per
-pair of elements instead of a compare and an add per element) and, without the enc table
-(per token), the blocks' enc from the reciprocal without its slow-path branch
-(E.enc_from_code(fast=True); outer scales >= 2^-117); the passes are compiled twice for it. The column pass reads its blocks in a rotated order
-(_col_offsets): the block's random bytes are rotated alike (two prmt per half block). With
-the RHT, lane q of a column's 4 lanes draws block row q's call and the 4 lanes exchange
-their words through smem (_rht_words): lane q encodes outputs 4q .. 4q + 3 of every block
-row, i.e. word q of each block row's call.
+E.sr_encode16 / sr_encode8_pair. With 16-bit inputs (no RHT), the fast copy of the passes
+(below) takes the signs from the inputs (E.sr_encode16_signed: one HSET2 + LOP3 per pair of
+elements instead of a compare and an add per element), exact where every block has enc >=
+2^-14. The column pass reads its blocks in a rotated order (_col_offsets): the block's
+random bytes are rotated alike (two prmt per half block). With the RHT, lane q of a column's
+4 lanes draws block row q's call and the 4 lanes exchange their words through smem
+(_rht_words): lane q encodes outputs 4q .. 4q + 3 of every block row, i.e. word q of each
+block row's call.
+
+The fast copy (`input_signs` or `fast_rcp`): the passes are compiled twice behind a
+warp-uniform branch, and tiles whose outer scales allow it (_fast_blocks_ok: per tensor all
+tiles or none, per token decided per tile and warp by a vote) take the copy with the signs
+from the inputs (input_signs) and, per token and for stochastic rounding without the enc
+table (fast_rcp), each block's enc from the reciprocal without its slow-path branch
+(E.enc_from_code(fast=True), exact for outer scales >= 2^-117); the other copy is the
+general one.
 
 `block2d` (per tensor, no RHT): 16x16 blocks (SPEC section 1, the recipe's block=(16, 16)): one
 scale per 16x16 tile, shared by its 16 rowwise blocks and its 16 twin blocks. The rowwise pass's
@@ -146,6 +152,13 @@ class CastKernel:
         # (not with the RHT: only its rowwise pass would, and the second copy of its passes
         # made ptxas spill and measured 8% slower)
         self.input_signs = stochastic and self.esize == 2 and not rht
+        # per token, and for stochastic rounding without the enc table: the blocks' enc from
+        # the reciprocal without its slow-path branch, whose branch region splits ptxas'
+        # scheduling of the tile (measured: per token 1-3% faster up to 2^27 elements, 1%
+        # slower at 2^28; SR per tensor 4% at 2^27; the RN per-tensor casts without the table
+        # (from ENC_TABLE_COMPACT_TWIN_MAX_BYTES) 0 to 1% slower: not there); not for the
+        # fused cast of tiny inputs
+        self.fast_rcp = (per_token or stochastic) and not (enc_table or fused_amax)
         # stochastic with the RHT: per warp and output column of a lane (2), the 4 Philox
         # words of each of the 32 lanes (_rht_words)
         self.sr_words = self.num_consumer_warps * 2 * 32 * 4 if rht and stochastic else 4
@@ -348,33 +361,44 @@ class CastKernel:
         code = E.block_scale_byte(amax, s6)
         return code, E.bits_f32(E.ld_shared_u32(enc_tab + Int32(code) * 4))
 
-    def _quantize16(self, xs, amax, s6, sdec, enc_tab, rnd, signs=None):
+    def _quantize16(self, xs, amax, s6, sdec, enc_tab, rnd, signs=None, fast=False):
         """16 FP32 values with their block amax -> (scale byte, word0, word1); enc NaN (NaN
         block amax or outer scale) zeroes the words. rnd: the block's 4 random words
         (stochastic rounding, element i: byte i % 4 of rnd[i // 4]) or None (RN). signs:
-        (sign words, halves) of the elements (E.sr_encode16_signed; the caller checked
-        _fast_blocks_ok, so enc also takes the fast reciprocal) or None."""
-        code, enc = self._block_scale(amax, s6, sdec, enc_tab, signs is not None)
+        (sign words, halves) of the elements (E.sr_encode16_signed) or None; fast: the
+        passes' fast copy (_passes)."""
+        code, enc = self._block_scale(amax, s6, sdec, enc_tab, fast and self.fast_rcp)
         if cutlass.const_expr(rnd is None):
             return (code, *E.encode16(xs, enc, self.hw))
         if cutlass.const_expr(signs is not None):
             return (code, *E.sr_encode16_signed(xs, enc, rnd, *signs))
         return (code, *E.sr_encode16(xs, enc, rnd))
 
-    def _fast_blocks_ok(self, sdec):
+    def _fast_blocks_ok(self, sdec, col_outer):
         """Whether every block quantized with outer scale sdec (per token: every lane's of
-        the warp) allows the passes' fast copy (_passes with signs):
-        - enc >= 2^-14 or NaN, so that E.sr_encode16_signed is exact for 16-bit inputs:
-          enc = min(1 / RN(scale * sdec), FLT_MAX) with scale <= E4M3_MAX decreases with the
-          scale, so RN(E4M3_MAX * sdec) <= 2^14 suffices (false for a NaN sdec);
-        - without the enc table, every nonzero scale's product in the fast reciprocal's
-          range (E.enc_from_code): the smallest, 2^-9 * sdec, is exact and >= 2^-126 from
-          sdec >= 2^-117 on, and the largest is <= 2^14."""
-        ok = E.mul_rn(Float32(E.E4M3_MAX), sdec) <= Float32(2.0 ** 14)
-        if cutlass.const_expr(not self.enc_table):
-            ok = ok & (sdec >= Float32(E.RCP_FAST_MIN * 2.0 ** 9))
+        the warp; per tensor with the RHT also the twin's, col_outer) allows the passes' fast
+        copy (_passes with fast):
+        - input_signs: enc >= 2^-14 or NaN, so that E.sr_encode16_signed is exact for 16-bit
+          inputs: enc = min(1 / RN(scale * sdec), FLT_MAX) with scale <= E4M3_MAX decreases
+          with the scale, so RN(E4M3_MAX * sdec) <= 2^14 suffices (false for a NaN sdec);
+        - fast_rcp: every nonzero scale's product in the fast reciprocal's range
+          (E.enc_from_code): the smallest, 2^-9 * sdec, is exact and >= 2^-126 from sdec >=
+          2^-117 on, and the largest is RN(E4M3_MAX * sdec) < 2^126."""
+        ok = self._fast_outer_ok(sdec)
+        if cutlass.const_expr(self.rht and not self.per_token):
+            ok = ok & self._fast_outer_ok(col_outer[1])
         if cutlass.const_expr(self.per_token):
             ok = cute.arch.vote_all_sync(ok)
+        return ok
+
+    def _fast_outer_ok(self, sdec):
+        """_fast_blocks_ok for one outer scale."""
+        top = E.mul_rn(Float32(E.E4M3_MAX), sdec)
+        ok = top < Float32(E.RCP_FAST_END)
+        if cutlass.const_expr(self.input_signs):
+            ok = top <= Float32(2.0 ** 14)
+        if cutlass.const_expr(self.fast_rcp):
+            ok = ok & (sdec >= Float32(E.RCP_FAST_MIN * 2.0 ** 9))
         return ok
 
     # ------------------------------------------------------------------ stochastic rounding
@@ -623,8 +647,8 @@ class CastKernel:
         args = (stage_addr, row_words, col_words, tidx, tm, tk, M, K, half_k, half_m, nsc_r,
                 nsc_c, pad_c_c, row_thr, col_thr, offs, q_base, s_base, qt_base, st_base, s6,
                 sdec, enc_tab, run_sc, col_outer, rht_b, tile_scale, sc_buf, sr)
-        if cutlass.const_expr(self.input_signs):
-            if self._fast_blocks_ok(sdec):
+        if cutlass.const_expr(self.input_signs or self.fast_rcp):
+            if self._fast_blocks_ok(sdec, col_outer):
                 self._passes(*args, True)
             else:
                 self._passes(*args, False)
@@ -639,25 +663,27 @@ class CastKernel:
     def _passes(self, stage_addr, row_words, col_words, tidx, tm, tk, M, K, half_k, half_m,
                 nsc_r, nsc_c, pad_c_c, row_thr, col_thr, offs, q_base, s_base, qt_base, st_base,
                 s6, sdec, enc_tab, run_sc, col_outer, rht_b, tile_scale, sc_buf, sr,
-                signs: cutlass.Constexpr):
-        """_cast_tile's rowwise and columnwise passes; signs: the stochastic encoder takes the
-        signs from the 16-bit inputs and the fast reciprocal (_fast_blocks_ok held)."""
+                fast: cutlass.Constexpr):
+        """_cast_tile's rowwise and columnwise passes; fast: the copy for tiles where
+        _fast_blocks_ok holds (input_signs: the stochastic encoder takes the signs from the
+        16-bit inputs; fast_rcp: the blocks' enc from the fast reciprocal)."""
         if cutlass.const_expr(self.rowwise):
             self._row_pass(stage_addr, row_words, tidx, tm, tk, M, K, half_k, nsc_r, row_thr,
                            q_base, s_base, s6, sdec, enc_tab, run_sc, tile_scale, sr,
-                           signs)
+                           fast)
         if cutlass.const_expr(self.columnwise):
             if cutlass.const_expr(not self.preload):
                 col_words = self._col_words(stage_addr, offs)
             if cutlass.const_expr(self.rht):
                 self._col_pass_rht(col_words, tidx, tm, tk, M, K, half_m, nsc_c, pad_c_c,
-                                   qt_base, st_base, s6, sdec, col_outer, enc_tab, rht_b, sr)
+                                   qt_base, st_base, s6, sdec, col_outer, enc_tab, rht_b, sr,
+                                   fast)
             else:
                 if cutlass.const_expr(self.block2d):  # the tile scales of the column blocks
                     cute.arch.barrier(barrier_id=1, number_of_threads=self.consumer_threads)
                     tile_scale = self._col_tile_scale(tidx, sc_buf)
                 self._col_pass(col_words, tidx, tm, tk, M, K, half_m, nsc_c, pad_c_c, col_thr,
-                               qt_base, st_base, s6, sdec, enc_tab, tile_scale, sr, signs)
+                               qt_base, st_base, s6, sdec, enc_tab, tile_scale, sr, fast)
 
     @cute.jit
     def _flush_run_scales(self, buf, tidx, tm, uk, M, nsc_r, s_base):
@@ -810,14 +836,14 @@ class CastKernel:
     @cute.jit
     def _row_pass(self, stage_addr, row_words, tidx, tm, tk, M, K, half_k, nsc_r, row_thr,
                   q_base, s_base, s6, sdec, enc_tab, run_sc, tile_scale, sr,
-                  signs: cutlass.Constexpr = False):
+                  fast: cutlass.Constexpr = False):
         """Lanes of a warp take consecutive 16-element blocks of consecutive rows, so one warp
         store covers whole 32-byte sectors (bpr blocks of 8 bytes per row). Per token, s6 /
         sdec are the lane's (_lane_amax). row_words: the steps' words (preload, block2d), or
         None: each step reads its own. run > 1: the compact scales go to the run's smem buffer
         at run_sc (this tile's column there) instead of global memory. tile_scale (block2d):
         the (scale byte, enc) of every step's block. sr: stochastic rounding (_sr_state);
-        signs: its signs from the inputs (_passes)."""
+        fast: the passes' fast copy (_passes)."""
         bpr = self.bpr
         lane = tidx % 32
         b = lane % bpr
@@ -854,11 +880,11 @@ class CastKernel:
                 rnd = sgn = None
                 if cutlass.const_expr(sr is not None):
                     rnd = self._philox(Int64(gr) * nsc_r + Int64(gcol_blk), 0, sr)
-                if cutlass.const_expr(signs):  # element i: half i % 2 of word i // 2
-                    sws = [E.sign_word(v, self.dtype_name) for v in words]
+                if cutlass.const_expr(fast and self.input_signs):  # element i: half i % 2
+                    sws = [E.sign_word(v, self.dtype_name) for v in words]  # of word i // 2
                     sgn = ([sws[i // 2] for i in range(16)], [i % 2 for i in range(16)])
                 code, w0, w1 = self._quantize16(xs, self._words_amax(words, xs), s6_r, sdec_r,
-                                                enc_tab, rnd, sgn)
+                                                enc_tab, rnd, sgn, fast)
             valid = (gr < M) & col_ok
             if valid:
                 E.st_global_v2(q_tile + q_off, w0, w1)
@@ -925,12 +951,12 @@ class CastKernel:
     @cute.jit
     def _col_pass(self, words, tidx, tm, tk, M, K, half_m, nsc_c, pad_c_c, col_thr,
                   qt_base, st_base, s6, sdec, enc_tab, tile_scale, sr,
-                  signs: cutlass.Constexpr = False):
+                  fast: cutlass.Constexpr = False):
         """Lanes with consecutive block rows store consecutive 8-byte pieces of one output row
         (64 bytes per input column and tile) from the thread's 16 words (_col_words). Per
         token, s6 / sdec are the lane's (_lane_amax). tile_scale (block2d): the (scale byte,
         enc) of the thread's blocks (one 16x16 tile). sr: stochastic rounding (_sr_state);
-        signs: its signs from the inputs (_passes)."""
+        fast: the passes' fast copy (_passes)."""
         lane = tidx % 32
         rb = lane // 4
         cols = 4 // self.esize  # input columns per 4-byte word
@@ -938,8 +964,8 @@ class CastKernel:
             # block amax of both columns of the words at once (low / high halves)
             pair = E.amax_pairs(words, self.dtype_name)
             amax2 = (E.unpack_lo(pair, self.dtype_name), E.unpack_hi(pair, self.dtype_name))
-        sws = None
-        if cutlass.const_expr(signs):  # both columns' (element i of column cc: half cc of i)
+        sws = None  # with the signs: both columns' (element i of column cc: half cc of i)
+        if cutlass.const_expr(fast and self.input_signs):
             sws = [E.sign_word(v, self.dtype_name) for v in words]
         blk0 = tm * (self.tile_m // 16)
         gblk = blk0 + rb  # global block index along M
@@ -980,7 +1006,7 @@ class CastKernel:
                     lo, hi = sr[2]
                     rnd = [Uint32(prmt(p[h], p[h + 1], sel)) for h in (0, 2) for sel in (lo, hi)]
                 sgn = None if sws is None else (sws, [cc] * 16)
-                code, w0, w1 = self._quantize16(xs, amax, s6_c, sdec_c, enc_tab, rnd, sgn)
+                code, w0, w1 = self._quantize16(xs, amax, s6_c, sdec_c, enc_tab, rnd, sgn, fast)
             w0 = E.rotl_nibbles(w0, rb)
             w1 = E.rotl_nibbles(w1, rb)
             valid = (gk < K) & row_ok
@@ -1046,7 +1072,8 @@ class CastKernel:
 
     @cute.jit
     def _col_pass_rht(self, frags, tidx, tm, tk, M, K, half_m, nsc_c, pad_c_c, qt_base,
-                      st_base, s6, sdec, col_outer, enc_tab, rht_b, sr):
+                      st_base, s6, sdec, col_outer, enc_tab, rht_b, sr,
+                      fast: cutlass.Constexpr = False):
         """The twin of the RHT'd tile from the warp's A fragments (_col_words). Per output
         column (g, g + 8) and block row i, lane q holds 4 of the block's 16 values: the block
         amax is reduced and scattered over the 4 lanes (lane q keeps block row q's), lane q
@@ -1054,7 +1081,8 @@ class CastKernel:
         two shuffles transpose the pieces so that lane q stores block row q's 8 bytes (a
         column's 4 block rows: one 32-byte sector). Scale outer operands: col_outer (per
         tensor: the twin's own) or the lane's per-token s6 / sdec of the column. sr:
-        stochastic rounding (_sr_state): lane q draws block row q's call (_rht_words)."""
+        stochastic rounding (_sr_state): lane q draws block row q's call (_rht_words). fast:
+        the passes' fast copy (_passes)."""
         lane = tidx % 32
         warp = tidx // 32
         g = lane // 4
@@ -1102,7 +1130,7 @@ class CastKernel:
             k1 = E.fmax_nan(k1, cute.arch.shuffle_sync_bfly(cutlass.select_(hi, m[1], m[3]), 2))
             amax = E.fmax_nan(cutlass.select_(odd, k1, k0),
                               cute.arch.shuffle_sync_bfly(cutlass.select_(odd, k0, k1), 1))
-            code, enc = self._block_scale(amax, s6_c, sdec_c, enc_tab_c)
+            code, enc = self._block_scale(amax, s6_c, sdec_c, enc_tab_c, fast and self.fast_rcp)
             encs = [cute.arch.shuffle_sync(enc, (lane & 0x1C) | i) for i in range(4)]
             if cutlass.const_expr(sr is None):
                 w01 = E.encode8_pair(ys[cc][0] + ys[cc][1], encs[0], encs[1], self.hw)
