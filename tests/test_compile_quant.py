@@ -55,10 +55,12 @@ def test_cast_ptx(arch, fused_amax, dtype, row, col, swizzle, per_token):
     assert missing_instructions(ptx, need) == []
     assert "div.approx" not in ptx and "div.full" not in ptx
     # per token (no enc table) the cast's fast copy takes each block's enc from the
-    # reciprocal without its slow path (CastKernel._fast_blocks_ok); not the fused cast
+    # reciprocal without its slow path, and the tile's outer scale from the division and the
+    # reciprocal without theirs (one rcp.approx each; CastKernel._fast_blocks_ok); not the
+    # fused cast
     op = CastKernel(dtype, row, col, swizzle, per_token, 132)
     blocks = op.row_steps * row + 4 // op.esize * col
-    fast = blocks if per_token and not fused_amax else 0
+    fast = blocks + 2 if per_token and not fused_amax else 0
     assert ptx.count("rcp.approx.ftz.f32") == ptx.count("rcp.approx") == fast
     if not per_token:
         # the blocks look their enc up in the CTA's table: IEEE reciprocals only for the
@@ -156,11 +158,12 @@ def test_cast_rht_ptx(arch, dtype, row, swizzle, per_token, walk):
     assert ptx_target(ptx) == arch
     ty = "bf16" if dtype == "bf16" else "f16"
     # per token the passes are compiled twice, the fast copy with each block's enc from the
-    # reciprocal without its slow path (the row steps' and 2 per lane of the twin); preload
-    # (walk[6]) reads the fragments before the copies branch
+    # reciprocal without its slow path (the row steps' and 2 per lane of the twin) and the
+    # outer scale's division and reciprocal without theirs (2); preload (walk[6]) reads the
+    # fragments before the copies branch
     copies = 2 if per_token else 1
     op = CastKernel(dtype, row, True, swizzle, per_token, 132, rht=True)
-    fast = op.row_steps * row + 2 if per_token else 0
+    fast = op.row_steps * row + 4 if per_token else 0
     assert ptx.count(f"mma.sync.aligned.m16n8k16.row.col.f32.{ty}.{ty}.f32") == 8 * copies
     assert ptx.count("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16") == (
         4 if walk[6] else 4 * copies)
@@ -201,7 +204,7 @@ def test_cast_sr_ptx(arch, dtype, row, col, swizzle, per_token, rht, walk):
     op = CastKernel(dtype, row, col, swizzle, per_token, 132, rht=rht, stochastic=True)
     assert op.input_signs == (dtype != "fp32" and not rht)
     calls = op.row_steps * row + (2 if rht else 4 // op.esize) * col
-    fast_rcp = 0 if walk[5] else calls
+    fast_rcp = 0 if walk[5] else calls + 2 * per_token  # + the per-token outer scale's
     copies = 2 if op.input_signs or fast_rcp else 1
     assert ptx.count(f"mul.wide.u32 p0, c0, {PHILOX_M0:#010x}") == 10 * calls * copies
     assert ptx.count(f"mul.wide.u32 p1, c2, {PHILOX_M1:#010x}") == 10 * calls * copies

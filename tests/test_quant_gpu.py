@@ -2,10 +2,17 @@
 amax, for many shapes, distributions, dtypes, every output combination and both scale layouts.
 Outputs are poisoned (0xFF) before the launch."""
 
+import cutlass
+import cutlass.cute as cute
 import pytest
 import torch
+from cutlass import Int32, Uint32
 
 from cute_fp4 import Recipe, ref
+from cute_fp4.common import encode as E
+from cute_fp4.common.jit import compile_kernel, device_arch, env_stream, fake_tensor
+from cute_fp4.common.scales import (OUTER_FAST_MAX, OUTER_FAST_MIN, outer_block_scales,
+                                    outer_block_scales_fast)
 from cute_fp4.quant import dispatch
 
 from quant_checks import check, make_input, same_amax, u8
@@ -51,6 +58,53 @@ def test_columnwise_any_k(gen):
     for swizzle in (False, True):
         recipe = Recipe(scaling="token", rowwise=False, columnwise=True, swizzle=swizzle)
         check(dispatch.quantize(x, recipe), ref.quantize(x, recipe), recipe)
+
+
+class _OuterScalesFast:
+    """Every FP32 amax from lo_bits on (n values): out[0] / out[1] = the largest amax bits
+    where outer_block_scales_fast's S_enc / 6 / S_dec differ from outer_block_scales' (0:
+    none)."""
+
+    ctas, threads = 1056, 256
+
+    @cute.jit
+    def __call__(self, out: cute.Tensor, lo_bits: Int32, n: Int32, stream):
+        self.kernel(out, lo_bits, n).launch(grid=(self.ctas, 1, 1), block=(self.threads, 1, 1),
+                                            stream=stream)
+
+    @cute.kernel
+    def kernel(self, out: cute.Tensor, lo_bits: Int32, n: Int32):
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        base = out.iterator.toint()
+        for i in cutlass.range(bidx * self.threads + tidx, n, self.ctas * self.threads, unroll=1):
+            bits = Uint32(lo_bits + i)
+            amax = E.bits_f32(bits)
+            s6, sdec = outer_block_scales(amax, E.E4M3_MAX)
+            f6, fdec = outer_block_scales_fast(amax, E.E4M3_MAX)
+            if E.f32_bits(s6) != E.f32_bits(f6):
+                E.red_max_u32(base, bits)
+            if E.f32_bits(sdec) != E.f32_bits(fdec):
+                E.red_max_u32(base + 4, bits)
+
+
+def test_outer_scales_fast_exhaustive():
+    """outer_block_scales_fast (division and reciprocal without their slow-path branches) gives
+    outer_block_scales' bits for EVERY FP32 amax in [OUTER_FAST_MIN, OUTER_FAST_MAX] (1.68e9
+    values) and for 0, the domain the per-token cast's fast copy admits
+    (CastKernel._fast_blocks_ok); and the check finds the differences it is for: below the
+    domain, at the subnormal amaxes (S_enc capped at FLT_MAX) the fast reciprocal misses."""
+    op = _OuterScalesFast()
+    fn = compile_kernel(op, fake_tensor(cutlass.Int32, (2,), align=4), Int32(0), Int32(0),
+                        env_stream(), arch=device_arch())
+    lo = int(torch.tensor(OUTER_FAST_MIN, dtype=torch.float32).view(torch.int32))
+    hi = int(torch.tensor(OUTER_FAST_MAX, dtype=torch.float32).view(torch.int32))
+    out = torch.zeros(2, dtype=torch.int32, device="cuda")
+    fn(out, lo, hi - lo + 1)
+    fn(out, 0, 1)  # amax 0
+    assert out.tolist() == [0, 0]
+    fn(out, 1, 1 << 23)  # the subnormal amaxes
+    assert out[1].item() != 0
 
 
 @pytest.mark.parametrize("shape", [(640, 2064), (1024, 4096)])

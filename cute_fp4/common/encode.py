@@ -144,14 +144,17 @@ def e4m3_code(p):
     )
 
 
-# In-range reciprocal without rcp.rn's slow-path branch: rcp.rn.f32 compiles to MUFU.RCP and
-# one FMA Newton step (correctly rounded) for operands in [2^-126, 2^126) and calls a
-# subroutine elsewhere; the branch region around every call splits ptxas' scheduling. The
-# start is capped at FLT_MAX so that a zero operand (scale byte 0) ends at min(inf, FLT_MAX)
-# like the IEEE reciprocal instead of NaN; NaN stays NaN.
+# rcp.rn / div.rn without their slow-path branches. rcp.rn.f32 compiles to MUFU.RCP and one
+# FMA Newton step (correctly rounded) for operands in [2^-126, 2^126) and calls a subroutine
+# elsewhere; div.rn.f32 to MUFU.RCP, one FMA refinement of the reciprocal, the quotient and one
+# FMA correction when FCHK passes, else a call. The branch region around every call splits
+# ptxas' scheduling; these are the fast paths alone, for operands the caller has checked. The
+# reciprocal's start is capped at FLT_MAX so that a zero operand ends at inf like the IEEE
+# reciprocal instead of NaN; NaN stays NaN.
 RCP_FAST_MIN = 2.0 ** -126
 RCP_FAST_END = 2.0 ** 126
 _RCP_FAST = (
+    ".reg .f32 r;\n.reg .f32 e;\n"
     "rcp.approx.ftz.f32 r, f;\n"
     "min.f32 r, r, " + FLT_MAX_HEX + ";\n"
     "neg.f32 f, f;\n"
@@ -160,12 +163,33 @@ _RCP_FAST = (
 )
 
 
+def rcp_fast(a):
+    """1 / a as rcp.rn.f32 gives it, exact for a in [RCP_FAST_MIN, RCP_FAST_END) (0: inf)."""
+    return _ptx1("{\n.reg .f32 f;\nmov.f32 f, {$r0};\n" + _RCP_FAST + "mov.f32 {$w0}, f;\n}",
+                 Float32, Float32(a))
+
+
+def div_fast(a, b):
+    """a / b as div.rn.f32 gives it where its FCHK test passes (the caller checks its operands:
+    scales.outer_block_scales_fast)."""
+    return _ptx1(
+        "{\n.reg .f32 r;\n.reg .f32 e;\n.reg .f32 n;\n.reg .f32 q;\n"
+        "rcp.approx.ftz.f32 r, {$r1};\n"
+        "neg.f32 n, {$r1};\n"
+        "fma.rn.f32 e, n, r, 0f3F800000;\n"
+        "fma.rn.f32 r, r, e, r;\n"
+        "mul.rn.f32 q, {$r0}, r;\n"
+        "fma.rn.f32 e, n, q, {$r0};\n"
+        "fma.rn.f32 {$w0}, r, e, q;\n}",
+        Float32, Float32(a), Float32(b))
+
+
 def enc_from_code(code, s_dec, fast: bool = False):
     """The block's element multiplier ``enc = min(1 / (float(s) * s_dec), FLT_MAX)`` for the
     E4M3 scale byte ``code``. fast (compile-time): the reciprocal without its slow path, exact
     where every nonzero scale's product s * s_dec lies in [RCP_FAST_MIN, RCP_FAST_END) (the
     caller checks the outer scale: CastKernel._fast_blocks_ok)."""
-    rcp = (".reg .f32 r;\n.reg .f32 e;\n" + _RCP_FAST) if fast else "rcp.rn.f32 f, f;\n"
+    rcp = _RCP_FAST if fast else "rcp.rn.f32 f, f;\n"
     return _ptx1(
         "{\n.reg .b16 h;\n.reg .b32 w;\n.reg .f16 lo;\n.reg .f16 hi;\n.reg .f32 f;\n"
         "cvt.u16.u32 h, {$r0};\n"

@@ -10,7 +10,7 @@ from cutlass import Float32, Int32, Uint32
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
-from .encode import mul_rn, rcp_rn
+from .encode import div_fast, mul_rn, rcp_fast, rcp_rn
 
 FLT_MAX = 3.4028234663852886e38
 ONE_SIXTH = 0.16666667  # fp32(1/6) = 0x3E2AAAAB: the block scale multiplies S_enc by it
@@ -48,6 +48,23 @@ def outer_block_scales(amax: Float32, e4m3_max: cutlass.Constexpr[float]):
     encode.block_scale (one rounded product, one IEEE reciprocal)."""
     s_enc = outer_encode_scale(amax, e4m3_max)
     return mul_rn(s_enc, Float32(ONE_SIXTH)), rcp_rn(s_enc)
+
+
+# outer_block_scales_fast is exact for amax 0 and amax in [OUTER_FAST_MIN, OUTER_FAST_MAX]
+# (checked for every FP32 value there, e4m3_max 448: test_outer_scales_fast_exhaustive); its
+# S_enc lies in [2^-89, 2^112], inside the fast reciprocal's range.
+OUTER_FAST_MIN = 2.0 ** -100
+OUTER_FAST_MAX = 2.0 ** 100
+
+
+@cute.jit
+def outer_block_scales_fast(amax: Float32, e4m3_max: cutlass.Constexpr[float]):
+    """outer_block_scales with the division and the reciprocal without their slow-path
+    branches (encode.div_fast, rcp_fast): exact where the caller has checked amax (0 or in
+    [OUTER_FAST_MIN, OUTER_FAST_MAX])."""
+    s = cute.arch.fmin(div_fast(Float32(e4m3_max * 6.0), amax), Float32(FLT_MAX), nan=True)
+    s_enc = Float32(cutlass.select_((amax == Float32(0.0)) | (s == Float32(0.0)), Float32(1.0), s))
+    return mul_rn(s_enc, Float32(ONE_SIXTH)), rcp_fast(s_enc)
 
 
 @cute.jit

@@ -80,7 +80,8 @@ from cutlass.cute.nvgpu import cpasync
 from cute_fp4.common import encode as E
 from cute_fp4.common.philox import philox_call, round_keys
 from cute_fp4.common.ptx import ldmatrix_x4_trans, mma_16816, prmt
-from cute_fp4.common.scales import outer_block_scales, swizzled_scale_offset
+from cute_fp4.common.scales import (OUTER_FAST_MAX, OUTER_FAST_MIN, outer_block_scales,
+                                    outer_block_scales_fast, swizzled_scale_offset)
 from cute_fp4.quant.amax import max_tensor_partials, vec_abs_max, vec_values
 from cute_fp4.ref.quantize import RHT_SIGNS
 
@@ -374,10 +375,12 @@ class CastKernel:
             return (code, *E.sr_encode16_signed(xs, enc, rnd, *signs))
         return (code, *E.sr_encode16(xs, enc, rnd))
 
-    def _fast_blocks_ok(self, sdec, col_outer):
+    def _fast_blocks_ok(self, sdec, col_outer, amax):
         """Whether every block quantized with outer scale sdec (per token: every lane's of
-        the warp; per tensor with the RHT also the twin's, col_outer) allows the passes' fast
-        copy (_passes with fast):
+        the warp, from its amax; per tensor with the RHT also the twin's, col_outer) allows the
+        passes' fast copy (_passes with fast):
+        - per token with fast_rcp: amax 0 or in [OUTER_FAST_MIN, OUTER_FAST_MAX], where
+          outer_block_scales_fast gave the IEEE outer scales;
         - input_signs: enc >= 2^-14 or NaN, so that E.sr_encode16_signed is exact for 16-bit
           inputs: enc = min(1 / RN(scale * sdec), FLT_MAX) with scale <= E4M3_MAX decreases
           with the scale, so RN(E4M3_MAX * sdec) <= 2^14 suffices (false for a NaN sdec);
@@ -385,6 +388,9 @@ class CastKernel:
           (E.enc_from_code): the smallest, 2^-9 * sdec, is exact and >= 2^-126 from sdec >=
           2^-117 on, and the largest is RN(E4M3_MAX * sdec) < 2^126."""
         ok = self._fast_outer_ok(sdec)
+        if cutlass.const_expr(self.per_token and self.fast_rcp):
+            ok = ok & ((amax == Float32(0.0)) | ((amax >= Float32(OUTER_FAST_MIN))
+                                                 & (amax <= Float32(OUTER_FAST_MAX))))
         if cutlass.const_expr(self.rht and not self.per_token):
             ok = ok & self._fast_outer_ok(col_outer[1])
         if cutlass.const_expr(self.per_token):
@@ -624,7 +630,10 @@ class CastKernel:
             amax_next = self._lane_amax(tm_n, tk_n, M, K, tidx, ar_base, ac_base)
         else:
             amax_cur = self._lane_amax(tm, tk, M, K, tidx, ar_base, ac_base)
-        if cutlass.const_expr(self.per_token):
+        if cutlass.const_expr(self.per_token and self.fast_rcp):
+            # the fast copy's (exact there: _fast_blocks_ok); the other copy takes the IEEE ones
+            s6, sdec = outer_block_scales_fast(amax_cur, E.E4M3_MAX)
+        elif cutlass.const_expr(self.per_token):
             s6, sdec = outer_block_scales(amax_cur, E.E4M3_MAX)
         pipe.consumer_wait(cstate)
         stage_addr = sbase + cstate.index * self.stage_bytes
@@ -644,16 +653,20 @@ class CastKernel:
             if cutlass.const_expr(row_words is None):
                 row_words = self._row_words(stage_addr, tidx, row_thr)
             tile_scale = self._tile_scales(row_words, tidx, s6, sdec, enc_tab, sc_buf)
-        args = (stage_addr, row_words, col_words, tidx, tm, tk, M, K, half_k, half_m, nsc_r,
-                nsc_c, pad_c_c, row_thr, col_thr, offs, q_base, s_base, qt_base, st_base, s6,
-                sdec, enc_tab, run_sc, col_outer, rht_b, tile_scale, sc_buf, sr)
+        head = (stage_addr, row_words, col_words, tidx, tm, tk, M, K, half_k, half_m, nsc_r,
+                nsc_c, pad_c_c, row_thr, col_thr, offs, q_base, s_base, qt_base, st_base)
+        tail = (enc_tab, run_sc, col_outer, rht_b, tile_scale, sc_buf, sr)
         if cutlass.const_expr(self.input_signs or self.fast_rcp):
-            if self._fast_blocks_ok(sdec, col_outer):
-                self._passes(*args, True)
+            if self._fast_blocks_ok(sdec, col_outer, amax_cur):
+                self._passes(*head, s6, sdec, *tail, True)
             else:
-                self._passes(*args, False)
+                if cutlass.const_expr(self.per_token and self.fast_rcp):
+                    s6_i, sdec_i = outer_block_scales(amax_cur, E.E4M3_MAX)
+                    self._passes(*head, s6_i, sdec_i, *tail, False)
+                else:
+                    self._passes(*head, s6, sdec, *tail, False)
         else:
-            self._passes(*args, False)
+            self._passes(*head, s6, sdec, *tail, False)
 
         cute.arch.sync_warp()
         pipe.consumer_release(cstate)
