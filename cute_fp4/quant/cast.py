@@ -58,8 +58,9 @@ warp-uniform branch, and tiles whose outer scales allow it (_fast_blocks_ok: per
 tiles or none, per token decided per tile and warp by a vote) take the copy with the signs
 from the inputs (input_signs) and, per token and for stochastic rounding without the enc
 table (fast_rcp), each block's enc from the reciprocal without its slow-path branch
-(E.enc_from_code(fast=True), exact for outer scales >= 2^-117); the other copy is the
-general one.
+(E.enc_from_code(fast=True), exact for outer scales >= 2^-117) and, per token, the tile's
+outer scales from the division and reciprocal without theirs (outer_block_scales_fast, exact
+for amaxes 0 and in [2^-100, 2^100]); the other copy is the general one.
 
 `block2d` (per tensor, no RHT): 16x16 blocks (SPEC section 1, the recipe's block=(16, 16)): one
 scale per 16x16 tile, shared by its 16 rowwise blocks and its 16 twin blocks. The rowwise pass's
