@@ -148,7 +148,8 @@ def e4m3_code(p):
 # FMA Newton step (correctly rounded) for operands in [2^-126, 2^126) and calls a subroutine
 # elsewhere; div.rn.f32 to MUFU.RCP, one FMA refinement of the reciprocal, the quotient and one
 # FMA correction when FCHK passes, else a call. The branch region around every call splits
-# ptxas' scheduling; these are the fast paths alone, for operands the caller has checked. The
+# ptxas' scheduling; these are the fast paths alone, for operands the caller has checked
+# (ptxas emits the same fast paths for sm_90a and sm_100a, so the sequences hold on both). The
 # reciprocal's start is capped at FLT_MAX so that a zero operand ends at inf like the IEEE
 # reciprocal instead of NaN; NaN stays NaN.
 RCP_FAST_MIN = 2.0 ** -126
