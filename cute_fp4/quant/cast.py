@@ -156,10 +156,11 @@ class CastKernel:
         self.input_signs = stochastic and self.esize == 2 and not rht
         # per token, and for stochastic rounding without the enc table: the blocks' enc from
         # the reciprocal without its slow-path branch, whose branch region splits ptxas'
-        # scheduling of the tile (measured: per token 1-3% faster up to 2^27 elements, 1%
-        # slower at 2^28; SR per tensor 4% at 2^27; the RN per-tensor casts without the table
-        # (from ENC_TABLE_COMPACT_TWIN_MAX_BYTES) 0 to 1% slower: not there); not for the
-        # fused cast of tiny inputs
+        # scheduling of the tile, and per token the tile's outer scales from the division and
+        # reciprocal without theirs (measured: per token 1-3% faster up to 2^27 elements, 1%
+        # slower at 2^28, then the outer scales 0-1.4% more; SR per tensor 4% at 2^27; the RN
+        # per-tensor casts without the table (from ENC_TABLE_COMPACT_TWIN_MAX_BYTES) 0 to 1%
+        # slower: not there); not for the fused cast of tiny inputs
         self.fast_rcp = (per_token or stochastic) and not (enc_table or fused_amax)
         # stochastic with the RHT: per warp and output column of a lane (2), the 4 Philox
         # words of each of the 32 lanes (_rht_words)
