@@ -402,9 +402,10 @@ class CastKernel:
     def _fast_outer_ok(self, sdec):
         """_fast_blocks_ok for one outer scale."""
         top = E.mul_rn(Float32(E.E4M3_MAX), sdec)
-        ok = top < Float32(E.RCP_FAST_END)
-        if cutlass.const_expr(self.input_signs):
+        if cutlass.const_expr(self.input_signs):  # implies top < RCP_FAST_END
             ok = top <= Float32(2.0 ** 14)
+        else:
+            ok = top < Float32(E.RCP_FAST_END)
         if cutlass.const_expr(self.fast_rcp):
             ok = ok & (sdec >= Float32(E.RCP_FAST_MIN * 2.0 ** 9))
         return ok
