@@ -221,17 +221,22 @@ def test_enc_fast_reciprocal(gen):
     """E.enc_from_code(fast=True) (the reciprocal without its slow path) gives the IEEE
     path's bits and the reference's enc = min(1 / (s * sdec), FLT_MAX) for every scale byte
     (0: FLT_MAX, 0x7F: NaN) and outer scales over the whole domain CastKernel._fast_blocks_ok
-    admits (2^-117 <= sdec, RN(448 * sdec) <= 2^14): log-uniform values, both edges, powers
-    of two and their neighbours."""
-    top = torch.tensor(2.0 ** 14 / 448.0, dtype=torch.float32)
+    admits (2^-117 <= sdec, RN(448 * sdec) < 2^126; with the SR input signs RN(448 * sdec)
+    <= 2^14): log-uniform values, the edges of both, powers of two and their neighbours."""
+    zero = torch.zeros(())
+    top = torch.tensor(2.0 ** 14 / 448.0, dtype=torch.float32)  # the SR signs' edge
+    end = torch.tensor(2.0 ** 126 / 448.0, dtype=torch.float32)
+    while end * 448.0 >= 2.0 ** 126:  # the largest sdec with RN(448 * sdec) < 2^126
+        end = torch.nextafter(end, zero)
     edges = torch.tensor([2.0 ** -117, 1.0, 2.0 ** -60], dtype=torch.float32)
-    pow2 = torch.tensor([2.0 ** e for e in range(-117, 6)], dtype=torch.float32)
-    near = torch.cat([torch.nextafter(pow2, torch.zeros(())), torch.nextafter(pow2, pow2 * 2)])
-    rand = torch.exp2(torch.rand(1 << 17, generator=gen, dtype=torch.float64) * 122.5 - 117)
-    sdec = torch.cat([edges, top.reshape(1), torch.nextafter(top, torch.zeros(())).reshape(1),
-                      pow2, near, rand.float()])
-    sdec = sdec[(sdec >= 2.0 ** -117) & (sdec * 448.0 <= 2.0 ** 14)].cuda()
+    pow2 = torch.tensor([2.0 ** e for e in range(-117, 118)], dtype=torch.float32)
+    near = torch.cat([torch.nextafter(pow2, zero), torch.nextafter(pow2, pow2 * 2)])
+    rand = torch.exp2(torch.rand(1 << 17, generator=gen, dtype=torch.float64) * 234.2 - 117)
+    sdec = torch.cat([edges, top.reshape(1), torch.nextafter(top, zero).reshape(1),
+                      end.reshape(1), pow2, near, rand.float()])
+    sdec = sdec[(sdec >= 2.0 ** -117) & (sdec * 448.0 < 2.0 ** 126)].cuda()
     assert (sdec == 2.0 ** -117).any() and (sdec * 448.0 == 2.0 ** 14).any()
+    assert (sdec == end.cuda()).any() and (sdec * 448.0 > 2.0 ** 125).sum() > 100
     op = _EncFromCode()
     fn = compile_kernel(op, fake_tensor(cutlass.Float32, (None,), align=4),
                         fake_tensor(cutlass.Float32, (256, None), align=4), env_stream(),
