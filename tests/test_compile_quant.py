@@ -120,7 +120,9 @@ def test_cast_walks_ptx(arch, per_token):
              (1, False, False, 1, 1), (1, True, False, 4, 1), (2, False, False, 4, 1),
              (1, True, False, 4, 8), (2, False, False, 1, 8)}
     walks = {w + (not per_token, False) for w in walks}
-    if not per_token:
+    if per_token:
+        walks.add((1, False, True, 4, 8, False, False))  # from L2_WARM_MAX_BYTES
+    else:
         walks.add((1, False, False, 4, 8, False, False))  # compact twins from 256 MiB: no table
         walks.add((1, True, False, 4, 8, True, True))  # preload
     ptxs = set()
@@ -138,7 +140,7 @@ def test_cast_walks_ptx(arch, per_token):
         ptxs.add(ptx.split(".entry", 1)[1].split("(", 1)[1])
     # the CTA count is a launch parameter only: (2, F, F, b, r) and (1, F, F, b, r) share
     # their PTX; the prefetch exists per token only, the preload per tensor only
-    assert len(ptxs) == 7 + (not per_token)
+    assert len(ptxs) == 8
 
 
 @pytest.mark.parametrize("arch", ARCHS)

@@ -21,7 +21,7 @@ from cute_fp4.common.compile_check import compile_ptx, missing_instructions, ptx
 from cute_fp4.common.encode import _SR_SEL, _sr_elem, sr_sign_sel
 from cute_fp4.quant.cast_recipes import DIV_CONST, DIV_CONST_MIN_HEX
 from cute_fp4.ref.formats import e2m1_encode_stochastic
-from cute_fp4.quant.dispatch import cast_walk
+from cute_fp4.quant.dispatch import L2_WARM_MAX_BYTES, cast_walk, walk_run
 from cute_fp4.quant.recipes_dispatch import (amax_recipe_kernel, cast_recipe_kernel,
                                              on_plain_cast, plain_cast_walk)
 
@@ -327,9 +327,10 @@ def test_sr_encode_matches_reference():
 def test_plain_cast_routing():
     """Single-tensor 1x16 recipes (tensor or token scaling, no 4over6) with the columnwise RHT
     (bf16 / fp16, with the twin) and / or stochastic rounding (any dtype) run on the plain
-    cast: SR alone with one CTA per SM (two per token for 16-bit inputs) and the run for fp32
-    only; with the RHT two CTAs per SM, the run per tensor without SR only and preload with
-    RHT + SR; every other RHT / SR recipe on the recipe kernel."""
+    cast: SR alone with one CTA per SM and the run for fp32 only; with the RHT two CTAs per
+    SM, the run per tensor without SR, per token wherever the shape allows it except RHT + SR
+    below L2_WARM_MAX_BYTES, which preloads (as per tensor); every other RHT / SR recipe on
+    the recipe kernel."""
     rht = Recipe(rht=True, columnwise=True)
     sr = Recipe(stochastic_rounding=True)
     for recipe, dtype in [(rht, "bf16"), (rht, "fp16"), (sr, "fp32"), (sr, "bf16"),
@@ -353,10 +354,20 @@ def test_plain_cast_routing():
                 continue
             walk = plain_cast_walk(m, 8192, esize, per_token, True, True, 132, rht, sr)
             assert walk[1:4] == plain[1:4] and walk[5] == plain[5]
-            if sr and not rht:  # one CTA per SM except per token for 16-bit inputs
-                assert walk[0] == (2 if per_token and esize == 2 else 1)
+            if sr and not rht:  # one CTA per SM, the run for fp32 only
+                assert walk[0] == 1
                 assert walk[4] == (plain[4] if esize == 4 else 1) and not walk[6]
-            else:
-                assert walk[0] == 2 and walk[4] == (1 if per_token or sr else plain[4])
-                assert walk[6] == (rht and sr)
+            elif not per_token:
+                assert walk[0] == 2 and walk[4] == (1 if sr else plain[4]) and walk[6] == sr
+            else:  # the run wherever the shape allows it, except RHT + SR below the bound
+                assert walk[0] == 2 and walk[6] == (sr and walk[1])
+                assert walk[4] == (1 if walk[6] else walk_run(m, 8192, esize, True, 132))
     assert plain_cast_walk(8192, 8192, 4, False, True, True, 132, False, True)[4] == 16
+    big = L2_WARM_MAX_BYTES // 2 // 8192  # rows of a bf16 [*, 8192] at the bound
+    for m, rht, sr, want in [
+            (big, True, True, (2, False, True, 4, 8, False, False)),
+            (big - 512, True, True, (2, True, True, 4, 1, False, True)),
+            (big, False, True, (1, False, True, 4, 1, False, False)),
+            (4096, True, False, (2, True, True, 4, 8, False, False)),
+            (512, True, False, (2, True, True, 4, 1, False, False))]:  # 64 runs: too few
+        assert plain_cast_walk(m, 8192, 2, True, True, True, 132, rht, sr) == want

@@ -197,6 +197,34 @@ def test_rht_token_fast_copy(sr, dtype, gen):
             outputs=[(True, True), (False, True)])
 
 
+@pytest.mark.parametrize("warm", [True, False])
+@pytest.mark.parametrize("rht,sr", [(True, False), (False, True), (True, True)],
+                         ids=["rht", "sr", "rht-sr"])
+def test_token_recipe_walks(warm, rht, sr, gen, monkeypatch):
+    """The per-token walks of rd.plain_cast_walk on small inputs, as the large ones take them
+    (warm False: forwards, the amax loads one tile ahead, SR one CTA per SM, the RHT's runs)
+    and as the ones below L2_WARM_MAX_BYTES (backwards; the RHT alone with runs): forced by
+    the size bound and RUN_MIN_UNITS_PER_SM = 0; several runs per CTA and tile rows with the
+    compact twin, bf16 rows and columns of ~1e-34 so both copies of the cast run."""
+    from cute_fp4.quant import dispatch
+    monkeypatch.setattr(dispatch, "L2_WARM_MAX_BYTES", 1 << 40 if warm else 0)
+    monkeypatch.setattr(dispatch, "RUN_MIN_UNITS_PER_SM", 0)
+    rd._plan.cache_clear()
+    m, k = 1008, 2048
+    x = torch.randn((m, k), generator=gen)
+    x[5] *= 1e-34
+    x[:, 700] *= 1e-34
+    x = x.to(torch.bfloat16).cuda()
+    walk = rd.plain_cast_walk(m, k, 2, True, True, True, 132, rht, sr)
+    runs = rht and not (sr and warm)
+    assert walk[:3] == ((2 if rht else 1), warm, True) and walk[4] == (8 if runs else 1)
+    assert walk[6] == (rht and sr and warm)
+    run_all(x, Recipe(scaling="token", rht=rht, stochastic_rounding=sr),
+            seed=int(torch.randint(0, 2**62, (1,), generator=gen)), offset=9,
+            outputs=[(True, True), (False, True)])
+    rd._plan.cache_clear()
+
+
 class _EncFromCode:
     """out[c, i] = E.enc_from_code(c, sdec[i]) and out[128 + c, i] the same with fast=True,
     for every scale byte c < 128."""

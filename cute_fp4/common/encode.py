@@ -172,16 +172,13 @@ def rcp_fast(a):
 
 def div_fast(a, b):
     """a / b as div.rn.f32 gives it where its FCHK test passes (the caller checks its operands:
-    scales.outer_block_scales_fast)."""
+    scales.outer_block_scales_fast): rcp_fast's reciprocal, the quotient and one correction."""
     return _ptx1(
-        "{\n.reg .f32 r;\n.reg .f32 e;\n.reg .f32 n;\n.reg .f32 q;\n"
-        "rcp.approx.ftz.f32 r, {$r1};\n"
-        "neg.f32 n, {$r1};\n"
-        "fma.rn.f32 e, n, r, 0f3F800000;\n"
-        "fma.rn.f32 r, r, e, r;\n"
-        "mul.rn.f32 q, {$r0}, r;\n"
-        "fma.rn.f32 e, n, q, {$r0};\n"
-        "fma.rn.f32 {$w0}, r, e, q;\n}",
+        "{\n.reg .f32 f;\n.reg .f32 n;\n.reg .f32 q;\n.reg .f32 c;\n"
+        "mov.f32 f, {$r1};\nneg.f32 n, {$r1};\n" + _RCP_FAST +
+        "mul.rn.f32 q, {$r0}, f;\n"
+        "fma.rn.f32 c, n, q, {$r0};\n"
+        "fma.rn.f32 {$w0}, f, c, q;\n}",
         Float32, Float32(a), Float32(b))
 
 

@@ -169,9 +169,9 @@ def cast_tiles(m: int, k: int, esize: int) -> int:
 
 
 # Inputs below this many bytes are cast walking the tiles backwards (the amax pass read the
-# end of the input last: up to ~40 MB of it is still in L2) and, per token, with the amax
-# loads one tile ahead; larger ones walk forwards and load the amaxes where they are used
-# (notes/quant.md "Session 9": both measured better for each side of the threshold).
+# end of the input last: up to ~40 MB of it is still in L2), larger ones walk forwards
+# (notes/quant.md "Session 9": both measured better for each side of the threshold); per
+# token the larger ones run one CTA per SM instead of two (cast_walk).
 L2_WARM_MAX_BYTES = 256 << 20
 
 # Before a backwards cast, the amax pass reads all but the last L2_KEEP_BYTES[columnwise] of an
@@ -230,13 +230,30 @@ def plain_walk(per_token: bool) -> tuple:
     return (2, False, False, 1, 1, not per_token, False)
 
 
+def walk_run(m: int, k: int, esize: int, compact_row: bool, num_sms: int = 132) -> int:
+    """The run (CastKernel run) of an [m, k] input's cast at any size: when the cast writes
+    compact rowwise scales, K divides into runs and there are RUN_MIN_UNITS_PER_SM runs per
+    SM, else 1 (cast_walk limits it to the sizes of RUN_BYTES)."""
+    run_cols = RUN_SCALE_BYTES * 16  # input columns of a run (any dtype)
+    n_tm = -(-m // CastKernel.tile_m)
+    if (compact_row and k % run_cols == 0
+            and n_tm * (k // run_cols) >= RUN_MIN_UNITS_PER_SM * num_sms):
+        return CastKernel.run_tiles(esize)
+    return 1
+
+
 def cast_walk(m: int, k: int, esize: int, per_token: bool, fused: bool,
               compact_twin: bool = False, compact_row: bool = False,
               num_sms: int = 132) -> tuple:
     """(CTAs per SM, reverse walk, amax prefetch, band, run, enc table, preload) of the cast
     of an [m, k] input:
     per tensor one CTA per SM (8 consumer warps: measured 1.1-1.2x faster from 2^26 elements
-    than two), per token two (its per-row amax loads need the warps to hide their latency);
+    than two); per token the amax loads one tile ahead (prefetch) at every size, and two CTAs
+    per SM below L2_WARM_MAX_BYTES (its per-row amax loads need the warps to hide their
+    latency), one from there (measured, bf16 row+col compact, graphs, session 26, two CTAs
+    without prefetch -> one with it: 16384x8192 274.5 -> 269.7 us, 32768x8192 547.0 ->
+    522.7, 65536x4096 544.7 -> 520.2, 8192x16384 and 24576x8192 +-0.4; below the bound one
+    CTA is slower: 4096x8192 69.2 -> 72.3; notes/quant.md "Session 26");
     band COMPACT_TWIN_BAND with compact_twin (a columnwise output with compact scales) when
     the tile rows divide into bands, else 1; run (compact_row: a rowwise output with compact
     scales) when K divides into runs and there are enough of them, else 1; the enc table per
@@ -248,18 +265,13 @@ def cast_walk(m: int, k: int, esize: int, per_token: bool, fused: bool,
     if fused:
         return plain_walk(per_token)
     warm = m * k * esize < L2_WARM_MAX_BYTES
-    n_tm = -(-m // CastKernel.tile_m)
     band = 1
-    if compact_twin and n_tm % COMPACT_TWIN_BAND == 0:
+    if compact_twin and -(-m // CastKernel.tile_m) % COMPACT_TWIN_BAND == 0:
         band = COMPACT_TWIN_BAND
-    run = 1
-    run_cols = RUN_SCALE_BYTES * 16  # input columns of a run (any dtype)
     lo, hi = RUN_BYTES[(per_token, compact_twin)]
-    if (compact_row and k % run_cols == 0 and lo <= m * k * esize < hi
-            and n_tm * (k // run_cols) >= RUN_MIN_UNITS_PER_SM * num_sms):
-        run = CastKernel.run_tiles(esize)
+    run = walk_run(m, k, esize, compact_row, num_sms) if lo <= m * k * esize < hi else 1
     if per_token:
-        return (2, warm, warm, band, run, False, False)
+        return (2 if warm else 1, warm, True, band, run, False, False)
     table = not (compact_twin and m * k * esize >= ENC_TABLE_COMPACT_TWIN_MAX_BYTES)
     return (1, warm, False, band, run, table, warm and run > 1)
 

@@ -44,7 +44,7 @@ from ..ref.swizzle import scale_shape
 from ..tensor import NVFP4Tensor
 from .cast_recipes import GTAB_COLS, TILE, RecipeAmax, RecipeCastKernel
 from .dispatch import (L2_KEEP_BYTES, cast_kernel, cast_walk, run_tensor_amax, tensor_amax_fn,
-                       tensor_amax_words)
+                       tensor_amax_words, walk_run)
 
 _DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 _CUTLASS = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16, "fp32": cutlass.Float32}
@@ -101,34 +101,50 @@ def on_plain_cast(recipe: Recipe, n_groups: int, dtype: str) -> bool:
 def plain_cast_walk(m: int, k: int, esize: int, per_token: bool, compact_twin: bool,
                     compact_row: bool, num_sms: int, rht: bool, stochastic: bool) -> tuple:
     """The tile walk of the recipes on the plain cast (on_plain_cast): the plain cast's
-    (dispatch.cast_walk) with
-    - stochastic rounding alone: one CTA per SM (per token for fp32 only, 16-bit inputs keep
-      two), the run (compact rowwise scales staged over a run of tiles) for fp32 only, no
-      preload;
-    - the RHT (with or without stochastic rounding): two CTAs per SM, the run only per tensor
-      without stochastic rounding, preload with both.
+    (dispatch.cast_walk: per token with the amax loads one tile ahead at every size) with
+    - stochastic rounding alone: one CTA per SM, the run (compact rowwise scales staged over a
+      run of tiles) for fp32 only, no preload;
+    - the RHT alone: two CTAs per SM, the run per tensor where the plain cast takes it and per
+      token wherever the shape allows it (dispatch.walk_run), no preload;
+    - RHT + stochastic rounding: two CTAs per SM; per tensor, and per token below
+      L2_WARM_MAX_BYTES, no run and preload; per token from there the run (walk_run) and no
+      preload.
     Measured (H100, row+col compact, full quantize in graphs):
     - stochastic rounding alone (session 24, after the encoder took the signs from 16-bit
       inputs), per tensor with two CTAs per SM -> one: bf16 8192x8192 142.4 -> 136.5 us
       (1.10x -> 1.05x the plain cast), 4096x8192 75.3 -> 72.6, 16384x8192 296.2 -> 280.2,
       16384x2048 75.4 -> 72.7, fp16 8192x8192 141.6 -> 132.4; the run there +-0.4 (16384x8192
       +6), preload +2 to +4; fp32 8192x8192 318.4 -> 279.8, with the run 232.3 (1.00x). Per
-      token bf16 one CTA per SM is slower (8192x8192 154.7 -> 156.7, 16384x8192 303.7 ->
-      328.0), fp32 faster (301.0 -> 286.7, with the run 277.1); notes/quant_recipes.md
-      "Session 24";
+      token (session 26, after session 25's fast copy; two CTAs -> one, with the amax
+      prefetch from L2_WARM_MAX_BYTES): bf16 4096x8192 81.3 -> 79.3, 8192x8192 148.7 ->
+      146.8, 16384x4096 148.8 -> 146.6, 16384x8192 296.0 -> 279.1, 24576x8192 465.5 -> 411.4,
+      32768x8192 647.4 -> 541.4, 65536x4096 638.9 -> 542.1; fp16 8192x8192 146.7 -> 141.0;
     - RHT, 8192x8192 bf16, before the amax pass's L2 priorities: per tensor compact 166.5 ->
       145.4 us with two CTAs per SM (the plain cast's one CTA per SM leaves the MMA, shuffle
       and store latencies of _col_pass_rht exposed), swizzled 151.0 -> 141.4; per token
       compact 161.6 -> 156.1, swizzled 156.5 -> 154.3; per tensor without the run: compact
-      147.4 vs 142.7 with it (notes/quant_recipes.md "Session 21");
+      147.4 vs 142.7 with it (notes/quant_recipes.md "Session 21"). Per token with the run
+      (session 26): 4096x8192 83.5 -> 81.4, 8192x8192 153.7 -> 148.2, 16384x2048 82.4 ->
+      80.3, fp16 8192x8192 150.8 -> 147.0; with the prefetch from L2_WARM_MAX_BYTES too:
+      16384x8192 308.4 -> 289.9, 32768x8192 665.3 -> 565.3 (4096x2048, whose 128 runs are
+      too few for walk_run, 29.9 -> 39.5 with it);
     - RHT + stochastic rounding (session 23), without the run and with preload: 170.3 ->
-      163.7 (per token 186.6 -> 181.2), 16384x2048 91.6 -> 88.1 (100.2 -> 97.5)."""
+      163.7 (per token 186.6 -> 181.2), 16384x2048 91.6 -> 88.1 (100.2 -> 97.5). Per token
+      from L2_WARM_MAX_BYTES (session 26) with the prefetch, the run and no preload:
+      16384x8192 347.0 -> 337.3, 32768x8192 673.2 -> 652.6 (the run below the bound: 4096x8192
+      95.1 -> 95.8, 8192x8192 175.2 -> 179.0)."""
     walk = cast_walk(m, k, esize, per_token, False, compact_twin, compact_row, num_sms)
     if stochastic and not rht:
-        ctas = 2 if per_token and esize == 2 else 1
-        return (ctas,) + walk[1:4] + (walk[4] if esize == 4 else 1, walk[5], False)
-    run = 1 if per_token or stochastic else walk[4]
-    return (2,) + walk[1:4] + (run, walk[5], rht and stochastic)
+        return (1,) + walk[1:4] + (walk[4] if esize == 4 else 1, walk[5], False)
+    warm = walk[1]  # the reverse walk: below L2_WARM_MAX_BYTES
+    preload = stochastic and (not per_token or warm)
+    if not per_token:
+        run = 1 if stochastic else walk[4]
+    elif preload:
+        run = 1
+    else:
+        run = walk_run(m, k, esize, compact_row, num_sms)
+    return (2,) + walk[1:4] + (run, walk[5], preload)
 
 
 def _alloc(shape, device) -> torch.Tensor:
