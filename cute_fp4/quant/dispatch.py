@@ -252,7 +252,8 @@ def cast_walk(m: int, k: int, esize: int, per_token: bool, fused: bool,
     per SM below L2_WARM_MAX_BYTES (its per-row amax loads need the warps to hide their
     latency), one from there (measured, bf16 row+col compact, graphs, session 26, two CTAs
     without prefetch -> one with it: 16384x8192 274.5 -> 269.7 us, 32768x8192 547.0 ->
-    522.7, 65536x4096 544.7 -> 520.2, 8192x16384 and 24576x8192 +-0.4; below the bound one
+    522.7, 65536x4096 544.7 -> 520.2, 8192x16384 and 24576x8192 +-0.4, fp32 8192x8192 272.2
+    -> 245.8, swizzled and columnwise-only outputs faster or equal; below the bound one
     CTA is slower: 4096x8192 69.2 -> 72.3; notes/quant.md "Session 26");
     band COMPACT_TWIN_BAND with compact_twin (a columnwise output with compact scales) when
     the tile rows divide into bands, else 1; run (compact_row: a rowwise output with compact

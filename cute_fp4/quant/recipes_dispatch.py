@@ -119,6 +119,7 @@ def plain_cast_walk(m: int, k: int, esize: int, per_token: bool, compact_twin: b
       prefetch from L2_WARM_MAX_BYTES): bf16 4096x8192 81.3 -> 79.3, 8192x8192 148.7 ->
       146.8, 16384x4096 148.8 -> 146.6, 16384x8192 296.0 -> 279.1, 24576x8192 465.5 -> 411.4,
       32768x8192 647.4 -> 541.4, 65536x4096 638.9 -> 542.1; fp16 8192x8192 146.7 -> 141.0;
+      fp32 (one CTA and the run before too) with the prefetch 8192x8192 270.9 -> 232.8;
     - RHT, 8192x8192 bf16, before the amax pass's L2 priorities: per tensor compact 166.5 ->
       145.4 us with two CTAs per SM (the plain cast's one CTA per SM leaves the MMA, shuffle
       and store latencies of _col_pass_rht exposed), swizzled 151.0 -> 141.4; per token
