@@ -138,13 +138,13 @@ def plain_cast_walk(m: int, k: int, esize: int, per_token: bool, compact_twin: b
     if stochastic and not rht:
         return (1,) + walk[1:4] + (walk[4] if esize == 4 else 1, walk[5], False)
     warm = walk[1]  # the reverse walk: below L2_WARM_MAX_BYTES
-    preload = stochastic and (not per_token or warm)
-    if not per_token:
-        run = 1 if stochastic else walk[4]
-    elif preload:
+    preload = stochastic and (not per_token or warm)  # never with the run
+    if preload:
         run = 1
-    else:
+    elif per_token:
         run = walk_run(m, k, esize, compact_row, num_sms)
+    else:
+        run = walk[4]
     return (2,) + walk[1:4] + (run, walk[5], preload)
 
 
