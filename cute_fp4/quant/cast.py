@@ -663,11 +663,10 @@ class CastKernel:
             if self._fast_blocks_ok(sdec, col_outer, amax_cur):
                 self._passes(*head, s6, sdec, *tail, True)
             else:
-                if cutlass.const_expr(self.per_token and self.fast_rcp):
+                s6_i, sdec_i = s6, sdec
+                if cutlass.const_expr(self.per_token and self.fast_rcp):  # the IEEE ones
                     s6_i, sdec_i = outer_block_scales(amax_cur, E.E4M3_MAX)
-                    self._passes(*head, s6_i, sdec_i, *tail, False)
-                else:
-                    self._passes(*head, s6, sdec, *tail, False)
+                self._passes(*head, s6_i, sdec_i, *tail, False)
         else:
             self._passes(*head, s6, sdec, *tail, False)
 
