@@ -22,8 +22,9 @@ from cute_fp4.common.encode import _SR_SEL, _sr_elem, sr_sign_sel
 from cute_fp4.quant.cast_recipes import DIV_CONST, DIV_CONST_MIN_HEX
 from cute_fp4.ref.formats import e2m1_encode_stochastic
 from cute_fp4.quant.dispatch import L2_WARM_MAX_BYTES, cast_walk, walk_run
-from cute_fp4.quant.recipes_dispatch import (amax_recipe_kernel, cast_recipe_kernel,
-                                             on_plain_cast, plain_cast_walk)
+from cute_fp4.quant.recipes_dispatch import (amax_recipe_kernel, amax_tiles_per_cta,
+                                             cast_recipe_kernel, on_plain_cast,
+                                             plain_cast_walk)
 
 ARCHS = ["sm_90a", "sm_100a"]
 RECIPES = [
@@ -322,6 +323,21 @@ def test_sr_encode_matches_reference():
         got = sr_encode_emulated(v, np.full(v.shape, b << 16, np.uint32), 2)
         want = e2m1_encode_stochastic(torch.from_numpy(v), torch.full(v.shape, b)).numpy()
         assert np.array_equal(got, want), f"byte {b}"
+
+
+def test_amax_tiles_per_cta():
+    """RecipeAmax CTA rows take 8 m tiles, 4 where the grid of 8 is small: per tensor at most
+    one CTA per SM, per token fewer CTAs than half the SMs (bf16: 512-byte slabs of K)."""
+    for tok in (False, True):
+        assert amax_tiles_per_cta(64, 2048, 2, 132, tok) == 4  # 4096x2048: 8 slabs x 8 rows
+        assert amax_tiles_per_cta(16, 8192, 2, 132, tok) == 4  # 1024x8192: 32 x 2
+        assert amax_tiles_per_cta(256, 2048, 2, 132, tok) == 8  # 16384x2048: 8 x 32
+        assert amax_tiles_per_cta(1, 16, 2, 132, tok) == 4
+    assert amax_tiles_per_cta(32, 8192, 2, 132, False) == 4  # 2048x8192: 32 x 4
+    assert amax_tiles_per_cta(32, 8192, 2, 132, True) == 8
+    assert amax_tiles_per_cta(64, 8192, 2, 132, False) == 8  # 4096x8192: 256
+    assert amax_tiles_per_cta(64, 2048, 4, 132, False) == 4  # fp32 4096x2048: 16 x 8 = 128
+    assert amax_tiles_per_cta(64, 2048, 4, 132, True) == 8
 
 
 def test_plain_cast_routing():

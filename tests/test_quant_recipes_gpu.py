@@ -136,10 +136,43 @@ def test_sr_plain_cast(shape, kind, dtype, rht, scaling, gen):
     seed = int(torch.randint(0, 2**62, (1,), generator=gen)) * 4 + 3
     offset = 2**32 - 1 - int(torch.randint(0, 9, (1,), generator=gen))
     run_all(x, recipe, seed=seed, offset=offset)
-    # per tensor without the RHT the plain cast's amax pass (AmaxTensor) runs first
+    # without the RHT the plain cast's amax passes run first: per tensor AmaxTensor, per token
+    # with both outputs AmaxToken (K1)
     plan = rd._plan((shape[0],), shape[1], recipe, rd._DTYPE_NAMES[dtype], x.device, seed,
                     offset, False)
     assert (plan.tensor_amax is not None) == (scaling == "tensor" and not rht)
+    assert plan.token_amax is None
+    both = rd._plan((shape[0],), shape[1], recipe.replace(columnwise=True),
+                    rd._DTYPE_NAMES[dtype], x.device, seed, offset, False)
+    assert (both.token_amax is not None) == (scaling == "token" and not rht)
+    assert (both.amax_fn is None) == (not rht)
+
+
+@pytest.mark.parametrize("per_cta", [8, 4, 2, 1])
+def test_amax_tiles_per_cta(per_cta, gen, monkeypatch):
+    """RecipeAmax with 1 .. 8 m tiles per CTA row (amax_tiles_per_cta picks 8 or 4 by grid
+    size): the amaxes and outputs of every recipe that takes it (the RHT, per tensor and per
+    token; the recipe kernel's SR and 16x16; groups with tails) stay byte-equal to the
+    reference, also with tile counts that are no multiple of per_cta."""
+    monkeypatch.setattr(rd, "amax_tiles_per_cta", lambda *a: per_cta)
+    rd._plan.cache_clear()
+    try:
+        x = make_input((1040, 528), "outliers", torch.bfloat16, gen)
+        for recipe in (Recipe(rht=True), Recipe(scaling="token", rht=True),
+                       Recipe(scaling="token", rht=True, stochastic_rounding=True),
+                       Recipe(block=(16, 16), stochastic_rounding=True),
+                       Recipe(scaling="token", four_over_six="mae")):
+            run_all(x, recipe, seed=5, offset=3, outputs=[(True, True), (False, True)])
+        sizes = [272, 0, 64, 704]
+        for recipe in (Recipe(scaling="token", columnwise=True),
+                       Recipe(rht=True, columnwise=True, stochastic_rounding=True)):
+            got = rd.quantize_grouped(x, sizes, recipe, seed=5, offset=3)
+            want = ref_grouped(x, sizes, recipe, seed=5, offset=3)
+            assert len(got) == len(want)
+            for g, w in zip(got, want):
+                check(g, w, recipe)
+    finally:
+        rd._plan.cache_clear()
 
 
 @pytest.mark.parametrize("guard", ["fast", "huge", "tiny"])

@@ -101,6 +101,13 @@ def tensor_amax_fn(name: str, num_sms: int, l2_keep: int, arch: str):
         lambda: compile_kernel(*amax_tensor_kernel(name, num_sms, l2_keep), arch=arch)))
 
 
+def token_amax_fn(name: str, l2_keep: int, arch: str):
+    """The compiled AmaxToken (K1) of a configuration (TVM-FFI function, cached)."""
+    return ffi_function(KERNELS.get(
+        ("amax_token", name, l2_keep, arch),
+        lambda: compile_kernel(*amax_token_kernel(name, l2_keep), arch=arch)))
+
+
 def tensor_amax_words(m: int, k: int, esize: int, num_sms: int, reduced: bool) -> int:
     """Length of the per-tensor amax words: [amax, (with a cross-rank reduction: the local
     amax,) partial 1..P] (run_tensor_amax)."""
@@ -336,9 +343,7 @@ class _Plan:
         if per_token:
             n_amax = m if self.token_rows is not None else m + k  # TokenRowCast: rows only
             if not fused and self.token_rows is None:
-                self.amax = ffi_function(KERNELS.get(
-                    ("amax_token", name, keep, arch),
-                    lambda: compile_kernel(*amax_token_kernel(name, keep), arch=arch)))
+                self.amax = token_amax_fn(name, keep, arch)
         elif fused:
             n_amax = 1
         else:

@@ -8,8 +8,8 @@ cached with the compiled kernels); then each call makes at most two launches:
 RecipeAmax (outer amax, after the RHT for the columnwise twin) and RecipeCastKernel (both
 outputs; window64 amaxes come out of the cast itself), or for single 1x16 tensors with the RHT
 and / or stochastic rounding (`on_plain_cast`) the plain cast (CastKernel with rht /
-stochastic) instead of RecipeCastKernel, after the plain cast's own amax pass (AmaxTensor) per
-tensor without the RHT or column sums.
+stochastic) instead of RecipeCastKernel, after the plain cast's own amax passes without the RHT
+or column sums (AmaxTensor per tensor; AmaxToken per token with both outputs).
 
 Tensor parallelism (input sharded along M, sequence parallel): `amax_reduce(t)` reduces a
 float32 CUDA amax tensor in place across ranks (e.g. an all-reduce MAX). It is called between
@@ -44,7 +44,7 @@ from ..ref.swizzle import scale_shape
 from ..tensor import NVFP4Tensor
 from .cast_recipes import GTAB_COLS, TILE, RecipeAmax, RecipeCastKernel
 from .dispatch import (L2_KEEP_BYTES, cast_kernel, cast_walk, run_tensor_amax, tensor_amax_fn,
-                       tensor_amax_words, walk_run)
+                       tensor_amax_words, token_amax_fn, walk_run)
 
 _DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 _CUTLASS = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16, "fp32": cutlass.Float32}
@@ -83,7 +83,8 @@ def amax_recipe_kernel(dtype: str, per_token: bool, rht: bool, do_row: bool, do_
 
 def on_plain_cast(recipe: Recipe, n_groups: int, dtype: str) -> bool:
     """Whether the plain cast (CastKernel) runs this recipe after an amax pass (RecipeAmax;
-    AmaxTensor per tensor without the RHT or column sums, _Plan): one tensor, 1x16
+    without the RHT or column sums AmaxTensor per tensor, AmaxToken per token with both
+    outputs: _Plan): one tensor, 1x16
     blocks, scaling tensor or token, no 4over6 (so E4M3_MAX 448), with the columnwise RHT
     (bf16 / fp16 with the twin: CastKernel rht, the transform on the tensor cores) and / or
     stochastic rounding (CastKernel stochastic). Its persistent TMA walk is faster than the
@@ -162,6 +163,32 @@ def _ceil(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def amax_tiles_per_cta(tiles: int, k: int, esize: int, num_sms: int, per_token: bool) -> int:
+    """m tiles per RecipeAmax CTA row (atab) for `tiles` m tiles of K columns: one per warp
+    (AMAX_TILES_PER_CTA), or half as many where that grid is small: per tensor where it is at
+    most one CTA per SM, per token (whose column atomics double with the CTA rows) where it
+    leaves more than half of the SMs without a CTA. Measured (bf16 row+col, graphs, 8 -> 4
+    tiles): 4096x2048 (64 CTAs) per-token RHT quantize 29.7 -> 27.4 us, per tensor 28.4 ->
+    27.1; 2048x8192 (128 CTAs) per tensor 45.4 -> 44.5 but per token 46.9 -> 48.5; 4096x8192
+    (256 CTAs) per tensor 78.0 -> 77.8, per token 81.5 -> 85.7 (notes/quant_recipes.md
+    "Session 27")."""
+    ctas = _ceil(k * esize, 16 * 32) * _ceil(tiles, AMAX_TILES_PER_CTA)  # 512-byte slabs
+    if (2 * ctas < num_sms) if per_token else (ctas <= num_sms):
+        return AMAX_TILES_PER_CTA // 2
+    return AMAX_TILES_PER_CTA
+
+
+def token_amax_k1(recipe: Recipe, col_sum: bool) -> bool:
+    """Whether a single-tensor recipe on the plain cast takes the plain per-token amax pass
+    (AmaxToken, K1) instead of RecipeAmax: per token with both outputs, without the RHT (its
+    column amax is taken after the transform) or column sums. Measured (bf16 stochastic
+    rounding, graphs, RecipeAmax -> K1): 2048x8192 46.3 -> 42.7 us, 4096x4096 46.0 -> 42.2,
+    4096x8192 78.2 -> 76.9, 16384x2048 78.0 -> 76.7, 8192^2 146.9 -> 145.6, 2^22 to 2^23
+    elements +-0.3 (notes/quant_recipes.md "Session 27")."""
+    return (recipe.scaling == "token" and not recipe.rht and not col_sum
+            and recipe.rowwise and recipe.columnwise)
+
+
 def _check(x: torch.Tensor, recipe: Recipe) -> torch.Tensor:
     if not isinstance(recipe, Recipe):
         raise TypeError(f"recipe must be a cute_fp4.Recipe, got {type(recipe).__name__}")
@@ -216,13 +243,15 @@ class _Plan:
         q_len = s_len = qt_len = st_len = 0
         row0 = 0
         seed_i64 = seed - (1 << 64) if seed >= 1 << 63 else seed
+        esize = _CUTLASS[name].width // 8
+        per_cta = amax_tiles_per_cta(sum(_ceil(mg, TILE) for mg in sizes), k, esize,
+                                     num_sms(dev), scaling == "token")
         for g, mg in enumerate(sizes):
             real = _ceil(mg, TILE)
             tiles = 2 * _ceil(mg, 128) if (swz and row) else real
             base = len(ttab)
             ttab += [(g, TILE * i) for i in range(tiles)]
-            atab += [(base + i, min(AMAX_TILES_PER_CTA, real - i))
-                     for i in range(0, real, AMAX_TILES_PER_CTA)]
+            atab += [(base + i, min(per_cta, real - i)) for i in range(0, real, per_cta)]
             ar, ac = _amax_offsets(scaling, g, row0, k)
             gtab.append((row0, mg, q_len, s_len, qt_len, st_len, ar, ac))
             q_len += mg * k // 2
@@ -236,7 +265,7 @@ class _Plan:
         self.ar_len, self.ac_len = _amax_offsets(scaling, len(sizes), row0, k)
         self.alias = scaling == "tensor" and not recipe.rht  # columnwise amax = rowwise amax
         self.launch = bool(ttab) and k > 0
-        self.tensor_amax = None  # AmaxTensor (see below)
+        self.tensor_amax = self.token_amax = None  # AmaxTensor / AmaxToken (see below)
         if not self.launch:
             return
         # device copies made here, once: repeated calls make no host-to-device copy, so they
@@ -252,7 +281,6 @@ class _Plan:
         keep = 0
         if self.plain:
             m, sms, per_token = sizes[0], num_sms(dev), scaling == "token"
-            esize = _CUTLASS[name].width // 8
             walk = plain_cast_walk(m, k, esize, per_token, col and not swz, row and not swz, sms,
                                    recipe.rht, recipe.stochastic_rounding)
             # the amax pass's L2 priorities before a backwards cast, as dispatch._Plan's
@@ -265,6 +293,8 @@ class _Plan:
         if self.plain and scaling == "tensor" and not recipe.rht and not col_sum:
             self.tensor_amax = tensor_amax_fn(name, sms, keep, arch)
             self.amax_dims = (m, k, esize, sms)
+        elif self.plain and token_amax_k1(recipe, col_sum):
+            self.token_amax = token_amax_fn(name, keep, arch)
         elif scaling != "window64" and atab:
             do_row, do_col = row or self.alias, col and not self.alias
             akey = ("amax_recipe", name, scaling == "token", recipe.rht, do_row, do_col,
@@ -349,6 +379,8 @@ def _run(x2: torch.Tensor, sizes: List[int], recipe: Recipe, seed: int, offset: 
                          None if psum is None else psum.view(-1))
             if psum is not None:
                 torch.sum(psum, 0, out=column_sum)
+        elif plan.token_amax is not None:
+            plan.token_amax(x2, amax_r, amax_c)
     if column_sum is not None and plan.amax_fn is None:  # nothing to sum (no rows or columns)
         column_sum.zero_()
     if amax_reduce is not None and plan.tensor_amax is None:
