@@ -24,7 +24,7 @@ from cute_fp4.ref.formats import e2m1_encode_stochastic
 from cute_fp4.quant.dispatch import L2_WARM_MAX_BYTES, cast_walk, walk_run
 from cute_fp4.quant.recipes_dispatch import (amax_recipe_kernel, amax_tiles_per_cta,
                                              cast_recipe_kernel, on_plain_cast,
-                                             plain_cast_walk)
+                                             plain_cast_walk, token_amax_k1)
 
 ARCHS = ["sm_90a", "sm_100a"]
 RECIPES = [
@@ -338,6 +338,18 @@ def test_amax_tiles_per_cta():
     assert amax_tiles_per_cta(64, 8192, 2, 132, False) == 8  # 4096x8192: 256
     assert amax_tiles_per_cta(64, 2048, 4, 132, False) == 4  # fp32 4096x2048: 16 x 8 = 128
     assert amax_tiles_per_cta(64, 2048, 4, 132, True) == 8
+
+
+def test_token_amax_k1():
+    """Per-token SR with both outputs of 16-bit inputs below L2_WARM_MAX_BYTES takes K1."""
+    sr = Recipe(scaling="token", stochastic_rounding=True, columnwise=True)
+    assert token_amax_k1(sr, False, 4096, 8192, 2)
+    assert not token_amax_k1(sr, False, 4096, 8192, 4)  # fp32
+    assert not token_amax_k1(sr, False, 16384, 8192, 2)  # 256 MiB
+    assert not token_amax_k1(sr, True, 4096, 8192, 2)  # column sums
+    assert not token_amax_k1(sr.replace(rht=True), False, 4096, 8192, 2)
+    assert not token_amax_k1(sr.replace(columnwise=False), False, 4096, 8192, 2)
+    assert not token_amax_k1(sr.replace(scaling="tensor"), False, 4096, 8192, 2)
 
 
 def test_plain_cast_routing():
