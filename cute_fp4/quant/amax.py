@@ -128,16 +128,20 @@ class AmaxTensor:
 class AmaxToken:
     """K1: amax_r[m] = max_k |x[m, k]| and amax_c[k] = max_m |x[m, k]| in one pass.
 
-    CTA tile: 64 rows x (32 lanes * one 16-byte vector) columns; warp w reads rows w, w+8, ...
-    Row maxima: warp shuffle reduction, one atomic per (row, CTA). Column maxima: registers
-    across the CTA's rows, then smem across warps, one atomic per (column, CTA)."""
+    CTA tile: rows_per_cta rows (64 by default) x (32 lanes * one 16-byte vector) columns; warp
+    w reads rows w, w+8, ... Row maxima: warp shuffle reduction, one atomic per (row, CTA).
+    Column maxima: registers across the CTA's rows, then smem across warps, one atomic per
+    (column, CTA): more rows per CTA mean fewer column atomics and fewer CTAs."""
 
-    rows_per_cta = 64
     warps = 8
 
-    def __init__(self, dtype: str, l2_keep: int = 0):
+    def __init__(self, dtype: str, l2_keep: int = 0, rows_per_cta: int = 64):
         if dtype not in DTYPES:
             raise TypeError(f"AmaxToken: unsupported input dtype {dtype!r}")
+        if rows_per_cta <= 0 or rows_per_cta % self.warps:
+            raise ValueError(f"AmaxToken: rows_per_cta must be a positive multiple of "
+                             f"{self.warps}, got {rows_per_cta}")
+        self.rows_per_cta = rows_per_cta
         self.dtype_name = dtype
         self.esize = DTYPES[dtype].width // 8
         self.l2_keep = l2_keep
