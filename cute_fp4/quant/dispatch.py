@@ -89,7 +89,8 @@ def amax_tensor_kernel(dtype: str, num_sms: int = 132, l2_keep: int = 0):
 
 def amax_token_kernel(dtype: str, l2_keep: int = 0, rows_per_cta: int = 64):
     esize = _CUTLASS[dtype].width // 8
-    return (AmaxToken(dtype, l2_keep, rows_per_cta), fake_tensor(_CUTLASS[dtype], (dyn(), dyn(16 // esize))),
+    return (AmaxToken(dtype, l2_keep, rows_per_cta),
+            fake_tensor(_CUTLASS[dtype], (dyn(), dyn(16 // esize))),
             fake_tensor(cutlass.Float32, (None,), align=4),
             fake_tensor(cutlass.Float32, (None,), align=4), env_stream())
 
