@@ -11,8 +11,7 @@ from cutlass import Int32, Uint32
 from cute_fp4 import Recipe, ref
 from cute_fp4.common import encode as E
 from cute_fp4.common.jit import compile_kernel, device_arch, env_stream, fake_tensor
-from cute_fp4.common.scales import (OUTER_FAST_MAX, OUTER_FAST_MIN, outer_block_scales,
-                                    outer_block_scales_fast)
+from cute_fp4.common.scales import OUTER_FAST_MAX, OUTER_FAST_MIN, outer_block_scales
 from cute_fp4.quant import dispatch
 
 from quant_checks import check, make_input, same_amax, u8
@@ -62,7 +61,7 @@ def test_columnwise_any_k(gen):
 
 class _OuterScalesFast:
     """Every FP32 amax from lo_bits on (n values): out[0] / out[1] = the largest amax bits
-    where outer_block_scales_fast's S_enc / 6 / S_dec differ from outer_block_scales' (0:
+    where outer_block_scales(fast=True)'s S_enc / 6 / S_dec differ from the IEEE ones (0:
     none)."""
 
     ctas, threads = 1056, 256
@@ -81,7 +80,7 @@ class _OuterScalesFast:
             bits = Uint32(lo_bits + i)
             amax = E.bits_f32(bits)
             s6, sdec = outer_block_scales(amax, E.E4M3_MAX)
-            f6, fdec = outer_block_scales_fast(amax, E.E4M3_MAX)
+            f6, fdec = outer_block_scales(amax, E.E4M3_MAX, True)
             if E.f32_bits(s6) != E.f32_bits(f6):
                 E.red_max_u32(base, bits)
             if E.f32_bits(sdec) != E.f32_bits(fdec):
@@ -89,9 +88,9 @@ class _OuterScalesFast:
 
 
 def test_outer_scales_fast_exhaustive():
-    """outer_block_scales_fast (division and reciprocal without their slow-path branches) gives
-    outer_block_scales' bits for EVERY FP32 amax in [OUTER_FAST_MIN, OUTER_FAST_MAX] (1.68e9
-    values) and for 0, the domain the per-token cast's fast copy admits
+    """outer_block_scales(fast=True) (division and reciprocal without their slow-path branches)
+    gives the IEEE outer_block_scales' bits for EVERY FP32 amax in [OUTER_FAST_MIN,
+    OUTER_FAST_MAX] (1.68e9 values) and for 0, the domain the per-token cast's fast copy admits
     (CastKernel._fast_blocks_ok); and the check finds the differences it is for: below the
     domain, at the subnormal amaxes (S_enc capped at FLT_MAX) the fast reciprocal misses."""
     op = _OuterScalesFast()

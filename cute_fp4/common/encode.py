@@ -172,7 +172,7 @@ def rcp_fast(a):
 
 def div_fast(a, b):
     """a / b as div.rn.f32 gives it where its FCHK test passes (the caller checks its operands:
-    scales.outer_block_scales_fast): rcp_fast's reciprocal, the quotient and one correction."""
+    scales.outer_encode_scale with fast): rcp_fast's reciprocal, the quotient and one correction."""
     return _ptx1(
         "{\n.reg .f32 f;\n.reg .f32 n;\n.reg .f32 q;\n.reg .f32 c;\n"
         "mov.f32 f, {$r1};\nneg.f32 n, {$r1};\n" + _RCP_FAST +

@@ -28,11 +28,27 @@ def f32_to_bits(value, *, loc=None, ip=None) -> Uint32:
     return Uint32(llvm.bitcast(T.i32(), Float32(value).ir_value(loc=loc, ip=ip), loc=loc, ip=ip))
 
 
+# outer_encode_scale / outer_block_scales with fast are exact for amax 0 and amax in
+# [OUTER_FAST_MIN, OUTER_FAST_MAX] (checked for every FP32 value there, e4m3_max 448:
+# test_outer_scales_fast_exhaustive); S_enc then lies in [2^-89, 2^112], inside the fast
+# reciprocal's range.
+OUTER_FAST_MIN = 2.0 ** -100
+OUTER_FAST_MAX = 2.0 ** 100
+
+
 @cute.jit
-def outer_encode_scale(amax: Float32, e4m3_max: cutlass.Constexpr[float]) -> Float32:
+def outer_encode_scale(amax: Float32, e4m3_max: cutlass.Constexpr[float],
+                       fast: cutlass.Constexpr[bool] = False) -> Float32:
     """S_enc = e4m3_max * 6 / amax, capped at FLT_MAX (NaN propagates), and 1 where amax is 0
-    or S_enc is 0 (ref.formats.encode_scale). The division is IEEE (div.rn)."""
-    s = cute.arch.fmin(Float32(e4m3_max * 6.0) / amax, Float32(FLT_MAX), nan=True)
+    or S_enc is 0 (ref.formats.encode_scale). The division is IEEE (div.rn); fast: its fast
+    path without the slow-path branch (encode.div_fast), exact where the caller has checked
+    amax (0 or in [OUTER_FAST_MIN, OUTER_FAST_MAX])."""
+    num = Float32(e4m3_max * 6.0)
+    if cutlass.const_expr(fast):
+        q = div_fast(num, amax)
+    else:
+        q = num / amax
+    s = cute.arch.fmin(q, Float32(FLT_MAX), nan=True)
     return Float32(cutlass.select_((amax == Float32(0.0)) | (s == Float32(0.0)), Float32(1.0), s))
 
 
@@ -43,28 +59,18 @@ def decode_outer_scale(amax: Float32, e4m3_max: cutlass.Constexpr[float]) -> Flo
 
 
 @cute.jit
-def outer_block_scales(amax: Float32, e4m3_max: cutlass.Constexpr[float]):
+def outer_block_scales(amax: Float32, e4m3_max: cutlass.Constexpr[float],
+                       fast: cutlass.Constexpr[bool] = False):
     """(S_enc * fp32(1/6), S_dec) of an outer amax: the two per-amax operands of
-    encode.block_scale (one rounded product, one IEEE reciprocal)."""
-    s_enc = outer_encode_scale(amax, e4m3_max)
-    return mul_rn(s_enc, Float32(ONE_SIXTH)), rcp_rn(s_enc)
-
-
-# outer_block_scales_fast is exact for amax 0 and amax in [OUTER_FAST_MIN, OUTER_FAST_MAX]
-# (checked for every FP32 value there, e4m3_max 448: test_outer_scales_fast_exhaustive); its
-# S_enc lies in [2^-89, 2^112], inside the fast reciprocal's range.
-OUTER_FAST_MIN = 2.0 ** -100
-OUTER_FAST_MAX = 2.0 ** 100
-
-
-@cute.jit
-def outer_block_scales_fast(amax: Float32, e4m3_max: cutlass.Constexpr[float]):
-    """outer_block_scales with the division and the reciprocal without their slow-path
-    branches (encode.div_fast, rcp_fast): exact where the caller has checked amax (0 or in
-    [OUTER_FAST_MIN, OUTER_FAST_MAX])."""
-    s = cute.arch.fmin(div_fast(Float32(e4m3_max * 6.0), amax), Float32(FLT_MAX), nan=True)
-    s_enc = Float32(cutlass.select_((amax == Float32(0.0)) | (s == Float32(0.0)), Float32(1.0), s))
-    return mul_rn(s_enc, Float32(ONE_SIXTH)), rcp_fast(s_enc)
+    encode.block_scale (one rounded product, one IEEE reciprocal). fast: the division and the
+    reciprocal without their slow-path branches (outer_encode_scale, encode.rcp_fast)."""
+    s_enc = outer_encode_scale(amax, e4m3_max, fast)
+    s6 = mul_rn(s_enc, Float32(ONE_SIXTH))
+    if cutlass.const_expr(fast):
+        s_dec = rcp_fast(s_enc)
+    else:
+        s_dec = rcp_rn(s_enc)
+    return s6, s_dec
 
 
 @cute.jit

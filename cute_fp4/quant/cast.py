@@ -59,7 +59,7 @@ tiles or none, per token decided per tile and warp by a vote) take the copy with
 from the inputs (input_signs) and, per token and for stochastic rounding without the enc
 table (fast_rcp), each block's enc from the reciprocal without its slow-path branch
 (E.enc_from_code(fast=True), exact for outer scales >= 2^-117) and, per token, the tile's
-outer scales from the division and reciprocal without theirs (outer_block_scales_fast, exact
+outer scales from the division and reciprocal without theirs (outer_block_scales fast, exact
 for amaxes 0 and in [2^-100, 2^100]); the other copy is the general one.
 
 `block2d` (per tensor, no RHT): 16x16 blocks (SPEC section 1, the recipe's block=(16, 16)): one
@@ -82,7 +82,7 @@ from cute_fp4.common import encode as E
 from cute_fp4.common.philox import philox_call, round_keys
 from cute_fp4.common.ptx import ldmatrix_x4_trans, mma_16816, prmt
 from cute_fp4.common.scales import (OUTER_FAST_MAX, OUTER_FAST_MIN, outer_block_scales,
-                                    outer_block_scales_fast, swizzled_scale_offset)
+                                    swizzled_scale_offset)
 from cute_fp4.quant.amax import max_tensor_partials, vec_abs_max, vec_values
 from cute_fp4.ref.quantize import RHT_SIGNS
 
@@ -382,7 +382,7 @@ class CastKernel:
         the warp, from its amax; per tensor with the RHT also the twin's, col_outer) allows the
         passes' fast copy (_passes with fast):
         - per token with fast_rcp: amax 0 or in [OUTER_FAST_MIN, OUTER_FAST_MAX], where
-          outer_block_scales_fast gave the IEEE outer scales;
+          outer_block_scales(fast=True) gave the IEEE outer scales;
         - input_signs: enc >= 2^-14 or NaN, so that E.sr_encode16_signed is exact for 16-bit
           inputs: enc = min(1 / RN(scale * sdec), FLT_MAX) with scale <= E4M3_MAX decreases
           with the scale, so RN(E4M3_MAX * sdec) <= 2^14 suffices (false for a NaN sdec);
@@ -635,7 +635,7 @@ class CastKernel:
             amax_cur = self._lane_amax(tm, tk, M, K, tidx, ar_base, ac_base)
         if cutlass.const_expr(self.per_token and self.fast_rcp):
             # the fast copy's (exact there: _fast_blocks_ok); the other copy takes the IEEE ones
-            s6, sdec = outer_block_scales_fast(amax_cur, E.E4M3_MAX)
+            s6, sdec = outer_block_scales(amax_cur, E.E4M3_MAX, True)
         elif cutlass.const_expr(self.per_token):
             s6, sdec = outer_block_scales(amax_cur, E.E4M3_MAX)
         pipe.consumer_wait(cstate)
