@@ -666,6 +666,7 @@ class RecipeAmax:
     plain RHT cast walking backwards (recipes_dispatch)."""
 
     WARPS = THREADS // 32
+    SLAB_BYTES = 32 * 16  # a warp's row slab: one 16-byte vector per lane
 
     def __init__(self, dtype: str, per_token: bool, rht: bool, do_row: bool, do_col: bool,
                  col_sum: bool = False, l2_keep: int = 0):
@@ -676,7 +677,7 @@ class RecipeAmax:
         self.dtype_name = dtype
         self.esize = DTYPES[dtype].width // 8
         self.epv = 16 // self.esize  # elements per 16-byte vector = columns per thread
-        self.slab = 32 * self.epv
+        self.slab = self.SLAB_BYTES // self.esize
         self.per_token, self.rht, self.do_row, self.do_col = per_token, rht, do_row, do_col
         self.col_sum = col_sum
         self.l2_keep = l2_keep

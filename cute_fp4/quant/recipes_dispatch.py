@@ -45,7 +45,7 @@ from ..tensor import NVFP4Tensor
 from .cast_recipes import GTAB_COLS, TILE, RecipeAmax, RecipeCastKernel
 from .dispatch import (L2_KEEP_BYTES, L2_WARM_MAX_BYTES, cast_kernel, cast_walk,
                        run_tensor_amax, tensor_amax_fn, tensor_amax_words, token_amax_fn,
-                       walk_run)
+                       token_amax_rows, walk_run)
 
 _DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 _CUTLASS = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16, "fp32": cutlass.Float32}
@@ -173,7 +173,7 @@ def amax_tiles_per_cta(tiles: int, k: int, esize: int, num_sms: int, per_token: 
     27.1; 2048x8192 (128 CTAs) per tensor 45.4 -> 44.5 but per token 46.9 -> 48.5; 4096x8192
     (256 CTAs) per tensor 78.0 -> 77.8, per token 81.5 -> 85.7 (notes/quant_recipes.md
     "Session 27")."""
-    ctas = _ceil(k * esize, 16 * 32) * _ceil(tiles, AMAX_TILES_PER_CTA)  # 512-byte slabs
+    ctas = _ceil(k * esize, RecipeAmax.SLAB_BYTES) * _ceil(tiles, AMAX_TILES_PER_CTA)
     if (2 * ctas < num_sms) if per_token else (ctas <= num_sms):
         return AMAX_TILES_PER_CTA // 2
     return AMAX_TILES_PER_CTA
@@ -248,9 +248,9 @@ class _Plan:
         q_len = s_len = qt_len = st_len = 0
         row0 = 0
         seed_i64 = seed - (1 << 64) if seed >= 1 << 63 else seed
-        esize = _CUTLASS[name].width // 8
-        per_cta = amax_tiles_per_cta(sum(_ceil(mg, TILE) for mg in sizes), k, esize,
-                                     num_sms(dev), scaling == "token")
+        esize, sms = _CUTLASS[name].width // 8, num_sms(dev)
+        per_cta = amax_tiles_per_cta(sum(_ceil(mg, TILE) for mg in sizes), k, esize, sms,
+                                     scaling == "token")
         for g, mg in enumerate(sizes):
             real = _ceil(mg, TILE)
             tiles = 2 * _ceil(mg, 128) if (swz and row) else real
@@ -285,7 +285,7 @@ class _Plan:
         self.plain = on_plain_cast(recipe, len(sizes), name)
         keep = 0
         if self.plain:
-            m, sms, per_token = sizes[0], num_sms(dev), scaling == "token"
+            m, per_token = sizes[0], scaling == "token"
             walk = plain_cast_walk(m, k, esize, per_token, col and not swz, row and not swz, sms,
                                    recipe.rht, recipe.stochastic_rounding)
             # the amax pass's L2 priorities before a backwards cast, as dispatch._Plan's
@@ -299,7 +299,7 @@ class _Plan:
             self.tensor_amax = tensor_amax_fn(name, sms, keep, arch)
             self.amax_dims = (m, k, esize, sms)
         elif self.plain and token_amax_k1(recipe, col_sum, m, k, esize):
-            self.token_amax = token_amax_fn(name, keep, arch)
+            self.token_amax = token_amax_fn(name, keep, arch, token_amax_rows(m, k, esize))
         elif scaling != "window64" and atab:
             do_row, do_col = row or self.alias, col and not self.alias
             akey = ("amax_recipe", name, scaling == "token", recipe.rht, do_row, do_col,
