@@ -167,11 +167,7 @@ def test_amax_tiles_per_cta(per_cta, gen, monkeypatch):
         sizes = [272, 0, 64, 704]
         for recipe in (Recipe(scaling="token", columnwise=True),
                        Recipe(rht=True, columnwise=True, stochastic_rounding=True)):
-            got = rd.quantize_grouped(x, sizes, recipe, seed=5, offset=3)
-            want = ref_grouped(x, sizes, recipe, seed=5, offset=3)
-            assert len(got) == len(want)
-            for g, w in zip(got, want):
-                check(g, w, recipe)
+            check_grouped(x, sizes, recipe, seed=5, offset=3)
     finally:
         rd._plan.cache_clear()
 
@@ -421,6 +417,15 @@ def ref_grouped(x, splits, recipe, **kw):
             for part in torch.split(x, splits, dim=0)]
 
 
+def check_grouped(x, splits, recipe, **kw):
+    """rd.quantize_grouped against ref_grouped, group by group."""
+    got = rd.quantize_grouped(x, splits, recipe, **kw)
+    want = ref_grouped(x, splits, recipe, **kw)
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        check(g, w, recipe)
+
+
 GROUP_SPLITS = [[64, 0, 128, 16, 48], [0, 0, 256], [16], [32, 96, 0]]
 
 
@@ -434,25 +439,18 @@ GROUP_SPLITS = [[64, 0, 128, 16, 48], [0, 0, 256], [16], [32, 96, 0]]
 ])
 def test_grouped(splits, recipe, gen):
     x = make_input((sum(splits), 96), "outliers", torch.bfloat16, gen)
-    got = rd.quantize_grouped(x, splits, recipe, seed=3, offset=4)
-    want = ref_grouped(x, splits, recipe, seed=3, offset=4)
-    assert len(got) == len(want)
-    for g, w in zip(got, want):
-        check(g, w, recipe)
+    check_grouped(x, splits, recipe, seed=3, offset=4)
 
 
 def test_grouped_window64_and_rowwise_uneven(gen):
     x = make_input((256, 128), "outliers", torch.float32, gen)
     splits = [64, 0, 128, 64]
     recipe = Recipe(scaling="window64", columnwise=True, swizzle=True)
-    for g, w in zip(rd.quantize_grouped(x, splits, recipe), ref_grouped(x, splits, recipe)):
-        check(g, w, recipe)
+    check_grouped(x, splits, recipe)
     splits = [5, 0, 100, 151]  # rowwise only: any group size
     for recipe in (Recipe(scaling="token"), Recipe(block=(16, 16), swizzle=True),
                    Recipe(stochastic_rounding=True)):
-        got = rd.quantize_grouped(x, splits, recipe, seed=1)
-        for g, w in zip(got, ref_grouped(x, splits, recipe, seed=1)):
-            check(g, w, recipe)
+        check_grouped(x, splits, recipe, seed=1)
 
 
 def test_bad_inputs():
