@@ -75,6 +75,34 @@ def test_rht(shape, kind, dtype, scaling, gen):
     run_all(make_input(shape, kind, dtype, gen), Recipe(scaling=scaling, rht=True))
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+@pytest.mark.parametrize("scaling", ["tensor", "token"])
+def test_rht_amax_infinities(scaling, dtype, gen):
+    """RecipeAmax folds the RHT's last butterfly into the column maxima (|a| + |b|,
+    cast_recipes.rht16_amax_fast), which is +Inf where that butterfly has Inf - Inf = NaN;
+    the threads that find +Inf take their columns' maxima again with the whole transform.
+    Column blocks with two infinities 8 rows apart (they meet only in the last butterfly: a NaN
+    amax), with one infinity (+Inf), with finite values whose sums overflow, a NaN-free column
+    of the same 16-column slab and normal columns: amaxes (per token one per column; per tensor
+    NaN, also wrong as +Inf) and outputs equal to the reference's."""
+    m, k = 96, 80
+    x = torch.randn((m, k), generator=gen)
+    x[16, 3] = x[24, 3] = float("inf")
+    x[32, 20], x[40, 20] = float("-inf"), float("inf")
+    x[48, 41] = float("inf")
+    x[64:80, 57] = 3e38
+    x = x.to(dtype).cuda()
+    run_all(x, Recipe(scaling=scaling, rht=True), outputs=[(True, True), (False, True)])
+    got = rd.quantize_recipe(x, Recipe(scaling=scaling, rht=True, columnwise=True))
+    if scaling == "token":  # the columns' own amaxes, the finite ones beside them included
+        want = ref.quantize(x, Recipe(scaling=scaling, rht=True, columnwise=True)).amax_t
+        assert got.amax_t[[3, 20]].isnan().all() and got.amax_t[41].isinf()
+        assert quant_checks.same_amax(got.amax_t, want)
+        assert torch.isfinite(got.amax_t[[0, 1, 2, 4, 40, 42, 79]]).all()
+    else:
+        assert got.amax_t.isnan().all()
+
+
 def _wide_blocks(shape, dtype, gen):
     """Every 16-row column block mixes magnitudes 2^-24 .. 2^14 (fp16: 2^-14 .. 2^14) with
     random signs, so the RHT's partial sums need more than FP32's 24 bits and round (the

@@ -139,11 +139,12 @@ def fp16_products2(byte, scale_code):
         write_only_types=[Float32, Float32], read_only_args=[Uint32(byte), Uint32(scale_code)])
 
 
-def rht16(xs, scale: bool = True):
+def rht16(xs, scale: bool = True, strides=(1, 2, 4, 8)):
     """ref.quantize.rht of 16 values: sign flips, butterflies at strides 1, 2, 4, 8, x 0.25
-    (scale=False leaves out the x 0.25: amax(|y| * 0.25) = amax(|y|) * 0.25, RN is monotone)."""
+    (scale=False leaves out the x 0.25: amax(|y| * 0.25) = amax(|y|) * 0.25, RN is monotone;
+    strides: the butterflies done, the first ones of the four)."""
     ys = [E.neg(x) if s < 0 else x for x, s in zip(xs, RHT_SIGNS)]
-    for h in (1, 2, 4, 8):
+    for h in strides:
         nxt = list(ys)
         for j in range(16):
             if not j & h:
@@ -153,6 +154,16 @@ def rht16(xs, scale: bool = True):
     if not scale:
         return ys
     return [E.mul_rn(y, Float32(0.25)) for y in ys]
+
+
+def rht16_amax_fast(xs):
+    """block_amax(rht16(xs, scale=False)) with the last butterfly folded into the amax: in
+    round-to-nearest max(|a + b|, |a - b|) = |a| + |b| (one of the two has that magnitude,
+    the other one not more), so 8 adds and 8 maxima replace 16 add / sub and 16 maxima. Exact
+    except where a and b are both infinite: +Inf here, NaN (Inf - Inf) in the transform; so a
+    +Inf result must be recomputed with rht16."""
+    ys = rht16(xs, scale=False, strides=(1, 2, 4))
+    return block_amax([add_rn(E.fabs(ys[j]), E.fabs(ys[j + 8])) for j in range(8)])
 
 
 def lanes4_max(a):
@@ -708,6 +719,19 @@ class RecipeAmax:
         return E.amax_fold(E.amax_pairs(words, self.dtype_name), self.dtype_name)
 
     @cute.jit
+    def _strip_rows(self, s, base, nrows, rbytes, xbase, policies):
+        """The thread's 16 row vectors of strip s (rows past nrows clamped onto the last)."""
+        rows = []
+        for i in cutlass.range_constexpr(16):
+            r = cutlass.min(s * 16 + i, nrows - 1)
+            addr = base + Int64(r) * rbytes
+            if cutlass.const_expr(policies is None):
+                rows.append(list(E.ld_global_nc_v4(addr)))
+            else:
+                rows.append(list(keep_load(xbase, addr - xbase, policies)))
+        return rows
+
+    @cute.jit
     def _fold_columns(self, buf, vals, warp, lane, tidx, bx, K, fold, store):
         """Fold this lane's column values `vals` (its epv columns of the slab) over the warps
         through the shared [WARPS, slab] buffer `buf`, in warp order (`fold(acc, next)`), then
@@ -787,14 +811,7 @@ class RecipeAmax:
         for j in cutlass.range_constexpr(5):
             pacc[j] = Uint32(0)
         for s in cutlass.range(nstrips, unroll=1):
-            rows = []
-            for i in cutlass.range_constexpr(16):
-                r = cutlass.min(s * 16 + i, nrows - 1)
-                addr = base + Int64(r) * rbytes
-                if cutlass.const_expr(policies is None):
-                    rows.append(list(E.ld_global_nc_v4(addr)))
-                else:
-                    rows.append(list(keep_load(xbase, addr - xbase, policies)))
+            rows = self._strip_rows(s, base, nrows, rbytes, xbase, policies)
             if cutlass.const_expr(self.col_sum):
                 for i in cutlass.range_constexpr(16):
                     keep = s * 16 + i < nrows  # rows past the group are clamped copies
@@ -818,12 +835,29 @@ class RecipeAmax:
                 for k in cutlass.range_constexpr(4):
                     pacc[1 + k] = E.amax_pairs([pacc[1 + k]] + [ws[k] for ws in rows],
                                                self.dtype_name)
-            if cutlass.const_expr(self.do_col and (self.esize == 4 or self.rht)):
+            if cutlass.const_expr(self.do_col and self.esize == 4 and not self.rht):
                 for j in cutlass.range_constexpr(self.epv):
-                    xs = [self._elem(w, j) for w in rows]
-                    if cutlass.const_expr(self.rht):
-                        xs = rht16(xs, scale=False)
-                    facc[1 + j] = E.fmax_nan(facc[1 + j], block_amax(xs))
+                    facc[1 + j] = E.fmax_nan(facc[1 + j],
+                                             block_amax([self._elem(w, j) for w in rows]))
+            if cutlass.const_expr(self.do_col and self.rht):
+                for j in cutlass.range_constexpr(self.epv):
+                    facc[1 + j] = E.fmax_nan(facc[1 + j], rht16_amax_fast(
+                        [self._elem(w, j) for w in rows]))
+        if cutlass.const_expr(self.do_col and self.rht):
+            # rht16_amax_fast's +Inf may be a NaN of the transform (two infinities in a final
+            # butterfly): those threads take their columns' maxima again with rht16 (rare:
+            # infinite inputs or overflowing sums)
+            inf = facc[1] == Float32(float("inf"))
+            for j in cutlass.range_constexpr(1, self.epv):
+                inf = inf | (facc[1 + j] == Float32(float("inf")))
+            if inf:
+                for j in cutlass.range_constexpr(self.epv):
+                    facc[1 + j] = Float32(0.0)
+                for s in cutlass.range(nstrips, unroll=1):
+                    rows = self._strip_rows(s, base, nrows, rbytes, xbase, policies)
+                    for j in cutlass.range_constexpr(self.epv):
+                        xs = rht16([self._elem(w, j) for w in rows], scale=False)
+                        facc[1 + j] = E.fmax_nan(facc[1 + j], block_amax(xs))
         if cutlass.const_expr(self.col_sum):
             def store_sum(c, v):
                 psum[by * K + c] = v
