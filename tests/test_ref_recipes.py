@@ -716,3 +716,44 @@ def test_rht_twin_hand_basis():
     codes = [0xF, 0x7, 0x7, 0xF] * 4
     assert ref.unpack_fp4(t.data_t[:1]).tolist() == [codes]
     assert t.data_t[0].tolist() == [0x7F, 0xF7] * 4
+
+
+
+def _rht_amax_folded(x):
+    """RecipeAmax's RHT column amax before its recompute rule (cast_recipes.rht16_amax_fast)
+    in torch: the butterflies at strides 1, 2, 4 of ref.rht, then max over j of |a_j| + |b_j|
+    for the pairs (j, j + 8) that the last butterfly would combine."""
+    y = x.reshape(-1, 16) * torch.tensor(ref.RHT_SIGNS, dtype=torch.float32)
+    for h in (1, 2, 4):
+        y = y.view(-1, 16 // (2 * h), 2, h)
+        a, b = y[:, :, 0, :], y[:, :, 1, :]
+        y = torch.stack([a + b, a - b], dim=2)
+    y = y.reshape(-1, 16)
+    return (y[:, :8].abs() + y[:, 8:].abs()).amax(dim=1)
+
+
+def test_rht_amax_last_butterfly_folded():
+    """max(|RN(a + b)|, |RN(a - b)|) = RN(|a| + |b|) in FP32 round-to-nearest (one of the two
+    has magnitude |a| + |b|, the other not more; RN is monotone and odd): RecipeAmax's folded
+    RHT amax equals the amax of the transform bit for bit on blocks of mixed magnitudes
+    (subnormal to near overflow, sums that round and overflow, NaN and lone infinities); it
+    differs only with +Inf where two infinities meet in the last butterfly (the transform's
+    Inf - Inf = NaN), which its rule (+Inf: recompute with the whole transform) catches."""
+    gen = torch.Generator().manual_seed(7)
+    n = 200000
+    e = torch.randint(-149, 128, (n, 16), generator=gen).float()
+    x = torch.randn((n, 16), generator=gen).sign() * (1 + torch.rand((n, 16), generator=gen))
+    x = (x * torch.pow(2.0, e)).float()
+    x[: n // 4] = torch.randn((n // 4, 16), generator=gen) * 3e37  # sums round and overflow
+    x[:100, 0] = x[:100, 8] = float("inf")  # they meet only in the last butterfly
+    x[100:200, 3] = float("-inf")
+    x[200:300, 5] = float("nan")
+    folded = _rht_amax_folded(x)
+    exact = (ref.rht(x) * 4).abs().amax(dim=-1)  # x 4: the amax without the exact 0.25
+    assert torch.isnan(exact[:100]).all() and (folded[:100] == float("inf")).all()
+    assert torch.isinf(exact[100:200]).all() and torch.isnan(exact[200:300]).all()
+    assert torch.isinf(exact[300:n // 4]).float().mean() > 0.01  # overflowing sums
+    got = torch.where(folded == float("inf"), exact, folded)
+    same = (got.view(torch.int32) == exact.view(torch.int32)) | (got.isnan() & exact.isnan())
+    assert same.all()
+    assert (folded[300:] == exact[300:]).float().mean() == 1.0  # the rule only for infinities
