@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from cute_fp4 import Recipe, ref
-from cute_fp4.ref.quantize import _fp16_product
+from cute_fp4.ref.quantize import _fp16_product, _rht_butterflies
 
 F32 = torch.float32
 
@@ -718,17 +718,11 @@ def test_rht_twin_hand_basis():
     assert t.data_t[0].tolist() == [0x7F, 0xF7] * 4
 
 
-
 def _rht_amax_folded(x):
     """RecipeAmax's RHT column amax before its recompute rule (cast_recipes.rht16_amax_fast)
     in torch: the butterflies at strides 1, 2, 4 of ref.rht, then max over j of |a_j| + |b_j|
     for the pairs (j, j + 8) that the last butterfly would combine."""
-    y = x.reshape(-1, 16) * torch.tensor(ref.RHT_SIGNS, dtype=torch.float32)
-    for h in (1, 2, 4):
-        y = y.view(-1, 16 // (2 * h), 2, h)
-        a, b = y[:, :, 0, :], y[:, :, 1, :]
-        y = torch.stack([a + b, a - b], dim=2)
-    y = y.reshape(-1, 16)
+    y = _rht_butterflies(x, strides=(1, 2, 4))
     return (y[:, :8].abs() + y[:, 8:].abs()).amax(dim=1)
 
 

@@ -30,13 +30,19 @@ def rht(x: torch.Tensor) -> torch.Tensor:
     stages (a + b, a - b at strides 1, 2, 4, 8) and an exact scaling by 1/4."""
     if x.shape[-1] % 16:
         raise ValueError(f"rht needs the last dimension divisible by 16, got {x.shape[-1]}")
+    return (_rht_butterflies(x) * 0.25).reshape(x.shape)
+
+
+def _rht_butterflies(x: torch.Tensor, strides=(1, 2, 4, 8)) -> torch.Tensor:
+    """[N, 16] FP32 blocks of x after rht's sign flips and its butterflies at `strides` (the
+    first ones of the four), before the scaling."""
     signs = torch.tensor(RHT_SIGNS, dtype=torch.float32, device=x.device)
     y = (x.to(torch.float32).reshape(-1, 16) * signs)
-    for h in (1, 2, 4, 8):
+    for h in strides:
         y = y.view(-1, 16 // (2 * h), 2, h)
         a, b = y[:, :, 0, :], y[:, :, 1, :]
         y = torch.stack([a + b, a - b], dim=2)
-    return (y.reshape(-1, 16) * 0.25).reshape(x.shape)
+    return y.reshape(-1, 16)
 
 
 def amax(x: torch.Tensor) -> torch.Tensor:
