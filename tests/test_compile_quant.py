@@ -7,11 +7,10 @@ import re
 import pytest
 
 from cute_fp4.common.compile_check import compile_ptx, missing_instructions, ptx_target
-from cute_fp4.quant.amax import AmaxToken
 from cute_fp4.quant.cast import CastKernel
 from cute_fp4.quant.dispatch import (ENC_TABLE_COMPACT_TWIN_MAX_BYTES, L2_WARM_MAX_BYTES,
                                      amax_tensor_kernel, amax_token_kernel, cast_kernel,
-                                     cast_walk, token_amax_rows, token_rows_kernel)
+                                     cast_walk, token_rows_kernel)
 from cute_fp4.quant.token_rows import token_rows_config
 from cute_fp4.ref.philox import PHILOX_M0, PHILOX_M1
 
@@ -370,10 +369,12 @@ def test_amax_ptx(arch, dtype):
     assert missing_instructions(ptx, [r"red\..*global\.max\.u32", r"ld\.global\.nc\.v4",
                                       r"shfl\.sync\.bfly"]) == []
     assert "cache_hint" not in ptx and "createpolicy" not in ptx
-    # 256 rows per CTA (token_amax_rows): 32 input loads per thread instead of 8
-    loads = len(re.findall(r"ld\.global\.nc\.v4", ptx))
-    ptx256 = compile_ptx(*amax_token_kernel(dtype, 0, 256), arch=arch)
-    assert loads == 8 and len(re.findall(r"ld\.global\.nc\.v4", ptx256)) == 32
+    # K1: one 16-row strip per warp, its 16 loads in flight; the strip's row maxima by a
+    # transpose-reduction (16 shuffles), its columns' by packed 16-bit maxima
+    assert len(re.findall(r"ld\.global\.nc\.v4", ptx)) == 16
+    assert len(re.findall(r"shfl\.sync\.bfly", ptx)) == 16
+    packed = len(re.findall(r"max\.NaN\.bf16x2", ptx))
+    assert packed == (0 if dtype == "fp32" else 16 * 3 + 4 * 15)  # 3 per row, 15 per word
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -390,15 +391,3 @@ def test_amax_l2_keep_ptx(arch):
             r"createpolicy\.fractional\.L2::evict_normal\.b64",
             r"ld\.global\.nc\.L2::cache_hint\.v4\.b32 \{[^}]*\}, \[%rd\d+\], %rd\d+;"]) == []
         assert not re.search(r"ld\.global\.nc\.v4", ptx)
-
-
-def test_token_amax_rows():
-    """K1 takes 256 rows per CTA for fp32 inputs from 2^25 elements, else 64; AmaxToken
-    rejects row counts that are not a positive multiple of its 8 warps."""
-    assert token_amax_rows(4096, 8192, 4) == 256
-    assert token_amax_rows(8192, 8192, 4) == 256
-    assert token_amax_rows(4096, 4096, 4) == 64
-    assert token_amax_rows(8192, 8192, 2) == 64
-    for bad in (0, 12):
-        with pytest.raises(ValueError, match="rows_per_cta"):
-            AmaxToken("fp32", rows_per_cta=bad)

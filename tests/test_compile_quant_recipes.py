@@ -341,15 +341,13 @@ def test_amax_tiles_per_cta():
 
 
 def test_token_amax_k1():
-    """Per-token SR with both outputs of 16-bit inputs below L2_WARM_MAX_BYTES takes K1."""
+    """Per-token recipes with both outputs, without the RHT or column sums, take K1."""
     sr = Recipe(scaling="token", stochastic_rounding=True, columnwise=True)
-    assert token_amax_k1(sr, False, 4096, 8192, 2)
-    assert not token_amax_k1(sr, False, 4096, 8192, 4)  # fp32
-    assert not token_amax_k1(sr, False, 16384, 8192, 2)  # 256 MiB
-    assert not token_amax_k1(sr, True, 4096, 8192, 2)  # column sums
-    assert not token_amax_k1(sr.replace(rht=True), False, 4096, 8192, 2)
-    assert not token_amax_k1(sr.replace(columnwise=False), False, 4096, 8192, 2)
-    assert not token_amax_k1(sr.replace(scaling="tensor"), False, 4096, 8192, 2)
+    assert token_amax_k1(sr, False)
+    assert not token_amax_k1(sr, True)  # column sums
+    assert not token_amax_k1(sr.replace(rht=True), False)
+    assert not token_amax_k1(sr.replace(columnwise=False), False)
+    assert not token_amax_k1(sr.replace(scaling="tensor"), False)
 
 
 def test_plain_cast_routing():

@@ -699,3 +699,21 @@ def warp_max_nan(x):
     for m in (16, 8, 4, 2, 1):
         x = shfl_xor_max_nan(x, m)
     return x
+
+
+def lanes_transpose_max16(vals, lane):
+    """max.NaN of 16 per-lane values over the warp, as a transpose-reduction: at each butterfly
+    step a lane keeps half of its values and trades the other half with its partner (8, 4, 2, 1
+    shuffles, then a last full step): lane l ends with the max of value l // 2 (16 shuffles
+    instead of 80)."""
+    for m in (16, 8, 4, 2):
+        half = len(vals) // 2
+        hi = (lane & m) != 0
+        nxt = []
+        for i in range(half):
+            keep = cutlass.select_(hi, vals[i + half], vals[i])
+            send = cutlass.select_(hi, vals[i], vals[i + half])
+            got = cute.arch.shuffle_sync_bfly(Float32(send), offset=m)
+            nxt.append(fmax_nan(keep, got))
+        vals = nxt
+    return shfl_xor_max_nan(vals[0], 1)

@@ -41,7 +41,7 @@ from cute_fp4.common.philox import philox_block16, round_keys
 from cute_fp4.common.ptx import st_shared
 from cute_fp4.common.scales import (ONE_SIXTH, e2m1_to_f32, e4m3_to_f32, outer_encode_scale,
                                     swizzled_scale_offset)
-from cute_fp4.quant.amax import keep_load, keep_policies
+from cute_fp4.quant.amax import fold_slab_columns, keep_load, keep_policies, vec_amax
 from cute_fp4.ref.quantize import RHT_SIGNS
 
 DTYPES = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16, "fp32": cutlass.Float32}
@@ -181,24 +181,6 @@ def tree16(vals):
 def nibble(w0, w1, i):
     w = w0 if i < 8 else w1
     return (Uint32(w) >> Uint32(4 * (i % 8))) & Uint32(0xF)
-
-
-def lanes_transpose_max16(vals, lane):
-    """max.NaN of 16 per-lane values over the warp, as a transpose-reduction: at each butterfly
-    step a lane keeps half of its values and trades the other half with its partner (8, 4, 2, 1
-    shuffles, then a last full step): lane l ends with the max of value l // 2 (16 shuffles
-    instead of 80)."""
-    for m in (16, 8, 4, 2):
-        half = len(vals) // 2
-        hi = (lane & m) != 0
-        nxt = []
-        for i in range(half):
-            keep = cutlass.select_(hi, vals[i + half], vals[i])
-            send = cutlass.select_(hi, vals[i], vals[i + half])
-            got = cute.arch.shuffle_sync_bfly(Float32(send), offset=m)
-            nxt.append(E.fmax_nan(keep, got))
-        vals = nxt
-    return E.shfl_xor_max_nan(vals[0], 1)
 
 
 def _nonneg(v):
@@ -712,12 +694,6 @@ class RecipeAmax:
             return E.unpack_lo(words[j // 2], self.dtype_name)
         return E.unpack_hi(words[j // 2], self.dtype_name)
 
-    def _row_max(self, words):
-        """max.NaN |x| over one row's vector, as FP32."""
-        if self.esize == 4:
-            return block_amax([E.bits_f32(w) for w in words])
-        return E.amax_fold(E.amax_pairs(words, self.dtype_name), self.dtype_name)
-
     @cute.jit
     def _strip_rows(self, s, base, nrows, rbytes, xbase, policies):
         """The thread's 16 row vectors of strip s (rows past nrows clamped onto the last)."""
@@ -730,22 +706,6 @@ class RecipeAmax:
             else:
                 rows.append(list(keep_load(xbase, addr - xbase, policies)))
         return rows
-
-    @cute.jit
-    def _fold_columns(self, buf, vals, warp, lane, tidx, bx, K, fold, store):
-        """Fold this lane's column values `vals` (its epv columns of the slab) over the warps
-        through the shared [WARPS, slab] buffer `buf`, in warp order (`fold(acc, next)`), then
-        thread c of the slab calls `store(column, value)` for the columns inside K. (The column
-        maxima fold amaxes, >= 0 or NaN, so starting from warp 0's value is max(0, ...).)"""
-        for j in cutlass.range_constexpr(self.epv):
-            buf[warp, lane * self.epv + j] = vals[j]
-        cute.arch.barrier()
-        c = bx * self.slab + tidx
-        if (tidx < self.slab) & (c < K):
-            v = buf[0, tidx]
-            for w in cutlass.range_constexpr(1, self.WARPS):
-                v = fold(v, buf[w, tidx])
-            store(c, v)
 
     def _maxima(self, facc, pacc):
         """(row max, [column maxima]) of this thread from its accumulators."""
@@ -819,7 +779,7 @@ class RecipeAmax:
                         sacc[j] = add_rn(sacc[j], cutlass.select_(keep, self._elem(rows[i], j),
                                                                   Float32(0.0)))
             if cutlass.const_expr(self.do_row and self.per_token):
-                rm = lanes_transpose_max16([self._row_max(w) for w in rows], lane)
+                rm = E.lanes_transpose_max16([vec_amax(w, self.dtype_name) for w in rows], lane)
                 r = s * 16 + lane // 2  # the row whose max this lane now holds
                 if (lane % 2 == 0) & (r < nrows):
                     E.red_max_u32(ar_base + (Int64(lr0) + Int64(r)) * 4,
@@ -861,13 +821,15 @@ class RecipeAmax:
         if cutlass.const_expr(self.col_sum):
             def store_sum(c, v):
                 psum[by * K + c] = v
-            self._fold_columns(red_sum, sacc, warp, lane, tidx, bx, K, add_rn, store_sum)
+            fold_slab_columns(red_sum, [sacc[j] for j in range(self.epv)], self.WARPS, warp, lane,
+                              tidx, bx * self.slab, K, add_rn, store_sum)
         racc, cacc = self._maxima(facc, pacc)
         if cutlass.const_expr(self.per_token):
             if cutlass.const_expr(self.do_col):
                 def store_max(c, v):
                     E.red_max_u32(ac_base + Int64(c) * 4, E.canonical_nan_bits(v))
-                self._fold_columns(red, cacc, warp, lane, tidx, bx, K, E.fmax_nan, store_max)
+                fold_slab_columns(red, cacc, self.WARPS, warp, lane, tidx, bx * self.slab, K,
+                                  E.fmax_nan, store_max)
         else:
             racc = E.warp_max_nan(racc)
             cm = E.warp_max_nan(block_amax(cacc))

@@ -87,9 +87,9 @@ def amax_tensor_kernel(dtype: str, num_sms: int = 132, l2_keep: int = 0):
             fake_tensor(cutlass.Float32, (None,), align=4), env_stream())
 
 
-def amax_token_kernel(dtype: str, l2_keep: int = 0, rows_per_cta: int = 64):
+def amax_token_kernel(dtype: str, l2_keep: int = 0):
     esize = _CUTLASS[dtype].width // 8
-    return (AmaxToken(dtype, l2_keep, rows_per_cta),
+    return (AmaxToken(dtype, l2_keep),
             fake_tensor(_CUTLASS[dtype], (dyn(), dyn(16 // esize))),
             fake_tensor(cutlass.Float32, (None,), align=4),
             fake_tensor(cutlass.Float32, (None,), align=4), env_stream())
@@ -102,20 +102,11 @@ def tensor_amax_fn(name: str, num_sms: int, l2_keep: int, arch: str):
         lambda: compile_kernel(*amax_tensor_kernel(name, num_sms, l2_keep), arch=arch)))
 
 
-def token_amax_rows(m: int, k: int, esize: int) -> int:
-    """Rows per CTA of K1 (AmaxToken) for an [m, k] input: 256 for fp32 from 2^25 elements
-    (8x fewer column atomics), else 64. Measured (row+col per-token quantize, graphs, 64 ->
-    256 rows): fp32 4096x8192 136.9 -> 128.7 us, 8192^2 245.7 -> 239.3, but 4096x4096 68.3 ->
-    73.7 (fewer CTAs); bf16 4096x8192 72.5 -> 77.6, 8192^2 136.5 -> 135.6
-    (notes/quant.md "Session 27")."""
-    return 256 if esize == 4 and m * k >= 1 << 25 else 64
-
-
-def token_amax_fn(name: str, l2_keep: int, arch: str, rows_per_cta: int = 64):
+def token_amax_fn(name: str, l2_keep: int, arch: str):
     """The compiled AmaxToken (K1) of a configuration (TVM-FFI function, cached)."""
     return ffi_function(KERNELS.get(
-        ("amax_token", name, l2_keep, rows_per_cta, arch),
-        lambda: compile_kernel(*amax_token_kernel(name, l2_keep, rows_per_cta), arch=arch)))
+        ("amax_token", name, l2_keep, arch),
+        lambda: compile_kernel(*amax_token_kernel(name, l2_keep), arch=arch)))
 
 
 def tensor_amax_words(m: int, k: int, esize: int, num_sms: int, reduced: bool) -> int:
@@ -353,7 +344,7 @@ class _Plan:
         if per_token:
             n_amax = m if self.token_rows is not None else m + k  # TokenRowCast: rows only
             if not fused and self.token_rows is None:
-                self.amax = token_amax_fn(name, keep, arch, token_amax_rows(m, k, esize))
+                self.amax = token_amax_fn(name, keep, arch)
         elif fused:
             n_amax = 1
         else:

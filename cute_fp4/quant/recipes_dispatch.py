@@ -45,7 +45,7 @@ from ..tensor import NVFP4Tensor
 from .cast_recipes import GTAB_COLS, TILE, RecipeAmax, RecipeCastKernel
 from .dispatch import (L2_KEEP_BYTES, L2_WARM_MAX_BYTES, cast_kernel, cast_walk,
                        run_tensor_amax, tensor_amax_fn, tensor_amax_words, token_amax_fn,
-                       token_amax_rows, walk_run)
+                       walk_run)
 
 _DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 _CUTLASS = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16, "fp32": cutlass.Float32}
@@ -179,19 +179,14 @@ def amax_tiles_per_cta(tiles: int, k: int, esize: int, num_sms: int, per_token: 
     return AMAX_TILES_PER_CTA
 
 
-def token_amax_k1(recipe: Recipe, col_sum: bool, m: int, k: int, esize: int) -> bool:
+def token_amax_k1(recipe: Recipe, col_sum: bool) -> bool:
     """Whether a single-tensor recipe on the plain cast takes the plain per-token amax pass
     (AmaxToken, K1) instead of RecipeAmax: per token with both outputs, without the RHT (its
-    column amax is taken after the transform) or column sums, for 16-bit inputs below
-    L2_WARM_MAX_BYTES. Measured (stochastic rounding, graphs, RecipeAmax -> K1): bf16
-    2048x8192 46.3 -> 42.7 us, 4096x4096 46.0 -> 42.2, 4096x8192 78.2 -> 76.9, 16384x2048
-    78.0 -> 76.7, 8192^2 146.9 -> 145.6, 2^22 to 2^23 elements +-0.3; fp16 4096x4096 43.7 ->
-    41.5, 4096x8192 76.3 -> 75.1, 8192^2 +0.3; but bf16 16384x8192 278 -> 285, 32768x8192
-    539 -> 552, fp32 4096x8192 120.3 -> 123.5, 8192^2 234.0 -> 245.5 (notes/quant_recipes.md
-    "Session 27")."""
+    column amax is taken after the transform) or column sums. K1 alone against RecipeAmax
+    (H200, graphs): bf16 4096x8192 19.3 vs 21.1 us, 8192^2 34.7 vs 37.6, 16384x8192 63.9 vs
+    63.5; fp32 4096x8192 34.6 vs 35.8, 8192^2 63.8 vs 65.8 (notes/quant.md "Session 29")."""
     return (recipe.scaling == "token" and not recipe.rht and not col_sum
-            and recipe.rowwise and recipe.columnwise and esize == 2
-            and m * k * esize < L2_WARM_MAX_BYTES)
+            and recipe.rowwise and recipe.columnwise)
 
 
 def _check(x: torch.Tensor, recipe: Recipe) -> torch.Tensor:
@@ -298,8 +293,8 @@ class _Plan:
         if self.plain and scaling == "tensor" and not recipe.rht and not col_sum:
             self.tensor_amax = tensor_amax_fn(name, sms, keep, arch)
             self.amax_dims = (m, k, esize, sms)
-        elif self.plain and token_amax_k1(recipe, col_sum, m, k, esize):
-            self.token_amax = token_amax_fn(name, keep, arch, token_amax_rows(m, k, esize))
+        elif self.plain and token_amax_k1(recipe, col_sum):
+            self.token_amax = token_amax_fn(name, keep, arch)
         elif scaling != "window64" and atab:
             do_row, do_col = row or self.alias, col and not self.alias
             akey = ("amax_recipe", name, scaling == "token", recipe.rht, do_row, do_col,
