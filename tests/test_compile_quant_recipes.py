@@ -326,18 +326,15 @@ def test_sr_encode_matches_reference():
 
 
 def test_amax_tiles_per_cta():
-    """RecipeAmax CTA rows take 8 m tiles, 4 where the grid of 8 is small: per tensor at most
-    one CTA per SM, per token fewer CTAs than half the SMs (bf16: 512-byte slabs of K)."""
-    for tok in (False, True):
-        assert amax_tiles_per_cta(64, 2048, 2, 132, tok) == 4  # 4096x2048: 8 slabs x 8 rows
-        assert amax_tiles_per_cta(16, 8192, 2, 132, tok) == 4  # 1024x8192: 32 x 2
-        assert amax_tiles_per_cta(256, 2048, 2, 132, tok) == 8  # 16384x2048: 8 x 32
-        assert amax_tiles_per_cta(1, 16, 2, 132, tok) == 4
-    assert amax_tiles_per_cta(32, 8192, 2, 132, False) == 4  # 2048x8192: 32 x 4
-    assert amax_tiles_per_cta(32, 8192, 2, 132, True) == 8
-    assert amax_tiles_per_cta(64, 8192, 2, 132, False) == 8  # 4096x8192: 256
-    assert amax_tiles_per_cta(64, 2048, 4, 132, False) == 4  # fp32 4096x2048: 16 x 8 = 128
-    assert amax_tiles_per_cta(64, 2048, 4, 132, True) == 8
+    """RecipeAmax CTA rows take 4 m tiles, 2 or 1 where 4 would leave SMs without a CTA (bf16:
+    512-byte slabs of K, fp32 128 columns)."""
+    assert amax_tiles_per_cta(64, 8192, 2, 132) == 4  # 4096x8192: 32 slabs x 16 rows
+    assert amax_tiles_per_cta(256, 2048, 2, 132) == 4  # 16384x2048: 8 x 64
+    assert amax_tiles_per_cta(64, 2048, 2, 132) == 2  # 4096x2048: 8 x 16 = 128 at 4
+    assert amax_tiles_per_cta(32, 2048, 2, 132) == 1  # 2048x2048: 8 x 16 = 128 at 2
+    assert amax_tiles_per_cta(66, 2048, 2, 132) == 4  # 8 x 17 = 136
+    assert amax_tiles_per_cta(64, 2048, 4, 132) == 4  # fp32 4096x2048: 16 x 16
+    assert amax_tiles_per_cta(1, 16, 2, 132) == 1
 
 
 def test_token_amax_k1():

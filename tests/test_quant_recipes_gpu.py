@@ -178,10 +178,11 @@ def test_sr_plain_cast(shape, kind, dtype, rht, scaling, gen):
 
 @pytest.mark.parametrize("per_cta", [8, 4, 2, 1])
 def test_amax_tiles_per_cta(per_cta, gen, monkeypatch):
-    """RecipeAmax with 1 .. 8 m tiles per CTA row (amax_tiles_per_cta picks 8 or 4 by grid
-    size): the amaxes and outputs of every recipe that takes it (the RHT, per tensor and per
-    token; the recipe kernel's SR and 16x16; groups with tails) stay byte-equal to the
-    reference, also with tile counts that are no multiple of per_cta."""
+    """RecipeAmax with 1 .. 8 m tiles per CTA row (amax_tiles_per_cta picks 4, 2 or 1 by grid
+    size; the CTA row's 4 to 32 strips dealt to its 8 warps): the amaxes and outputs of every
+    recipe that takes it (the RHT, per tensor and per token; the recipe kernel's SR and 16x16;
+    groups with tails) stay byte-equal to the reference, also with tile counts that are no
+    multiple of per_cta."""
     monkeypatch.setattr(rd, "amax_tiles_per_cta", lambda *a: per_cta)
     rd._plan.cache_clear()
     try:

@@ -650,13 +650,15 @@ class RecipeCastKernel(_TileLoader):
 class RecipeAmax:
     """Outer amax per group for scaling "tensor" / "token": rowwise (|x|) and/or columnwise
     (|x| or |rht(x)| along M). Straight from global memory into registers (no smem tile): a
-    warp covers a slab of 32 x 16-byte vectors of one row (256 bf16 columns) and walks a
-    64-row tile of its group in four 16-row strips, 16 loads in flight per thread; the thread
-    then holds 16 rows x 8 (bf16) columns, i.e. whole 16-row column blocks for the RHT.
-    atab int32 [C, 2]: (first tile, tile count <= WARPS) of each CTA row, all inside one group;
-    warp w takes tile w; grid (ceil(K / slab), C). l2_keep (bytes): the L2 priorities of
-    amax.keep_policies (the last l2_keep bytes of x normal, the rest evict_first), for the
-    plain RHT cast walking backwards (recipes_dispatch)."""
+    warp covers a slab of 32 x 16-byte vectors of one row (256 bf16 columns) and reads it in
+    16-row strips, 16 loads in flight per thread; the thread then holds 16 rows x 8 (bf16)
+    columns, i.e. whole 16-row column blocks for the RHT. atab int32 [C, 2]: (first tile, tile
+    count) of each CTA row, consecutive 64-row tiles inside one group; the CTA row's strips
+    (four per tile, fewer at the group's end) are dealt to the warps in turn (warp w: strips
+    w, w + WARPS, ...), so that small CTA rows keep every warp busy. Grid (ceil(K / slab), C).
+    l2_keep (bytes): the L2 priorities of amax.keep_policies (the last l2_keep bytes of x
+    normal, the rest evict_first), for the plain RHT cast walking backwards
+    (recipes_dispatch)."""
 
     WARPS = THREADS // 32
     SLAB_BYTES = 32 * 16  # a warp's row slab: one 16-byte vector per lane
@@ -753,10 +755,9 @@ class RecipeAmax:
         # leave every max unchanged (columns >= K and rows >= nrows are never written). Whole
         # 16-row strips past the group are skipped (the RHT needs full blocks: with a
         # columnwise twin the group's rows are a multiple of 16).
-        wt = cutlass.min(warp, count - 1)
-        lr0 = ttab[t0 + wt, 1]
+        lr0 = ttab[t0, 1]
         nrows = Mg - lr0
-        nstrips = cutlass.select_(warp < count, (cutlass.min(nrows, TILE) + 15) // 16, 0)
+        nstrips = cutlass.min(count * (TILE // 16), (nrows + 15) // 16)
         rbytes = Int64(K) * self.esize
         base = (xbase + (row0 + Int64(lr0)) * rbytes
                 + Int64(cutlass.min(col, K - self.epv)) * self.esize)
@@ -770,7 +771,7 @@ class RecipeAmax:
             facc[j] = Float32(0.0)
         for j in cutlass.range_constexpr(5):
             pacc[j] = Uint32(0)
-        for s in cutlass.range(nstrips, unroll=1):
+        for s in cutlass.range(warp, nstrips, self.WARPS, unroll=1):
             rows = self._strip_rows(s, base, nrows, rbytes, xbase, policies)
             if cutlass.const_expr(self.col_sum):
                 for i in cutlass.range_constexpr(16):
@@ -813,7 +814,7 @@ class RecipeAmax:
             if inf:
                 for j in cutlass.range_constexpr(self.epv):
                     facc[1 + j] = Float32(0.0)
-                for s in cutlass.range(nstrips, unroll=1):
+                for s in cutlass.range(warp, nstrips, self.WARPS, unroll=1):
                     rows = self._strip_rows(s, base, nrows, rbytes, xbase, policies)
                     for j in cutlass.range_constexpr(self.epv):
                         xs = rht16([self._elem(w, j) for w in rows], scale=False)

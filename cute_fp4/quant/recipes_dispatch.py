@@ -49,7 +49,7 @@ from .dispatch import (L2_KEEP_BYTES, L2_WARM_MAX_BYTES, cast_kernel, cast_walk,
 
 _DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 _CUTLASS = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16, "fp32": cutlass.Float32}
-AMAX_TILES_PER_CTA = RecipeAmax.WARPS  # m tiles per amax CTA row (one per warp)
+AMAX_TILES_PER_CTA = 4  # m tiles per RecipeAmax CTA row at most (two strips per warp)
 
 
 def _cast_config(name: str, recipe: Recipe):
@@ -164,19 +164,19 @@ def _ceil(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def amax_tiles_per_cta(tiles: int, k: int, esize: int, num_sms: int, per_token: bool) -> int:
-    """m tiles per RecipeAmax CTA row (atab) for `tiles` m tiles of K columns: one per warp
-    (AMAX_TILES_PER_CTA), or half as many where that grid is small: per tensor where it is at
-    most one CTA per SM, per token (whose column atomics double with the CTA rows) where it
-    leaves more than half of the SMs without a CTA. Measured (bf16 row+col, graphs, 8 -> 4
-    tiles): 4096x2048 (64 CTAs) per-token RHT quantize 29.7 -> 27.4 us, per tensor 28.4 ->
-    27.1; 2048x8192 (128 CTAs) per tensor 45.4 -> 44.5 but per token 46.9 -> 48.5; 4096x8192
-    (256 CTAs) per tensor 78.0 -> 77.8, per token 81.5 -> 85.7 (notes/quant_recipes.md
-    "Session 27")."""
-    ctas = _ceil(k * esize, RecipeAmax.SLAB_BYTES) * _ceil(tiles, AMAX_TILES_PER_CTA)
-    if (2 * ctas < num_sms) if per_token else (ctas <= num_sms):
-        return AMAX_TILES_PER_CTA // 2
-    return AMAX_TILES_PER_CTA
+def amax_tiles_per_cta(tiles: int, k: int, esize: int, num_sms: int) -> int:
+    """m tiles per RecipeAmax CTA row (atab) for `tiles` m tiles of K columns: the largest of
+    AMAX_TILES_PER_CTA, its halves and 1 whose grid has a CTA for every SM (the CTA row's
+    strips are dealt to its warps in turn, so two tiles still keep all 8 warps busy).
+    Measured (H200, bf16 row+col, graphs; RHT quantize per token / per tensor, us): 4096x2048
+    (8 slabs) 4 tiles (128 CTAs) 25.4 / 24.4, 2 tiles 24.9 / 23.9, 1 tile 26.2 / 25.1; 2048x2048
+    2 and 1 tile 15.6 / 15.4, 4 tiles 16.8 / 16.3; from 2^25 elements 4 and 8 tiles within
+    +-1 us, 2 tiles 1-4 us slower (notes/quant_recipes.md "Session 29")."""
+    slabs = _ceil(k * esize, RecipeAmax.SLAB_BYTES)
+    per_cta = AMAX_TILES_PER_CTA
+    while per_cta > 1 and slabs * _ceil(tiles, per_cta) < num_sms:
+        per_cta //= 2
+    return per_cta
 
 
 def token_amax_k1(recipe: Recipe, col_sum: bool) -> bool:
@@ -244,8 +244,7 @@ class _Plan:
         row0 = 0
         seed_i64 = seed - (1 << 64) if seed >= 1 << 63 else seed
         esize, sms = _CUTLASS[name].width // 8, num_sms(dev)
-        per_cta = amax_tiles_per_cta(sum(_ceil(mg, TILE) for mg in sizes), k, esize, sms,
-                                     scaling == "token")
+        per_cta = amax_tiles_per_cta(sum(_ceil(mg, TILE) for mg in sizes), k, esize, sms)
         for g, mg in enumerate(sizes):
             real = _ceil(mg, TILE)
             tiles = 2 * _ceil(mg, 128) if (swz and row) else real
