@@ -210,12 +210,12 @@ class AmaxToken:
         ac = amax_c.iterator.toint()
         c0 = bx * self.cols_per_cta
         rbytes = Int64(K) * self.esize
-        base = xbase + Int64(cutlass.min(c0 + lane * self.vec, K - self.vec)) * self.esize
+        col_off = Int64(cutlass.min(c0 + lane * self.vec, K - self.vec)) * self.esize
         policies = keep_policies(self.l2_keep, Int64(M) * rbytes)
         r0 = by * self.ROWS + warp * self.STRIP
         rows = []
         for i in cutlass.range_constexpr(self.STRIP):
-            off = Int64(cutlass.min(r0 + i, M - 1)) * rbytes + (base - xbase)
+            off = Int64(cutlass.min(r0 + i, M - 1)) * rbytes + col_off
             rows.append(list(keep_load(xbase, off, policies)))
         rm = E.lanes_transpose_max16([vec_amax(w, self.dtype_name) for w in rows], lane)
         r = r0 + lane // 2  # the row whose maximum this lane now holds
