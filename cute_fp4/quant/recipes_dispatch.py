@@ -43,9 +43,8 @@ from ..ref.philox import check_seed_offset
 from ..ref.swizzle import scale_shape
 from ..tensor import NVFP4Tensor
 from .cast_recipes import GTAB_COLS, TILE, RecipeAmax, RecipeCastKernel
-from .dispatch import (L2_KEEP_BYTES, L2_WARM_MAX_BYTES, cast_kernel, cast_walk,
-                       run_tensor_amax, tensor_amax_fn, tensor_amax_words, token_amax_fn,
-                       walk_run)
+from .dispatch import (L2_KEEP_BYTES, cast_kernel, cast_walk, run_tensor_amax, tensor_amax_fn,
+                       tensor_amax_words, token_amax_fn, walk_run)
 
 _DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 _CUTLASS = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16, "fp32": cutlass.Float32}
