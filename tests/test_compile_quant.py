@@ -153,8 +153,11 @@ def test_cast_walks_ptx(arch, per_token):
 def test_cast_rht_ptx(arch, dtype, row, swizzle, per_token, walk):
     """The RHT cast transforms the twin on the tensor cores: per 16-row block row one
     ldmatrix .x4 .trans of the smem tile and two m16n8k16 MMAs of the input's 16-bit type with
-    FP32 accumulators; per tensor the twin's own outer amax and enc table (IEEE reciprocals
-    for two outer scales and two table fills), the rest as the plain cast."""
+    FP32 accumulators, whose outputs the lanes of a column exchange through smem (per block
+    row and output column one 16-byte store, per output column four 16-byte loads, one warp
+    barrier in between; no shuffles of the outputs); per tensor the twin's own outer amax and
+    enc table (IEEE reciprocals for two outer scales and two table fills), the rest as the
+    plain cast."""
     ptx = compile_ptx(*cast_kernel(dtype, row, True, swizzle, per_token, walk=walk, rht=True),
                       arch=arch)
     assert ptx_target(ptx) == arch
@@ -169,9 +172,17 @@ def test_cast_rht_ptx(arch, dtype, row, swizzle, per_token, walk):
     assert ptx.count(f"mma.sync.aligned.m16n8k16.row.col.f32.{ty}.{ty}.f32") == 8 * copies
     assert ptx.count("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16") == (
         4 if walk[6] else 4 * copies)
-    need = [r"cp\.async\.bulk\.tensor", r"shfl\.sync\.bfly", r"shfl\.sync\.idx",
-            r"st\.global\.v2\.b32", r"cvt\.rn\.satfinite\.e4m3x2\.f32"]
+    need = [r"cp\.async\.bulk\.tensor", r"st\.global\.v2\.b32",
+            r"cvt\.rn\.satfinite\.e4m3x2\.f32"]
     assert missing_instructions(ptx, need) == []
+    plain = compile_ptx(*cast_kernel(dtype, row, True, swizzle, per_token, walk=walk),
+                        arch=arch)
+    assert ptx.count("st.shared.v4.b32") - plain.count("st.shared.v4.b32") == 8 * copies
+    assert ptx.count("ld.shared.v4.b32") - plain.count("ld.shared.v4.b32") == 8 * copies
+    # per token the plain column pass shuffles its columns' outer scales (2 per lane), the
+    # RHT twin its two output columns'; per tensor the twin's own amax reduction (5 xor steps)
+    assert ptx.count("shfl.sync") == plain.count("shfl.sync") + (0 if per_token else 5)
+    assert ptx.count("bar.warp.sync") == plain.count("bar.warp.sync") + copies
     assert "div.approx" not in ptx
     assert ptx.count("rcp.approx.ftz.f32") == ptx.count(".ftz") == fast
     if not per_token and walk[5]:
@@ -194,8 +205,9 @@ def test_cast_sr_ptx(arch, dtype, row, col, swizzle, per_token, rht, walk):
     of each pass (row_steps rowwise, 4 / esize column blocks, 2 per lane with the RHT), the
     software stochastic encode on both archs (16 mul.rz.f32 per block, no e2m1 instruction),
     IEEE arithmetic only; the column pass rotates its blocks' random bytes with run-time prmt
-    selectors (4 per block); with the RHT the lanes exchange their words through smem (one
-    16-byte store per output column, after which a warp barrier). 16-bit inputs without the
+    selectors (4 per block); with the RHT a lane quantizes whole blocks after the exchange of
+    the transform's outputs (test_cast_rht_ptx): its call's words are its block's, no smem
+    traffic beyond the RN cast's. 16-bit inputs without the
     RHT compile the passes twice, the second copy with the signs from the inputs: one
     set.lt.u32 per input word of a rowwise block (8) and of the column pass (16, both
     columns), and without the enc table its blocks' enc from the fast reciprocal."""
@@ -226,9 +238,8 @@ def test_cast_sr_ptx(arch, dtype, row, col, swizzle, per_token, rht, walk):
     rn_copies = 2 if per_token else 1  # the RN cast's fast copy: per token only
     assert rotations - copies // rn_copies * len(re.findall(reg_prmt, rn)) == (
         0 if rht else 4 * (4 // op.esize) * col * copies)
-    assert ptx.count("st.shared.v4.b32") - rn.count("st.shared.v4.b32") == 2 * rht * copies
-    if rht:
-        assert "bar.warp.sync" in ptx
+    rn_st = rn.count("st.shared.v4.b32") // rn_copies * copies  # the RHT exchange's
+    assert ptx.count("st.shared.v4.b32") == rn_st
 
 
 def test_cast_sr_rules():

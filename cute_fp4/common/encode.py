@@ -107,11 +107,20 @@ def abs_max2_nan(a, b):
     )
 
 
-def block_amax(xs):
+def block_amax(xs, tree: bool = False):
     """max.NaN of |x| over a list of FP32 values (a block amax): n - 1 max instructions, the
-    value of a max from 0 (|x| >= 0; -0 gives +0, NaN propagates)."""
+    value of a max from 0 (|x| >= 0; -0 gives +0, NaN propagates). tree: pairwise (a chain of
+    log2(n) maxima instead of n - 1, for values that are all ready at once)."""
     if len(xs) == 1:
         return fabs(xs[0])
+    if tree:
+        ms = [abs_max2_nan(xs[i], xs[i + 1]) for i in range(0, len(xs) - 1, 2)]
+        if len(xs) % 2:
+            ms.append(fabs(xs[-1]))
+        while len(ms) > 1:
+            ms = [fmax_nan(ms[i], ms[i + 1]) for i in range(0, len(ms) - 1, 2)] + (
+                [ms[-1]] if len(ms) % 2 else [])
+        return ms[0]
     a = abs_max2_nan(xs[0], xs[1])
     for x in xs[2:]:
         a = abs_max_nan(a, x)
@@ -257,12 +266,12 @@ def _magnitude_ptx(x: str, e: str, v: str) -> list:
             f"abs.f32 a, {v};", "min.f32 a, a, 0f40C00000;"]
 
 
-def _sw_elem(i: int, x: str, v: str = "v", e: str = "e") -> str:
+def _sw_elem(i: int, x: str, v: str = "v") -> str:
     """Element i (PTX register x, multiplier register e) into the word {$w0}. v = "v": the
     sign by a compare and a predicated add per element; else the product goes to register v
     (fma with +0, see sign_nibbles_ptx) and the sign is left to the caller."""
     signed = v == "v"
-    lines = _magnitude_ptx(x, e, v) + [
+    lines = _magnitude_ptx(x, "e", v) + [
         "fma.rn.f32 c, a, 0f40000000, 0f4B000000;",
         "add.rn.f32 d, a, 0f4B000002;",
         "min.f32 c, c, d;",
@@ -310,29 +319,23 @@ def _sw_encode8_signs_ptx():
     return "".join(body)
 
 
-def _sw_encode8_ptx(pair: bool = False):
-    """pair: elements 0-3 with the multiplier {$r8}, 4-7 with {$r9} (encode8_pair)."""
+def _sw_encode8_ptx():
     body = ["{\n", _SW_DECL, "mov.f32 e, {$r8};\n"]
-    if pair:
-        body.append(".reg .f32 e1;\nmov.f32 e1, {$r9};\n")
     for i in range(8):
-        body.append(_sw_elem(i, "{$r%d}" % i, e="e1" if pair and i >= 4 else "e"))
+        body.append(_sw_elem(i, "{$r%d}" % i))
     body.append(f"add.u32 {{$w0}}, {{$w0}}, {_SW_CONST};\n}}")
     return "".join(body)
 
 
-def _hw_encode8_ptx(pair: bool = False):
+def _hw_encode8_ptx():
     lines = [
         "{\n.reg .b8 c;\n.reg .b32 w;\n.reg .f32 v0;\n.reg .f32 v1;\n.reg .f32 e;\n",
         "mov.f32 e, {$r8};\n",
     ]
-    if pair:
-        lines.append(".reg .f32 e1;\nmov.f32 e1, {$r9};\n")
     for j in range(4):
-        e = "e1" if pair and j >= 2 else "e"
         # -0 (and +0) -> +0: x*e + 0 turns -0 into +0 and leaves every other value.
-        lines.append(f"mul.rn.f32 v0, {{$r{2 * j}}}, {e};\nadd.rn.f32 v0, v0, 0f00000000;\n")
-        lines.append(f"mul.rn.f32 v1, {{$r{2 * j + 1}}}, {e};\nadd.rn.f32 v1, v1, 0f00000000;\n")
+        lines.append(f"mul.rn.f32 v0, {{$r{2 * j}}}, e;\nadd.rn.f32 v0, v0, 0f00000000;\n")
+        lines.append(f"mul.rn.f32 v1, {{$r{2 * j + 1}}}, e;\nadd.rn.f32 v1, v1, 0f00000000;\n")
         lines.append("cvt.rn.satfinite.e2m1x2.f32 c, v1, v0;\n")
         lines.append("cvt.u32.u8 w, c;\n")
         if j == 0:
@@ -346,8 +349,6 @@ def _hw_encode8_ptx(pair: bool = False):
 _SW_ENCODE8 = _sw_encode8_ptx()
 _SW_ENCODE8_SIGNS = _sw_encode8_signs_ptx()
 _HW_ENCODE8 = _hw_encode8_ptx()
-_SW_ENCODE8_PAIR = _sw_encode8_ptx(pair=True)
-_HW_ENCODE8_PAIR = _hw_encode8_ptx(pair=True)
 
 
 def encode8(xs, enc, block_nan, hw: bool):
@@ -362,24 +363,6 @@ def encode8(xs, enc, block_nan, hw: bool):
         "{\n.reg .pred p;\nsetp.ne.u32 p, {$r1}, 0;\nselp.b32 {$w0}, 0, {$r0}, p;\n}",
         Uint32, w, Uint32(block_nan),
     )
-
-
-def encode8_pair(xs, enc_lo, enc_hi, hw: bool):
-    """encode8 of two half blocks: xs[0:4] with enc_lo into nibbles 0-3, xs[4:8] with enc_hi
-    into nibbles 4-7; a NaN enc zeroes its half (code 0, like the reference)."""
-    code = _HW_ENCODE8_PAIR if hw else _SW_ENCODE8_PAIR
-    w = cute.arch.inline_ptx(
-        code, write_only_types=[Uint32],
-        read_only_args=[Float32(x) for x in xs] + [Float32(enc_lo), Float32(enc_hi)])
-    return _nan_halves(w, enc_lo, enc_hi)
-
-
-def _nan_halves(w, enc_lo, enc_hi):
-    """w with its low (high) 16 bits zeroed where enc_lo (enc_hi) is NaN."""
-    return _ptx1(
-        "{\n.reg .pred p;\n.reg .b32 m;\nsetp.num.f32 p, {$r1}, {$r1};\nselp.b32 m, 0xFFFF, 0, p;\n"
-        "setp.num.f32 p, {$r2}, {$r2};\n@p or.b32 m, m, 0xFFFF0000;\nand.b32 {$w0}, {$r0}, m;\n}",
-        Uint32, w, Float32(enc_lo), Float32(enc_hi))
 
 
 def encode8_nonzero_products(xs, enc):
@@ -447,21 +430,21 @@ def _sr_elem(i: int, x: str, e: str, w: str, v: str, sign_word: str = None,
     return "\n".join(lines) + "\n"
 
 
-def _sr_encode8_ptx(pair: bool = False, signs8: bool = False, halves: tuple = None) -> str:
-    """Operands: x {$r0..7}, enc {$r8} (pair: {$r9} for elements 4..7), then the two random
-    words (element i: byte i % 4 of word i // 4); with halves (the signs from sign words,
-    not pair): then the 8 elements' sign words, element i in half halves[i] of its word."""
+def _sr_encode8_ptx(signs8: bool = False, halves: tuple = None) -> str:
+    """Operands: x {$r0..7}, enc {$r8}, then the two random words (element i: byte i % 4 of
+    word i // 4); with halves (the signs from sign words): then the 8 elements' sign words,
+    element i in half halves[i] of its word."""
     ds = [f"d{i}" for i in range(8)]
     vs = [f"v{i}" for i in range(8)] if signs8 else ["v"] * 8
-    w0 = 10 if pair else 9
+    w0 = 9
     body = ["{\n.reg .f32 v, a;\n.reg .b32 b, r, c, t, u, ev, od;\n.reg .pred p;\n",
             ".reg .b32 " + ", ".join(ds) + ";\n", "mov.b32 c, 0x8000;\n"]
     if signs8:
         body.append(".reg .f32 " + ", ".join(vs) + ";\n")
     for i in range(8):
-        e = "{$r9}" if pair and i >= 4 else "{$r8}"
         sw, half = (None, 0) if halves is None else ("{$r%d}" % (11 + i), halves[i])
-        body.append(_sr_elem(i, "{$r%d}" % i, e, "{$r%d}" % (w0 + i // 4), vs[i], sw, half))
+        body.append(_sr_elem(i, "{$r%d}" % i, "{$r8}", "{$r%d}" % (w0 + i // 4), vs[i], sw,
+                             half))
     # byte 3 of d0, d2 / d4, d6 -> bytes 0, 1 / 2, 3 of the even codes (odd likewise)
     for name, a in (("ev", 0), ("od", 1)):
         body.append(f"prmt.b32 t, d{a}, d{a + 2}, 0x73;\nprmt.b32 u, d{a + 4}, d{a + 6}, 0x7300;\n"
@@ -474,7 +457,6 @@ def _sr_encode8_ptx(pair: bool = False, signs8: bool = False, halves: tuple = No
 
 
 _SR_ENCODE8 = _sr_encode8_ptx()
-_SR_ENCODE8_PAIR = _sr_encode8_ptx(pair=True)
 _SR_ENCODE8_SIGNS = _sr_encode8_ptx(signs8=True)
 
 
@@ -491,16 +473,6 @@ def sr_encode8(xs, enc, words):
         _SR_ENCODE8, write_only_types=[Uint32],
         read_only_args=[Float32(x) for x in xs] + [Float32(enc)] + [Uint32(b) for b in words])
     return Uint32(cutlass.select_(is_nan(enc) != Uint32(0), Uint32(0), w))
-
-
-def sr_encode8_pair(xs, enc_lo, enc_hi, words):
-    """sr_encode8 of two half blocks: xs[0:4] with enc_lo and words[0], xs[4:8] with enc_hi
-    and words[1]; a NaN enc zeroes its half."""
-    w = cute.arch.inline_ptx(
-        _SR_ENCODE8_PAIR, write_only_types=[Uint32],
-        read_only_args=[Float32(x) for x in xs] + [Float32(enc_lo), Float32(enc_hi)]
-        + [Uint32(b) for b in words])
-    return _nan_halves(w, enc_lo, enc_hi)
 
 
 def sr_encode8_nonzero_products(xs, enc, words):

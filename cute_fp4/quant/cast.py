@@ -44,14 +44,11 @@ column amax), from RecipeAmax.
 `stochastic`: stochastic rounding of both outputs (SPEC section 2) from Philox4x32-10 keyed by
 the int64 [seed, offset] device tensor `rng`: one Philox call per 1x16 block gives its 16
 random bytes (common/philox.py: stream 0 the rowwise output, 1 the twin), encoded by
-E.sr_encode16 / sr_encode8_pair. With 16-bit inputs (no RHT), the fast copy of the passes
-(below) takes the signs from the inputs (E.sr_encode16_signed: one HSET2 + LOP3 per pair of
-elements instead of a compare and an add per element), exact where every block has enc >=
-2^-14. The column pass reads its blocks in a rotated order (_col_offsets): the block's
-random bytes are rotated alike (two prmt per half block). With the RHT, lane q of a column's
-4 lanes draws block row q's call and the 4 lanes exchange their words through smem
-(_rht_words): lane q encodes outputs 4q .. 4q + 3 of every block row, i.e. word q of each
-block row's call.
+E.sr_encode16. With 16-bit inputs (no RHT), the fast copy of the passes (below) takes the
+signs from the inputs (E.sr_encode16_signed: one HSET2 + LOP3 per pair of elements instead of a
+compare and an add per element), exact where every block has enc >= 2^-14. The column pass
+reads its blocks in a rotated order (_col_offsets): the block's random bytes are rotated alike
+(two prmt per half block).
 
 The fast copy (`input_signs` or `fast_rcp`): the passes are compiled twice behind a
 warp-uniform branch, and tiles whose outer scales allow it (_fast_blocks_ok: per tensor all
@@ -99,6 +96,7 @@ class CastKernel:
     """Compile-time config: input dtype name, which outputs, scale layout, scaling mode."""
 
     num_consumer_warps = 8
+    XCH_COL_BYTES = 8 * 16 * 16  # _rht_exchange: 8 columns x 16 slots of 16 bytes
     tile_m = 128
     tile_bytes = 128  # bytes of one tile row (one SWIZZLE_128B atom row)
 
@@ -162,9 +160,8 @@ class CastKernel:
         # per-tensor casts without the table (from ENC_TABLE_COMPACT_TWIN_MAX_BYTES) 0 to 1%
         # slower: not there); not for the fused cast of tiny inputs
         self.fast_rcp = (per_token or stochastic) and not (enc_table or fused_amax)
-        # stochastic with the RHT: per warp and output column of a lane (2), the 4 Philox
-        # words of each of the 32 lanes (_rht_words)
-        self.sr_words = self.num_consumer_warps * 2 * 32 * 4 if rht and stochastic else 4
+        # the RHT twin: per warp and output column of a lane (2), an exchange buffer
+        self.xch_words = self.num_consumer_warps * 2 * self.XCH_COL_BYTES // 4 if rht else 4
         self.stage_bytes = self.tile_m * self.tile_bytes
         self.threads = 32 * (self.num_consumer_warps + 1)
         # rows of a tile per consumer warp (both passes); per token the warp's lanes compute
@@ -235,8 +232,8 @@ class CastKernel:
             enc_tab: cute.struct.Align[cute.struct.MemRange[Float32, self.enc_tab_words], 16]
             # block2d with the twin: the tiles' (scale byte, enc) (_tile_scales)
             tile_sc: cute.struct.Align[cute.struct.MemRange[Uint32, self.tile_scale_words], 8]
-            # stochastic with the RHT: the Philox words the lanes exchange (_rht_words)
-            sr_x: cute.struct.Align[cute.struct.MemRange[Uint32, self.sr_words], 16]
+            # the RHT twin's exchange buffers (_rht_exchange)
+            rht_x: cute.struct.Align[cute.struct.MemRange[Uint32, self.xch_words], 16]
             sx: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(smem_layout)], 1024]
 
         self.storage = Storage
@@ -371,11 +368,15 @@ class CastKernel:
         (sign words, halves) of the elements (E.sr_encode16_signed) or None; fast: the
         passes' fast copy (_passes)."""
         code, enc = self._block_scale(amax, s6, sdec, enc_tab, fast and self.fast_rcp)
+        return (code, *self._encode16(xs, enc, rnd, signs))
+
+    def _encode16(self, xs, enc, rnd, signs=None):
+        """The two code words of 16 FP32 values with their block's enc (_quantize16)."""
         if cutlass.const_expr(rnd is None):
-            return (code, *E.encode16(xs, enc, self.hw))
+            return E.encode16(xs, enc, self.hw)
         if cutlass.const_expr(signs is not None):
-            return (code, *E.sr_encode16_signed(xs, enc, rnd, *signs))
-        return (code, *E.sr_encode16(xs, enc, rnd))
+            return E.sr_encode16_signed(xs, enc, rnd, *signs)
+        return E.sr_encode16(xs, enc, rnd)
 
     def _fast_blocks_ok(self, sdec, col_outer, amax):
         """Whether every block quantized with outer scale sdec (per token: every lane's of
@@ -411,46 +412,23 @@ class CastKernel:
         return ok
 
     # ------------------------------------------------------------------ stochastic rounding
-    def _sr_state(self, tidx, rng, sr_base):
-        """(round keys, offset, column-pass selectors, RHT exchange addresses) of stochastic
-        rounding. Selectors: the column pass's lane rb holds element (i + rb) % 8 of a half
-        block at position i (_col_offsets), so its random bytes are the half block's 8 bytes
-        rotated by rb: prmt with nibble j = (j + rb) % 8 (low word) / (j + 4 + rb) % 8 (high
-        word). With the RHT: per output column (cc), the 16-byte slot where the lane stores
-        its call's words and the 4 words it loads (_rht_words)."""
+    def _sr_state(self, tidx, rng):
+        """(round keys, offset, column-pass selectors) of stochastic rounding. Selectors (not
+        with the RHT): the column pass's lane rb holds element (i + rb) % 8 of a half block at
+        position i (_col_offsets), so its random bytes are the half block's 8 bytes rotated by
+        rb: prmt with nibble j = (j + rb) % 8 (low word) / (j + 4 + rb) % 8 (high word)."""
         seed = rng[0]
         keys = round_keys(Uint32(seed & 0xFFFFFFFF), Uint32(seed >> 32))
-        lane = tidx % 32
-        sels = xch = None
+        sels = None
         if not self.rht:
-            rot = E.rotl_nibbles(Uint32(0x76543210), 8 - lane // 4)
+            rot = E.rotl_nibbles(Uint32(0x76543210), 8 - tidx % 32 // 4)
             sels = (rot, rot >> 16)
-        else:
-            # lane (g, q) stores its 4 words (word j: outputs 4j .. 4j + 3 of block row q) in
-            # chunk g * 4 + (q ^ h) and loads word q of the chunks of block rows 0 .. 3:
-            # the XOR with h = (g / 2) % 4 keeps both conflict-free
-            g = lane // 4
-            q = lane % 4
-            h = (g >> 1) & 3
-            xch = []
-            for cc in range(2):
-                buf = sr_base + (tidx // 32 * 2 + cc) * 32 * 16
-                xch.append((buf + (g * 4 + (q ^ h)) * 16,
-                            [buf + ((g * 4 + (i ^ h)) * 4 + q) * 4 for i in range(4)]))
-        return keys, Uint32(rng[1]), sels, xch
+        return keys, Uint32(rng[1]), sels
 
     def _philox(self, call, stream: int, sr):
         """The 4 random words of a block: Philox call `call` (Int64: the block's index in
         its output, row-major) of a stream (0 rowwise, 1 the twin)."""
         return philox_call(call, sr[1], stream, sr[0])
-
-    def _rht_words(self, words, sr, cc: int):
-        """RHT twin: lane q has the 4 words of block row q's call; returns word q of the calls
-        of block rows 0 .. 3 (the lanes of a column exchange them through smem)."""
-        st_addr, ld_addrs = sr[3][cc]
-        E.st_shared_v4(st_addr, words)
-        cute.arch.sync_warp()
-        return [E.ld_shared_u32(a) for a in ld_addrs]
 
     # ------------------------------------------------------------------ kernel
     @cute.kernel
@@ -564,10 +542,13 @@ class CastKernel:
                         self._fill_enc_table(enc_tab + ENC_CODES * 4, tidx, col_outer[1])
 
             offs = self._col_offsets(tidx)
-            rht_b = self._rht_fragments(tidx) if self.rht else None
+            rht_b = None
+            if cutlass.const_expr(self.rht):
+                rht_b = (self._rht_fragments(tidx),
+                         self._rht_exchange(tidx, storage.rht_x.data_ptr().toint()))
             sr = None
             if cutlass.const_expr(self.stochastic):
-                sr = self._sr_state(tidx, rng, storage.sr_x.data_ptr().toint())
+                sr = self._sr_state(tidx, rng)
             row_thr = self._row_thread_offsets(tidx, half_k, nsc_r)
             col_thr = self._col_thread_offsets(tidx, half_m, nsc_c)
             cstate = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
@@ -682,23 +663,29 @@ class CastKernel:
         """_cast_tile's rowwise and columnwise passes; fast: the copy for tiles where
         _fast_blocks_ok holds (input_signs: the stochastic encoder takes the signs from the
         16-bit inputs; fast_rcp: the blocks' enc from the fast reciprocal)."""
+        if cutlass.const_expr(self.rht and self.stochastic):
+            if cutlass.const_expr(not self.preload):
+                col_words = self._col_words(stage_addr, offs)
+            self._rht_transform(col_words, rht_b)
         if cutlass.const_expr(self.rowwise):
             self._row_pass(stage_addr, row_words, tidx, tm, tk, M, K, half_k, nsc_r, row_thr,
                            q_base, s_base, s6, sdec, enc_tab, run_sc, tile_scale, sr,
                            fast)
-        if cutlass.const_expr(self.columnwise):
+        if cutlass.const_expr(self.rht):
+            if cutlass.const_expr(not self.stochastic):
+                if cutlass.const_expr(not self.preload):
+                    col_words = self._col_words(stage_addr, offs)
+                self._rht_transform(col_words, rht_b)
+            self._col_pass_rht(tidx, tm, tk, M, K, half_m, nsc_c, pad_c_c, qt_base, st_base,
+                               s6, sdec, col_outer, enc_tab, rht_b, sr, fast)
+        elif cutlass.const_expr(self.columnwise):
             if cutlass.const_expr(not self.preload):
                 col_words = self._col_words(stage_addr, offs)
-            if cutlass.const_expr(self.rht):
-                self._col_pass_rht(col_words, tidx, tm, tk, M, K, half_m, nsc_c, pad_c_c,
-                                   qt_base, st_base, s6, sdec, col_outer, enc_tab, rht_b, sr,
-                                   fast)
-            else:
-                if cutlass.const_expr(self.block2d):  # the tile scales of the column blocks
-                    cute.arch.barrier(barrier_id=1, number_of_threads=self.consumer_threads)
-                    tile_scale = self._col_tile_scale(tidx, sc_buf)
-                self._col_pass(col_words, tidx, tm, tk, M, K, half_m, nsc_c, pad_c_c, col_thr,
-                               qt_base, st_base, s6, sdec, enc_tab, tile_scale, sr, fast)
+            if cutlass.const_expr(self.block2d):  # the tile scales of the column blocks
+                cute.arch.barrier(barrier_id=1, number_of_threads=self.consumer_threads)
+                tile_scale = self._col_tile_scale(tidx, sc_buf)
+            self._col_pass(col_words, tidx, tm, tk, M, K, half_m, nsc_c, pad_c_c, col_thr,
+                           qt_base, st_base, s6, sdec, enc_tab, tile_scale, sr, fast)
 
     @cute.jit
     def _flush_run_scales(self, buf, tidx, tm, uk, M, nsc_r, s_base):
@@ -1085,33 +1072,62 @@ class CastKernel:
             frags.append(tuple(regs))
         return frags
 
+    def _rht_exchange(self, tidx, xch_base):
+        """The lane's smem addresses of the twin's exchange (_col_pass_rht): per output column
+        cc, the 16-byte slots where lane (g, q) stores its 4 values of block rows i = 0 .. 3
+        and those it loads, outputs 4 j .. 4 j + 3 of block row q for j = 0 .. 3 (stored by
+        lane (g, j)). A column's buffer holds 8 x 16 slots; the slot of (g, block row i,
+        values of lane q) is g * 16 + 8 * (i % 2) + ((i + q) % 4 + 4 * ((g + i / 2) % 2)), so
+        the 8 lanes of a quarter warp (g and g + 1, q = 0 .. 3) hit 8 distinct 16-byte bank
+        groups in both directions."""
+        lane = tidx % 32
+        g = lane // 4
+        q = lane % 4
+        base = xch_base + (tidx // 32) * 2 * self.XCH_COL_BYTES
+
+        def slot(i, j):
+            return (g * 16 + 8 * (i % 2) + ((i + j) % 4 + 4 * ((g + i // 2) % 2))) * 16
+
+        xch = []
+        for cc in range(2):
+            buf = base + cc * self.XCH_COL_BYTES
+            xch.append(([buf + slot(i, q) for i in range(4)],
+                        [buf + slot(q, j) for j in range(4)]))
+        return xch
+
     @cute.jit
-    def _col_pass_rht(self, frags, tidx, tm, tk, M, K, half_m, nsc_c, pad_c_c, qt_base,
-                      st_base, s6, sdec, col_outer, enc_tab, rht_b, sr,
-                      fast: cutlass.Constexpr = False):
-        """The twin of the RHT'd tile from the warp's A fragments (_col_words). Per output
-        column (g, g + 8) and block row i, lane q holds 4 of the block's 16 values: the block
-        amax is reduced and scattered over the 4 lanes (lane q keeps block row q's), lane q
-        converts block row q's scale, the 4 lanes share their enc, encode their pieces, and
-        two shuffles transpose the pieces so that lane q stores block row q's 8 bytes (a
-        column's 4 block rows: one 32-byte sector). Scale outer operands: col_outer (per
-        tensor: the twin's own) or the lane's per-token s6 / sdec of the column. sr:
-        stochastic rounding (_sr_state): lane q draws block row q's call (_rht_words). fast:
-        the passes' fast copy (_passes)."""
+    def _rht_transform(self, frags, rht_b):
+        """The RHT of the warp's tile columns from its A fragments (_col_words) on the tensor
+        cores, into the exchange buffers (_rht_exchange): per output column (g, g + 8) and
+        block row i, lane q stores its 4 of the block's 16 values (outputs 4q .. 4q + 3).
+        With stochastic rounding _passes runs it before the rowwise pass (measured, H200,
+        bf16 row+col: RHT + SR 2^25-2^27 elements 1-5% faster than after it, per tensor and
+        per token; the RN cast 1-4% slower: there it runs after the rowwise pass)."""
+        b_frags, xch = rht_b
+        fp16 = self.dtype_name == "fp16"
+        zero = (Float32(0.0),) * 4
+        for i in cutlass.range_constexpr(4):
+            d0 = mma_16816(frags[i], b_frags[0], zero, fp16=fp16)
+            d1 = mma_16816(frags[i], b_frags[1], zero, fp16=fp16)
+            E.st_shared_v4(xch[0][0][i], [E.f32_bits(v) for v in (d0[0], d0[1], d1[0], d1[1])])
+            E.st_shared_v4(xch[1][0][i], [E.f32_bits(v) for v in (d0[2], d0[3], d1[2], d1[3])])
+
+    @cute.jit
+    def _col_pass_rht(self, tidx, tm, tk, M, K, half_m, nsc_c, pad_c_c, qt_base, st_base, s6,
+                      sdec, col_outer, enc_tab, rht_b, sr, fast: cutlass.Constexpr = False):
+        """The twin of the RHT'd tile (_rht_transform): lane q loads block row q's 16 values
+        of its output columns g and g + 8 from the exchange buffers, quantizes each block on
+        its own (amax, scale, encode) and stores its 8 bytes (a column's 4 block rows: one
+        32-byte sector). Scale outer operands: col_outer (per tensor: the twin's own) or the
+        lane's per-token s6 / sdec of the column. rht_b: (B fragments, exchange addresses).
+        sr: stochastic rounding (_sr_state), block row q's Philox call. fast: the passes' fast
+        copy (_passes)."""
         lane = tidx % 32
         warp = tidx // 32
         g = lane // 4
         q = lane % 4
-        hi = (q >> 1) == 1  # lane bit 1: the pair of block rows kept in the first exchange
-        odd = (q & 1) == 1
-        fp16 = self.dtype_name == "fp16"
-        zero = (Float32(0.0),) * 4
-        ys = [[], []]  # per column: per block row, the lane's 4 values (outputs 4q .. 4q + 3)
-        for i in cutlass.range_constexpr(4):
-            d0 = mma_16816(frags[i], rht_b[0], zero, fp16=fp16)
-            d1 = mma_16816(frags[i], rht_b[1], zero, fp16=fp16)
-            ys[0].append([d0[0], d0[1], d1[0], d1[1]])
-            ys[1].append([d0[2], d0[3], d1[2], d1[3]])
+        xch = rht_b[1]
+        cute.arch.sync_warp()
         row_blk = (warp // 4) * 4  # the warp's first block row of the tile
         blk0 = tm * (self.tile_m // 16)
         gblk = blk0 + row_blk + q  # lane q's block row along M
@@ -1123,11 +1139,9 @@ class CastKernel:
         enc_tab_c = enc_tab
         if cutlass.const_expr(not self.per_token):
             enc_tab_c = enc_tab + ENC_CODES * 4  # the twin's table (per tensor, enc_table)
-        # 0x5410: the low halves of (a, b); 0x7632: the high halves
-        keep_sel = cutlass.select_(odd, Uint32(0x7632), Uint32(0x5410))
-        send_sel = cutlass.select_(odd, Uint32(0x5410), Uint32(0x7632))
-        out_sel0 = cutlass.select_(hi, Uint32(0x7632), Uint32(0x5410))
-        out_sel1 = cutlass.select_(hi, Uint32(0x5410), Uint32(0x7632))
+        # both columns' blocks to their enc before either is encoded: the two chains (loads,
+        # amax, scale) overlap
+        cols = []
         for cc in cutlass.range_constexpr(2):
             c = (warp % 4) * 16 + g + 8 * cc  # tile column
             gk = col0 + c
@@ -1137,35 +1151,20 @@ class CastKernel:
                 sdec_c = cute.arch.shuffle_sync(sdec, src)
             else:
                 s6_c, sdec_c = col_outer
-            m = [E.block_amax(ys[cc][i]) for i in range(4)]
-            # reduce-scatter over the 4 lanes: xor 2 exchanges pairs of block rows, xor 1 rows
-            k0 = cutlass.select_(hi, m[2], m[0])
-            k1 = cutlass.select_(hi, m[3], m[1])
-            k0 = E.fmax_nan(k0, cute.arch.shuffle_sync_bfly(cutlass.select_(hi, m[0], m[2]), 2))
-            k1 = E.fmax_nan(k1, cute.arch.shuffle_sync_bfly(cutlass.select_(hi, m[1], m[3]), 2))
-            amax = E.fmax_nan(cutlass.select_(odd, k1, k0),
-                              cute.arch.shuffle_sync_bfly(cutlass.select_(odd, k0, k1), 1))
-            code, enc = self._block_scale(amax, s6_c, sdec_c, enc_tab_c, fast and self.fast_rcp)
-            encs = [cute.arch.shuffle_sync(enc, (lane & 0x1C) | i) for i in range(4)]
-            if cutlass.const_expr(sr is None):
-                w01 = E.encode8_pair(ys[cc][0] + ys[cc][1], encs[0], encs[1], self.hw)
-                w23 = E.encode8_pair(ys[cc][2] + ys[cc][3], encs[2], encs[3], self.hw)
-            else:
-                rnd = self._rht_words(self._philox(Int64(gk) * nsc_c + Int64(gblk), 1, sr),
-                                      sr, cc)
-                w01 = E.sr_encode8_pair(ys[cc][0] + ys[cc][1], encs[0], encs[1], rnd[0:2])
-                w23 = E.sr_encode8_pair(ys[cc][2] + ys[cc][3], encs[2], encs[3], rnd[2:4])
-            # transpose the 16-bit pieces: lane q ends with block row q's from lanes 0 .. 3
-            keep = cutlass.select_(hi, w23, w01)
-            recv = cute.arch.shuffle_sync_bfly(cutlass.select_(hi, w01, w23), 2)
-            keep2 = Uint32(prmt(keep, recv, keep_sel))
-            recv2 = Uint32(cute.arch.shuffle_sync_bfly(Uint32(prmt(keep, recv, send_sel)), 1))
-            a = cutlass.select_(odd, recv2, keep2)
-            b = cutlass.select_(odd, keep2, recv2)
+            ys = []
+            for j in cutlass.range_constexpr(4):
+                ys += [E.bits_f32(w) for w in E.ld_shared_v4(xch[cc][1][j])]
+            rnd = None
+            if cutlass.const_expr(sr is not None):
+                rnd = self._philox(Int64(gk) * nsc_c + Int64(gblk), 1, sr)
+            code, enc = self._block_scale(E.block_amax(ys, tree=True), s6_c, sdec_c, enc_tab_c,
+                                          fast and self.fast_rcp)
+            cols.append((c, gk, ys, rnd, code, enc))
+        for c, gk, ys, rnd, code, enc in cols:
+            w0, w1 = self._encode16(ys, enc, rnd)
             valid = (gk < K) & row_ok
             if valid:
-                E.st_global_v2(qt_base + Int64(gk) * half_m + Int64(gblk) * 8,
-                               prmt(a, b, out_sel0), prmt(a, b, out_sel1))
+                E.st_global_v2(qt_base + Int64(gk) * half_m + Int64(gblk) * 8, w0, w1)
             if cutlass.const_expr(self.swizzle):
                 if Int64(gblk) < pad_c_c:
                     E.st_global_u8(sw_tile + Int64(swizzled_scale_offset(c, row_blk + q, Int32(8))),
