@@ -36,10 +36,11 @@ bytes once and the blocks load theirs from smem (no per-block conversion and IEE
 scales), instead of by each pass (each rowwise step) where it starts.
 
 `rht` (bf16 / fp16 inputs, with the twin): the twin quantizes the 16-point Random Hadamard
-Transform of each 16-row column block (SPEC section 2, the recipe option): the transform is one
-tensor-core MMA per block row and 16 columns (`_col_pass_rht`), and the twin's outer scale is
-the post-RHT amax (per tensor amax_c holds its own partials; per token amax_c is the post-RHT
-column amax), from RecipeAmax.
+Transform of each 16-row column block (SPEC section 2, the recipe option): the transform is two
+tensor-core MMAs per block row and 16 columns (`_rht_transform`), whose outputs the lanes of a
+column exchange through smem so that each lane quantizes whole blocks (`_col_pass_rht`), and
+the twin's outer scale is the post-RHT amax (per tensor amax_c holds its own partials; per
+token amax_c is the post-RHT column amax), from RecipeAmax.
 
 `stochastic`: stochastic rounding of both outputs (SPEC section 2) from Philox4x32-10 keyed by
 the int64 [seed, offset] device tensor `rng`: one Philox call per 1x16 block gives its 16
@@ -1029,8 +1030,8 @@ class CastKernel:
     # (the block transposed: ldmatrix .trans of the row-major smem tile, conflict-free with
     # its 128-byte swizzle) and B = the RHT matrix 0.25 * diag(sign) H16 with its 16 output
     # columns in the order RHT_OUT (constant fragments, _rht_fragments), so that lane
-    # (g = lane / 4, q = lane % 4) holds outputs 4q .. 4q + 3 of columns g and g + 8: a 16-bit
-    # piece of each 8-byte output block. Products of 16-bit values and +-0.25 are exact and
+    # (g = lane / 4, q = lane % 4) holds outputs 4q .. 4q + 3 of columns g and g + 8, one
+    # 16-byte exchange slot (_rht_exchange). Products of 16-bit values and +-0.25 are exact and
     # the 16 terms add in FP32 on the tensor core: the same values as the reference's FP32
     # butterflies wherever no partial sum rounds (a block's nonzero magnitudes within 2^12 of
     # each other for bf16), else within the SPEC's RHT tolerance.
