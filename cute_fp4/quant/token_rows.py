@@ -23,7 +23,7 @@ from cutlass import Float32, Int32, Int64, Uint32
 
 from cute_fp4.common import encode as E
 from cute_fp4.common.scales import outer_block_scales, swizzled_scale_offset
-from cute_fp4.quant.amax import vec_values
+from cute_fp4.quant.amax import vec_amax, vec_values
 
 DTYPES = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16, "fp32": cutlass.Float32}
 THREADS = 256
@@ -155,11 +155,7 @@ class TokenRowCast:
                 part = Float32(0.0)
                 ua_p = []
                 for v in cutlass.range_constexpr(self.units):
-                    words = data[p][v][0]
-                    if cutlass.const_expr(self.esize == 4):
-                        ua = E.block_amax(vec_values(words, self.dtype_name))
-                    else:
-                        ua = E.amax_fold(E.amax_pairs(words, self.dtype_name), self.dtype_name)
+                    ua = vec_amax(data[p][v][0], self.dtype_name)
                     ua_p.append(ua)
                     part = E.fmax_nan(part, ua)
                 uamax.append(ua_p)
