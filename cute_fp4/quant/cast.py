@@ -1140,8 +1140,8 @@ class CastKernel:
         enc_tab_c = enc_tab
         if cutlass.const_expr(not self.per_token):
             enc_tab_c = enc_tab + ENC_CODES * 4  # the twin's table (per tensor, enc_table)
-        # both columns' blocks to their enc before either is encoded: the two chains (loads,
-        # amax, scale) overlap
+        # both columns' blocks to their enc before either is encoded (measured against one
+        # column at a time, H200: per token 2-3% faster, per tensor -2% to +2%)
         cols = []
         for cc in cutlass.range_constexpr(2):
             c = (warp % 4) * 16 + g + 8 * cc  # tile column
