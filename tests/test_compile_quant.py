@@ -331,6 +331,39 @@ def test_cast_rht_matrix():
                 assert (-0.25 if minus else 0.25) == h[k, o].item()
 
 
+def test_cast_rht_exchange():
+    """The RHT twin's exchange (_rht_exchange): per warp and output column, lane (g, q)
+    stores its 4 outputs of block row i in a slot that lane (g, i) loads as its slot q, the
+    slots of a column are 128 distinct 16-byte units of its own buffer (the warps' and
+    columns' buffers disjoint), and each quarter warp's 8 lanes hit 8 distinct 16-byte bank
+    groups (address / 16 mod 8) in every store and every load."""
+    op = CastKernel("bf16", True, True, False, False, 132, rht=True)
+    base = 1 << 16
+    units = set()
+    for warp in range(op.num_consumer_warps):
+        lanes = [op._rht_exchange(32 * warp + lane, base) for lane in range(32)]
+        for cc in range(2):
+            buf = base + (2 * warp + cc) * op.XCH_COL_BYTES
+            stores = {(lane // 4, lane % 4, i): lanes[lane][cc][0][i]
+                      for lane in range(32) for i in range(4)}
+            for lane in range(32):
+                g, q = lane // 4, lane % 4
+                # slot j of lane (g, q): what lane (g, j) stored for block row q
+                assert lanes[lane][cc][1] == [stores[(g, j, q)] for j in range(4)]
+            addrs = set(stores.values())
+            assert len(addrs) == 128
+            assert all(buf <= a < buf + op.XCH_COL_BYTES and a % 16 == 0 for a in addrs)
+            units |= addrs
+            for k in range(4):
+                for quarter in range(4):
+                    qlanes = range(8 * quarter, 8 * quarter + 8)
+                    for side in range(2):  # stores (block row k), loads (slot k)
+                        banks = {lanes[lane][cc][side][k] // 16 % 8 for lane in qlanes}
+                        assert len(banks) == 8
+    assert len(units) == op.num_consumer_warps * 2 * 128
+    assert op.xch_words * 4 == op.num_consumer_warps * 2 * op.XCH_COL_BYTES
+
+
 def test_cast_run_rules():
     """The run covers one 32-byte sector of rowwise scales (8 tiles of bf16, 16 of fp32) and
     needs compact rowwise scales."""
