@@ -220,7 +220,7 @@ def _sr_values(exhaustive: bool) -> np.ndarray:
 
 def test_sr_encode_ptx_is_the_emulated_one():
     for i in range(8):
-        elem = _sr_elem(i, "{$r%d}" % i, "{$r8}", "{$r9}", "v")
+        elem = _sr_elem(i, "{$r%d}" % i, "{$r9}", "v")
         assert SR_PTX.replace("{sel}", _SR_SEL[i % 4]).replace("{i}", str(i)) in elem
 
 

@@ -407,9 +407,8 @@ def sr_sign_sel(k: int, half: int) -> str:
     return "0x%d%d46" % (5 + 2 * half, k)
 
 
-def _sr_elem(i: int, x: str, e: str, w: str, v: str, sign_word: str = None,
-             half: int = 0) -> str:
-    """Element i (input register x, multiplier e, random word w) into register d{i}. Signs:
+def _sr_elem(i: int, x: str, w: str, v: str, sign_word: str = None, half: int = 0) -> str:
+    """Element i (input register x, multiplier {$r8}, random word w) into register d{i}. Signs:
     v = "v" and no sign_word: a compare and a predicated add per element; v another register:
     the product goes to v (fma with +0) for sign_nibbles_ptx; sign_word (v = "v"): the sign
     word of the element's input (sign_word(), the element in half `half`) supplies the
@@ -419,7 +418,7 @@ def _sr_elem(i: int, x: str, e: str, w: str, v: str, sign_word: str = None,
         r = f"prmt.b32 r, {w}, c, {_SR_SEL[i % 4]};"
     else:
         r = f"prmt.b32 r, {w}, {sign_word}, {sr_sign_sel(i % 4, half)};"
-    lines = _magnitude_ptx(x, e, v) + [
+    lines = _magnitude_ptx(x, "{$r8}", v) + [
         "mul.rz.f32 a, a, 0f00800000;",
         "mov.b32 b, a;",
         r,
@@ -436,15 +435,13 @@ def _sr_encode8_ptx(signs8: bool = False, halves: tuple = None) -> str:
     element i in half halves[i] of its word."""
     ds = [f"d{i}" for i in range(8)]
     vs = [f"v{i}" for i in range(8)] if signs8 else ["v"] * 8
-    w0 = 9
     body = ["{\n.reg .f32 v, a;\n.reg .b32 b, r, c, t, u, ev, od;\n.reg .pred p;\n",
             ".reg .b32 " + ", ".join(ds) + ";\n", "mov.b32 c, 0x8000;\n"]
     if signs8:
         body.append(".reg .f32 " + ", ".join(vs) + ";\n")
     for i in range(8):
         sw, half = (None, 0) if halves is None else ("{$r%d}" % (11 + i), halves[i])
-        body.append(_sr_elem(i, "{$r%d}" % i, "{$r8}", "{$r%d}" % (w0 + i // 4), vs[i], sw,
-                             half))
+        body.append(_sr_elem(i, "{$r%d}" % i, "{$r%d}" % (9 + i // 4), vs[i], sw, half))
     # byte 3 of d0, d2 / d4, d6 -> bytes 0, 1 / 2, 3 of the even codes (odd likewise)
     for name, a in (("ev", 0), ("od", 1)):
         body.append(f"prmt.b32 t, d{a}, d{a + 2}, 0x73;\nprmt.b32 u, d{a + 4}, d{a + 6}, 0x7300;\n"
