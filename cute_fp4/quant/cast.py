@@ -229,7 +229,7 @@ class CastKernel:
             colred: cute.struct.MemRange[Float32, self.colred_words]
             # run > 1: the compact rowwise scales of a run (tile_m rows x 32 bytes), two buffers
             runsc: cute.struct.Align[cute.struct.MemRange[cutlass.Uint8, self.runsc_bytes], 16]
-            # enc_table: enc of every scale byte (_fill_enc_table)
+            # enc_table: enc of every scale byte (_fill_enc_tables)
             enc_tab: cute.struct.Align[cute.struct.MemRange[Float32, self.enc_tab_words], 16]
             # block2d with the twin: the tiles' (scale byte, enc) (_tile_scales)
             tile_sc: cute.struct.Align[cute.struct.MemRange[Uint32, self.tile_scale_words], 8]
@@ -249,18 +249,22 @@ class CastKernel:
 
     # ------------------------------------------------------------------ helpers
     @cute.jit
-    def _tensor_amax(self, ar_base, n_partials, tidx, bidx, red_addr):
-        """Per-tensor amax from the AmaxTensor partials amax[1:]; CTA 0 writes amax[0]. Every
-        load of a thread is issued before the first max (one L2 round trip per CTA start
-        instead of one per 256 partials): indices past the last partial re-read it."""
+    def _tensor_amaxes(self, arrays, tidx, bidx, red_addr):
+        """Per-tensor amaxes, one per (amax base, partial count) of `arrays`, from the amax
+        pass's partials amax[1:]; CTA 0 writes each to its amax[0]. Every load of a thread,
+        of every array, is issued before the first max (one L2 round trip per CTA start
+        instead of one per array and 256 partials): indices past the last partial re-read it."""
         loads = -(-max_tensor_partials(self.num_sms) // self.consumer_threads)
-        vals = [E.ld_global_f32(ar_base + Int64(1 + cutlass.min(tidx + u * self.consumer_threads,
-                                                                n_partials - 1)) * 4)
-                for u in range(loads)]
-        acc = Float32(0.0)
-        for v in vals:
-            acc = E.fmax_nan(acc, v)
-        return self._cta_amax(acc, tidx, bidx, red_addr, ar_base)
+        loaded = [[E.ld_global_f32(base + Int64(1 + cutlass.min(
+            tidx + u * self.consumer_threads, n_partials - 1)) * 4) for u in range(loads)]
+            for base, n_partials in arrays]
+        accs = []
+        for vals in loaded:
+            acc = Float32(0.0)
+            for v in vals:
+                acc = E.fmax_nan(acc, v)
+            accs.append(acc)
+        return self._cta_amaxes(accs, tidx, bidx, red_addr, [base for base, _ in arrays])
 
     @cute.jit
     def _fused_tensor_amax(self, x_base, M, K, tidx, red_addr, ar_base):
@@ -274,22 +278,28 @@ class CastKernel:
                      for u in range(FUSED_BATCH)]
             for words in batch:
                 acc = vec_abs_max(acc, words, self.dtype_name)
-        return self._cta_amax(acc, tidx, Int32(0), red_addr, ar_base)
+        return self._cta_amaxes([acc], tidx, Int32(0), red_addr, [ar_base])[0]
 
     @cute.jit
-    def _cta_amax(self, acc, tidx, bidx, red_addr, ar_base):
-        """Max of the consumer threads' acc (warp shuffles, then smem); CTA 0 writes it to
-        amax[0]."""
-        acc = E.warp_max_nan(acc)
+    def _cta_amaxes(self, accs, tidx, bidx, red_addr, bases):
+        """Max of the consumer threads' accs[a] for each a (warp shuffles, then smem, one
+        barrier for all); CTA 0 writes each to its amax[0] at bases[a]."""
+        warp_maxes = [E.warp_max_nan(acc) for acc in accs]
         if tidx % 32 == 0:
-            E.st_shared_u32(red_addr + (tidx // 32) * 4, E.f32_bits(acc))
+            for a in cutlass.range_constexpr(len(accs)):
+                E.st_shared_u32(red_addr + (a * self.num_consumer_warps + tidx // 32) * 4,
+                                E.f32_bits(warp_maxes[a]))
         cute.arch.barrier(barrier_id=1, number_of_threads=self.consumer_threads)
-        amax = Float32(0.0)
-        for w in cutlass.range_constexpr(self.num_consumer_warps):
-            amax = E.fmax_nan(amax, E.bits_f32(E.ld_shared_u32(red_addr + w * 4)))
-        if (bidx == 0) & (tidx == 0):
-            E.st_global_u32(ar_base, E.canonical_nan_bits(amax))
-        return amax
+        amaxes = []
+        for a in cutlass.range_constexpr(len(accs)):
+            amax = Float32(0.0)
+            for w in cutlass.range_constexpr(self.num_consumer_warps):
+                amax = E.fmax_nan(amax, E.bits_f32(E.ld_shared_u32(
+                    red_addr + (a * self.num_consumer_warps + w) * 4)))
+            if (bidx == 0) & (tidx == 0):
+                E.st_global_u32(bases[a], E.canonical_nan_bits(amax))
+            amaxes.append(amax)
+        return amaxes
 
     @cute.jit
     def _fused_token_amax(self, x_base, M, K, tidx, ar_base, ac_base, colred_addr):
@@ -345,12 +355,19 @@ class CastKernel:
         cute.arch.barrier(barrier_id=1, number_of_threads=self.consumer_threads)
 
     @cute.jit
-    def _fill_enc_table(self, enc_tab, tidx, sdec):
-        """enc_table (per tensor): enc of every scale byte once per CTA (E.enc_from_code); a
-        block then loads its enc from smem instead of converting its scale and taking the IEEE
-        reciprocal, whose slow-path branch region splits ptxas' scheduling of the tile."""
-        if tidx < ENC_CODES:
-            E.st_shared_u32(enc_tab + tidx * 4, E.f32_bits(E.enc_from_code(Uint32(tidx), sdec)))
+    def _fill_enc_tables(self, enc_tab, tidx, sdecs):
+        """enc_table (per tensor): enc of every scale byte once per CTA (E.enc_from_code), one
+        table of ENC_CODES words per outer scale of `sdecs` (the consumer threads fill them
+        side by side, one barrier); a block then loads its enc from smem instead of converting
+        its scale and taking the IEEE reciprocal, whose slow-path branch region splits ptxas'
+        scheduling of the tile."""
+        assert len(sdecs) * ENC_CODES <= self.consumer_threads
+        sdec = sdecs[0]
+        for a in cutlass.range_constexpr(1, len(sdecs)):
+            sdec = cutlass.select_(tidx >= a * ENC_CODES, sdecs[a], sdec)
+        if tidx < len(sdecs) * ENC_CODES:
+            E.st_shared_u32(enc_tab + tidx * 4,
+                            E.f32_bits(E.enc_from_code(Uint32(tidx % ENC_CODES), sdec)))
         cute.arch.barrier(barrier_id=1, number_of_threads=self.consumer_threads)
 
     def _block_scale(self, amax, s6, sdec, enc_tab, fast=False):
@@ -528,19 +545,21 @@ class CastKernel:
                 if cutlass.const_expr(self.fused_amax):
                     amax_t = self._fused_tensor_amax(x.iterator.toint(), M, K, tidx,
                                                      storage.red.data_ptr().toint(), ar_base)
-                else:
-                    amax_t = self._tensor_amax(ar_base, amax_r.shape[0] - 1, tidx, bidx,
-                                               storage.red.data_ptr().toint())
-                s6, sdec = outer_block_scales(amax_t, E.E4M3_MAX)
-                if cutlass.const_expr(self.rht):  # the twin's outer amax is the RHT output's
-                    amax_tc = self._tensor_amax(
-                        ac_base, amax_c.shape[0] - 1, tidx, bidx,
-                        storage.red.data_ptr().toint() + 4 * self.num_consumer_warps)
-                    col_outer = outer_block_scales(amax_tc, E.E4M3_MAX)
-                if cutlass.const_expr(self.enc_table):
-                    self._fill_enc_table(enc_tab, tidx, sdec)
+                else:  # with the RHT the twin's outer amax is the RHT output's
+                    arrays = [(ar_base, amax_r.shape[0] - 1)]
                     if cutlass.const_expr(self.rht):
-                        self._fill_enc_table(enc_tab + ENC_CODES * 4, tidx, col_outer[1])
+                        arrays.append((ac_base, amax_c.shape[0] - 1))
+                    amaxes = self._tensor_amaxes(arrays, tidx, bidx,
+                                                 storage.red.data_ptr().toint())
+                    amax_t = amaxes[0]
+                    if cutlass.const_expr(self.rht):
+                        col_outer = outer_block_scales(amaxes[1], E.E4M3_MAX)
+                s6, sdec = outer_block_scales(amax_t, E.E4M3_MAX)
+                if cutlass.const_expr(self.enc_table):
+                    sdecs = [sdec]
+                    if cutlass.const_expr(self.rht):
+                        sdecs.append(col_outer[1])
+                    self._fill_enc_tables(enc_tab, tidx, sdecs)
 
             offs = self._col_offsets(tidx)
             rht_b = None
