@@ -9,8 +9,8 @@ import pytest
 from cute_fp4.common.compile_check import compile_ptx, missing_instructions, ptx_target
 from cute_fp4.quant.cast import CastKernel
 from cute_fp4.quant.dispatch import (ENC_TABLE_COMPACT_TWIN_MAX_BYTES, L2_WARM_MAX_BYTES,
-                                     amax_tensor_kernel, amax_token_kernel, cast_kernel,
-                                     cast_walk, token_rows_kernel)
+                                     amax_tensor_kernel, amax_token_kernel, cast_groups,
+                                     cast_kernel, cast_walk, token_rows_kernel)
 from cute_fp4.quant.token_rows import token_rows_config
 from cute_fp4.ref.philox import PHILOX_M0, PHILOX_M1
 
@@ -133,14 +133,20 @@ def test_cast_walks_ptx(arch, per_token):
         assert (missing_instructions(ptx, run_stores) == []) == (walk[4] > 1)
         # the enc table: IEEE reciprocals for the outer scale and the table fill only
         assert (ptx.count("rcp.rn.f32") == 2) == walk[5]
-        if walk[4] > 1:
+        groups = cast_groups("bf16", True, True, False, False, walk, False, False, False)
+        assert groups == (2 if walk[0] == 1 else 1)
+        assert f".reqntid {32 * (8 * groups + 1)}, 1, 1" in ptx
+        if walk[4] > 1 and groups == 1:
             before_store = ptx.split("st.shared.b8", 1)[0]
             assert before_store.count("ld.shared.v4.b32") == (4 if walk[6] else 2)
             assert (before_store.count("ld.shared.b32") >= 16) == walk[6]
         ptxs.add(ptx.split(".entry", 1)[1].split("(", 1)[1])
-    # the CTA count is a launch parameter only: (2, F, F, b, r) and (1, F, F, b, r) share
-    # their PTX; the prefetch exists per token only, the preload per tensor only
-    assert len(ptxs) == 8
+    # the CTA count is a launch parameter only, through the consumer groups it sets: walks
+    # alike but for it share their PTX where their groups are alike; the prefetch exists per
+    # token only, the preload per tensor only
+    kinds = {(cast_groups("bf16", True, True, False, False, w, False, False, False), w[1],
+              w[2] and per_token, w[3], w[4], w[5], w[6] and not per_token) for w in walks}
+    assert len(ptxs) == len(kinds) == (9 if per_token else 10)
 
 
 @pytest.mark.parametrize("arch", ARCHS)

@@ -276,6 +276,38 @@ def test_run_walk_bit_exact(shape, dtype, scaling, warm, gen, monkeypatch):
     dispatch._plan.cache_clear()
 
 
+@pytest.mark.parametrize("shape", [(1008, 2064), (1040, 1024), (2048, 512)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("scaling,warm", [("tensor", True), ("tensor", False), ("token", False)])
+@pytest.mark.parametrize("run", [False, True])
+def test_consumer_groups_bit_exact(shape, dtype, scaling, warm, run, gen, monkeypatch):
+    """Casts of one CTA per SM with two consumer groups (dispatch.cast_groups) on a GPU of 3
+    SMs: each CTA walks ~90 tiles (1008x2064: tail tile row and column), its groups taking
+    them in turn over many laps of the ring, the last unit group 0's alone where a CTA has
+    an odd count; with the run (forced where K allows it, else none) the groups share each
+    run's tiles and scale flush;
+    per token one CTA per SM (L2_WARM_MAX_BYTES = 0) with the amax prefetch. Row+col
+    compact: byte-equal; rowwise only (one group) alike."""
+    monkeypatch.setattr(dispatch, "num_sms", lambda dev: 3)
+    monkeypatch.setattr(dispatch, "L2_WARM_MAX_BYTES", 1 << 40 if warm else 0)
+    monkeypatch.setattr(dispatch, "RUN_MIN_UNITS_PER_SM", 0)
+    monkeypatch.setattr(dispatch, "RUN_BYTES",
+                        {key: (0, 1 << 62 if run else 0) for key in dispatch.RUN_BYTES})
+    dispatch._plan.cache_clear()
+    x = make_input(shape, "outliers", dtype, gen)
+    for col in (True, False):
+        recipe = Recipe(scaling=scaling, rowwise=True, columnwise=col)
+        walk = dispatch.cast_walk(*shape, x.element_size(), scaling == "token", False, col,
+                                  True, 3)
+        assert walk[0] == 1 and not dispatch.plan_for(x, recipe).fused
+        assert (walk[4] > 1) == (run and shape[1] % 512 == 0)
+        groups = dispatch.cast_groups("bf16", True, col, False, False, walk, False, False,
+                                      False)
+        assert groups == (2 if col else 1)
+        check(dispatch.quantize(x, recipe), ref.quantize(x, recipe), recipe)
+    dispatch._plan.cache_clear()
+
+
 @pytest.mark.parametrize("shape", [(1008, 1024), (640, 2064)])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("scaling", ["tensor", "token"])

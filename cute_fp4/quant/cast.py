@@ -105,7 +105,8 @@ class CastKernel:
                  per_token: bool, num_sms: int, stages: int = 4, ctas_per_sm: int = 2,
                  fused_amax: bool = False, reverse: bool = False, prefetch_amax: bool = False,
                  band: int = 1, run: int = 1, enc_table: bool = False, preload: bool = False,
-                 rht: bool = False, block2d: bool = False, stochastic: bool = False):
+                 rht: bool = False, block2d: bool = False, stochastic: bool = False,
+                 groups: int = 1):
         if dtype not in DTYPES:
             raise TypeError(f"CastKernel: unsupported input dtype {dtype!r} (bf16, fp16, fp32)")
         if not (rowwise or columnwise):
@@ -161,17 +162,26 @@ class CastKernel:
         # per-tensor casts without the table (from ENC_TABLE_COMPACT_TWIN_MAX_BYTES) 0 to 1%
         # slower: not there); not for the fused cast of tiny inputs
         self.fast_rcp = (per_token or stochastic) and not (enc_table or fused_amax)
+        if groups not in (1, 2) or (groups == 2 and (fused_amax or block2d or (run > 1 and run % 2)
+                                                      or stages % 2)):
+            raise ValueError("CastKernel: groups must be 1 or 2, and 1 with fused_amax, block2d, "
+                             f"an odd run > 1 or an odd number of stages, got {groups}")
+        self.groups = groups
+        # consumer warps of the CTA: `groups` groups of num_consumer_warps, group g casting the
+        # tiles at positions g, g + groups, ... of the CTA's walk (ring stages g, g + groups, ...)
+        self.consumer_warps = self.num_consumer_warps * groups
         # the RHT twin: per warp and output column of a lane (2), an exchange buffer
-        self.xch_words = self.num_consumer_warps * 2 * self.XCH_COL_BYTES // 4 if rht else 4
+        self.xch_words = self.consumer_warps * 2 * self.XCH_COL_BYTES // 4 if rht else 4
         self.stage_bytes = self.tile_m * self.tile_bytes
-        self.threads = 32 * (self.num_consumer_warps + 1)
+        self.threads = 32 * (self.consumer_warps + 1)
         # rows of a tile per consumer warp (both passes); per token the warp's lanes compute
         # the outer scales of these rows and of the warp's columns (_lane_amax): 16 / esize
         # in the column pass, 16 with the RHT (_col_pass_rht)
         self.warp_rows = self.tile_m // self.num_consumer_warps
         self.warp_cols = 16 if rht else 16 // self.esize
         assert self.warp_rows + self.warp_cols <= 32
-        self.consumer_threads = 32 * self.num_consumer_warps
+        self.group_threads = 32 * self.num_consumer_warps
+        self.consumer_threads = 32 * self.consumer_warps
         # blocks per consumer thread in each pass
         # rowwise pass: each warp step covers 32 // (tile_k / 16) rows
         self.row_steps = self.tile_m // (32 // self.bpr * self.num_consumer_warps)
@@ -184,7 +194,7 @@ class CastKernel:
         self.runsc_bytes = 2 * self.tile_m * RUN_SCALE_BYTES if run > 1 else 16
         # the twin's own table after the rowwise one with the RHT (its outer amax differs)
         self.enc_tab_words = ENC_CODES * (1 + int(rht)) if enc_table else 1
-        self.red_words = self.num_consumer_warps * (1 + int(rht))
+        self.red_words = self.consumer_warps * (1 + int(rht))
         # block2d with the twin: (scale byte, enc) words of each 16x16 tile of a stage, one
         # buffer per ring stage (a warp rewrites one only after the barrier of a later tile)
         self.tile_scale_bytes = 8 * (self.tile_m // 16) * self.bpr  # per stage
@@ -192,8 +202,8 @@ class CastKernel:
         if not (block2d and columnwise):
             self.tile_scale_words = 2
         assert not block2d or self.row_steps * 32 // self.bpr == 16  # a warp's rows: 16
-        # _flush_run_scales: each consumer thread stores 16 bytes of the run's scales
-        assert run == 1 or self.consumer_threads * 16 == self.tile_m * RUN_SCALE_BYTES
+        # _flush_run_scales: each thread of group 0 stores 16 bytes of the run's scales
+        assert run == 1 or self.group_threads * 16 == self.tile_m * RUN_SCALE_BYTES
 
     @classmethod
     def run_tiles(cls, esize: int) -> int:
@@ -287,15 +297,15 @@ class CastKernel:
         warp_maxes = [E.warp_max_nan(acc) for acc in accs]
         if tidx % 32 == 0:
             for a in cutlass.range_constexpr(len(accs)):
-                E.st_shared_u32(red_addr + (a * self.num_consumer_warps + tidx // 32) * 4,
+                E.st_shared_u32(red_addr + (a * self.consumer_warps + tidx // 32) * 4,
                                 E.f32_bits(warp_maxes[a]))
         cute.arch.barrier(barrier_id=1, number_of_threads=self.consumer_threads)
         amaxes = []
         for a in cutlass.range_constexpr(len(accs)):
             amax = Float32(0.0)
-            for w in cutlass.range_constexpr(self.num_consumer_warps):
+            for w in cutlass.range_constexpr(self.consumer_warps):
                 amax = E.fmax_nan(amax, E.bits_f32(E.ld_shared_u32(
-                    red_addr + (a * self.num_consumer_warps + w) * 4)))
+                    red_addr + (a * self.consumer_warps + w) * 4)))
             if (bidx == 0) & (tidx == 0):
                 E.st_global_u32(bases[a], E.canonical_nan_bits(amax))
             amaxes.append(amax)
@@ -487,15 +497,14 @@ class CastKernel:
         first = n_units - 1 - bidx
         if cutlass.const_expr(not self.reverse):
             first = bidx
-        steps = (gdim // n_uk, gdim % n_uk, 0)
+        steps = self._walk_steps(gdim, n_uk)
         first_tm, first_uk = first // n_uk, first % n_uk
         if cutlass.const_expr(self.band > 1):
             span = self.band * n_uk  # units per band of tile rows
-            steps = (gdim // span, (gdim // self.band) % n_uk, gdim % self.band)
             first_tm = first // span * self.band + first % self.band
             first_uk = first % span // self.band
 
-        if warp == self.num_consumer_warps:
+        if warp == self.consumer_warps:
             # ---------------- producer: TMA loads into the ring
             gx = cute.local_tile(tma_x, (self.tile_m, self.tile_k), (None, None))
             tsx, tgx = cpasync.tma_partition(
@@ -561,49 +570,80 @@ class CastKernel:
                         sdecs.append(col_outer[1])
                     self._fill_enc_tables(enc_tab, tidx, sdecs)
 
-            offs = self._col_offsets(tidx)
+            # the consumer group (groups > 1) and the thread's index in it: a group's warps
+            # take the roles of a one-group CTA's consumers (the exchange buffers are per warp
+            # of the CTA, the prologue's reductions over all consumers)
+            grp = 0
+            gtid = tidx
+            if cutlass.const_expr(self.groups > 1):
+                grp = tidx // self.group_threads
+                gtid = tidx % self.group_threads
+            offs = self._col_offsets(gtid)
             rht_b = None
             if cutlass.const_expr(self.rht):
-                rht_b = (self._rht_fragments(tidx),
+                rht_b = (self._rht_fragments(gtid),
                          self._rht_exchange(tidx, storage.rht_x.data_ptr().toint()))
             sr = None
             if cutlass.const_expr(self.stochastic):
-                sr = self._sr_state(tidx, rng)
-            row_thr = self._row_thread_offsets(tidx, half_k, nsc_r)
-            col_thr = self._col_thread_offsets(tidx, half_m, nsc_c)
+                sr = self._sr_state(gtid, rng)
+            row_thr = self._row_thread_offsets(gtid, half_k, nsc_r)
+            col_thr = self._col_thread_offsets(gtid, half_m, nsc_c)
+            # groups > 1: group g casts the tiles at positions g, g + groups, ... of the CTA's
+            # walk (ring stages g, g + groups, ...): run == 1 its units g, g + groups, ...,
+            # with runs the tiles g, g + groups, ... of every run (the run's scales flushed by
+            # all groups together)
             cstate = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
             tm, uk = first_tm, first_uk
+            g_steps = steps
+            t0 = bidx
+            stride = gdim
+            first_tk = uk * self.run
+            if cutlass.const_expr(self.groups > 1):
+                cstate = pipeline.PipelineState(self.stages, Int32(0), Int32(grp), Int32(0))
+                first_tk = uk * self.run + grp
+                if cutlass.const_expr(self.run == 1):
+                    g_steps = self._walk_steps(self.groups * gdim, n_uk)
+                    tm_1, uk_1 = self._next_tile(tm, uk, steps, n_uk)
+                    tm = cutlass.select_(grp == 1, tm_1, tm)
+                    uk = cutlass.select_(grp == 1, uk_1, uk)
+                    first_tk = uk
+                    t0 = bidx + grp * gdim
+                    stride = gdim * self.groups
             # per token: the lane's amax of the next tile with prefetch_amax (loaded one tile
             # ahead, its latency hides behind a tile's work), else of the current one
             amax_next = Float32(0.0)
             if cutlass.const_expr(self.prefetch_amax):
-                amax_next = self._lane_amax(tm, uk * self.run, M, K, tidx, ar_base, ac_base)
+                amax_next = self._lane_amax(tm, first_tk, M, K, gtid, ar_base, ac_base)
             runsc = storage.runsc.data_ptr().toint()
             tile_sc = storage.tile_sc.data_ptr().toint()
             run_off = Int32(0)  # the run's buffer: runs alternate between the two
-            for t in cutlass.range(bidx, n_units, gdim, unroll=1):
-                tm_n, uk_n = self._next_tile(tm, uk, steps, n_uk)
+            for t in cutlass.range(t0, n_units, stride, unroll=1):
+                tm_n, uk_n = self._next_tile(tm, uk, g_steps, n_uk)
                 if cutlass.const_expr(self.run == 1):
                     amax_next, s6, sdec = self._cast_tile(
-                        pipe, cstate, sbase, tidx, tm, uk, tm_n, uk_n, M, K, half_k, half_m,
+                        pipe, cstate, sbase, gtid, tm, uk, tm_n, uk_n, M, K, half_k, half_m,
                         nsc_r, nsc_c, pad_c_c, row_thr, col_thr, offs, q_base, s_base, qt_base,
                         st_base, ar_base, ac_base, amax_next, s6, sdec, enc_tab, runsc, col_outer,
                         rht_b, tile_sc, sr)
-                    cstate.advance()
+                    cstate.advance(self.groups)
                 else:
                     # the run's rowwise scales go to smem (buffer runsc), then out as whole
                     # sectors (_flush_run_scales)
-                    for i in cutlass.range(self.run, unroll=1):
+                    for i in cutlass.range(grp, self.run, self.groups, unroll=1):
                         last = i == self.run - 1
+                        next_tk = uk_n * self.run
+                        if cutlass.const_expr(self.groups > 1):
+                            last = i >= self.run - self.groups
+                            next_tk = uk_n * self.run + grp
                         tk = uk * self.run + i
                         amax_next, s6, sdec = self._cast_tile(
-                            pipe, cstate, sbase, tidx, tm, tk, cutlass.select_(last, tm_n, tm),
-                            cutlass.select_(last, uk_n * self.run, tk + 1), M, K, half_k, half_m,
-                            nsc_r, nsc_c, pad_c_c, row_thr, col_thr, offs, q_base, s_base,
-                            qt_base, st_base, ar_base, ac_base, amax_next, s6, sdec, enc_tab,
-                            runsc + run_off + i * self.bpr, col_outer, rht_b,
+                            pipe, cstate, sbase, gtid, tm, tk, cutlass.select_(last, tm_n, tm),
+                            cutlass.select_(last, next_tk, tk + self.groups), M, K,
+                            half_k, half_m, nsc_r, nsc_c, pad_c_c, row_thr, col_thr, offs,
+                            q_base, s_base, qt_base, st_base, ar_base, ac_base, amax_next, s6,
+                            sdec, enc_tab, runsc + run_off + i * self.bpr, col_outer, rht_b,
                             tile_sc, sr)
-                        cstate.advance()
+                        cstate.advance(self.groups)
                     self._flush_run_scales(runsc + run_off, tidx, tm, uk, M, nsc_r, s_base)
                     run_off = self.tile_m * RUN_SCALE_BYTES - run_off
                 tm, uk = tm_n, uk_n
@@ -713,16 +753,27 @@ class CastKernel:
         buffer `buf` by every consumer warp, go out as 16-byte stores, two per row, i.e. whole
         32-byte sectors (the compact scales of one tile are 4-byte pieces of 128 rows: written
         from the tile they cost one L2 write request each, which with the twin's 8-byte pieces
-        bounds the cast at 2^27+ elements; notes/quant.md "Session 12")."""
+        bounds the cast at 2^27+ elements; notes/quant.md "Session 12"); the threads of
+        group 0 store them."""
         cute.arch.barrier(barrier_id=1, number_of_threads=self.consumer_threads)
         r = tidx // 2
         half = tidx % 2
         gr = tm * self.tile_m + r
-        if gr < M:
+        ok = gr < M
+        if cutlass.const_expr(self.groups > 1):
+            ok = ok & (tidx < self.group_threads)
+        if ok:
             E.st_global_v4(s_base + Int64(gr) * nsc_r + Int64(uk) * RUN_SCALE_BYTES + half * 16,
                            E.ld_shared_v4(buf + r * RUN_SCALE_BYTES + half * 16))
 
     # ------------------------------------------------------------------ tile walk
+    def _walk_steps(self, stride, n_uk):
+        """_next_tile's steps for a walk `stride` units at a time (n_uk units per tile row)."""
+        if cutlass.const_expr(self.band > 1):
+            span = self.band * n_uk
+            return (stride // span, (stride // self.band) % n_uk, stride % self.band)
+        return (stride // n_uk, stride % n_uk, 0)
+
     @cute.jit
     def _next_tile(self, tm, tk, steps, n_tk):
         """The tile gdim after (tm, tk), or before it with reverse (tm then negative past the

@@ -51,16 +51,19 @@ def cast_kernel(dtype: str, rowwise: bool, columnwise: bool, swizzle: bool, per_
                 stochastic: bool = False):
     """(kernel, *fake compile arguments) of the K2 cast for a configuration; walk =
     (CTAs per SM, reverse tile walk, per-token amax prefetch, band, run, enc table, preload),
-    see cast_walk (default: plain_walk); rht: the twin of the RHT'd input, stochastic:
+    see cast_walk (default: plain_walk), and its consumer groups from cast_groups; rht: the twin of the RHT'd input, stochastic:
     stochastic rounding (both from recipes_dispatch; the compiled function then takes the
     int64 [seed, offset] tensor after the outputs, else None); block2d: 16x16 blocks."""
     if walk is None:
         walk = plain_walk(per_token)
     ctas_per_sm, reverse, prefetch_amax, band, run, enc_table, preload = walk
+    groups = cast_groups(dtype, rowwise, columnwise, swizzle, fused_amax, walk, rht, block2d,
+                         stochastic)
     op = CastKernel(dtype, rowwise, columnwise, swizzle, per_token, num_sms,
-                    ctas_per_sm=ctas_per_sm, fused_amax=fused_amax, reverse=reverse,
-                    prefetch_amax=prefetch_amax, band=band, run=run, enc_table=enc_table,
-                    preload=preload, rht=rht, block2d=block2d, stochastic=stochastic)
+                    stages=4 * groups, ctas_per_sm=ctas_per_sm, fused_amax=fused_amax,
+                    reverse=reverse, prefetch_amax=prefetch_amax, band=band, run=run,
+                    enc_table=enc_table, preload=preload, rht=rht, block2d=block2d,
+                    stochastic=stochastic, groups=groups)
     esize = _CUTLASS[dtype].width // 8
     m, k = dyn(), dyn(16 // esize)
     return (op, fake_tensor(_CUTLASS[dtype], (m, k)),
@@ -230,6 +233,27 @@ ENC_TABLE_COMPACT_TWIN_MAX_BYTES = 256 << 20
 # 16x64 input 4.3-4.4 us vs 4.8-4.9 for the fused cast's (perf/results/quant_host_h100.md).
 TOKEN_ROWS = True
 TOKEN_ROWS_CTAS_PER_SM = 0
+
+
+def cast_groups(dtype: str, rowwise: bool, columnwise: bool, swizzle: bool, fused: bool,
+                walk: tuple, rht: bool, block2d: bool, stochastic: bool) -> int:
+    """Consumer groups of a cast CTA (CastKernel groups; 2: 16 consumer warps in two groups
+    taking the CTA's tiles in turn from one ring of 8 stages): 2 where the walk runs one CTA
+    per SM and the cast writes both outputs with compact scales from a 16-bit input, without
+    the RHT, 16x16 blocks or stochastic rounding, else 1.
+    Measured (H200, bf16 row+col compact, quantize in graphs, two runs; notes/quant.md
+    "Session 31"): per tensor 4096x8192 58.4 -> 57.2 us, 8192^2 110.5 -> 107.9, 16384x8192
+    228-230 -> 217-220, 4096x2048 19.7 -> 18.9, 16384x2048 58.6 -> 57.5, 2048^2 11.7 both;
+    per token from L2_WARM_MAX_BYTES (one CTA per SM) 16384x8192 235 -> 220-228. Two groups
+    for two CTAs per SM (RHT, per token below the bound): per token 8192^2 115.6 -> 113.8,
+    else within +-1%, RHT compact 1-3% slower (the run's scale flush makes both groups
+    wait for each other), RHT swizzled 2-4% faster from 2^25 elements but not below (left at
+    two CTAs: the RHT recipes measured in one probe only). Stochastic rounding alone (one CTA per
+    SM): 66.1 -> 69.4 us at 4096x8192 (its Philox keys in 120 registers per thread)."""
+    if (walk[0] == 1 and dtype != "fp32" and rowwise and columnwise
+            and not (swizzle or fused or rht or block2d or stochastic)):
+        return 2
+    return 1
 
 
 def plain_walk(per_token: bool) -> tuple:
