@@ -381,6 +381,35 @@ def test_cast_run_rules():
             CastKernel(dtype, rowwise, True, swizzle, False, 132, run=run)
 
 
+def test_cast_groups_rules():
+    """Two consumer groups: 17 warps per CTA, per-warp exchange buffers and amax slots for all
+    16 consumer warps; not with the fused amax, 16x16 blocks or an odd ring.
+    dispatch.cast_groups: two for one-CTA walks of 16-bit row+col compact casts without RHT,
+    16x16 blocks or stochastic rounding, else one."""
+    op = CastKernel("bf16", True, True, False, False, 132, stages=8, ctas_per_sm=1, rht=True,
+                    groups=2)
+    assert (op.threads, op.consumer_threads, op.group_threads) == (544, 512, 256)
+    assert op.xch_words * 4 == 16 * 2 * op.XCH_COL_BYTES and op.red_words == 32
+    for kw in [dict(fused_amax=True), dict(block2d=True), dict(stages=5), dict(groups=3)]:
+        args = dict(stages=8, groups=2)
+        args.update(kw)
+        with pytest.raises(ValueError, match="groups"):
+            CastKernel("bf16", True, True, False, False, 132, **args)
+    one, two = (1, True, False, 4, 8, True, True), (2, True, False, 4, 8, True, True)
+    assert cast_groups("bf16", True, True, False, False, one, False, False, False) == 2
+    assert cast_groups("fp16", True, True, False, False, one, False, False, False) == 2
+    for args in [("bf16", True, True, False, False, two, False, False, False),
+                 ("fp32", True, True, False, False, one, False, False, False),
+                 ("bf16", True, False, False, False, one, False, False, False),
+                 ("bf16", False, True, False, False, one, False, False, False),
+                 ("bf16", True, True, True, False, one, False, False, False),
+                 ("bf16", True, True, False, True, one, False, False, False),
+                 ("bf16", True, True, False, False, one, True, False, False),
+                 ("bf16", True, True, False, False, one, False, True, False),
+                 ("bf16", True, True, False, False, one, False, False, True)]:
+        assert cast_groups(*args) == 1
+
+
 def test_cast_enc_table_rules():
     """The enc table needs a per-tensor outer scale; dispatch uses it per tensor except for
     compact twins from ENC_TABLE_COMPACT_TWIN_MAX_BYTES."""

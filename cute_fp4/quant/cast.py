@@ -35,6 +35,13 @@ bytes once and the blocks load theirs from smem (no per-block conversion and IEE
 `preload`: a tile's smem words for both passes are read before its first smem store (the run's
 scales), instead of by each pass (each rowwise step) where it starts.
 
+`groups` (2, from dispatch.cast_groups): the CTA has two consumer groups of 8 warps that take
+the CTA's tiles in turn from one ring (8 stages): group g casts walk units g, g + 2, ... (with
+a run, the run's tiles g, g + 2, ..., its scales flushed by both groups after a CTA barrier).
+Two CTAs per SM on equal work do not finish together (measured: the SM's first CTA ends ~25%
+before the second, which then casts alone, notes/quant.md "Session 31"); two groups fed by
+one in-order ring stay within a ring of each other.
+
 `rht` (bf16 / fp16 inputs, with the twin): the twin quantizes the 16-point Random Hadamard
 Transform of each 16-row column block (SPEC section 2, the recipe option): the transform is two
 tensor-core MMAs per block row and 16 columns (`_rht_transform`), whose outputs the lanes of a
@@ -162,10 +169,10 @@ class CastKernel:
         # per-tensor casts without the table (from ENC_TABLE_COMPACT_TWIN_MAX_BYTES) 0 to 1%
         # slower: not there); not for the fused cast of tiny inputs
         self.fast_rcp = (per_token or stochastic) and not (enc_table or fused_amax)
-        if groups not in (1, 2) or (groups == 2 and (fused_amax or block2d or (run > 1 and run % 2)
-                                                      or stages % 2)):
-            raise ValueError("CastKernel: groups must be 1 or 2, and 1 with fused_amax, block2d, "
-                             f"an odd run > 1 or an odd number of stages, got {groups}")
+        # (a run, 8 or 16 tiles, splits evenly between two groups)
+        if groups not in (1, 2) or (groups == 2 and (fused_amax or block2d or stages % 2)):
+            raise ValueError("CastKernel: groups must be 1 or 2, and 1 with fused_amax, block2d "
+                             f"or an odd number of stages, got {groups}")
         self.groups = groups
         # consumer warps of the CTA: `groups` groups of num_consumer_warps, group g casting the
         # tiles at positions g, g + groups, ... of the CTA's walk (ring stages g, g + groups, ...)
