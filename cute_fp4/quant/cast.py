@@ -623,7 +623,10 @@ class CastKernel:
                 amax_next = self._lane_amax(tm, first_tk, M, K, gtid, ar_base, ac_base)
             runsc = storage.runsc.data_ptr().toint()
             tile_sc = storage.tile_sc.data_ptr().toint()
-            run_off = Int32(0)  # the run's buffer: runs alternate between the two
+            # the run's buffer: runs alternate between the two (two groups: a group reaches
+            # run r + 2 only once the in-order ring has loaded the other's first tile of
+            # run r + 1, i.e. after that group left run r's flush)
+            run_off = Int32(0)
             for t in cutlass.range(t0, n_units, stride, unroll=1):
                 tm_n, uk_n = self._next_tile(tm, uk, g_steps, n_uk)
                 if cutlass.const_expr(self.run == 1):
