@@ -301,8 +301,8 @@ def test_consumer_groups_bit_exact(shape, dtype, scaling, warm, run, gen, monkey
                                   True, 3)
         assert walk[0] == 1 and not dispatch.plan_for(x, recipe).fused
         assert (walk[4] > 1) == (run and shape[1] % 512 == 0)
-        groups = dispatch.cast_groups("bf16", True, col, False, False, walk, False, False,
-                                      False)
+        groups = dispatch.cast_groups(dispatch._DTYPE_NAMES[dtype], True, col, False, False,
+                                      walk, False, False, False)
         assert groups == (2 if col else 1)
         check(dispatch.quantize(x, recipe), ref.quantize(x, recipe), recipe)
     dispatch._plan.cache_clear()

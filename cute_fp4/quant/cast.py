@@ -604,18 +604,18 @@ class CastKernel:
             g_steps = steps
             t0 = bidx
             stride = gdim
-            first_tk = uk * self.run
             if cutlass.const_expr(self.groups > 1):
                 cstate = pipeline.PipelineState(self.stages, Int32(0), Int32(grp), Int32(0))
-                first_tk = uk * self.run + grp
                 if cutlass.const_expr(self.run == 1):
                     g_steps = self._walk_steps(self.groups * gdim, n_uk)
                     tm_1, uk_1 = self._next_tile(tm, uk, steps, n_uk)
                     tm = cutlass.select_(grp == 1, tm_1, tm)
                     uk = cutlass.select_(grp == 1, uk_1, uk)
-                    first_tk = uk
                     t0 = bidx + grp * gdim
                     stride = gdim * self.groups
+            first_tk = uk * self.run  # the group's first tile: its tile grp of a run
+            if cutlass.const_expr(self.groups > 1 and self.run > 1):
+                first_tk = first_tk + grp
             # per token: the lane's amax of the next tile with prefetch_amax (loaded one tile
             # ahead, its latency hides behind a tile's work), else of the current one
             amax_next = Float32(0.0)

@@ -51,9 +51,10 @@ def cast_kernel(dtype: str, rowwise: bool, columnwise: bool, swizzle: bool, per_
                 stochastic: bool = False):
     """(kernel, *fake compile arguments) of the K2 cast for a configuration; walk =
     (CTAs per SM, reverse tile walk, per-token amax prefetch, band, run, enc table, preload),
-    see cast_walk (default: plain_walk), and its consumer groups from cast_groups; rht: the twin of the RHT'd input, stochastic:
-    stochastic rounding (both from recipes_dispatch; the compiled function then takes the
-    int64 [seed, offset] tensor after the outputs, else None); block2d: 16x16 blocks."""
+    see cast_walk (default: plain_walk), and its consumer groups from cast_groups; rht: the
+    twin of the RHT'd input, stochastic: stochastic rounding (both from recipes_dispatch; the
+    compiled function then takes the int64 [seed, offset] tensor after the outputs, else
+    None); block2d: 16x16 blocks."""
     if walk is None:
         walk = plain_walk(per_token)
     ctas_per_sm, reverse, prefetch_amax, band, run, enc_table, preload = walk
