@@ -8,7 +8,8 @@ import pytest
 
 from cute_fp4.common.compile_check import compile_ptx, missing_instructions, ptx_target
 from cute_fp4.quant.cast import CastKernel
-from cute_fp4.quant.dispatch import (ENC_TABLE_COMPACT_TWIN_MAX_BYTES, L2_WARM_MAX_BYTES,
+from cute_fp4.quant.dispatch import (ENC_TABLE_COMPACT_TWIN_MAX_BYTES, GROUPS_MIN_ELEMENTS,
+                                     GROUPS_ROWWISE_MAX_ELEMENTS, L2_WARM_MAX_BYTES,
                                      amax_tensor_kernel, amax_token_kernel, cast_groups,
                                      cast_kernel, cast_walk, token_rows_kernel)
 from cute_fp4.quant.token_rows import token_rows_config
@@ -125,16 +126,21 @@ def test_cast_walks_ptx(arch, per_token):
     else:
         walks.add((1, False, False, 4, 8, False, False))  # compact twins from 256 MiB: no table
         walks.add((1, True, False, 4, 8, True, True))  # preload
+    def groups_of(walk):
+        return cast_groups("bf16", True, True, False, per_token, False, walk, False, False, False,
+                           1 << 20)
+
     ptxs = set()
     for walk in walks:
-        ptx = compile_ptx(*cast_kernel("bf16", True, True, False, per_token, walk=walk), arch=arch)
+        groups = groups_of(walk)
+        assert groups == (2 if walk[0] == 1 else 1)
+        ptx = compile_ptx(*cast_kernel("bf16", True, True, False, per_token, walk=walk,
+                                       groups=groups), arch=arch)
         assert missing_instructions(ptx, [r"cp\.async\.bulk\.tensor", r"mbarrier"]) == []
         run_stores = [r"st\.shared\.b8", r"st\.global\.v4\.b32"]
         assert (missing_instructions(ptx, run_stores) == []) == (walk[4] > 1)
         # the enc table: IEEE reciprocals for the outer scale and the table fill only
         assert (ptx.count("rcp.rn.f32") == 2) == walk[5]
-        groups = cast_groups("bf16", True, True, False, False, walk, False, False, False)
-        assert groups == (2 if walk[0] == 1 else 1)
         assert f".reqntid {32 * (8 * groups + 1)}, 1, 1" in ptx
         if walk[4] > 1 and groups == 1:
             before_store = ptx.split("st.shared.b8", 1)[0]
@@ -144,28 +150,31 @@ def test_cast_walks_ptx(arch, per_token):
     # the CTA count is a launch parameter only, through the consumer groups it sets: walks
     # alike but for it share their PTX where their groups are alike; the prefetch exists per
     # token only, the preload per tensor only
-    kinds = {(cast_groups("bf16", True, True, False, False, w, False, False, False), w[1],
+    kinds = {(groups_of(w), w[1],
               w[2] and per_token, w[3], w[4], w[5], w[6] and not per_token) for w in walks}
     assert len(ptxs) == len(kinds) == (9 if per_token else 10)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("dtype,row,swizzle,per_token,walk", [
-    ("bf16", True, False, False, (2, True, False, 4, 8, True, False)),
-    ("bf16", True, True, True, (2, True, True, 1, 1, False, False)),
-    ("fp16", False, False, True, (2, False, False, 4, 1, False, True)),
-    ("fp16", True, True, False, (1, False, False, 1, 1, False, False)),
+@pytest.mark.parametrize("dtype,row,swizzle,per_token,walk,groups", [
+    ("bf16", True, False, False, (2, True, False, 4, 8, True, False), 1),
+    ("bf16", True, True, True, (2, True, True, 1, 1, False, False), 1),
+    ("fp16", False, False, True, (2, False, False, 4, 1, False, True), 1),
+    ("fp16", True, True, False, (1, False, False, 1, 1, False, False), 1),
+    ("bf16", True, True, False, (2, False, False, 1, 1, True, False), 2),
 ])
-def test_cast_rht_ptx(arch, dtype, row, swizzle, per_token, walk):
+def test_cast_rht_ptx(arch, dtype, row, swizzle, per_token, walk, groups):
     """The RHT cast transforms the twin on the tensor cores: per 16-row block row one
     ldmatrix .x4 .trans of the smem tile and two m16n8k16 MMAs of the input's 16-bit type with
     FP32 accumulators, whose outputs the lanes of a column exchange through smem (per block
     row and output column one 16-byte store, per output column four 16-byte loads, one warp
     barrier in between; no shuffles of the outputs); per tensor the twin's own outer amax and
     enc table (IEEE reciprocals for two outer scales, and one in the code that fills both
-    tables side by side), the rest as the plain cast."""
-    ptx = compile_ptx(*cast_kernel(dtype, row, True, swizzle, per_token, walk=walk, rht=True),
-                      arch=arch)
+    tables side by side), the rest as the plain cast. With two consumer groups (the RHT per
+    tensor, swizzled, from GROUPS_MIN_ELEMENTS) one CTA of 17 warps, the same code per tile."""
+    ptx = compile_ptx(*cast_kernel(dtype, row, True, swizzle, per_token, walk=walk, rht=True,
+                                   groups=groups), arch=arch)
+    assert f".reqntid {32 * (8 * groups + 1)}, 1, 1" in ptx
     assert ptx_target(ptx) == arch
     ty = "bf16" if dtype == "bf16" else "f16"
     # per token the passes are compiled twice, the fast copy with each block's enc from the
@@ -181,8 +190,8 @@ def test_cast_rht_ptx(arch, dtype, row, swizzle, per_token, walk):
     need = [r"cp\.async\.bulk\.tensor", r"st\.global\.v2\.b32",
             r"cvt\.rn\.satfinite\.e4m3x2\.f32"]
     assert missing_instructions(ptx, need) == []
-    plain = compile_ptx(*cast_kernel(dtype, row, True, swizzle, per_token, walk=walk),
-                        arch=arch)
+    plain = compile_ptx(*cast_kernel(dtype, row, True, swizzle, per_token, walk=walk,
+                                     groups=groups), arch=arch)
     assert ptx.count("st.shared.v4.b32") - plain.count("st.shared.v4.b32") == 8 * copies
     assert ptx.count("ld.shared.v4.b32") - plain.count("ld.shared.v4.b32") == 8 * copies
     # per token the plain column pass shuffles its columns' outer scales (2 per lane), the
@@ -384,8 +393,11 @@ def test_cast_run_rules():
 def test_cast_groups_rules():
     """Two consumer groups: 17 warps per CTA, per-warp exchange buffers and amax slots for all
     16 consumer warps; not with the fused amax, 16x16 blocks or an odd ring.
-    dispatch.cast_groups: two for one-CTA walks of 16-bit row+col compact casts without RHT,
-    16x16 blocks or stochastic rounding, else one."""
+    dispatch.cast_groups, for 16-bit inputs without 16x16 blocks or stochastic rounding: two
+    for one-CTA walks of row+col casts (compact at any size, swizzled from
+    GROUPS_MIN_ELEMENTS) and of rowwise-only casts from GROUPS_MIN_ELEMENTS below
+    GROUPS_ROWWISE_MAX_ELEMENTS, and for the RHT per tensor, row+col swizzled, from
+    GROUPS_MIN_ELEMENTS (cast_kernel then makes its two CTAs per SM one); else one."""
     op = CastKernel("bf16", True, True, False, False, 132, stages=8, ctas_per_sm=1, rht=True,
                     groups=2)
     assert (op.threads, op.consumer_threads, op.group_threads) == (544, 512, 256)
@@ -395,19 +407,29 @@ def test_cast_groups_rules():
         args.update(kw)
         with pytest.raises(ValueError, match="groups"):
             CastKernel("bf16", True, True, False, False, 132, **args)
+    lo, hi = GROUPS_MIN_ELEMENTS, GROUPS_ROWWISE_MAX_ELEMENTS
     one, two = (1, True, False, 4, 8, True, True), (2, True, False, 4, 8, True, True)
-    assert cast_groups("bf16", True, True, False, False, one, False, False, False) == 2
-    assert cast_groups("fp16", True, True, False, False, one, False, False, False) == 2
-    for args in [("bf16", True, True, False, False, two, False, False, False),
-                 ("fp32", True, True, False, False, one, False, False, False),
-                 ("bf16", True, False, False, False, one, False, False, False),
-                 ("bf16", False, True, False, False, one, False, False, False),
-                 ("bf16", True, True, True, False, one, False, False, False),
-                 ("bf16", True, True, False, True, one, False, False, False),
-                 ("bf16", True, True, False, False, one, True, False, False),
-                 ("bf16", True, True, False, False, one, False, True, False),
-                 ("bf16", True, True, False, False, one, False, False, True)]:
-        assert cast_groups(*args) == 1
+
+    def groups(dtype="bf16", row=True, col=True, swz=False, per_token=False, fused=False,
+               walk=one, rht=False, block2d=False, sr=False, elements=lo):
+        return cast_groups(dtype, row, col, swz, per_token, fused, walk, rht, block2d, sr,
+                           elements)
+
+    for n in (1 << 12, lo, hi, 1 << 30):
+        assert groups(elements=n) == groups(dtype="fp16", elements=n) == 2
+        assert groups(per_token=True, elements=n) == 2
+        assert groups(swz=True, elements=n) == groups(swz=True, per_token=True, elements=n) == (
+            2 if n >= lo else 1)
+        for swz in (False, True):
+            assert groups(col=False, swz=swz, elements=n) == (2 if lo <= n < hi else 1)
+            assert groups(row=False, swz=swz, elements=n) == 1
+        assert groups(walk=two, rht=True, swz=True, elements=n) == (2 if n >= lo else 1)
+        for kw in [dict(walk=two), dict(dtype="fp32"), dict(fused=True), dict(block2d=True),
+                   dict(sr=True), dict(rht=True), dict(walk=two, swz=True),
+                   dict(walk=two, rht=True), dict(walk=two, rht=True, swz=True, per_token=True),
+                   dict(walk=two, rht=True, swz=True, sr=True),
+                   dict(walk=two, rht=True, swz=True, row=False)]:
+            assert groups(elements=n, **kw) == 1
 
 
 def test_cast_enc_table_rules():

@@ -3,8 +3,8 @@ bandwidth of the recipe quantize kernels (cast_recipes) against the plain cast
 (quant.dispatch) measured in the same run.
 
 One recipe from the flags (--rht, --sr, --2d, --window64, --four-over-six {mae,mse}
-[--fast-math], --scaling token, --grouped N), or --suite: every recipe of issues 4 and 5 in one
-table. Columns: time, % of the HBM floor (unavoidable bytes / copy bandwidth of this run: the
+[--fast-math], --scaling token, --grouped N, --swizzle), or --suite: every recipe of issues 4
+and 5 in one table. Columns: time, % of the HBM floor (unavoidable bytes / copy bandwidth of this run: the
 input read twice when an outer amax pass is needed, once for window64; every output written
 once), the ratio to the plain cast of the same shape and outputs (the plain cast uses the
 recipe's scaling where it supports it, else per-tensor) and, for grouped inputs, the ratio to
@@ -43,10 +43,11 @@ def _splits(total: int, n: int, unit: int):
 
 
 def _plain_recipe(recipe: Recipe) -> Recipe:
-    """The plain-cast baseline of a recipe: same outputs, its scaling where the plain cast has
-    it (tensor, token), else per-tensor."""
+    """The plain-cast baseline of a recipe: same outputs and scale layout, its scaling where
+    the plain cast has it (tensor, token), else per-tensor."""
     scaling = recipe.scaling if recipe.scaling in ("tensor", "token") else "tensor"
-    return Recipe(scaling=scaling, rowwise=recipe.rowwise, columnwise=recipe.columnwise)
+    return Recipe(scaling=scaling, rowwise=recipe.rowwise, columnwise=recipe.columnwise,
+                  swizzle=recipe.swizzle)
 
 
 def cases(args):
@@ -55,7 +56,7 @@ def cases(args):
     cw = not args.rowwise_only
 
     def rec(**kw):
-        return Recipe(rowwise=True, columnwise=cw, **kw)
+        return Recipe(rowwise=True, columnwise=cw, swizzle=args.swizzle, **kw)
 
     if args.suite:
         out = [("recipe kernel, no option", rec(), -1), ("rht", rec(rht=True), 0),
@@ -96,6 +97,7 @@ def main(argv=None):
     p.add_argument("--grouped", type=int, default=0, help="N groups (uneven) vs one launch")
     p.add_argument("--suite", action="store_true", help="every recipe of issues 4 and 5")
     p.add_argument("--rowwise-only", action="store_true")
+    p.add_argument("--swizzle", action="store_true", help="scales in the 128x4 layout")
     p.add_argument("--modes", nargs="*", default=["graph", "eager"],
                    help="graph: CUDA-graph replay (GPU time); eager: with host overhead")
     p.add_argument("--json", default=None)

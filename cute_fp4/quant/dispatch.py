@@ -48,18 +48,19 @@ def _f8_2d():
 def cast_kernel(dtype: str, rowwise: bool, columnwise: bool, swizzle: bool, per_token: bool,
                 num_sms: int = 132, fused_amax: bool = False,
                 walk: tuple = None, rht: bool = False, block2d: bool = False,
-                stochastic: bool = False):
+                stochastic: bool = False, groups: int = 1):
     """(kernel, *fake compile arguments) of the K2 cast for a configuration; walk =
     (CTAs per SM, reverse tile walk, per-token amax prefetch, band, run, enc table, preload),
-    see cast_walk (default: plain_walk), and its consumer groups from cast_groups; rht: the
+    see cast_walk (default: plain_walk); groups: consumer groups (cast_groups), 2 making the
+    SM's one CTA (walk[0] CTAs per SM: 1 or 2) of two groups and 8 ring stages; rht: the
     twin of the RHT'd input, stochastic: stochastic rounding (both from recipes_dispatch; the
     compiled function then takes the int64 [seed, offset] tensor after the outputs, else
     None); block2d: 16x16 blocks."""
     if walk is None:
         walk = plain_walk(per_token)
     ctas_per_sm, reverse, prefetch_amax, band, run, enc_table, preload = walk
-    groups = cast_groups(dtype, rowwise, columnwise, swizzle, fused_amax, walk, rht, block2d,
-                         stochastic)
+    if groups == 2:
+        ctas_per_sm = 1
     op = CastKernel(dtype, rowwise, columnwise, swizzle, per_token, num_sms,
                     stages=4 * groups, ctas_per_sm=ctas_per_sm, fused_amax=fused_amax,
                     reverse=reverse, prefetch_amax=prefetch_amax, band=band, run=run,
@@ -236,23 +237,52 @@ TOKEN_ROWS = True
 TOKEN_ROWS_CTAS_PER_SM = 0
 
 
-def cast_groups(dtype: str, rowwise: bool, columnwise: bool, swizzle: bool, fused: bool,
-                walk: tuple, rht: bool, block2d: bool, stochastic: bool) -> int:
+# Two consumer groups (cast_groups) where they measured faster only from some size: swizzled
+# row+col casts, the RHT per tensor with swizzled scales, and (up to GROUPS_ROWWISE_MAX_ELEMENTS)
+# rowwise-only casts from GROUPS_MIN_ELEMENTS input elements.
+GROUPS_MIN_ELEMENTS = 1 << 25
+GROUPS_ROWWISE_MAX_ELEMENTS = 1 << 27
+
+
+def cast_groups(dtype: str, rowwise: bool, columnwise: bool, swizzle: bool, per_token: bool,
+                fused: bool, walk: tuple, rht: bool, block2d: bool, stochastic: bool,
+                elements: int) -> int:
     """Consumer groups of a cast CTA (CastKernel groups; 2: 16 consumer warps in two groups
-    taking the CTA's tiles in turn from one ring of 8 stages): 2 where the walk runs one CTA
-    per SM and the cast writes both outputs with compact scales from a 16-bit input, without
-    the RHT, 16x16 blocks or stochastic rounding, else 1.
-    Measured (H200, bf16 row+col compact, quantize in graphs, two runs; notes/quant.md
-    "Session 31"): per tensor 4096x8192 58.4 -> 57.2 us, 8192^2 110.5 -> 107.9, 16384x8192
-    228-230 -> 217-220, 4096x2048 19.7 -> 18.9, 16384x2048 58.6 -> 57.5, 2048^2 11.7 both;
-    per token from L2_WARM_MAX_BYTES (one CTA per SM) 16384x8192 235 -> 220-228. Two groups
-    for two CTAs per SM (RHT, per token below the bound): per token 8192^2 115.6 -> 113.8,
-    else within +-1%, RHT compact 1-3% slower (the run's scale flush makes both groups
-    wait for each other), RHT swizzled 2-4% faster from 2^25 elements but not below (left at
-    two CTAs: the RHT recipes measured in one probe only). Stochastic rounding alone (one CTA per
-    SM): 66.1 -> 69.4 us at 4096x8192 (its Philox keys in 120 registers per thread)."""
-    if (walk[0] == 1 and dtype != "fp32" and rowwise and columnwise
-            and not (swizzle or fused or rht or block2d or stochastic)):
+    taking the CTA's tiles in turn from one ring of 8 stages, one CTA per SM; cast_kernel)
+    of an input of `elements` 16-bit values, without 16x16 blocks or stochastic rounding:
+    - walks of one CTA per SM (per tensor, per token from L2_WARM_MAX_BYTES) of row+col
+      casts: compact at every size, swizzled from GROUPS_MIN_ELEMENTS; rowwise-only casts
+      from GROUPS_MIN_ELEMENTS below GROUPS_ROWWISE_MAX_ELEMENTS; not columnwise-only;
+    - the RHT per tensor, row+col swizzled, from GROUPS_MIN_ELEMENTS: its walk's two CTAs
+      per SM become one of two groups;
+    else 1. Measured (H200, bf16, quantize in graphs, two runs; notes/quant.md "Session 31",
+    "Session 32"), us:
+    - row+col compact: per tensor 4096x8192 58.4 -> 57.2, 8192^2 110.5 -> 107.9, 16384x8192
+      228-230 -> 217-220, 4096x2048 19.7 -> 18.9, 16384x2048 58.6 -> 57.5, 2048^2 11.7 both;
+      per token from L2_WARM_MAX_BYTES 16384x8192 235 -> 220-228;
+    - row+col swizzled: per tensor 4096x8192 60.8 -> 58.7, 8192^2 114.1 -> 109.5, 16384x8192
+      220.9 -> 210.5, 32768x8192 428 -> 406, 16384x2048 60.8 -> 58.7, 4096x2048 19.3 -> 19.2,
+      2048^2 11.6 -> 11.9; per token 16384x8192 226.3 -> 218.3, 32768x8192 435.8 -> 420.4;
+    - rowwise only, per tensor compact / swizzled: 4096x8192 43.6 -> 41.6 / 43.3 -> 41.9,
+      8192^2 80.5 -> 78.4 / 79.7 -> 78.5, 16384x2048 43.6 -> 41.8 / 43.4 -> 41.9, 16384x8192
+      152.4 -> 152.6 / 150.1 -> 151.6, 32768x8192 292.5 -> 291.7 / 288.5 -> 293.0, 2048^2
+      9.4 -> 9.7 / 9.1 -> 9.5; columnwise only 0-4% slower;
+    - RHT per tensor swizzled: 4096x8192 69.6 -> 67.9, 8192^2 126.5 -> 123.6, 16384x8192
+      242 -> 234, 32768x8192 466.3 -> 449.6, 16384x2048 69.8 -> 68.2, 4096x2048 24.1 -> 24.2,
+      2048^2 15.4 -> 15.5. Not taken (1-5% slower or within +-1%): the RHT with compact scales
+      (also with per-group run flushes and without the run), per token or with stochastic
+      rounding; two groups for per token below L2_WARM_MAX_BYTES; stochastic rounding alone
+      (66.1 -> 69.4 at 4096x8192: its Philox keys in 120 registers per thread)."""
+    if dtype == "fp32" or fused or block2d or stochastic:
+        return 1
+    big = elements >= GROUPS_MIN_ELEMENTS
+    if rht:
+        return 2 if rowwise and swizzle and not per_token and big else 1
+    if walk[0] != 1:
+        return 1
+    if rowwise and columnwise:
+        return 2 if big or not swizzle else 1
+    if rowwise and big and elements < GROUPS_ROWWISE_MAX_ELEMENTS:
         return 2
     return 1
 
@@ -380,10 +410,13 @@ class _Plan:
         self.cast = None
         if self.token_rows is None:
             block2d = recipe.block == (16, 16)
+            groups = cast_groups(name, row, col, swz, per_token, fused, walk, False, block2d,
+                                 False, m * k)
             self.cast = ffi_function(KERNELS.get(
-                ("cast", name, row, col, swz, per_token, sms, fused, walk, block2d, arch),
+                ("cast", name, row, col, swz, per_token, sms, fused, walk, block2d, groups, arch),
                 lambda: compile_kernel(*cast_kernel(name, row, col, swz, per_token, sms, fused,
-                                                    walk, block2d=block2d), arch=arch)))
+                                                    walk, block2d=block2d, groups=groups),
+                                       arch=arch)))
         off = self.amax_bytes = (4 * n_amax + 255) // 256 * 256
         self.m, self.k, self.n_amax = m, k, n_amax
         # (shape, strides, byte offset) of each present output; absent ones are None

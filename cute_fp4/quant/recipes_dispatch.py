@@ -43,8 +43,8 @@ from ..ref.philox import check_seed_offset
 from ..ref.swizzle import scale_shape
 from ..tensor import NVFP4Tensor
 from .cast_recipes import GTAB_COLS, TILE, RecipeAmax, RecipeCastKernel
-from .dispatch import (L2_KEEP_BYTES, cast_kernel, cast_walk, run_tensor_amax, tensor_amax_fn,
-                       tensor_amax_words, token_amax_fn, walk_run)
+from .dispatch import (L2_KEEP_BYTES, cast_groups, cast_kernel, cast_walk, run_tensor_amax,
+                       tensor_amax_fn, tensor_amax_words, token_amax_fn, walk_run)
 
 _DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 _CUTLASS = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16, "fp32": cutlass.Float32}
@@ -302,11 +302,13 @@ class _Plan:
                                     col_sum, keep), arch=arch))
         if self.plain:
             rht, sr = recipe.rht, recipe.stochastic_rounding
+            groups = cast_groups(name, row, col, swz, per_token, False, walk, rht, False, sr,
+                                 m * k)
             ckey = ("cast", name, row, col, swz, per_token, sms, False, walk, "recipe", rht, sr,
-                    arch)
+                    groups, arch)
             self.cast_fn = KERNELS.get(ckey, lambda: compile_kernel(
                 *cast_kernel(name, row, col, swz, per_token, sms, False, walk, rht=rht,
-                             stochastic=sr), arch=arch))
+                             stochastic=sr, groups=groups), arch=arch))
             self.scale_shapes = (scale_shape(m, nsc, swz), scale_shape(k, m // 16, swz))
             return
         ckey = ("cast_recipe",) + _cast_config(name, recipe) + (arch,)
