@@ -157,7 +157,7 @@ def test_rht_consumer_groups(shape, kind, dtype, gen, monkeypatch):
 
 
 def test_rht_consumer_groups_large(gen):
-    """4096x8192 bf16 (GROUPS_MIN_ELEMENTS) RHT per tensor, swizzled: one CTA per SM of two
+    """4096x8192 bf16 (2^25 elements) RHT per tensor, swizzled: one CTA per SM of two
     consumer groups at full size."""
     from cute_fp4.quant import dispatch
     x = make_input((4096, 8192), "outliers", torch.bfloat16, gen)

@@ -238,9 +238,9 @@ TOKEN_ROWS_CTAS_PER_SM = 0
 
 
 # Two consumer groups (cast_groups) where they measured faster only from some size: swizzled
-# row+col casts, the RHT per tensor with swizzled scales, and (up to GROUPS_ROWWISE_MAX_ELEMENTS)
-# rowwise-only casts from GROUPS_MIN_ELEMENTS input elements.
-GROUPS_MIN_ELEMENTS = 1 << 25
+# row+col casts, the RHT per tensor with swizzled scales, and (below
+# GROUPS_ROWWISE_MAX_ELEMENTS) rowwise-only casts, from GROUPS_MIN_ELEMENTS input elements.
+GROUPS_MIN_ELEMENTS = 1 << 24
 GROUPS_ROWWISE_MAX_ELEMENTS = 1 << 27
 
 
@@ -262,17 +262,20 @@ def cast_groups(dtype: str, rowwise: bool, columnwise: bool, swizzle: bool, per_
       per token from L2_WARM_MAX_BYTES 16384x8192 235 -> 220-228;
     - row+col swizzled: per tensor 4096x8192 60.8 -> 58.7, 8192^2 114.1 -> 109.5, 16384x8192
       220.9 -> 210.5, 32768x8192 428 -> 406, 16384x2048 60.8 -> 58.7, 4096x2048 19.3 -> 19.2,
-      2048^2 11.6 -> 11.9; per token 16384x8192 226.3 -> 218.3, 32768x8192 435.8 -> 420.4;
+      2048^2 11.6 -> 11.9, 8192x2048 / 4096x4096 34.0 -> 32.6 / 33.8 -> 32.9; per token
+      16384x8192 226.3 -> 218.3, 32768x8192 435.8 -> 420.4;
     - rowwise only, per tensor compact / swizzled: 4096x8192 43.6 -> 41.6 / 43.3 -> 41.9,
       8192^2 80.5 -> 78.4 / 79.7 -> 78.5, 16384x2048 43.6 -> 41.8 / 43.4 -> 41.9, 16384x8192
-      152.4 -> 152.6 / 150.1 -> 151.6, 32768x8192 292.5 -> 291.7 / 288.5 -> 293.0, 2048^2
-      9.4 -> 9.7 / 9.1 -> 9.5; columnwise only 0-4% slower;
+      152.4 -> 152.6 / 150.1 -> 151.6, 32768x8192 292.5 -> 291.7 / 288.5 -> 293.0, 8192x2048
+      25.5 -> 24.6 / 24.8 -> 24.1, 4096x2048 15.0 both / 14.6 -> 14.7, 2048^2 9.4 -> 9.7 /
+      9.1 -> 9.5; columnwise only 0-4% slower;
     - RHT per tensor swizzled: 4096x8192 69.6 -> 67.9, 8192^2 126.5 -> 123.6, 16384x8192
-      242 -> 234, 32768x8192 466.3 -> 449.6, 16384x2048 69.8 -> 68.2, 4096x2048 24.1 -> 24.2,
-      2048^2 15.4 -> 15.5. Not taken (1-5% slower or within +-1%): the RHT with compact scales
-      (also with per-group run flushes and without the run), per token or with stochastic
-      rounding; two groups for per token below L2_WARM_MAX_BYTES; stochastic rounding alone
-      (66.1 -> 69.4 at 4096x8192: its Philox keys in 120 registers per thread)."""
+      242 -> 234, 32768x8192 466.3 -> 449.6, 16384x2048 69.8 -> 68.2, 8192x2048 39.7 -> 39.2,
+      4096x2048 24.1 -> 24.2, 2048^2 15.4 -> 15.5.
+    Not taken (1-5% slower or within +-1%): the RHT with compact scales (also with per-group
+    run flushes, and without the run), per token or with stochastic rounding; per token below
+    L2_WARM_MAX_BYTES; stochastic rounding alone (66.1 -> 69.4 at 4096x8192: its Philox keys
+    in 120 registers per thread)."""
     if dtype == "fp32" or fused or block2d or stochastic:
         return 1
     big = elements >= GROUPS_MIN_ELEMENTS
