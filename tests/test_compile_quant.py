@@ -396,8 +396,9 @@ def test_cast_groups_rules():
     dispatch.cast_groups, for 16-bit inputs without 16x16 blocks or stochastic rounding: two
     for one-CTA walks of row+col casts (compact at any size, swizzled from
     GROUPS_MIN_ELEMENTS) and of rowwise-only casts from GROUPS_MIN_ELEMENTS below
-    GROUPS_ROWWISE_MAX_ELEMENTS, and for the RHT per tensor, row+col swizzled, from
-    GROUPS_MIN_ELEMENTS (cast_kernel then makes its two CTAs per SM one); else one."""
+    GROUPS_ROWWISE_MAX_ELEMENTS, and for the RHT with both outputs from GROUPS_MIN_ELEMENTS,
+    per tensor swizzled and per token compact (cast_kernel then makes its two CTAs per SM
+    one); else one."""
     op = CastKernel("bf16", True, True, False, False, 132, stages=8, ctas_per_sm=1, rht=True,
                     groups=2)
     assert (op.threads, op.consumer_threads, op.group_threads) == (544, 512, 256)
@@ -424,11 +425,13 @@ def test_cast_groups_rules():
             assert groups(col=False, swz=swz, elements=n) == (2 if lo <= n < hi else 1)
             assert groups(row=False, swz=swz, elements=n) == 1
         assert groups(walk=two, rht=True, swz=True, elements=n) == (2 if n >= lo else 1)
+        assert groups(walk=two, rht=True, per_token=True, elements=n) == (2 if n >= lo else 1)
         for kw in [dict(walk=two), dict(dtype="fp32"), dict(fused=True), dict(block2d=True),
                    dict(sr=True), dict(rht=True), dict(walk=two, swz=True),
                    dict(walk=two, rht=True), dict(walk=two, rht=True, swz=True, per_token=True),
                    dict(walk=two, rht=True, swz=True, sr=True),
-                   dict(walk=two, rht=True, swz=True, row=False)]:
+                   dict(walk=two, rht=True, swz=True, row=False),
+                   dict(walk=two, rht=True, per_token=True, row=False)]:
             assert groups(elements=n, **kw) == 1
 
 

@@ -138,33 +138,40 @@ def test_rht_plain_cast(shape, kind, dtype, scaling, gen):
 @pytest.mark.parametrize("shape", [(1008, 2064), (1040, 1024)])
 @pytest.mark.parametrize("kind", ["normal", "outliers", "special"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_rht_consumer_groups(shape, kind, dtype, gen, monkeypatch):
-    """The RHT per tensor with swizzled scales as one CTA of two consumer groups
-    (dispatch.cast_groups, its size bound lifted) on a GPU of 3 SMs: each CTA walks ~90 tiles
-    (tile tails in M and K), its groups taking them in turn; the same bytes as the reference
-    (run_all's RHT rule), compact scales (one group) alike."""
+@pytest.mark.parametrize("scaling", ["tensor", "token"])
+def test_rht_consumer_groups(shape, kind, dtype, scaling, gen, monkeypatch):
+    """The RHT as one CTA of two consumer groups (dispatch.rht_groups, its size bound lifted:
+    per tensor with swizzled scales, per token with compact ones, there without the run or
+    bands) on a GPU of 3 SMs: each CTA walks ~90 tiles (tile tails in M and K), its groups
+    taking them in turn; the same bytes as the reference (run_all's RHT rule), the other
+    scale layout (two CTAs per SM) alike."""
     from cute_fp4.quant import dispatch
     monkeypatch.setattr(rd, "num_sms", lambda dev: 3)
     monkeypatch.setattr(dispatch, "GROUPS_MIN_ELEMENTS", 0)
     rd._plan.cache_clear()
     x = make_input(shape, kind, dtype, gen)
-    walk = rd.plain_cast_walk(*shape, 2, False, False, False, 3, True, False)
+    per_token = scaling == "token"
+    walk = rd.plain_cast_walk(*shape, 2, per_token, per_token, per_token, 3, True, False)
+    assert walk[0] == 2 and (walk[3:5] == (1, 1) or not per_token)
     name = rd._DTYPE_NAMES[dtype]
-    assert walk[0] == 2 and dispatch.cast_groups(name, True, True, True, False, False, walk,
-                                                 True, False, False, x.numel()) == 2
-    run_all(x, Recipe(rht=True), outputs=[(True, True)])
+    assert dispatch.cast_groups(name, True, True, not per_token, per_token, False, walk, True,
+                                False, False, x.numel()) == 2
+    run_all(x, Recipe(scaling=scaling, rht=True), outputs=[(True, True)])
     rd._plan.cache_clear()
 
 
-def test_rht_consumer_groups_large(gen):
-    """4096x8192 bf16 (2^25 elements) RHT per tensor, swizzled: one CTA per SM of two
-    consumer groups at full size."""
+@pytest.mark.parametrize("scaling,swizzle", [("tensor", True), ("token", False)])
+def test_rht_consumer_groups_large(scaling, swizzle, gen):
+    """4096x8192 bf16 (2^25 elements) RHT on two consumer groups at full size: per tensor
+    swizzled, per token compact."""
     from cute_fp4.quant import dispatch
     x = make_input((4096, 8192), "outliers", torch.bfloat16, gen)
-    walk = rd.plain_cast_walk(4096, 8192, 2, False, False, False, 132, True, False)
-    assert dispatch.cast_groups("bf16", True, True, True, False, False, walk, True, False, False,
-                                x.numel()) == 2
-    recipe = Recipe(rht=True, columnwise=True, swizzle=True)
+    per_token = scaling == "token"
+    walk = rd.plain_cast_walk(4096, 8192, 2, per_token, not swizzle, not swizzle, 132, True,
+                              False)
+    assert dispatch.cast_groups("bf16", True, True, swizzle, per_token, False, walk, True,
+                                False, False, x.numel()) == 2
+    recipe = Recipe(scaling=scaling, rht=True, columnwise=True, swizzle=swizzle)
     check(rd.quantize_recipe(x, recipe), ref.quantize(x, recipe), recipe, twin_agree=0.999,
           twin_exact=quant_checks.rht_exact_blocks(x))
 

@@ -244,6 +244,13 @@ GROUPS_MIN_ELEMENTS = 1 << 24
 GROUPS_ROWWISE_MAX_ELEMENTS = 1 << 27
 
 
+def rht_groups(per_token: bool, swizzle: bool, rowwise: bool, elements: int) -> bool:
+    """Whether the RHT cast (row+col) runs one CTA per SM of two consumer groups instead of
+    two CTAs: from GROUPS_MIN_ELEMENTS, per tensor with swizzled scales and per token with
+    compact ones (then without the run or bands: recipes_dispatch.plain_cast_walk)."""
+    return rowwise and elements >= GROUPS_MIN_ELEMENTS and swizzle != per_token
+
+
 def cast_groups(dtype: str, rowwise: bool, columnwise: bool, swizzle: bool, per_token: bool,
                 fused: bool, walk: tuple, rht: bool, block2d: bool, stochastic: bool,
                 elements: int) -> int:
@@ -253,8 +260,9 @@ def cast_groups(dtype: str, rowwise: bool, columnwise: bool, swizzle: bool, per_
     - walks of one CTA per SM (per tensor, per token from L2_WARM_MAX_BYTES) of row+col
       casts: compact at every size, swizzled from GROUPS_MIN_ELEMENTS; rowwise-only casts
       from GROUPS_MIN_ELEMENTS below GROUPS_ROWWISE_MAX_ELEMENTS; not columnwise-only;
-    - the RHT per tensor, row+col swizzled, from GROUPS_MIN_ELEMENTS: its walk's two CTAs
-      per SM become one of two groups;
+    - the RHT (rht_groups): row+col from GROUPS_MIN_ELEMENTS, per tensor with swizzled
+      scales, per token with compact ones; its walk's two CTAs per SM become one of two
+      groups;
     else 1. Measured (H200, bf16, quantize in graphs, two runs; notes/quant.md "Session 31",
     "Session 32"), us:
     - row+col compact: per tensor 4096x8192 58.4 -> 57.2, 8192^2 110.5 -> 107.9, 16384x8192
@@ -271,16 +279,19 @@ def cast_groups(dtype: str, rowwise: bool, columnwise: bool, swizzle: bool, per_
       9.1 -> 9.5; columnwise only 0-4% slower;
     - RHT per tensor swizzled: 4096x8192 69.6 -> 67.9, 8192^2 126.5 -> 123.6, 16384x8192
       242 -> 234, 32768x8192 466.3 -> 449.6, 16384x2048 69.8 -> 68.2, 8192x2048 39.7 -> 39.2,
-      4096x2048 24.1 -> 24.2, 2048^2 15.4 -> 15.5.
-    Not taken (1-5% slower or within +-1%): the RHT with compact scales (also with per-group
-    run flushes, and without the run), per token or with stochastic rounding; per token below
-    L2_WARM_MAX_BYTES; stochastic rounding alone (66.1 -> 69.4 at 4096x8192: its Philox keys
-    in 120 registers per thread)."""
+      4096x2048 24.1 -> 24.2, 2048^2 15.4 -> 15.5;
+    - RHT per token compact, with neither the run nor bands: 4096x8192 71.5 -> 69.9, 8192^2
+      131.8 -> 128.0, 16384x8192 250.9 -> 244.6, 16384x2048 71.8 -> 70.1, 4096x2048 24.2 ->
+      24.0 (with the run and bands as two CTAs take them: +-1%, with per-group run flushes +2%).
+    Not taken (1-5% slower or within +-1%): the RHT per tensor with compact scales (with or
+    without the run and bands), per token with swizzled ones, with stochastic rounding; the
+    plain per-token casts below L2_WARM_MAX_BYTES; stochastic rounding alone (66.1 -> 69.4 at
+    4096x8192: its Philox keys in 120 registers per thread)."""
     if dtype == "fp32" or fused or block2d or stochastic:
         return 1
     big = elements >= GROUPS_MIN_ELEMENTS
     if rht:
-        return 2 if rowwise and swizzle and not per_token and big else 1
+        return 2 if rht_groups(per_token, swizzle, rowwise, elements) else 1
     if walk[0] != 1:
         return 1
     if rowwise and columnwise:
