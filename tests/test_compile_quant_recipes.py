@@ -394,7 +394,7 @@ def test_plain_cast_routing():
             (big, True, True, (2, False, True, 4, 8, False, False)),
             (big - 512, True, True, (2, True, True, 4, 1, False, True)),
             (big, False, True, (1, False, True, 4, 1, False, False)),
-            (1024, True, False, (2, True, True, 4, 8, False, False)),  # 2^23: no groups
+            (1024, True, False, (2, True, True, 4, 1, False, False)),  # 2^23: bands, no groups
             (2048, True, False, (2, True, True, 1, 1, False, False)),  # groups from 2^24
             (512, True, False, (2, True, True, 4, 1, False, False))]:  # 64 runs: too few
         assert plain_cast_walk(m, 8192, 2, True, True, True, 132, rht, sr) == want

@@ -238,8 +238,8 @@ TOKEN_ROWS_CTAS_PER_SM = 0
 
 
 # Two consumer groups (cast_groups) where they measured faster only from some size: swizzled
-# row+col casts, the RHT per tensor with swizzled scales, and (below
-# GROUPS_ROWWISE_MAX_ELEMENTS) rowwise-only casts, from GROUPS_MIN_ELEMENTS input elements.
+# row+col casts, the RHT casts of rht_groups, and (below GROUPS_ROWWISE_MAX_ELEMENTS)
+# rowwise-only casts, from GROUPS_MIN_ELEMENTS input elements.
 GROUPS_MIN_ELEMENTS = 1 << 24
 GROUPS_ROWWISE_MAX_ELEMENTS = 1 << 27
 
@@ -282,7 +282,7 @@ def cast_groups(dtype: str, rowwise: bool, columnwise: bool, swizzle: bool, per_
       4096x2048 24.1 -> 24.2, 2048^2 15.4 -> 15.5;
     - RHT per token compact, with neither the run nor bands: 4096x8192 71.5 -> 69.9, 8192^2
       131.8 -> 128.0, 16384x8192 250.9 -> 244.6, 16384x2048 71.8 -> 70.1, 4096x2048 24.2 ->
-      24.0 (with the run and bands as two CTAs take them: +-1%, with per-group run flushes +2%).
+      24.0 (with the run 1-3% slower, with per-group run flushes +2%, with bands +-1%).
     Not taken (1-5% slower or within +-1%): the RHT per tensor with compact scales (with or
     without the run and bands), per token with swizzled ones, with stochastic rounding; the
     plain per-token casts below L2_WARM_MAX_BYTES; stochastic rounding alone (66.1 -> 69.4 at
