@@ -11,7 +11,7 @@ from cute_fp4.quant.cast import CastKernel
 from cute_fp4.quant.dispatch import (ENC_TABLE_COMPACT_TWIN_MAX_BYTES, GROUPS_MIN_ELEMENTS,
                                      GROUPS_ROWWISE_MAX_ELEMENTS, L2_WARM_MAX_BYTES,
                                      amax_tensor_kernel, amax_token_kernel, cast_groups,
-                                     cast_kernel, cast_walk, token_rows_kernel)
+                                     cast_kernel, cast_walk, grouped_walk, token_rows_kernel)
 from cute_fp4.quant.token_rows import token_rows_config
 from cute_fp4.ref.philox import PHILOX_M0, PHILOX_M1
 
@@ -396,9 +396,10 @@ def test_cast_groups_rules():
     dispatch.cast_groups, for 16-bit inputs without 16x16 blocks or stochastic rounding: two
     for one-CTA walks of row+col casts (compact at any size, swizzled from
     GROUPS_MIN_ELEMENTS) and of rowwise-only casts from GROUPS_MIN_ELEMENTS below
-    GROUPS_ROWWISE_MAX_ELEMENTS, and for the RHT with both outputs from GROUPS_MIN_ELEMENTS,
-    per tensor swizzled and per token compact (cast_kernel then makes its two CTAs per SM
-    one); else one."""
+    GROUPS_ROWWISE_MAX_ELEMENTS, and for walks of two CTAs per SM of row+col casts from
+    GROUPS_MIN_ELEMENTS: per token compact (plain, RHT) and the RHT per tensor swizzled
+    (cast_kernel then makes the two CTAs one; grouped_walk drops the per-token run and
+    bands); else one."""
     op = CastKernel("bf16", True, True, False, False, 132, stages=8, ctas_per_sm=1, rht=True,
                     groups=2)
     assert (op.threads, op.consumer_threads, op.group_threads) == (544, 512, 256)
@@ -424,15 +425,31 @@ def test_cast_groups_rules():
         for swz in (False, True):
             assert groups(col=False, swz=swz, elements=n) == (2 if lo <= n < hi else 1)
             assert groups(row=False, swz=swz, elements=n) == 1
+        # two CTAs per SM: per token compact (plain, RHT), the RHT per tensor swizzled
         assert groups(walk=two, rht=True, swz=True, elements=n) == (2 if n >= lo else 1)
         assert groups(walk=two, rht=True, per_token=True, elements=n) == (2 if n >= lo else 1)
-        for kw in [dict(walk=two), dict(dtype="fp32"), dict(fused=True), dict(block2d=True),
+        assert groups(walk=two, per_token=True, elements=n) == (2 if n >= lo else 1)
+        for kw in [dict(walk=two), dict(walk=two, per_token=True, swz=True),
+                   dict(walk=two, per_token=True, col=False),
+                   dict(walk=two, per_token=True, dtype="fp32"), dict(dtype="fp32"),
+                   dict(fused=True), dict(block2d=True),
                    dict(sr=True), dict(rht=True), dict(walk=two, swz=True),
                    dict(walk=two, rht=True), dict(walk=two, rht=True, swz=True, per_token=True),
                    dict(walk=two, rht=True, swz=True, sr=True),
                    dict(walk=two, rht=True, swz=True, row=False),
                    dict(walk=two, rht=True, per_token=True, row=False)]:
             assert groups(elements=n, **kw) == 1
+
+
+def test_grouped_walk():
+    """Per token, where two groups replace two CTAs per SM, the walk has neither the run nor
+    bands; every other walk is kept."""
+    token = (2, True, True, 4, 8, False, False)
+    assert grouped_walk(token, 2, True) == (2, True, True, 1, 1, False, False)
+    one_cta = (1, False, True, 4, 8, False, False)
+    for walk, groups, per_token in [(token, 1, True), (one_cta, 2, True),
+                                    ((2, True, False, 4, 8, True, False), 2, False)]:
+        assert grouped_walk(walk, groups, per_token) == walk
 
 
 def test_cast_enc_table_rules():

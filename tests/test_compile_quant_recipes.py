@@ -376,15 +376,12 @@ def test_plain_cast_routing():
             if rht and esize == 4:
                 continue
             walk = plain_cast_walk(m, 8192, esize, per_token, True, True, 132, rht, sr)
-            assert walk[1:3] == plain[1:3] and walk[5] == plain[5]
-            assert walk[3] == (1 if per_token and rht and not sr else plain[3])
+            assert walk[1:4] == plain[1:4] and walk[5] == plain[5]
             if sr and not rht:  # one CTA per SM, the run for fp32 only
                 assert walk[0] == 1
                 assert walk[4] == (plain[4] if esize == 4 else 1) and not walk[6]
             elif not per_token:
                 assert walk[0] == 2 and walk[4] == (1 if sr else plain[4]) and walk[6] == sr
-            elif not sr:  # two consumer groups from 2^24 elements: neither run nor bands
-                assert walk == (2,) + plain[1:3] + (1, 1, plain[5], False)
             else:  # the run wherever the shape allows it, except RHT + SR below the bound
                 assert walk[0] == 2 and walk[6] == (sr and walk[1])
                 assert walk[4] == (1 if walk[6] else walk_run(m, 8192, esize, True, 132))
@@ -394,7 +391,6 @@ def test_plain_cast_routing():
             (big, True, True, (2, False, True, 4, 8, False, False)),
             (big - 512, True, True, (2, True, True, 4, 1, False, True)),
             (big, False, True, (1, False, True, 4, 1, False, False)),
-            (1024, True, False, (2, True, True, 4, 1, False, False)),  # 2^23: bands, no groups
-            (2048, True, False, (2, True, True, 1, 1, False, False)),  # groups from 2^24
+            (4096, True, False, (2, True, True, 4, 8, False, False)),
             (512, True, False, (2, True, True, 4, 1, False, False))]:  # 64 runs: too few
         assert plain_cast_walk(m, 8192, 2, True, True, True, 132, rht, sr) == want

@@ -140,7 +140,7 @@ def test_rht_plain_cast(shape, kind, dtype, scaling, gen):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("scaling", ["tensor", "token"])
 def test_rht_consumer_groups(shape, kind, dtype, scaling, gen, monkeypatch):
-    """The RHT as one CTA of two consumer groups (dispatch.rht_groups, its size bound lifted:
+    """The RHT as one CTA of two consumer groups (dispatch.two_cta_groups, its size bound lifted:
     per tensor with swizzled scales, per token with compact ones, there without the run or
     bands) on a GPU of 3 SMs: each CTA walks ~90 tiles (tile tails in M and K), its groups
     taking them in turn; the same bytes as the reference (run_all's RHT rule), the other
@@ -152,10 +152,12 @@ def test_rht_consumer_groups(shape, kind, dtype, scaling, gen, monkeypatch):
     x = make_input(shape, kind, dtype, gen)
     per_token = scaling == "token"
     walk = rd.plain_cast_walk(*shape, 2, per_token, per_token, per_token, 3, True, False)
-    assert walk[0] == 2 and (walk[3:5] == (1, 1) or not per_token)
     name = rd._DTYPE_NAMES[dtype]
-    assert dispatch.cast_groups(name, True, True, not per_token, per_token, False, walk, True,
-                                False, False, x.numel()) == 2
+    assert walk[0] == 2 and dispatch.cast_groups(name, True, True, not per_token, per_token,
+                                                 False, walk, True, False, False,
+                                                 x.numel()) == 2
+    assert dispatch.grouped_walk(walk, 2, per_token)[3:5] == ((1, 1) if per_token else
+                                                             walk[3:5])
     run_all(x, Recipe(scaling=scaling, rht=True), outputs=[(True, True)])
     rd._plan.cache_clear()
 

@@ -238,17 +238,33 @@ TOKEN_ROWS_CTAS_PER_SM = 0
 
 
 # Two consumer groups (cast_groups) where they measured faster only from some size: swizzled
-# row+col casts, the RHT casts of rht_groups, and (below GROUPS_ROWWISE_MAX_ELEMENTS)
+# row+col casts, the two-CTA walks of two_cta_groups, and (below GROUPS_ROWWISE_MAX_ELEMENTS)
 # rowwise-only casts, from GROUPS_MIN_ELEMENTS input elements.
 GROUPS_MIN_ELEMENTS = 1 << 24
 GROUPS_ROWWISE_MAX_ELEMENTS = 1 << 27
 
 
-def rht_groups(per_token: bool, swizzle: bool, rowwise: bool, elements: int) -> bool:
-    """Whether the RHT cast (row+col) runs one CTA per SM of two consumer groups instead of
-    two CTAs: from GROUPS_MIN_ELEMENTS, per tensor with swizzled scales and per token with
-    compact ones (then without the run or bands: recipes_dispatch.plain_cast_walk)."""
-    return rowwise and elements >= GROUPS_MIN_ELEMENTS and swizzle != per_token
+def two_cta_groups(per_token: bool, swizzle: bool, rowwise: bool, rht: bool,
+                   elements: int) -> bool:
+    """Whether a row+col cast whose walk runs two CTAs per SM (per token below
+    L2_WARM_MAX_BYTES, the RHT) runs one CTA per SM of two consumer groups instead: from
+    GROUPS_MIN_ELEMENTS, per token with compact scales (the plain cast and the RHT; their
+    walk then without the run or bands: grouped_walk) and the RHT per tensor with swizzled
+    ones."""
+    if not rowwise or elements < GROUPS_MIN_ELEMENTS:
+        return False
+    return not swizzle if per_token else rht and swizzle
+
+
+def grouped_walk(walk: tuple, groups: int, per_token: bool) -> tuple:
+    """The walk a cast runs with its consumer groups: per token, where two groups replace two
+    CTAs per SM, neither the run nor bands (measured, H200, bf16 row+col compact: the plain
+    cast 4096x8192 61.5 -> 60.5 us, 8192^2 114.9 -> 112.1, 16384x2048 61.5 -> 60.5, the RHT
+    71.5 -> 69.9 / 131.8 -> 128.0 / 71.8 -> 70.1; with them, two groups were within +-1% or
+    slower; notes/quant.md "Session 32"); else the walk itself."""
+    if groups == 2 and walk[0] == 2 and per_token:
+        return walk[:3] + (1, 1) + walk[5:]
+    return walk
 
 
 def cast_groups(dtype: str, rowwise: bool, columnwise: bool, swizzle: bool, per_token: bool,
@@ -260,9 +276,10 @@ def cast_groups(dtype: str, rowwise: bool, columnwise: bool, swizzle: bool, per_
     - walks of one CTA per SM (per tensor, per token from L2_WARM_MAX_BYTES) of row+col
       casts: compact at every size, swizzled from GROUPS_MIN_ELEMENTS; rowwise-only casts
       from GROUPS_MIN_ELEMENTS below GROUPS_ROWWISE_MAX_ELEMENTS; not columnwise-only;
-    - the RHT (rht_groups): row+col from GROUPS_MIN_ELEMENTS, per tensor with swizzled
-      scales, per token with compact ones; its walk's two CTAs per SM become one of two
-      groups;
+    - walks of two CTAs per SM (two_cta_groups): row+col from GROUPS_MIN_ELEMENTS, per
+      token with compact scales (the plain cast, the RHT), the RHT per tensor with swizzled
+      ones; the two CTAs become one of two groups (per token without the run or bands:
+      grouped_walk);
     else 1. Measured (H200, bf16, quantize in graphs, two runs; notes/quant.md "Session 31",
     "Session 32"), us:
     - row+col compact: per tensor 4096x8192 58.4 -> 57.2, 8192^2 110.5 -> 107.9, 16384x8192
@@ -280,20 +297,21 @@ def cast_groups(dtype: str, rowwise: bool, columnwise: bool, swizzle: bool, per_
     - RHT per tensor swizzled: 4096x8192 69.6 -> 67.9, 8192^2 126.5 -> 123.6, 16384x8192
       242 -> 234, 32768x8192 466.3 -> 449.6, 16384x2048 69.8 -> 68.2, 8192x2048 39.7 -> 39.2,
       4096x2048 24.1 -> 24.2, 2048^2 15.4 -> 15.5;
-    - RHT per token compact, with neither the run nor bands: 4096x8192 71.5 -> 69.9, 8192^2
-      131.8 -> 128.0, 16384x8192 250.9 -> 244.6, 16384x2048 71.8 -> 70.1, 4096x2048 24.2 ->
-      24.0 (with the run 1-3% slower, with per-group run flushes +2%, with bands +-1%).
+    - per token compact, two CTAs per SM (below L2_WARM_MAX_BYTES), with neither the run nor
+      bands: the plain cast 4096x8192 61.5 -> 60.5, 8192^2 114.9 -> 112.1, 16384x2048 61.5 ->
+      60.5, 4096x2048 20.1 -> 19.7; the RHT 71.5 -> 69.9, 131.8 -> 128.0, 16384x8192 250.9 ->
+      244.6, 71.8 -> 70.1, 24.2 -> 24.0 (with the run 1-3% slower, with per-group run
+      flushes +2%, with bands +-1%).
     Not taken (1-5% slower or within +-1%): the RHT per tensor with compact scales (with or
-    without the run and bands), per token with swizzled ones, with stochastic rounding; the
-    plain per-token casts below L2_WARM_MAX_BYTES; stochastic rounding alone (66.1 -> 69.4 at
-    4096x8192: its Philox keys in 120 registers per thread)."""
+    without the run and bands), per token with swizzled scales (plain and RHT), with
+    stochastic rounding; stochastic rounding alone (66.1 -> 69.4 at 4096x8192: its Philox
+    keys in 120 registers per thread)."""
     if dtype == "fp32" or fused or block2d or stochastic:
         return 1
     big = elements >= GROUPS_MIN_ELEMENTS
-    if rht:
-        return 2 if rht_groups(per_token, swizzle, rowwise, elements) else 1
-    if walk[0] != 1:
-        return 1
+    if rht or walk[0] != 1:
+        return 2 if columnwise and two_cta_groups(per_token, swizzle, rowwise, rht,
+                                                  elements) else 1
     if rowwise and columnwise:
         return 2 if big or not swizzle else 1
     if rowwise and big and elements < GROUPS_ROWWISE_MAX_ELEMENTS:
@@ -406,6 +424,10 @@ class _Plan:
                 lambda: compile_kernel(*token_rows_kernel(name, swz, split, sms, ctas),
                                        arch=arch)))
         walk = cast_walk(m, k, esize, per_token, fused, col and not swz, row and not swz, sms)
+        block2d = recipe.block == (16, 16)
+        groups = cast_groups(name, row, col, swz, per_token, fused, walk, False, block2d, False,
+                             m * k)
+        walk = grouped_walk(walk, groups, per_token)
         keep = L2_KEEP_BYTES[col]
         if not walk[1] or m * k * esize <= keep:
             keep = 0  # the cast walks forwards, or the whole input fits in the kept part
@@ -423,9 +445,6 @@ class _Plan:
         self.one_launch = fused or self.token_rows is not None
         self.cast = None
         if self.token_rows is None:
-            block2d = recipe.block == (16, 16)
-            groups = cast_groups(name, row, col, swz, per_token, fused, walk, False, block2d,
-                                 False, m * k)
             self.cast = ffi_function(KERNELS.get(
                 ("cast", name, row, col, swz, per_token, sms, fused, walk, block2d, groups, arch),
                 lambda: compile_kernel(*cast_kernel(name, row, col, swz, per_token, sms, fused,

@@ -43,7 +43,7 @@ from ..ref.philox import check_seed_offset
 from ..ref.swizzle import scale_shape
 from ..tensor import NVFP4Tensor
 from .cast_recipes import GTAB_COLS, TILE, RecipeAmax, RecipeCastKernel
-from .dispatch import (L2_KEEP_BYTES, cast_groups, cast_kernel, cast_walk, rht_groups,
+from .dispatch import (L2_KEEP_BYTES, cast_groups, cast_kernel, cast_walk, grouped_walk,
                        run_tensor_amax, tensor_amax_fn, tensor_amax_words, token_amax_fn,
                        walk_run)
 
@@ -107,10 +107,7 @@ def plain_cast_walk(m: int, k: int, esize: int, per_token: bool, compact_twin: b
     - stochastic rounding alone: one CTA per SM, the run (compact rowwise scales staged over a
       run of tiles) for fp32 only, no preload;
     - the RHT alone: two CTAs per SM, the run per tensor where the plain cast takes it and per
-      token wherever the shape allows it (dispatch.walk_run), no preload; per token with
-      compact scales where it runs two consumer groups (dispatch.rht_groups) neither the run
-      nor bands (measured: 2-3% faster from 2^24 elements than with them; notes/quant.md
-      "Session 32");
+      token wherever the shape allows it (dispatch.walk_run), no preload;
     - RHT + stochastic rounding: two CTAs per SM; per tensor, and per token below
       L2_WARM_MAX_BYTES, no run and preload; per token from there the run (walk_run) and no
       preload.
@@ -142,9 +139,6 @@ def plain_cast_walk(m: int, k: int, esize: int, per_token: bool, compact_twin: b
     walk = cast_walk(m, k, esize, per_token, False, compact_twin, compact_row, num_sms)
     if stochastic and not rht:
         return (1,) + walk[1:4] + (walk[4] if esize == 4 else 1, walk[5], False)
-    if (rht and not stochastic and per_token and compact_twin
-            and rht_groups(True, False, compact_row, m * k)):
-        return (2,) + walk[1:3] + (1, 1, walk[5], False)
     warm = walk[1]  # the reverse walk: below L2_WARM_MAX_BYTES
     preload = stochastic and (not per_token or warm)  # never with the run
     if preload:
@@ -286,8 +280,12 @@ class _Plan:
         keep = 0
         if self.plain:
             m, per_token = sizes[0], scaling == "token"
+            rht, sr = recipe.rht, recipe.stochastic_rounding
             walk = plain_cast_walk(m, k, esize, per_token, col and not swz, row and not swz, sms,
-                                   recipe.rht, recipe.stochastic_rounding)
+                                   rht, sr)
+            groups = cast_groups(name, row, col, swz, per_token, False, walk, rht, False, sr,
+                                 m * k)
+            walk = grouped_walk(walk, groups, per_token)
             # the amax pass's L2 priorities before a backwards cast, as dispatch._Plan's
             if walk[1] and m * k * esize > L2_KEEP_BYTES[col]:
                 keep = L2_KEEP_BYTES[col]
@@ -308,9 +306,6 @@ class _Plan:
                 *amax_recipe_kernel(name, scaling == "token", recipe.rht, do_row, do_col,
                                     col_sum, keep), arch=arch))
         if self.plain:
-            rht, sr = recipe.rht, recipe.stochastic_rounding
-            groups = cast_groups(name, row, col, swz, per_token, False, walk, rht, False, sr,
-                                 m * k)
             ckey = ("cast", name, row, col, swz, per_token, sms, False, walk, "recipe", rht, sr,
                     groups, arch)
             self.cast_fn = KERNELS.get(ckey, lambda: compile_kernel(
