@@ -396,10 +396,9 @@ def test_cast_groups_rules():
     dispatch.cast_groups, for 16-bit inputs without 16x16 blocks or stochastic rounding: two
     for one-CTA walks of row+col casts (compact at any size, swizzled from
     GROUPS_MIN_ELEMENTS) and of rowwise-only casts from GROUPS_MIN_ELEMENTS below
-    GROUPS_ROWWISE_MAX_ELEMENTS, and for walks of two CTAs per SM of row+col casts from
-    GROUPS_MIN_ELEMENTS: per token compact (plain, RHT) and the RHT per tensor swizzled
-    (cast_kernel then makes the two CTAs one; grouped_walk drops the per-token run and
-    bands); else one."""
+    GROUPS_ROWWISE_MAX_ELEMENTS, and for the RHT's walks of two CTAs per SM (row+col) from
+    GROUPS_MIN_ELEMENTS: per token compact and per tensor swizzled (cast_kernel then makes
+    the two CTAs one; grouped_walk drops the per-token run and bands); else one."""
     op = CastKernel("bf16", True, True, False, False, 132, stages=8, ctas_per_sm=1, rht=True,
                     groups=2)
     assert (op.threads, op.consumer_threads, op.group_threads) == (544, 512, 256)
@@ -428,8 +427,8 @@ def test_cast_groups_rules():
         # two CTAs per SM: per token compact (plain, RHT), the RHT per tensor swizzled
         assert groups(walk=two, rht=True, swz=True, elements=n) == (2 if n >= lo else 1)
         assert groups(walk=two, rht=True, per_token=True, elements=n) == (2 if n >= lo else 1)
-        assert groups(walk=two, per_token=True, elements=n) == (2 if n >= lo else 1)
-        for kw in [dict(walk=two), dict(walk=two, per_token=True, swz=True),
+        for kw in [dict(walk=two), dict(walk=two, per_token=True),
+                   dict(walk=two, per_token=True, swz=True),
                    dict(walk=two, per_token=True, col=False),
                    dict(walk=two, per_token=True, dtype="fp32"), dict(dtype="fp32"),
                    dict(fused=True), dict(block2d=True),
