@@ -4,11 +4,11 @@ bandwidth of the recipe quantize kernels (cast_recipes) against the plain cast
 
 One recipe from the flags (--rht, --sr, --2d, --window64, --four-over-six {mae,mse}
 [--fast-math], --scaling token, --grouped N, --swizzle), or --suite: every recipe of issues 4
-and 5 in one table. Columns: time, % of the HBM floor (unavoidable bytes / copy bandwidth of this run: the
-input read twice when an outer amax pass is needed, once for window64; every output written
-once), the ratio to the plain cast of the same shape and outputs (the plain cast uses the
-recipe's scaling where it supports it, else per-tensor) and, for grouped inputs, the ratio to
-one single-tensor launch of the same recipe and total size.
+and 5 in one table. Columns: time, % of the HBM floor (unavoidable bytes / copy bandwidth of
+this run: the input read twice when an outer amax pass is needed, once for window64; every
+output written once), the ratio to the plain cast of the same shape, outputs and scale layout
+(the plain cast uses the recipe's scaling where it supports it, else per-tensor) and, for
+grouped inputs, the ratio to one single-tensor launch of the same recipe and total size.
 
 Each recipe is timed as `cute_fp4.quantize` runs it on CUDA (`ops.quantize_impl`: 16x16
 blocks per tensor on the plain cast, the rest on the recipe kernels, whose dispatch sends the

@@ -41,7 +41,7 @@ a run, the run's tiles g, g + 2, ..., its scales flushed by both groups after a 
 Two CTAs per SM on equal work do not finish together (measured: the SM's first CTA ends ~25%
 before the second, which then casts alone, notes/quant.md "Session 31"); two groups fed by
 one in-order ring stay within a ring of each other. dispatch.cast_kernel runs such a CTA one
-per SM, in place of one CTA of 8 consumer warps or (the RHT per tensor, swizzled) of two.
+per SM, in place of one CTA of 8 consumer warps or (some RHT walks) of two.
 
 `rht` (bf16 / fp16 inputs, with the twin): the twin quantizes the 16-point Random Hadamard
 Transform of each 16-row column block (SPEC section 2, the recipe option): the transform is two
