@@ -52,12 +52,14 @@ def cast_kernel(dtype: str, rowwise: bool, columnwise: bool, swizzle: bool, per_
     """(kernel, *fake compile arguments) of the K2 cast for a configuration; walk =
     (CTAs per SM, reverse tile walk, per-token amax prefetch, band, run, enc table, preload),
     see cast_walk (default: plain_walk); groups: consumer groups (cast_groups), 2 making the
-    SM's one CTA (walk[0] CTAs per SM: 1 or 2) of two groups and 8 ring stages; rht: the
+    SM's one CTA (walk[0] CTAs per SM: 1 or 2) of two groups and 8 ring stages, the walk
+    then grouped_walk's; rht: the
     twin of the RHT'd input, stochastic: stochastic rounding (both from recipes_dispatch; the
     compiled function then takes the int64 [seed, offset] tensor after the outputs, else
     None); block2d: 16x16 blocks."""
     if walk is None:
         walk = plain_walk(per_token)
+    walk = grouped_walk(walk, groups, per_token)
     ctas_per_sm, reverse, prefetch_amax, band, run, enc_table, preload = walk
     if groups == 2:
         ctas_per_sm = 1
@@ -426,7 +428,6 @@ class _Plan:
         block2d = recipe.block == (16, 16)
         groups = cast_groups(name, row, col, swz, per_token, fused, walk, False, block2d, False,
                              m * k)
-        walk = grouped_walk(walk, groups, per_token)
         keep = L2_KEEP_BYTES[col]
         if not walk[1] or m * k * esize <= keep:
             keep = 0  # the cast walks forwards, or the whole input fits in the kept part

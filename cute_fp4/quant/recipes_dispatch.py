@@ -43,9 +43,8 @@ from ..ref.philox import check_seed_offset
 from ..ref.swizzle import scale_shape
 from ..tensor import NVFP4Tensor
 from .cast_recipes import GTAB_COLS, TILE, RecipeAmax, RecipeCastKernel
-from .dispatch import (L2_KEEP_BYTES, cast_groups, cast_kernel, cast_walk, grouped_walk,
-                       run_tensor_amax, tensor_amax_fn, tensor_amax_words, token_amax_fn,
-                       walk_run)
+from .dispatch import (L2_KEEP_BYTES, cast_groups, cast_kernel, cast_walk, run_tensor_amax,
+                       tensor_amax_fn, tensor_amax_words, token_amax_fn, walk_run)
 
 _DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 _CUTLASS = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16, "fp32": cutlass.Float32}
@@ -285,7 +284,6 @@ class _Plan:
                                    rht, sr)
             groups = cast_groups(name, row, col, swz, per_token, False, walk, rht, False, sr,
                                  m * k)
-            walk = grouped_walk(walk, groups, per_token)
             # the amax pass's L2 priorities before a backwards cast, as dispatch._Plan's
             if walk[1] and m * k * esize > L2_KEEP_BYTES[col]:
                 keep = L2_KEEP_BYTES[col]
