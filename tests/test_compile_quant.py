@@ -396,9 +396,10 @@ def test_cast_groups_rules():
     dispatch.cast_groups, for 16-bit inputs without 16x16 blocks or stochastic rounding: two
     for one-CTA walks of row+col casts (compact at any size, swizzled from
     GROUPS_MIN_ELEMENTS) and of rowwise-only casts from GROUPS_MIN_ELEMENTS below
-    GROUPS_ROWWISE_MAX_ELEMENTS, and for the RHT's walks of two CTAs per SM (row+col) from
-    GROUPS_MIN_ELEMENTS: per token compact and per tensor swizzled (cast_kernel then makes
-    the two CTAs one; grouped_walk drops the per-token run and bands); else one."""
+    GROUPS_ROWWISE_MAX_ELEMENTS, and for walks of two CTAs per SM (row+col) from
+    GROUPS_MIN_ELEMENTS: per token compact (plain, RHT, RHT + stochastic rounding from
+    L2_WARM_MAX_BYTES) and the RHT per tensor swizzled (cast_kernel then makes the two CTAs
+    one; grouped_walk drops the per-token run and bands); else one."""
     op = CastKernel("bf16", True, True, False, False, 132, stages=8, ctas_per_sm=1, rht=True,
                     groups=2)
     assert (op.threads, op.consumer_threads, op.group_threads) == (544, 512, 256)
@@ -427,14 +428,18 @@ def test_cast_groups_rules():
         # two CTAs per SM: per token compact (plain, RHT), the RHT per tensor swizzled
         assert groups(walk=two, rht=True, swz=True, elements=n) == (2 if n >= lo else 1)
         assert groups(walk=two, rht=True, per_token=True, elements=n) == (2 if n >= lo else 1)
-        for kw in [dict(walk=two), dict(walk=two, per_token=True),
-                   dict(walk=two, per_token=True, swz=True),
+        assert groups(walk=two, per_token=True, elements=n) == (2 if n >= lo else 1)
+        # RHT + stochastic rounding: per token compact from L2_WARM_MAX_BYTES
+        assert groups(walk=two, rht=True, sr=True, per_token=True, elements=n) == (
+            2 if 2 * n >= L2_WARM_MAX_BYTES else 1)
+        for kw in [dict(walk=two), dict(walk=two, per_token=True, swz=True),
                    dict(walk=two, per_token=True, col=False),
                    dict(walk=two, per_token=True, dtype="fp32"), dict(dtype="fp32"),
                    dict(fused=True), dict(block2d=True),
                    dict(sr=True), dict(rht=True), dict(walk=two, swz=True),
                    dict(walk=two, rht=True), dict(walk=two, rht=True, swz=True, per_token=True),
-                   dict(walk=two, rht=True, swz=True, sr=True),
+                   dict(walk=two, rht=True, swz=True, sr=True), dict(walk=two, rht=True, sr=True),
+                   dict(walk=two, rht=True, swz=True, sr=True, per_token=True),
                    dict(walk=two, rht=True, swz=True, row=False),
                    dict(walk=two, rht=True, per_token=True, row=False)]:
             assert groups(elements=n, **kw) == 1

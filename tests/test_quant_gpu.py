@@ -278,7 +278,8 @@ def test_run_walk_bit_exact(shape, dtype, scaling, warm, gen, monkeypatch):
 
 @pytest.mark.parametrize("shape", [(1008, 2064), (1040, 1024), (2048, 512)])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("scaling,warm", [("tensor", True), ("tensor", False), ("token", False)])
+@pytest.mark.parametrize("scaling,warm", [("tensor", True), ("tensor", False), ("token", False),
+                                          ("token", True)])
 @pytest.mark.parametrize("run", [False, True])
 def test_consumer_groups_bit_exact(shape, dtype, scaling, warm, run, gen, monkeypatch):
     """Casts of one CTA per SM with two consumer groups (dispatch.cast_groups, its size
@@ -286,8 +287,9 @@ def test_consumer_groups_bit_exact(shape, dtype, scaling, warm, run, gen, monkey
     column), its groups taking them in turn over many laps of the ring, the last unit group
     0's alone where a CTA has an odd count; with the run (forced where K allows it, else
     none) the groups share each run's tiles and scale flush; per token one CTA per SM
-    (L2_WARM_MAX_BYTES = 0) with the amax prefetch. Row+col and (per tensor) rowwise only,
-    compact and swizzled scales: byte-equal."""
+    (L2_WARM_MAX_BYTES = 0) with the amax prefetch, and (warm) the two-CTA walk of compact
+    row+col casts as one CTA of two groups without the run or bands (grouped_walk). Row+col
+    and (per tensor) rowwise only, compact and swizzled scales: byte-equal."""
     monkeypatch.setattr(dispatch, "num_sms", lambda dev: 3)
     monkeypatch.setattr(dispatch, "L2_WARM_MAX_BYTES", 1 << 40 if warm else 0)
     monkeypatch.setattr(dispatch, "RUN_MIN_UNITS_PER_SM", 0)
@@ -303,12 +305,13 @@ def test_consumer_groups_bit_exact(shape, dtype, scaling, warm, run, gen, monkey
             assert not plan.fused and (plan.token_rows is None) == (col or scaling == "tensor")
             walk = dispatch.cast_walk(*shape, x.element_size(), scaling == "token", False,
                                       col and not swz, not swz, 3)
-            assert walk[0] == 1
+            assert walk[0] == (2 if scaling == "token" and warm else 1)
             assert (walk[4] > 1) == (run and not swz and shape[1] % 512 == 0)
             groups = dispatch.cast_groups(dispatch._DTYPE_NAMES[dtype], True, col, swz,
                                           scaling == "token", False, walk, False, False, False,
                                           x.numel())
-            assert groups == 2
+            # per token rowwise only: TokenRowCast, not the cast
+            assert groups == (1 if walk[0] == 2 and (swz or not col) else 2)
             check(dispatch.quantize(x, recipe), ref.quantize(x, recipe), recipe)
     dispatch._plan.cache_clear()
 
@@ -333,17 +336,22 @@ def test_l2_keep_bit_exact(shape, dtype, scaling, kind, gen, monkeypatch):
 
 
 @pytest.mark.parametrize("recipe", [
-    Recipe(scaling="token", columnwise=True, swizzle=True), Recipe(columnwise=True, swizzle=True),
-    Recipe(), Recipe(swizzle=True)], ids=["token-swz", "tensor-swz", "tensor-row", "tensor-row-swz"])
+    Recipe(scaling="token", columnwise=True, swizzle=True),
+    Recipe(scaling="token", columnwise=True), Recipe(columnwise=True, swizzle=True), Recipe(),
+    Recipe(swizzle=True)],
+    ids=["token-swz", "token", "tensor-swz", "tensor-row", "tensor-row-swz"])
 def test_large(recipe, gen):
-    """8192^2 bf16: per token two CTAs per SM; per tensor, row+col swizzled and rowwise only,
+    """8192^2 bf16: per token swizzled two CTAs per SM; per token compact (its two CTAs as one
+    of two groups, without the run or bands), per tensor row+col swizzled and rowwise only,
     one CTA per SM of two consumer groups (dispatch.cast_groups at its own bounds)."""
     x = make_input((8192, 8192), "outliers", torch.bfloat16, gen)
     col, swz, per_token = recipe.columnwise, recipe.swizzle, recipe.scaling == "token"
     walk = dispatch.cast_walk(8192, 8192, 2, per_token, False, col and not swz, not swz)
     groups = dispatch.cast_groups("bf16", True, col, swz, per_token, False, walk, False, False,
                                   False, x.numel())
-    assert groups == (1 if recipe.scaling == "token" else 2)
+    assert groups == (1 if per_token and swz else 2)
+    grouped = dispatch.grouped_walk(walk, groups, per_token)
+    assert grouped[3:5] == ((1, 1) if per_token and groups == 2 else walk[3:5])
     check(dispatch.quantize(x, recipe), ref.quantize(x, recipe), recipe)
 
 

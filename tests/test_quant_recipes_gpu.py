@@ -178,6 +178,32 @@ def test_rht_consumer_groups_large(scaling, swizzle, gen):
           twin_exact=quant_checks.rht_exact_blocks(x))
 
 
+@pytest.mark.parametrize("shape", [(1008, 2064), (1040, 1024)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_rht_sr_consumer_groups(shape, dtype, gen, monkeypatch):
+    """Per-token RHT + stochastic rounding with compact scales as one CTA of two consumer
+    groups (dispatch.two_cta_groups, its size bounds lifted: the forwards walk of inputs from
+    L2_WARM_MAX_BYTES, without the run or bands) on a GPU of 3 SMs: the reference's bytes for
+    two seeds / offsets (run_all's RHT rule), swizzled scales (two CTAs per SM) alike."""
+    from cute_fp4.quant import dispatch
+    monkeypatch.setattr(rd, "num_sms", lambda dev: 3)
+    monkeypatch.setattr(dispatch, "GROUPS_MIN_ELEMENTS", 0)
+    monkeypatch.setattr(dispatch, "L2_WARM_MAX_BYTES", 0)
+    rd._plan.cache_clear()
+    x = make_input(shape, "outliers", dtype, gen)
+    walk = rd.plain_cast_walk(*shape, 2, True, True, True, 3, True, True)
+    name = rd._DTYPE_NAMES[dtype]
+    assert walk[0] == 2 and not walk[1]
+    assert dispatch.cast_groups(name, True, True, False, True, False, walk, True, False, True,
+                                x.numel()) == 2
+    assert dispatch.cast_groups(name, True, True, True, True, False, walk, True, False, True,
+                                x.numel()) == 1
+    for seed, offset in ((5, 0), (123456789, 77)):
+        run_all(x, Recipe(scaling="token", rht=True, stochastic_rounding=True), seed, offset,
+                outputs=[(True, True)])
+    rd._plan.cache_clear()
+
+
 @pytest.mark.parametrize("shape", [(16, 32), (96, 80), (256, 1024)])
 @pytest.mark.parametrize("scaling", ["tensor", "token"])
 @pytest.mark.parametrize("rht", [False, True])

@@ -247,14 +247,18 @@ GROUPS_ROWWISE_MAX_ELEMENTS = 1 << 27
 
 
 def two_cta_groups(per_token: bool, swizzle: bool, rowwise: bool, rht: bool,
-                   elements: int) -> bool:
-    """Whether a row+col cast whose walk runs two CTAs per SM (the RHT; per token below
-    L2_WARM_MAX_BYTES) runs one CTA per SM of two consumer groups instead: the RHT from
-    GROUPS_MIN_ELEMENTS, per token with compact scales (its walk then without the run or
-    bands: grouped_walk) and per tensor with swizzled ones. The plain per-token casts with
-    compact scales measured 1.5-2.4% faster that way too (grouped_walk), but that
-    configuration has not run the GPU tests yet (notes/quant.md "Session 32"): not here."""
-    return rht and rowwise and elements >= GROUPS_MIN_ELEMENTS and swizzle != per_token
+                   stochastic: bool, elements: int) -> bool:
+    """Whether a row+col cast of `elements` 16-bit values whose walk runs two CTAs per SM (the
+    RHT, with or without stochastic rounding; per token below L2_WARM_MAX_BYTES) runs one CTA
+    per SM of two consumer groups instead, from GROUPS_MIN_ELEMENTS: per token with compact
+    scales, plain or RHT (its walk then without the run or bands: grouped_walk), RHT +
+    stochastic rounding only from L2_WARM_MAX_BYTES; the RHT per tensor with swizzled
+    scales."""
+    if not rowwise or elements < GROUPS_MIN_ELEMENTS:
+        return False
+    if stochastic:
+        return rht and per_token and not swizzle and 2 * elements >= L2_WARM_MAX_BYTES
+    return not swizzle if per_token else rht and swizzle
 
 
 def grouped_walk(walk: tuple, groups: int, per_token: bool) -> tuple:
@@ -273,13 +277,15 @@ def cast_groups(dtype: str, rowwise: bool, columnwise: bool, swizzle: bool, per_
                 elements: int) -> int:
     """Consumer groups of a cast CTA (CastKernel groups; 2: 16 consumer warps in two groups
     taking the CTA's tiles in turn from one ring of 8 stages, one CTA per SM; cast_kernel)
-    of an input of `elements` 16-bit values, without 16x16 blocks or stochastic rounding:
+    of an input of `elements` 16-bit values, without 16x16 blocks (stochastic rounding only
+    with the RHT):
     - walks of one CTA per SM (per tensor, per token from L2_WARM_MAX_BYTES) of row+col
       casts: compact at every size, swizzled from GROUPS_MIN_ELEMENTS; rowwise-only casts
       from GROUPS_MIN_ELEMENTS below GROUPS_ROWWISE_MAX_ELEMENTS; not columnwise-only;
-    - walks of two CTAs per SM of the RHT (two_cta_groups): row+col from
-      GROUPS_MIN_ELEMENTS, per token with compact scales, per tensor with swizzled ones; the
-      two CTAs become one of two groups (per token without the run or bands: grouped_walk);
+    - walks of two CTAs per SM (two_cta_groups): row+col from GROUPS_MIN_ELEMENTS, per token
+      with compact scales (plain, RHT, RHT + stochastic rounding from L2_WARM_MAX_BYTES), the
+      RHT per tensor with swizzled ones; the two CTAs become one of two groups (per token
+      without the run or bands: grouped_walk);
     else 1. Measured (H200, bf16, quantize in graphs, two runs; notes/quant.md "Session 31",
     "Session 32"), us:
     - row+col compact: per tensor 4096x8192 58.4 -> 57.2, 8192^2 110.5 -> 107.9, 16384x8192
@@ -301,17 +307,18 @@ def cast_groups(dtype: str, rowwise: bool, columnwise: bool, swizzle: bool, per_
       131.8 -> 128.0, 16384x8192 250.9 -> 244.6, 16384x2048 71.8 -> 70.1, 4096x2048 24.2 ->
       24.0 (with the run 1-3% slower, with per-group run flushes +2%, with bands +-1%); the
       plain per-token cast alike (two CTAs per SM, below L2_WARM_MAX_BYTES): 4096x8192 61.5
-      -> 60.5, 8192^2 114.9 -> 112.1, 16384x2048 61.5 -> 60.5, 4096x2048 20.1 -> 19.7 (not
-      enabled yet: two_cta_groups).
+      -> 60.5, 8192^2 114.9 -> 112.1, 16384x2048 61.5 -> 60.5, 4096x2048 20.1 -> 19.7;
+    - RHT + stochastic rounding per token compact (session 33): 16384x8192 297.5 -> 283.0,
+      32768x8192 576.0 -> 544.3, 8192^2 149.3 -> 148.9 (below L2_WARM_MAX_BYTES +-0.5%).
     Not taken (1-5% slower or within +-1%): the RHT per tensor with compact scales (with or
-    without the run and bands), per token with swizzled scales (plain and RHT), with
-    stochastic rounding; stochastic rounding alone (66.1 -> 69.4 at 4096x8192: its Philox
+    without the run and bands), per token with swizzled scales (plain and RHT), RHT +
+    stochastic rounding per tensor; stochastic rounding alone (66.1 -> 69.4 at 4096x8192: its Philox
     keys in 120 registers per thread)."""
-    if dtype == "fp32" or fused or block2d or stochastic:
+    if dtype == "fp32" or fused or block2d or (stochastic and not rht):
         return 1
     big = elements >= GROUPS_MIN_ELEMENTS
     if rht or walk[0] != 1:
-        return 2 if columnwise and two_cta_groups(per_token, swizzle, rowwise, rht,
+        return 2 if columnwise and two_cta_groups(per_token, swizzle, rowwise, rht, stochastic,
                                                   elements) else 1
     if rowwise and columnwise:
         return 2 if big or not swizzle else 1
