@@ -287,7 +287,7 @@ def cast_groups(dtype: str, rowwise: bool, columnwise: bool, swizzle: bool, per_
       RHT per tensor with swizzled ones; the two CTAs become one of two groups (per token
       without the run or bands: grouped_walk);
     else 1. Measured (H200, bf16, quantize in graphs, two runs; notes/quant.md "Session 31",
-    "Session 32"), us:
+    "Session 32", notes/quant_recipes.md "Session 33"), us:
     - row+col compact: per tensor 4096x8192 58.4 -> 57.2, 8192^2 110.5 -> 107.9, 16384x8192
       228-230 -> 217-220, 4096x2048 19.7 -> 18.9, 16384x2048 58.6 -> 57.5, 2048^2 11.7 both;
       per token from L2_WARM_MAX_BYTES 16384x8192 235 -> 220-228;
@@ -312,8 +312,8 @@ def cast_groups(dtype: str, rowwise: bool, columnwise: bool, swizzle: bool, per_
       32768x8192 576.0 -> 544.3, 8192^2 149.3 -> 148.9 (below L2_WARM_MAX_BYTES +-0.5%).
     Not taken (1-5% slower or within +-1%): the RHT per tensor with compact scales (with or
     without the run and bands), per token with swizzled scales (plain and RHT), RHT +
-    stochastic rounding per tensor; stochastic rounding alone (66.1 -> 69.4 at 4096x8192: its Philox
-    keys in 120 registers per thread)."""
+    stochastic rounding per tensor; stochastic rounding alone (66.1 -> 69.4 at 4096x8192:
+    its Philox keys in 120 registers per thread)."""
     if dtype == "fp32" or fused or block2d or (stochastic and not rht):
         return 1
     big = elements >= GROUPS_MIN_ELEMENTS
