@@ -503,6 +503,21 @@ def test_amax_ptx(arch, dtype):
 
 
 @pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+def test_amax_token_rht_ptx(arch, dtype):
+    """K1 with the RHT's column amaxes: the same 16 loads and row maxima; per column of the
+    lane one FP32 transform with the last butterfly folded into the maxima (48 + 8 adds) and
+    the whole transform again for lanes that find +Inf (64), no packed column maxima."""
+    ptx = compile_ptx(*amax_token_kernel(dtype, 0, True), arch=arch)
+    assert missing_instructions(ptx, [r"red\..*global\.max\.u32", r"ld\.global\.nc\.v4"]) == []
+    assert len(re.findall(r"ld\.global\.nc\.v4", ptx)) == 16
+    cols = 16 // (4 if dtype == "fp32" else 2)
+    assert len(re.findall(r"(add|sub)\.rn\.f32", ptx)) == cols * (56 + 64)
+    packed = len(re.findall(r"max\.NaN\.bf16x2", ptx))
+    assert packed == (0 if dtype == "fp32" else 16 * 3)  # the row maxima only
+
+
+@pytest.mark.parametrize("arch", ARCHS)
 def test_amax_l2_keep_ptx(arch):
     """l2_keep: every input load carries an L2 cache policy, chosen between evict_first and
     evict_normal."""

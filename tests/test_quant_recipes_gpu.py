@@ -75,12 +75,32 @@ def test_rht(shape, kind, dtype, scaling, gen):
     run_all(make_input(shape, kind, dtype, gen), Recipe(scaling=scaling, rht=True))
 
 
+@pytest.mark.parametrize("shape", [(144, 1040), (4096, 272), (16, 16)])
+@pytest.mark.parametrize("kind", ["outliers", "special"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_rht_token_amax_k1(shape, kind, dtype, gen):
+    """Per-token RHT of single 16-bit tensors with both outputs: the plain per-token amax pass
+    K1 takes the twin's column amaxes after the transform (AmaxToken rht: a warp's 16-row
+    strip is one block row; strips past M, clamped copies of the last row, count nothing):
+    amaxes and outputs equal to the reference's (run_all's RHT rule), with a tail CTA row
+    (144 rows: one strip in the second), a slab tail in K (272 columns) and one block."""
+    x = make_input(shape, kind, dtype, gen)
+    recipe = Recipe(scaling="token", rht=True, columnwise=True)
+    plan = rd._plan((shape[0],), shape[1], recipe, rd._DTYPE_NAMES[dtype], x.device, 0, 0, False)
+    assert plan.token_amax is not None and plan.amax_fn is None
+    got, want = rd.quantize_recipe(x, recipe), ref.quantize(x, recipe)
+    assert quant_checks.same_amax(got.amax, want.amax)
+    assert quant_checks.same_amax(got.amax_t, want.amax_t)
+    run_all(x, recipe, outputs=[(True, True)])
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
 @pytest.mark.parametrize("scaling", ["tensor", "token"])
 def test_rht_amax_infinities(scaling, dtype, gen):
-    """RecipeAmax folds the RHT's last butterfly into the column maxima (|a| + |b|,
-    cast_recipes.rht16_amax_fast), which is +Inf where that butterfly has Inf - Inf = NaN;
-    the threads that find +Inf take their columns' maxima again with the whole transform.
+    """RecipeAmax and (per token with both outputs, 16-bit inputs) K1 fold the RHT's last
+    butterfly into the column maxima (|a| + |b|, amax.rht16_amax_fast), which is +Inf where
+    that butterfly has Inf - Inf = NaN; the threads that find +Inf take their columns' maxima
+    again with the whole transform.
     Column blocks with two infinities 8 rows apart (they meet only in the last butterfly: a NaN
     amax), with one infinity (+Inf), with finite values whose sums overflow, a NaN-free column
     of the same 16-column slab and normal columns: amaxes (per token one per column; per tensor
@@ -233,15 +253,15 @@ def test_sr_plain_cast(shape, kind, dtype, rht, scaling, gen):
     seed = int(torch.randint(0, 2**62, (1,), generator=gen)) * 4 + 3
     offset = 2**32 - 1 - int(torch.randint(0, 9, (1,), generator=gen))
     run_all(x, recipe, seed=seed, offset=offset)
-    # without the RHT the plain cast's amax passes run first: per tensor AmaxTensor, per token
-    # with both outputs AmaxToken (K1)
+    # the plain cast's amax passes run first: per tensor AmaxTensor (not with the RHT), per
+    # token with both outputs AmaxToken (K1; with the RHT its transformed column amaxes)
     plan = rd._plan((shape[0],), shape[1], recipe, rd._DTYPE_NAMES[dtype], x.device, seed,
                     offset, False)
     assert (plan.tensor_amax is not None) == (scaling == "tensor" and not rht)
     assert plan.token_amax is None
     both = rd._plan((shape[0],), shape[1], recipe.replace(columnwise=True),
                     rd._DTYPE_NAMES[dtype], x.device, seed, offset, False)
-    assert (both.token_amax is not None) == (scaling == "token" and not rht)
+    assert (both.token_amax is not None) == (scaling == "token")
     assert sum(f is not None for f in (both.tensor_amax, both.token_amax, both.amax_fn)) == 1
 
 

@@ -719,7 +719,7 @@ def test_rht_twin_hand_basis():
 
 
 def _rht_amax_folded(x):
-    """RecipeAmax's RHT column amax before its recompute rule (cast_recipes.rht16_amax_fast)
+    """RecipeAmax's RHT column amax before its recompute rule (amax.rht16_amax_fast)
     in torch: the butterflies at strides 1, 2, 4 of ref.rht, then max over j of |a_j| + |b_j|
     for the pairs (j, j + 8) that the last butterfly would combine."""
     y = _rht_butterflies(x, strides=(1, 2, 4))

@@ -23,7 +23,9 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64, Uint32
 
 from cute_fp4.common import encode as E
+from cute_fp4.common.encode import add_rn, block_amax, sub_rn
 from cute_fp4.common.ptx import l2_policy, ld_global
+from cute_fp4.ref.quantize import RHT_SIGNS
 
 DTYPES = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16, "fp32": cutlass.Float32}
 THREADS = 256
@@ -41,15 +43,20 @@ def tensor_partials(m: int, k: int, esize: int, num_sms: int) -> int:
     return max(1, min((nvec + THREADS - 1) // THREADS, max_tensor_partials(num_sms)))
 
 
-def vec_values(words, dtype_name):
-    """The FP32 values of one 16-byte vector (four 32-bit words): 4 fp32 or 8 bf16/fp16
-    elements, in memory order (exact conversions)."""
+def vec_value(words, j, dtype_name):
+    """Element j of one 16-byte vector (four 32-bit words) as FP32 (exact)."""
     if dtype_name == "fp32":
-        return [E.bits_f32(w) for w in words]
-    vals = []
-    for w in words:
-        vals += [E.unpack_lo(w, dtype_name), E.unpack_hi(w, dtype_name)]
-    return vals
+        return E.bits_f32(words[j])
+    if j % 2 == 0:
+        return E.unpack_lo(words[j // 2], dtype_name)
+    return E.unpack_hi(words[j // 2], dtype_name)
+
+
+def vec_values(words, dtype_name):
+    """The FP32 values of 32-bit words (one 16-byte vector: 4 fp32 or 8 bf16/fp16 elements),
+    in memory order (exact conversions)."""
+    per_word = 32 // DTYPES[dtype_name].width
+    return [vec_value(words, j, dtype_name) for j in range(len(words) * per_word)]
 
 
 def vec_abs_max(acc, words, dtype_name):
@@ -152,6 +159,33 @@ def fold_slab_columns(buf, vals, warps: cutlass.Constexpr, warp, lane, tidx, c0,
         store(c, v)
 
 
+def rht16(xs, scale: bool = True, strides=(1, 2, 4, 8)):
+    """ref.quantize.rht of 16 values: sign flips, butterflies at strides 1, 2, 4, 8, x 0.25
+    (scale=False leaves out the x 0.25: amax(|y| * 0.25) = amax(|y|) * 0.25, RN is monotone;
+    strides: the butterflies done, the first ones of the four)."""
+    ys = [E.neg(x) if s < 0 else x for x, s in zip(xs, RHT_SIGNS)]
+    for h in strides:
+        nxt = list(ys)
+        for j in range(16):
+            if not j & h:
+                nxt[j] = add_rn(ys[j], ys[j + h])
+                nxt[j + h] = sub_rn(ys[j], ys[j + h])
+        ys = nxt
+    if not scale:
+        return ys
+    return [E.mul_rn(y, Float32(0.25)) for y in ys]
+
+
+def rht16_amax_fast(xs):
+    """block_amax(rht16(xs, scale=False)) with the last butterfly folded into the amax: in
+    round-to-nearest max(|a + b|, |a - b|) = |a| + |b| (one of the two has that magnitude,
+    the other one not more), so 8 adds and 8 maxima replace 16 add / sub and 16 maxima. Exact
+    except where a and b are both infinite: +Inf here, NaN (Inf - Inf) in the transform; so a
+    +Inf result must be recomputed with rht16."""
+    ys = rht16(xs, scale=False, strides=(1, 2, 4))
+    return block_amax([add_rn(E.fabs(ys[j]), E.fabs(ys[j + 8])) for j in range(8)])
+
+
 class AmaxToken:
     """K1: amax_r[m] = max_k |x[m, k]| and amax_c[k] = max_m |x[m, k]| in one pass.
 
@@ -166,18 +200,24 @@ class AmaxToken:
     64 rows per CTA; H200, graphs): bf16 4096x8192 24.3 -> 19.3 us, 8192^2 43.8 -> 34.7, fp32
     8192^2 90.9 -> 63.8. 256 or 512 rows per CTA (two or four strips per warp: fewer column
     atomics) gained at most 0.5 us (bf16, 2^24 to 2^26), lost up to 4 us on fp32 and at
-    4096x2048 and 16384x8192 (notes/quant.md "Session 29")."""
+    4096x2048 and 16384x8192 (notes/quant.md "Session 29").
+
+    `rht`: amax_c[k] is the column amax of the 16-point RHT of x's 16-row column blocks (the
+    twin's outer amax, SPEC section 2; M a multiple of 16): each lane's strip is one block
+    row of its columns, transformed in FP32 as ref.quantize.rht does (_rht_column_maxima);
+    strips past M (clamped copies of the last row) count nothing."""
 
     warps = 8
     STRIP = 16
     ROWS = STRIP * warps
 
-    def __init__(self, dtype: str, l2_keep: int = 0):
+    def __init__(self, dtype: str, l2_keep: int = 0, rht: bool = False):
         if dtype not in DTYPES:
             raise TypeError(f"AmaxToken: unsupported input dtype {dtype!r}")
         self.dtype_name = dtype
         self.esize = DTYPES[dtype].width // 8
         self.l2_keep = l2_keep
+        self.rht = rht
         self.vec = 16 // self.esize  # elements per 16-byte vector
         self.cols_per_cta = 32 * self.vec
 
@@ -198,6 +238,24 @@ class AmaxToken:
             pair = E.amax_pairs([w[k] for w in rows], self.dtype_name)
             cols += [E.unpack_lo(pair, self.dtype_name), E.unpack_hi(pair, self.dtype_name)]
         return cols
+
+    @cute.jit
+    def _rht_column_maxima(self, rows):
+        """The lane's column maxima of |rht(x)| (FP32) over its strip, one 16-row block per
+        column: the last butterfly folded into the maxima (rht16_amax_fast); where that gives
+        +Inf (a NaN of Inf - Inf in the transform, or an overflow) the lane takes its columns
+        again with the whole transform (RecipeAmax's rule); x 0.25 last (RN is monotone)."""
+        acc = cute.make_rmem_tensor((self.vec,), Float32)
+        for j in cutlass.range_constexpr(self.vec):  # a column at a time: fewer registers
+            acc[j] = rht16_amax_fast([vec_value(w, j, self.dtype_name) for w in rows])
+        inf = acc[0] == Float32(float("inf"))
+        for j in cutlass.range_constexpr(1, self.vec):
+            inf = inf | (acc[j] == Float32(float("inf")))
+        if inf:
+            for j in cutlass.range_constexpr(self.vec):
+                acc[j] = block_amax(rht16([vec_value(w, j, self.dtype_name) for w in rows],
+                                          scale=False))
+        return [E.mul_rn(acc[j], Float32(0.25)) for j in range(self.vec)]
 
     @cute.kernel
     def kernel(self, x: cute.Tensor, amax_r: cute.Tensor, amax_c: cute.Tensor, M: Int32, K: Int32):
@@ -221,7 +279,11 @@ class AmaxToken:
         r = r0 + lane // 2  # the row whose maximum this lane now holds
         if (lane % 2 == 0) & (r < M):
             E.red_max_u32(ar + Int64(r) * 4, E.canonical_nan_bits(rm))
-        cols = self._column_maxima(rows)
+        if cutlass.const_expr(self.rht):
+            cols = [cutlass.select_(r0 < M, c, Float32(0.0))
+                    for c in self._rht_column_maxima(rows)]
+        else:
+            cols = self._column_maxima(rows)
         smem = cutlass.memory.SmemAllocator()
         red = smem.allocate_tensor(Float32, cute.make_layout(
             (self.warps, self.cols_per_cta), stride=(self.cols_per_cta, 1)), 16)

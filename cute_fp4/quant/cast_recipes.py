@@ -41,8 +41,8 @@ from cute_fp4.common.philox import philox_block16, round_keys
 from cute_fp4.common.ptx import st_shared
 from cute_fp4.common.scales import (ONE_SIXTH, e2m1_to_f32, e4m3_to_f32, outer_encode_scale,
                                     swizzled_scale_offset)
-from cute_fp4.quant.amax import fold_slab_columns, keep_load, keep_policies, vec_amax
-from cute_fp4.ref.quantize import RHT_SIGNS
+from cute_fp4.quant.amax import (fold_slab_columns, keep_load, keep_policies, rht16,
+                                  rht16_amax_fast, vec_amax, vec_value)
 
 DTYPES = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16, "fp32": cutlass.Float32}
 TILE = 64
@@ -137,33 +137,6 @@ def fp16_products2(byte, scale_code):
         "cvt.rn.f16x2.e4m3x2 sc, s;\nmul.rn.f16x2 pr, q, sc;\nmov.b32 {lo, hi}, pr;\n"
         "cvt.f32.f16 {$w0}, lo;\ncvt.f32.f16 {$w1}, hi;\n}",
         write_only_types=[Float32, Float32], read_only_args=[Uint32(byte), Uint32(scale_code)])
-
-
-def rht16(xs, scale: bool = True, strides=(1, 2, 4, 8)):
-    """ref.quantize.rht of 16 values: sign flips, butterflies at strides 1, 2, 4, 8, x 0.25
-    (scale=False leaves out the x 0.25: amax(|y| * 0.25) = amax(|y|) * 0.25, RN is monotone;
-    strides: the butterflies done, the first ones of the four)."""
-    ys = [E.neg(x) if s < 0 else x for x, s in zip(xs, RHT_SIGNS)]
-    for h in strides:
-        nxt = list(ys)
-        for j in range(16):
-            if not j & h:
-                nxt[j] = add_rn(ys[j], ys[j + h])
-                nxt[j + h] = sub_rn(ys[j], ys[j + h])
-        ys = nxt
-    if not scale:
-        return ys
-    return [E.mul_rn(y, Float32(0.25)) for y in ys]
-
-
-def rht16_amax_fast(xs):
-    """block_amax(rht16(xs, scale=False)) with the last butterfly folded into the amax: in
-    round-to-nearest max(|a + b|, |a - b|) = |a| + |b| (one of the two has that magnitude,
-    the other one not more), so 8 adds and 8 maxima replace 16 add / sub and 16 maxima. Exact
-    except where a and b are both infinite: +Inf here, NaN (Inf - Inf) in the transform; so a
-    +Inf result must be recomputed with rht16."""
-    ys = rht16(xs, scale=False, strides=(1, 2, 4))
-    return block_amax([add_rn(E.fabs(ys[j]), E.fabs(ys[j + 8])) for j in range(8)])
 
 
 def lanes4_max(a):
@@ -688,14 +661,6 @@ class RecipeAmax:
             grid=((x.shape[1] + self.slab - 1) // self.slab, C, 1), block=(THREADS, 1, 1),
             stream=stream)
 
-    def _elem(self, words, j):
-        """Element j of a row's 16-byte vector as FP32 (exact)."""
-        if self.esize == 4:
-            return E.bits_f32(words[j])
-        if j % 2 == 0:
-            return E.unpack_lo(words[j // 2], self.dtype_name)
-        return E.unpack_hi(words[j // 2], self.dtype_name)
-
     @cute.jit
     def _strip_rows(self, s, base, nrows, rbytes, xbase, policies):
         """The thread's 16 row vectors of strip s (rows past nrows clamped onto the last)."""
@@ -777,8 +742,8 @@ class RecipeAmax:
                 for i in cutlass.range_constexpr(16):
                     keep = s * 16 + i < nrows  # rows past the group are clamped copies
                     for j in cutlass.range_constexpr(self.epv):
-                        sacc[j] = add_rn(sacc[j], cutlass.select_(keep, self._elem(rows[i], j),
-                                                                  Float32(0.0)))
+                        v = vec_value(rows[i], j, self.dtype_name)
+                        sacc[j] = add_rn(sacc[j], cutlass.select_(keep, v, Float32(0.0)))
             if cutlass.const_expr(self.do_row and self.per_token):
                 rm = E.lanes_transpose_max16([vec_amax(w, self.dtype_name) for w in rows], lane)
                 r = s * 16 + lane // 2  # the row whose max this lane now holds
@@ -798,12 +763,12 @@ class RecipeAmax:
                                                self.dtype_name)
             if cutlass.const_expr(self.do_col and self.esize == 4 and not self.rht):
                 for j in cutlass.range_constexpr(self.epv):
-                    facc[1 + j] = E.fmax_nan(facc[1 + j],
-                                             block_amax([self._elem(w, j) for w in rows]))
+                    facc[1 + j] = E.fmax_nan(facc[1 + j], block_amax(
+                        [vec_value(w, j, self.dtype_name) for w in rows]))
             if cutlass.const_expr(self.do_col and self.rht):
                 for j in cutlass.range_constexpr(self.epv):
                     facc[1 + j] = E.fmax_nan(facc[1 + j], rht16_amax_fast(
-                        [self._elem(w, j) for w in rows]))
+                        [vec_value(w, j, self.dtype_name) for w in rows]))
         if cutlass.const_expr(self.do_col and self.rht):
             # rht16_amax_fast's +Inf may be a NaN of the transform (two infinities in a final
             # butterfly): those threads take their columns' maxima again with rht16 (rare:
@@ -817,7 +782,7 @@ class RecipeAmax:
                 for s in cutlass.range(warp, nstrips, self.WARPS, unroll=1):
                     rows = self._strip_rows(s, base, nrows, rbytes, xbase, policies)
                     for j in cutlass.range_constexpr(self.epv):
-                        xs = rht16([self._elem(w, j) for w in rows], scale=False)
+                        xs = rht16([vec_value(w, j, self.dtype_name) for w in rows], scale=False)
                         facc[1 + j] = E.fmax_nan(facc[1 + j], block_amax(xs))
         if cutlass.const_expr(self.col_sum):
             def store_sum(c, v):

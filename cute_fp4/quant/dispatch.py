@@ -94,9 +94,9 @@ def amax_tensor_kernel(dtype: str, num_sms: int = 132, l2_keep: int = 0):
             fake_tensor(cutlass.Float32, (None,), align=4), env_stream())
 
 
-def amax_token_kernel(dtype: str, l2_keep: int = 0):
+def amax_token_kernel(dtype: str, l2_keep: int = 0, rht: bool = False):
     esize = _CUTLASS[dtype].width // 8
-    return (AmaxToken(dtype, l2_keep),
+    return (AmaxToken(dtype, l2_keep, rht),
             fake_tensor(_CUTLASS[dtype], (dyn(), dyn(16 // esize))),
             fake_tensor(cutlass.Float32, (None,), align=4),
             fake_tensor(cutlass.Float32, (None,), align=4), env_stream())
@@ -109,11 +109,12 @@ def tensor_amax_fn(name: str, num_sms: int, l2_keep: int, arch: str):
         lambda: compile_kernel(*amax_tensor_kernel(name, num_sms, l2_keep), arch=arch)))
 
 
-def token_amax_fn(name: str, l2_keep: int, arch: str):
-    """The compiled AmaxToken (K1) of a configuration (TVM-FFI function, cached)."""
+def token_amax_fn(name: str, l2_keep: int, arch: str, rht: bool = False):
+    """The compiled AmaxToken (K1) of a configuration (TVM-FFI function, cached); rht: the
+    column amaxes of the RHT'd input."""
     return ffi_function(KERNELS.get(
-        ("amax_token", name, l2_keep, arch),
-        lambda: compile_kernel(*amax_token_kernel(name, l2_keep), arch=arch)))
+        ("amax_token", name, l2_keep, rht, arch),
+        lambda: compile_kernel(*amax_token_kernel(name, l2_keep, rht), arch=arch)))
 
 
 def tensor_amax_words(m: int, k: int, esize: int, num_sms: int, reduced: bool) -> int:

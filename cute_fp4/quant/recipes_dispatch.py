@@ -8,8 +8,9 @@ cached with the compiled kernels); then each call makes at most two launches:
 RecipeAmax (outer amax, after the RHT for the columnwise twin) and RecipeCastKernel (both
 outputs; window64 amaxes come out of the cast itself), or for single 1x16 tensors with the RHT
 and / or stochastic rounding (`on_plain_cast`) the plain cast (CastKernel with rht /
-stochastic) instead of RecipeCastKernel, after the plain cast's own amax passes without the RHT
-or column sums (AmaxTensor per tensor; AmaxToken per token with both outputs).
+stochastic) instead of RecipeCastKernel, after the plain cast's own amax passes without column
+sums (AmaxTensor per tensor without the RHT; AmaxToken per token with both outputs, with the RHT
+its transformed column amaxes).
 
 Tensor parallelism (input sharded along M, sequence parallel): `amax_reduce(t)` reduces a
 float32 CUDA amax tensor in place across ranks (e.g. an all-reduce MAX). It is called between
@@ -83,7 +84,7 @@ def amax_recipe_kernel(dtype: str, per_token: bool, rht: bool, do_row: bool, do_
 
 def on_plain_cast(recipe: Recipe, n_groups: int, dtype: str) -> bool:
     """Whether the plain cast (CastKernel) runs this recipe after an amax pass (RecipeAmax;
-    without the RHT or column sums AmaxTensor per tensor, AmaxToken per token with both
+    without column sums AmaxTensor per tensor without the RHT, AmaxToken per token with both
     outputs: _Plan): one tensor, 1x16
     blocks, scaling tensor or token, no 4over6 (so E4M3_MAX 448), with the columnwise RHT
     (bf16 / fp16 with the twin: CastKernel rht, the transform on the tensor cores) and / or
@@ -180,12 +181,14 @@ def amax_tiles_per_cta(tiles: int, k: int, esize: int, num_sms: int) -> int:
 
 def token_amax_k1(recipe: Recipe, col_sum: bool) -> bool:
     """Whether a single-tensor recipe on the plain cast takes the plain per-token amax pass
-    (AmaxToken, K1) instead of RecipeAmax: per token with both outputs, without the RHT (its
-    column amax is taken after the transform) or column sums. K1 alone against RecipeAmax
-    (H200, graphs): bf16 4096x8192 19.3 vs 21.1 us, 8192^2 34.7 vs 37.6, 16384x8192 63.9 vs
-    63.5; fp32 4096x8192 34.6 vs 35.8, 8192^2 63.8 vs 65.8 (notes/quant.md "Session 29")."""
-    return (recipe.scaling == "token" and not recipe.rht and not col_sum
-            and recipe.rowwise and recipe.columnwise)
+    (AmaxToken, K1) instead of RecipeAmax: per token with both outputs, without column sums;
+    with the RHT, K1 takes the twin's column amaxes after the transform (AmaxToken rht). K1
+    alone against RecipeAmax (H200, graphs): bf16 4096x8192 19.3 vs 21.1 us, 8192^2 34.7 vs
+    37.6, 16384x8192 63.9 vs 63.5; fp32 4096x8192 34.6 vs 35.8, 8192^2 63.8 vs 65.8
+    (notes/quant.md "Session 29"); with the RHT (session 33, torch profiler) 4096x8192 20.5
+    vs 22.2, 8192^2 36.7 vs 38.5, 16384x2048 20.2 (notes/quant_recipes.md "Session 33")."""
+    return (recipe.scaling == "token" and not col_sum and recipe.rowwise
+            and recipe.columnwise)
 
 
 def _check(x: torch.Tensor, recipe: Recipe) -> torch.Tensor:
@@ -295,7 +298,7 @@ class _Plan:
             self.tensor_amax = tensor_amax_fn(name, sms, keep, arch)
             self.amax_dims = (m, k, esize, sms)
         elif self.plain and token_amax_k1(recipe, col_sum):
-            self.token_amax = token_amax_fn(name, keep, arch)
+            self.token_amax = token_amax_fn(name, keep, arch, recipe.rht)
         elif scaling != "window64" and atab:
             do_row, do_col = row or self.alias, col and not self.alias
             akey = ("amax_recipe", name, scaling == "token", recipe.rht, do_row, do_col,
