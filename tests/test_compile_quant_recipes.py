@@ -338,11 +338,14 @@ def test_amax_tiles_per_cta():
 
 
 def test_token_amax_k1():
-    """Per-token recipes with both outputs, without the RHT or column sums, take K1."""
+    """Per-token recipes with both outputs, without column sums, take K1 (with the RHT its
+    transformed column amaxes)."""
     sr = Recipe(scaling="token", stochastic_rounding=True, columnwise=True)
     assert token_amax_k1(sr, False)
     assert not token_amax_k1(sr, True)  # column sums
-    assert not token_amax_k1(sr.replace(rht=True), False)
+    assert token_amax_k1(sr.replace(rht=True), False)
+    assert token_amax_k1(sr.replace(rht=True, stochastic_rounding=False), False)
+    assert not token_amax_k1(sr.replace(rht=True), True)
     assert not token_amax_k1(sr.replace(columnwise=False), False)
     assert not token_amax_k1(sr.replace(scaling="tensor"), False)
 
