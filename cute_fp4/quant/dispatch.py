@@ -53,10 +53,9 @@ def cast_kernel(dtype: str, rowwise: bool, columnwise: bool, swizzle: bool, per_
     (CTAs per SM, reverse tile walk, per-token amax prefetch, band, run, enc table, preload),
     see cast_walk (default: plain_walk); groups: consumer groups (cast_groups), 2 making the
     SM's one CTA (walk[0] CTAs per SM: 1 or 2) of two groups and 8 ring stages, the walk
-    then grouped_walk's; rht: the
-    twin of the RHT'd input, stochastic: stochastic rounding (both from recipes_dispatch; the
-    compiled function then takes the int64 [seed, offset] tensor after the outputs, else
-    None); block2d: 16x16 blocks."""
+    then grouped_walk's; rht: the twin of the RHT'd input, stochastic: stochastic rounding
+    (both from recipes_dispatch; the compiled function then takes the int64 [seed, offset]
+    tensor after the outputs, else None); block2d: 16x16 blocks."""
     if walk is None:
         walk = plain_walk(per_token)
     walk = grouped_walk(walk, groups, per_token)
@@ -247,7 +246,7 @@ GROUPS_MIN_ELEMENTS = 1 << 24
 GROUPS_ROWWISE_MAX_ELEMENTS = 1 << 27
 
 
-def two_cta_groups(per_token: bool, swizzle: bool, rowwise: bool, rht: bool,
+def two_cta_groups(per_token: bool, swizzle: bool, rowwise: bool, columnwise: bool, rht: bool,
                    stochastic: bool, elements: int) -> bool:
     """Whether a row+col cast of `elements` 16-bit values whose walk runs two CTAs per SM (the
     RHT, with or without stochastic rounding; per token below L2_WARM_MAX_BYTES) runs one CTA
@@ -255,7 +254,7 @@ def two_cta_groups(per_token: bool, swizzle: bool, rowwise: bool, rht: bool,
     scales, plain or RHT (its walk then without the run or bands: grouped_walk), RHT +
     stochastic rounding only from L2_WARM_MAX_BYTES; the RHT per tensor with swizzled
     scales."""
-    if not rowwise or elements < GROUPS_MIN_ELEMENTS:
+    if not (rowwise and columnwise) or elements < GROUPS_MIN_ELEMENTS:
         return False
     if stochastic:
         return rht and per_token and not swizzle and 2 * elements >= L2_WARM_MAX_BYTES
@@ -319,8 +318,8 @@ def cast_groups(dtype: str, rowwise: bool, columnwise: bool, swizzle: bool, per_
         return 1
     big = elements >= GROUPS_MIN_ELEMENTS
     if rht or walk[0] != 1:
-        return 2 if columnwise and two_cta_groups(per_token, swizzle, rowwise, rht, stochastic,
-                                                  elements) else 1
+        return 2 if two_cta_groups(per_token, swizzle, rowwise, columnwise, rht, stochastic,
+                                   elements) else 1
     if rowwise and columnwise:
         return 2 if big or not swizzle else 1
     if rowwise and big and elements < GROUPS_ROWWISE_MAX_ELEMENTS:
