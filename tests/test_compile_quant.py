@@ -504,11 +504,15 @@ def test_amax_ptx(arch, dtype):
 
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("dtype", ["bf16", "fp32"])
-def test_amax_token_rht_ptx(arch, dtype):
+@pytest.mark.parametrize("per_tensor", [False, True])
+def test_amax_token_rht_ptx(arch, dtype, per_tensor):
     """K1 with the RHT's column amaxes: the same 16 loads and row maxima; per column of the
     lane one FP32 transform with the last butterfly folded into the maxima (48 + 8 adds) and
-    the whole transform again for lanes that find +Inf (64), no packed column maxima."""
-    ptx = compile_ptx(*amax_token_kernel(dtype, 0, True), arch=arch)
+    the whole transform again for lanes that find +Inf (64), no packed column maxima; per
+    tensor one red.max per CTA (its row or column maximum by thread 0 / 1)."""
+    ptx = compile_ptx(*amax_token_kernel(dtype, 0, True, per_tensor), arch=arch)
+    if per_tensor:
+        assert len(re.findall(r"red\..*global\.max\.u32", ptx)) == 1
     assert missing_instructions(ptx, [r"red\..*global\.max\.u32", r"ld\.global\.nc\.v4"]) == []
     assert len(re.findall(r"ld\.global\.nc\.v4", ptx)) == 16
     cols = 16 // (4 if dtype == "fp32" else 2)

@@ -338,8 +338,8 @@ def test_amax_tiles_per_cta():
 
 
 def test_token_amax_k1():
-    """Per-token recipes with both outputs, without column sums, take K1 (with the RHT its
-    transformed column amaxes)."""
+    """Per-token recipes with both outputs and per-tensor RHT recipes, without column sums,
+    take K1 (with the RHT its transformed column amaxes)."""
     sr = Recipe(scaling="token", stochastic_rounding=True, columnwise=True)
     assert token_amax_k1(sr, False)
     assert not token_amax_k1(sr, True)  # column sums
@@ -348,6 +348,11 @@ def test_token_amax_k1():
     assert not token_amax_k1(sr.replace(rht=True), True)
     assert not token_amax_k1(sr.replace(columnwise=False), False)
     assert not token_amax_k1(sr.replace(scaling="tensor"), False)
+    for rowwise in (True, False):
+        rht = Recipe(rht=True, columnwise=True, rowwise=rowwise)
+        assert token_amax_k1(rht, False) and token_amax_k1(rht.replace(stochastic_rounding=True),
+                                                            False)
+        assert not token_amax_k1(rht, True)
 
 
 def test_plain_cast_routing():

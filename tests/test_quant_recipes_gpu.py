@@ -94,6 +94,25 @@ def test_rht_token_amax_k1(shape, kind, dtype, gen):
     run_all(x, recipe, outputs=[(True, True)])
 
 
+@pytest.mark.parametrize("shape", [(144, 1040), (4096, 272), (16, 16)])
+@pytest.mark.parametrize("kind", ["outliers", "special"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("rowwise", [True, False])
+def test_rht_tensor_amax_k1(shape, kind, dtype, rowwise, gen):
+    """Per-tensor RHT of single 16-bit tensors: K1 per tensor (AmaxToken rht, per_tensor: one
+    red.max per CTA into the zeroed amax words) instead of RecipeAmax; amaxes and outputs equal
+    to the reference's (run_all's RHT rule), with and without the rowwise output."""
+    x = make_input(shape, kind, dtype, gen)
+    recipe = Recipe(rht=True, columnwise=True, rowwise=rowwise)
+    plan = rd._plan((shape[0],), shape[1], recipe, rd._DTYPE_NAMES[dtype], x.device, 0, 0, False)
+    assert plan.token_amax is not None and plan.amax_fn is None and plan.tensor_amax is None
+    got, want = rd.quantize_recipe(x, recipe), ref.quantize(x, recipe)
+    if rowwise:
+        assert quant_checks.same_amax(got.amax, want.amax)
+    assert quant_checks.same_amax(got.amax_t, want.amax_t)
+    run_all(x, recipe, outputs=[(rowwise, True)])
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
 @pytest.mark.parametrize("scaling", ["tensor", "token"])
 def test_rht_amax_infinities(scaling, dtype, gen):
@@ -253,15 +272,16 @@ def test_sr_plain_cast(shape, kind, dtype, rht, scaling, gen):
     seed = int(torch.randint(0, 2**62, (1,), generator=gen)) * 4 + 3
     offset = 2**32 - 1 - int(torch.randint(0, 9, (1,), generator=gen))
     run_all(x, recipe, seed=seed, offset=offset)
-    # the plain cast's amax passes run first: per tensor AmaxTensor (not with the RHT), per
-    # token with both outputs AmaxToken (K1; with the RHT its transformed column amaxes)
+    # the plain cast's amax passes run first: per tensor AmaxTensor (with the RHT K1 per
+    # tensor), per token with both outputs AmaxToken (K1; with the RHT its transformed column
+    # amaxes)
     plan = rd._plan((shape[0],), shape[1], recipe, rd._DTYPE_NAMES[dtype], x.device, seed,
                     offset, False)
     assert (plan.tensor_amax is not None) == (scaling == "tensor" and not rht)
     assert plan.token_amax is None
     both = rd._plan((shape[0],), shape[1], recipe.replace(columnwise=True),
                     rd._DTYPE_NAMES[dtype], x.device, seed, offset, False)
-    assert (both.token_amax is not None) == (scaling == "token")
+    assert (both.token_amax is not None) == (scaling == "token" or rht)
     assert sum(f is not None for f in (both.tensor_amax, both.token_amax, both.amax_fn)) == 1
 
 

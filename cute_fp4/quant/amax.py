@@ -205,19 +205,23 @@ class AmaxToken:
     `rht`: amax_c[k] is the column amax of the 16-point RHT of x's 16-row column blocks (the
     twin's outer amax, SPEC section 2; M a multiple of 16): each lane's strip is one block
     row of its columns, transformed in FP32 as ref.quantize.rht does (_rht_column_maxima);
-    strips past M (clamped copies of the last row) count nothing."""
+    strips past M (clamped copies of the last row) count nothing. `per_tensor`: amax_r[0] and
+    amax_c[0] receive the maxima of all rows and columns instead (one red.max per CTA each;
+    zeroed first), the layout of the per-tensor RHT recipes' amax words (recipes_dispatch)."""
 
     warps = 8
     STRIP = 16
     ROWS = STRIP * warps
 
-    def __init__(self, dtype: str, l2_keep: int = 0, rht: bool = False):
+    def __init__(self, dtype: str, l2_keep: int = 0, rht: bool = False,
+                 per_tensor: bool = False):
         if dtype not in DTYPES:
             raise TypeError(f"AmaxToken: unsupported input dtype {dtype!r}")
         self.dtype_name = dtype
         self.esize = DTYPES[dtype].width // 8
         self.l2_keep = l2_keep
         self.rht = rht
+        self.per_tensor = per_tensor
         self.vec = 16 // self.esize  # elements per 16-byte vector
         self.cols_per_cta = 32 * self.vec
 
@@ -276,9 +280,10 @@ class AmaxToken:
             off = Int64(cutlass.min(r0 + i, M - 1)) * rbytes + col_off
             rows.append(list(keep_load(xbase, off, policies)))
         rm = E.lanes_transpose_max16([vec_amax(w, self.dtype_name) for w in rows], lane)
-        r = r0 + lane // 2  # the row whose maximum this lane now holds
-        if (lane % 2 == 0) & (r < M):
-            E.red_max_u32(ar + Int64(r) * 4, E.canonical_nan_bits(rm))
+        if cutlass.const_expr(not self.per_tensor):
+            r = r0 + lane // 2  # the row whose maximum this lane now holds
+            if (lane % 2 == 0) & (r < M):
+                E.red_max_u32(ar + Int64(r) * 4, E.canonical_nan_bits(rm))
         if cutlass.const_expr(self.rht):
             cols = [cutlass.select_(r0 < M, c, Float32(0.0))
                     for c in self._rht_column_maxima(rows)]
@@ -287,7 +292,21 @@ class AmaxToken:
         smem = cutlass.memory.SmemAllocator()
         red = smem.allocate_tensor(Float32, cute.make_layout(
             (self.warps, self.cols_per_cta), stride=(self.cols_per_cta, 1)), 16)
-
-        def store_max(c, v):
-            E.red_max_u32(ac + Int64(c) * 4, E.canonical_nan_bits(v))
-        fold_slab_columns(red, cols, self.warps, warp, lane, tidx, c0, K, E.fmax_nan, store_max)
+        if cutlass.const_expr(self.per_tensor):
+            # the CTA's row and column maxima (warp, then CTA), one red.max each
+            rw = E.warp_max_nan(rm)
+            cw = E.warp_max_nan(E.block_amax(cols))
+            if lane == 0:
+                red[warp, 0] = rw
+                red[warp, 1] = cw
+            cute.arch.barrier()
+            if tidx < 2:
+                v = red[0, tidx]
+                for w in cutlass.range_constexpr(1, self.warps):
+                    v = E.fmax_nan(v, red[w, tidx])
+                E.red_max_u32(cutlass.select_(tidx == 0, ar, ac), E.canonical_nan_bits(v))
+        else:
+            def store_max(c, v):
+                E.red_max_u32(ac + Int64(c) * 4, E.canonical_nan_bits(v))
+            fold_slab_columns(red, cols, self.warps, warp, lane, tidx, c0, K, E.fmax_nan,
+                              store_max)

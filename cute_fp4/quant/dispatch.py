@@ -93,9 +93,10 @@ def amax_tensor_kernel(dtype: str, num_sms: int = 132, l2_keep: int = 0):
             fake_tensor(cutlass.Float32, (None,), align=4), env_stream())
 
 
-def amax_token_kernel(dtype: str, l2_keep: int = 0, rht: bool = False):
+def amax_token_kernel(dtype: str, l2_keep: int = 0, rht: bool = False,
+                      per_tensor: bool = False):
     esize = _CUTLASS[dtype].width // 8
-    return (AmaxToken(dtype, l2_keep, rht),
+    return (AmaxToken(dtype, l2_keep, rht, per_tensor),
             fake_tensor(_CUTLASS[dtype], (dyn(), dyn(16 // esize))),
             fake_tensor(cutlass.Float32, (None,), align=4),
             fake_tensor(cutlass.Float32, (None,), align=4), env_stream())
@@ -108,12 +109,13 @@ def tensor_amax_fn(name: str, num_sms: int, l2_keep: int, arch: str):
         lambda: compile_kernel(*amax_tensor_kernel(name, num_sms, l2_keep), arch=arch)))
 
 
-def token_amax_fn(name: str, l2_keep: int, arch: str, rht: bool = False):
+def token_amax_fn(name: str, l2_keep: int, arch: str, rht: bool = False,
+                  per_tensor: bool = False):
     """The compiled AmaxToken (K1) of a configuration (TVM-FFI function, cached); rht: the
-    column amaxes of the RHT'd input."""
+    column amaxes of the RHT'd input; per_tensor: the two maxima over all rows / columns."""
     return ffi_function(KERNELS.get(
-        ("amax_token", name, l2_keep, rht, arch),
-        lambda: compile_kernel(*amax_token_kernel(name, l2_keep, rht), arch=arch)))
+        ("amax_token", name, l2_keep, rht, per_tensor, arch),
+        lambda: compile_kernel(*amax_token_kernel(name, l2_keep, rht, per_tensor), arch=arch)))
 
 
 def tensor_amax_words(m: int, k: int, esize: int, num_sms: int, reduced: bool) -> int:

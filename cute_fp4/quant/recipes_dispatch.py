@@ -182,11 +182,14 @@ def amax_tiles_per_cta(tiles: int, k: int, esize: int, num_sms: int) -> int:
 def token_amax_k1(recipe: Recipe, col_sum: bool) -> bool:
     """Whether a single-tensor recipe on the plain cast takes the plain per-token amax pass
     (AmaxToken, K1) instead of RecipeAmax: per token with both outputs, without column sums;
-    with the RHT, K1 takes the twin's column amaxes after the transform (AmaxToken rht). K1
+    with the RHT, K1 takes the twin's column amaxes after the transform (AmaxToken rht); per
+    tensor with the RHT, K1's maxima over all rows and columns (AmaxToken per_tensor). K1
     alone against RecipeAmax (H200, graphs): bf16 4096x8192 19.3 vs 21.1 us, 8192^2 34.7 vs
     37.6, 16384x8192 63.9 vs 63.5; fp32 4096x8192 34.6 vs 35.8, 8192^2 63.8 vs 65.8
     (notes/quant.md "Session 29"); with the RHT (session 33, torch profiler) 4096x8192 20.5
     vs 22.2, 8192^2 36.7 vs 38.5, 16384x2048 20.2 (notes/quant_recipes.md "Session 33")."""
+    if recipe.scaling == "tensor":
+        return recipe.rht and not col_sum
     return (recipe.scaling == "token" and not col_sum and recipe.rowwise
             and recipe.columnwise)
 
@@ -298,7 +301,7 @@ class _Plan:
             self.tensor_amax = tensor_amax_fn(name, sms, keep, arch)
             self.amax_dims = (m, k, esize, sms)
         elif self.plain and token_amax_k1(recipe, col_sum):
-            self.token_amax = token_amax_fn(name, keep, arch, recipe.rht)
+            self.token_amax = token_amax_fn(name, keep, arch, recipe.rht, scaling == "tensor")
         elif scaling != "window64" and atab:
             do_row, do_col = row or self.alias, col and not self.alias
             akey = ("amax_recipe", name, scaling == "token", recipe.rht, do_row, do_col,
