@@ -48,7 +48,8 @@ Transform of each 16-row column block (SPEC section 2, the recipe option): the t
 tensor-core MMAs per block row and 16 columns (`_rht_transform`), whose outputs the lanes of a
 column exchange through smem so that each lane quantizes whole blocks (`_col_pass_rht`), and
 the twin's outer scale is the post-RHT amax (per tensor amax_c holds its own partials; per
-token amax_c is the post-RHT column amax), from RecipeAmax.
+token amax_c is the post-RHT column amax), from the amax pass (AmaxToken rht; RecipeAmax
+with column sums or per token with the twin alone).
 
 `stochastic`: stochastic rounding of both outputs (SPEC section 2) from Philox4x32-10 keyed by
 the int64 [seed, offset] device tensor `rng`: one Philox call per 1x16 block gives its 16

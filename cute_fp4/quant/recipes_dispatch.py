@@ -85,7 +85,7 @@ def amax_recipe_kernel(dtype: str, per_token: bool, rht: bool, do_row: bool, do_
 def on_plain_cast(recipe: Recipe, n_groups: int, dtype: str) -> bool:
     """Whether the plain cast (CastKernel) runs this recipe after an amax pass (RecipeAmax;
     without column sums AmaxTensor per tensor without the RHT, AmaxToken per token with both
-    outputs: _Plan): one tensor, 1x16
+    outputs and per tensor with the RHT: _Plan): one tensor, 1x16
     blocks, scaling tensor or token, no 4over6 (so E4M3_MAX 448), with the columnwise RHT
     (bf16 / fp16 with the twin: CastKernel rht, the transform on the tensor cores) and / or
     stochastic rounding (CastKernel stochastic). Its persistent TMA walk is faster than the
@@ -362,8 +362,9 @@ def _run(x2: torch.Tensor, sizes: List[int], recipe: Recipe, seed: int, offset: 
         arg_r = arg_c = run_tensor_amax(plan.tensor_amax, x2, words, amax_reduce)
         amax_r = amax_c = words[:1]
     elif plan.launch and plan.plain and scaling == "tensor":
-        # RecipeAmax reduces into the partials, the cast reads them (and writes the amaxes);
-        # without the RHT both sides share one pair
+        # the amax pass (RecipeAmax; K1 per tensor with the RHT) reduces into the partials,
+        # the cast reads them (and writes the amaxes); without the RHT both sides share one
+        # pair
         words = torch.zeros(2 if plan.alias else 4, dtype=torch.float32, device=dev)
         arg_r, arg_c = words[0:2], words[-2:]
         amax_r, amax_c = words[1:2], words[-1:]
