@@ -642,11 +642,9 @@ class CastKernel:
                     # the run's rowwise scales go to smem (buffer runsc), then out as whole
                     # sectors (_flush_run_scales)
                     for i in cutlass.range(grp, self.run, self.groups, unroll=1):
-                        last = i == self.run - 1
-                        next_tk = uk_n * self.run
-                        if cutlass.const_expr(self.groups > 1):
-                            last = i >= self.run - self.groups
-                            next_tk = uk_n * self.run + grp
+                        # the group's last tile of the run: its next is in the next unit
+                        last = i >= self.run - self.groups
+                        next_tk = uk_n * self.run + grp
                         tk = uk * self.run + i
                         amax_next, s6, sdec = self._cast_tile(
                             pipe, cstate, sbase, gtid, tm, tk, cutlass.select_(last, tm_n, tm),
