@@ -17,26 +17,34 @@ export PYTHONUNBUFFERED=1
 status=0
 python3 -c "import torch; p = torch.cuda.get_device_properties(0); print(p.name, p.multi_processor_count, 'SMs')"
 if [ "$mode" = tests ] || [ "$mode" = all ]; then
-    # One pytest per group of files, in parallel: the time is mostly kernel compilation
-    # (CPU-bound, one core each); the GPU work of the tests is small.
-    # test_quant_gpu.py is two shards (-k filters), its compilation being the longest
-    shards=("tests/test_quant_gpu.py" "tests/test_quant_gpu.py" "tests/test_quant_recipes_gpu.py"
-            "tests/test_gemm_gpu.py" "tests/test_gemm_w4a16_gpu.py"
-            "tests/test_dequantize_gpu.py tests/test_api_gpu.py tests/test_nn.py tests/test_cli.py")
-    filters=("block2d or token_rows or fused" "not (block2d or token_rows or fused)" "" "" "" "")
+    # The GPU tests in contiguous chunks of the collected ids, one pytest each, in parallel:
+    # the time is mostly kernel compilation (CPU-bound, one core each; neighbouring ids share
+    # kernels), the tests' GPU work is small. SHARDS: how many (default: cores - 2, at most 12);
+    # SHARD_TIMEOUT_S: each shard's limit (default none).
+    shards="${SHARDS:-$(( $(nproc) > 14 ? 12 : ($(nproc) > 3 ? $(nproc) - 2 : 1) ))}"
+    work="$(mktemp -d)"  # the shards' id lists and logs (the device tool returns 8 files)
+    python3 -m pytest -q -m gpu -p no:cacheprovider --collect-only tests 2>&1 \
+        | grep '::' > "$work/ids.txt"
+    echo "$(wc -l < "$work/ids.txt") GPU tests in $shards shards"
+    split -n "l/$shards" -d -a 2 "$work/ids.txt" "$work/ids_"
     pids=()
-    for i in "${!shards[@]}"; do
-        python3 -m pytest -q -m gpu -p no:cacheprovider ${shards[$i]} \
-            ${filters[$i]:+-k "${filters[$i]}"} > "$out/shard$i.log" 2>&1 &
+    for f in "$work"/ids_??; do
+        mapfile -t ids < "$f"  # one id per line (some ids hold spaces)
+        timeout "${SHARD_TIMEOUT_S:-0}" python3 -m pytest -q -m gpu -p no:cacheprovider "${ids[@]}" \
+            > "$f.log" 2>&1 &
         pids+=($!)
     done
+    for pid in "${pids[@]}"; do wait "$pid" || status=1; done
     : > "$out/gpu_tests.log"
-    for i in "${!shards[@]}"; do
-        wait "${pids[$i]}" || status=1
-        { echo "== ${shards[$i]} ${filters[$i]:+-k \"${filters[$i]}\"}"; grep -E "^(FAILED|ERROR)|[0-9]+ (passed|failed)" "$out/shard$i.log"; } \
-            | tee -a "$out/gpu_tests.log"
-        rm -f "$out/shard$i.log"
+    for f in "$work"/ids_??; do
+        { echo "== $(head -1 "$f") .. $(tail -1 "$f") ($(wc -l < "$f") ids)"
+          grep -E "^(FAILED|ERROR)" "$f.log"; tail -1 "$f.log"; } | tee -a "$out/gpu_tests.log"
     done
+    for f in "$work"/ids_??; do tail -1 "$f.log"; done \
+        | grep -oE "[0-9]+ (passed|failed|skipped|errors?|deselected)" \
+        | awk '{n[$2] += $1} END {printf "total:"; for (k in n) printf " %d %s", n[k], k; print ""}' \
+        | tee -a "$out/gpu_tests.log"
+    rm -rf "$work"
 fi
 if [ "$mode" = bench ] || [ "$mode" = all ]; then
     : > "$out/bench.md"
