@@ -222,16 +222,19 @@ def test_cast_sr_ptx(arch, dtype, row, col, swizzle, per_token, rht, walk):
     IEEE arithmetic only; the column pass rotates its blocks' random bytes with run-time prmt
     selectors (4 per block); with the RHT a lane quantizes whole blocks after the exchange of
     the transform's outputs (test_cast_rht_ptx): its call's words are its block's, no smem
-    traffic beyond the RN cast's. 16-bit inputs without the
-    RHT compile the passes twice, the second copy with the signs from the inputs: one
-    set.lt.u32 per input word of a rowwise block (8) and of the column pass (16, both
-    columns), and without the enc table its blocks' enc from the fast reciprocal."""
+    traffic beyond the RN cast's. 16-bit inputs compile the passes twice, the second copy with
+    the signs from the inputs: one set.lt.u32 per input word of a rowwise block (8) and of the
+    column pass (16, both columns; with the RHT, only without the enc table, the twin's signs
+    come from its products' sign bits, 8 at a time: one mask of the even nibbles' sign bits per
+    8 elements, 2 blocks per lane), and without the enc table its blocks' enc from the fast
+    reciprocal."""
     args = (dtype, row, col, swizzle, per_token, 132, False, walk)
     ptx = compile_ptx(*cast_kernel(*args, rht=rht, stochastic=True), arch=arch)
     rn = compile_ptx(*cast_kernel(*args, rht=rht), arch=arch)
     assert ptx_target(ptx) == arch
-    op = CastKernel(dtype, row, col, swizzle, per_token, 132, rht=rht, stochastic=True)
-    assert op.input_signs == (dtype != "fp32" and not rht)
+    op = CastKernel(dtype, row, col, swizzle, per_token, 132, enc_table=walk[5], rht=rht,
+                    stochastic=True)
+    assert op.input_signs == (dtype != "fp32" and (not rht or not walk[5]))
     calls = op.row_steps * row + (2 if rht else 4 // op.esize) * col
     fast_rcp = 0 if walk[5] else calls + 2 * per_token  # + the per-token outer scale's
     copies = 2 if op.input_signs or fast_rcp else 1
@@ -239,8 +242,9 @@ def test_cast_sr_ptx(arch, dtype, row, col, swizzle, per_token, rht, walk):
     assert ptx.count(f"mul.wide.u32 p1, c2, {PHILOX_M1:#010x}") == 10 * calls * copies
     assert ptx.count("mul.rz.f32") == 16 * calls * copies
     ty = "bf16x2" if dtype == "bf16" else "f16x2"
-    signs = (8 * op.row_steps * row + 16 * col) if op.input_signs else 0
+    signs = (8 * op.row_steps * row + (0 if rht else 16) * col) if op.input_signs else 0
     assert ptx.count(f"set.lt.u32.{ty}") == signs
+    assert ptx.count("0x08080808") == (4 if rht and op.input_signs else 0)
     assert ptx.count("lop3.b32") - rn.count("lop3.b32") >= signs
     assert "e2m1" not in ptx
     # without the enc table (walk[5]) the fast copy takes each block's enc from the

@@ -309,20 +309,10 @@ def test_amax_tiles_per_cta(per_cta, gen, monkeypatch):
         rd._plan.cache_clear()
 
 
-@pytest.mark.parametrize("guard", ["fast", "huge", "tiny"])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
-@pytest.mark.parametrize("scaling", ["tensor", "token"])
-def test_sr_input_signs(guard, dtype, scaling, gen):
-    """The plain cast's stochastic encoder takes the signs of 16-bit inputs (no RHT) from the
-    inputs, and per token the blocks' enc from the reciprocal without its slow path, where
-    CastKernel._fast_blocks_ok holds (per tensor, per token per tile and warp): -0 inputs (a
-    +0 code, as the reference) and negative subnormals around zero blocks; huge: one bf16
-    block also holds 3e38 (fp16: +inf), so its tensor (per token: its row's and column's
-    tiles) takes the per-element signs, where a negative subnormal's product underflows to
-    -0 (the reference's +0 code); tiny (bf16): one row and one column of magnitudes ~1e-33
-    (outer scale < 2^-117 per token: the IEEE reciprocal's copy)."""
-    if guard == "tiny" and dtype == torch.float16:
-        pytest.skip("fp16 has no magnitudes below 2^-117 * 2688")
+def sign_input(guard, dtype, gen):
+    """384x512 of `dtype` for the sign tests: 20% -0, two 16-element runs of a negative
+    subnormal-sized value (a row piece, a column piece); huge: 3e38 (fp16: +inf) beside them;
+    tiny: a row and a column scaled by 1e-33 with a zero block."""
     m, k = 384, 512
     x = torch.randn((m, k), generator=gen)
     x[torch.rand((m, k), generator=gen) < 0.2] = -0.0
@@ -339,8 +329,51 @@ def test_sr_input_signs(guard, dtype, scaling, gen):
     x = x.to(dtype).cuda()
     assert (x.view(torch.int16) == -32768).float().mean() > 0.15  # -0 inputs
     assert (x == -tiny).sum() == 31 + int(guard != "huge")
-    recipe = Recipe(scaling=scaling, stochastic_rounding=True)
+    return x
+
+
+@pytest.mark.parametrize("guard", ["fast", "huge", "tiny"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("scaling", ["tensor", "token"])
+@pytest.mark.parametrize("rht", [False, True])
+def test_sr_input_signs(guard, dtype, scaling, rht, gen):
+    """The plain cast's stochastic encoder takes the signs of 16-bit inputs from the inputs
+    (with the RHT, where the passes have a fast copy anyway: the twin's from its products'
+    sign bits, 8 at a time), and per token the blocks' enc from the reciprocal without its
+    slow path, where CastKernel._fast_blocks_ok holds (per tensor, per token per tile and
+    warp): -0 inputs (a +0 code, as the reference) and negative subnormals around zero
+    blocks; huge: one bf16 block also holds 3e38 (fp16: +inf), so its tensor (per token: its
+    row's and column's tiles) takes the per-element signs, where a negative subnormal's
+    product underflows to -0 (the reference's +0 code); tiny (bf16): one row and one column
+    of magnitudes ~1e-33 (outer scale < 2^-117 per token: the IEEE reciprocal's copy)."""
+    if guard == "tiny" and dtype == torch.float16:
+        pytest.skip("fp16 has no magnitudes below 2^-117 * 2688")
+    x = sign_input(guard, dtype, gen)
+    recipe = Recipe(scaling=scaling, stochastic_rounding=True, rht=rht, columnwise=rht)
     run_all(x, recipe, seed=int(torch.randint(0, 2**62, (1,), generator=gen)), offset=11)
+
+
+@pytest.mark.parametrize("guard", ["fast", "huge"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_rht_sr_tensor_no_table(guard, dtype, gen, monkeypatch):
+    """Per-tensor RHT + stochastic rounding as inputs from ENC_TABLE_COMPACT_TWIN_MAX_BYTES
+    (bound lifted) take it: without the enc table, so the passes have the fast copy (the
+    fast reciprocal, the rowwise signs from the inputs, the twin's from its products' sign
+    bits); huge: the tensor takes the general copy. The reference's bytes (run_all's RHT
+    rule) with -0 inputs and negative subnormals (sign_input)."""
+    from cute_fp4.quant import dispatch
+    monkeypatch.setattr(dispatch, "ENC_TABLE_COMPACT_TWIN_MAX_BYTES", 0)
+    rd._plan.cache_clear()
+    try:
+        x = sign_input(guard, dtype, gen)
+        walk = rd.plain_cast_walk(*x.shape, 2, False, True, True, rd.num_sms(x.device), True,
+                                  True)
+        assert not walk[5]
+        recipe = Recipe(rht=True, stochastic_rounding=True)
+        run_all(x, recipe, seed=int(torch.randint(0, 2**62, (1,), generator=gen)), offset=3,
+                outputs=[(True, True), (False, True)])
+    finally:
+        rd._plan.cache_clear()
 
 
 @pytest.mark.parametrize("sr", [False, True])

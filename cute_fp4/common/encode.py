@@ -480,6 +480,15 @@ def sr_encode8_nonzero_products(xs, enc, words):
         read_only_args=[Float32(x) for x in xs] + [Float32(enc)] + [Uint32(b) for b in words])
 
 
+def sr_encode16_nonzero_products(xs, enc, words):
+    """sr_encode16 where no nonzero product x * enc rounds to zero (enc >= 2^-14 or NaN with
+    bf16 / fp16 inputs or their RHT outputs, multiples of 2^-135 / 2^-26): signs 8 at a time;
+    NaN enc: code 0 everywhere."""
+    nan = is_nan(enc) != Uint32(0)
+    return [Uint32(cutlass.select_(nan, Uint32(0), sr_encode8_nonzero_products(
+        xs[8 * h:8 * h + 8], enc, words[2 * h:2 * h + 2]))) for h in range(2)]
+
+
 def sr_encode16(xs, enc, words):
     """Stochastic codes of 16 values (any enc; NaN: code 0 everywhere) with the 4 random words
     of their block: two words of 8 nibbles."""

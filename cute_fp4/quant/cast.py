@@ -63,8 +63,9 @@ reads its blocks in a rotated order (_col_offsets): the block's random bytes are
 The fast copy (`input_signs` or `fast_rcp`): the passes are compiled twice behind a
 warp-uniform branch, and tiles whose outer scales allow it (_fast_blocks_ok: per tensor all
 tiles or none, per token decided per tile and warp by a vote) take the copy with the signs
-from the inputs (input_signs) and, per token and for stochastic rounding without the enc
-table (fast_rcp), each block's enc from the reciprocal without its slow-path branch
+from the inputs (input_signs; the RHT twin's from its products' sign bits) and, per token and
+for stochastic rounding without the enc table (fast_rcp), each block's enc from the
+reciprocal without its slow-path branch
 (E.enc_from_code(fast=True), exact for outer scales >= 2^-117) and, per token, the tile's
 outer scales from the division and reciprocal without theirs (outer_block_scales fast, exact
 for amaxes 0 and in [2^-100, 2^100]); the other copy is the general one.
@@ -159,10 +160,6 @@ class CastKernel:
             raise ValueError("CastKernel: stochastic rounding needs 1x16 blocks and an amax pass "
                              "(not block2d, not fused_amax)")
         self.stochastic = stochastic
-        # stochastic rounding of 16-bit inputs: the signs from the inputs where it is exact
-        # (not with the RHT: only its rowwise pass would, and the second copy of its passes
-        # made ptxas spill and measured 8% slower)
-        self.input_signs = stochastic and self.esize == 2 and not rht
         # per token, and for stochastic rounding without the enc table: the blocks' enc from
         # the reciprocal without its slow-path branch, whose branch region splits ptxas'
         # scheduling of the tile, and per token the tile's outer scales from the division and
@@ -171,6 +168,12 @@ class CastKernel:
         # per-tensor casts without the table (from ENC_TABLE_COMPACT_TWIN_MAX_BYTES) 0 to 1%
         # slower: not there); not for the fused cast of tiny inputs
         self.fast_rcp = (per_token or stochastic) and not (enc_table or fused_amax)
+        # stochastic rounding of 16-bit inputs: the signs from the inputs where it is exact,
+        # with the RHT the twin's from its products' sign bits, 8 at a time; with the RHT only
+        # where fast_rcp compiles the passes twice anyway (measured, H200, bf16 row+col: RHT +
+        # SR per token 1-3% faster, per tensor without the table 16384x8192 280 -> 268-271
+        # us; per tensor with the table, whose passes it alone would copy, 1-3% slower)
+        self.input_signs = stochastic and self.esize == 2 and (self.fast_rcp or not rht)
         # (a run, 8 or 16 tiles, splits evenly between two groups)
         if groups not in (1, 2) or (groups == 2 and (fused_amax or block2d or stages % 2)):
             raise ValueError("CastKernel: groups must be 1 or 2, and 1 with fused_amax, block2d "
@@ -422,7 +425,8 @@ class CastKernel:
         - per token with fast_rcp: amax 0 or in [OUTER_FAST_MIN, OUTER_FAST_MAX], where
           outer_block_scales(fast=True) gave the IEEE outer scales;
         - input_signs: enc >= 2^-14 or NaN, so that E.sr_encode16_signed is exact for 16-bit
-          inputs: enc = min(1 / RN(scale * sdec), FLT_MAX) with scale <= E4M3_MAX decreases
+          inputs (and E.sr_encode16_nonzero_products for the RHT twin's outputs, multiples
+          of 2^-135): enc = min(1 / RN(scale * sdec), FLT_MAX) with scale <= E4M3_MAX decreases
           with the scale, so RN(E4M3_MAX * sdec) <= 2^14 suffices (false for a NaN sdec);
         - fast_rcp: every nonzero scale's product in the fast reciprocal's range
           (E.enc_from_code): the smallest, 2^-9 * sdec, is exact and >= 2^-126 from sdec >=
@@ -1242,7 +1246,10 @@ class CastKernel:
                                           fast and self.fast_rcp)
             cols.append((c, gk, ys, rnd, code, enc))
         for c, gk, ys, rnd, code, enc in cols:
-            w0, w1 = self._encode16(ys, enc, rnd)
+            if cutlass.const_expr(fast and self.input_signs):
+                w0, w1 = E.sr_encode16_nonzero_products(ys, enc, rnd)
+            else:
+                w0, w1 = self._encode16(ys, enc, rnd)
             valid = (gk < K) & row_ok
             if valid:
                 E.st_global_v2(qt_base + Int64(gk) * half_m + Int64(gblk) * 8, w0, w1)
