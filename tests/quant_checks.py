@@ -34,6 +34,29 @@ def make_input(shape, kind, dtype, gen, window_outlier=False):
     return x.to(dtype).cuda()
 
 
+def sign_input(guard, dtype, gen):
+    """384x512 of `dtype` for the sign tests: 20% -0, two 16-element runs of a negative
+    subnormal-sized value (a row piece, a column piece); huge: 3e38 (fp16: +inf) beside them;
+    tiny: a row and a column scaled by 1e-33 with a zero block."""
+    m, k = 384, 512
+    x = torch.randn((m, k), generator=gen)
+    x[torch.rand((m, k), generator=gen) < 0.2] = -0.0
+    tiny = torch.finfo(dtype).smallest_normal * 2.0 ** -3
+    x[5, 32:48] = -tiny
+    x[200:216, 70] = -tiny
+    if guard == "huge":
+        x[5, 40] = 3e38 if dtype == torch.bfloat16 else float("inf")
+        x[200, 72] = x[5, 40]
+    if guard == "tiny":
+        x[77] *= 1e-33
+        x[:, 300] *= 1e-33
+        x[77, 0:16] = 0.0  # a zero block: scale byte 0, enc FLT_MAX
+    x = x.to(dtype).cuda()
+    assert (x.view(torch.int16) == -32768).float().mean() > 0.15  # -0 inputs
+    assert (x == -tiny).sum() == 31 + int(guard != "huge")
+    return x
+
+
 def u8(t):
     return t.view(torch.uint8)
 

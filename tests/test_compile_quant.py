@@ -63,6 +63,10 @@ def test_cast_ptx(arch, fused_amax, dtype, row, col, swizzle, per_token):
     blocks = op.row_steps * row + 4 // op.esize * col
     fast = blocks + 2 if per_token and not fused_amax else 0
     assert ptx.count("rcp.approx.ftz.f32") == ptx.count("rcp.approx") == fast
+    # with 16-bit inputs on sm_90 that copy's software encoder takes the codes' signs from
+    # the products' sign bits, 8 at a time (one mask of the even nibbles' per 8 elements)
+    bulk = fast and op.esize == 2 and arch == "sm_90a"
+    assert ptx.count("0x08080808") == (2 * blocks if bulk else 0)
     if not per_token:
         # the blocks look their enc up in the CTA's table: IEEE reciprocals only for the
         # outer scale and the table fill (per token: one per outer scale and per block)
@@ -184,6 +188,10 @@ def test_cast_rht_ptx(arch, dtype, row, swizzle, per_token, walk, groups):
     copies = 2 if per_token else 1
     op = CastKernel(dtype, row, True, swizzle, per_token, 132, rht=True)
     fast = op.row_steps * row + 4 if per_token else 0
+    # per token the fast copy's signs from the products' sign bits on sm_90 (test_cast_ptx):
+    # the row steps' blocks and the twin's two per lane
+    bulk = per_token and arch == "sm_90a"
+    assert ptx.count("0x08080808") == (2 * (op.row_steps * row + 2) if bulk else 0)
     assert ptx.count(f"mma.sync.aligned.m16n8k16.row.col.f32.{ty}.{ty}.f32") == 8 * copies
     assert ptx.count("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16") == (
         4 if walk[6] else 4 * copies)

@@ -14,7 +14,7 @@ from cute_fp4.common.jit import compile_kernel, device_arch, env_stream, fake_te
 from cute_fp4.common.scales import OUTER_FAST_MAX, OUTER_FAST_MIN, outer_block_scales
 from cute_fp4.quant import dispatch
 
-from quant_checks import check, make_input, same_amax, u8
+from quant_checks import check, make_input, same_amax, sign_input, u8
 
 pytestmark = pytest.mark.gpu
 
@@ -123,6 +123,21 @@ def test_token_fast_copy_bit_exact(shape, dtype, gen):
     x[7, 16:32] = 0.0
     x[m // 2] = 0.0
     x = x.to(dtype).cuda()
+    for row, col in [(True, True), (False, True)]:  # rowwise only: TokenRowCast
+        for swizzle in (False, True):
+            recipe = Recipe(scaling="token", rowwise=row, columnwise=col, swizzle=swizzle)
+            check(dispatch.quantize(x, recipe), ref.quantize(x, recipe), recipe)
+
+
+@pytest.mark.parametrize("guard", ["fast", "huge"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_token_product_signs(guard, dtype, gen):
+    """Per token on sm_90 the cast's fast copy takes the codes' signs from the products' sign
+    bits, 8 at a time (CastKernel.rn_signs, under _fast_blocks_ok's enc >= 2^-14): -0 inputs
+    (+0 codes, as the reference) and negative subnormals (sign_input); huge: the
+    tiles of the rows and columns holding 3e38 (fp16: +inf) take the general copy, where a
+    negative subnormal's product underflows to -0 (a +0 code)."""
+    x = sign_input(guard, dtype, gen)
     for row, col in [(True, True), (False, True)]:  # rowwise only: TokenRowCast
         for swizzle in (False, True):
             recipe = Recipe(scaling="token", rowwise=row, columnwise=col, swizzle=swizzle)

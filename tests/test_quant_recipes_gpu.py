@@ -309,29 +309,6 @@ def test_amax_tiles_per_cta(per_cta, gen, monkeypatch):
         rd._plan.cache_clear()
 
 
-def sign_input(guard, dtype, gen):
-    """384x512 of `dtype` for the sign tests: 20% -0, two 16-element runs of a negative
-    subnormal-sized value (a row piece, a column piece); huge: 3e38 (fp16: +inf) beside them;
-    tiny: a row and a column scaled by 1e-33 with a zero block."""
-    m, k = 384, 512
-    x = torch.randn((m, k), generator=gen)
-    x[torch.rand((m, k), generator=gen) < 0.2] = -0.0
-    tiny = torch.finfo(dtype).smallest_normal * 2.0 ** -3
-    x[5, 32:48] = -tiny
-    x[200:216, 70] = -tiny
-    if guard == "huge":
-        x[5, 40] = 3e38 if dtype == torch.bfloat16 else float("inf")
-        x[200, 72] = x[5, 40]
-    if guard == "tiny":
-        x[77] *= 1e-33
-        x[:, 300] *= 1e-33
-        x[77, 0:16] = 0.0  # a zero block: scale byte 0, enc FLT_MAX
-    x = x.to(dtype).cuda()
-    assert (x.view(torch.int16) == -32768).float().mean() > 0.15  # -0 inputs
-    assert (x == -tiny).sum() == 31 + int(guard != "huge")
-    return x
-
-
 @pytest.mark.parametrize("guard", ["fast", "huge", "tiny"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("scaling", ["tensor", "token"])
@@ -348,7 +325,7 @@ def test_sr_input_signs(guard, dtype, scaling, rht, gen):
     of magnitudes ~1e-33 (outer scale < 2^-117 per token: the IEEE reciprocal's copy)."""
     if guard == "tiny" and dtype == torch.float16:
         pytest.skip("fp16 has no magnitudes below 2^-117 * 2688")
-    x = sign_input(guard, dtype, gen)
+    x = quant_checks.sign_input(guard, dtype, gen)
     recipe = Recipe(scaling=scaling, stochastic_rounding=True, rht=rht, columnwise=rht)
     run_all(x, recipe, seed=int(torch.randint(0, 2**62, (1,), generator=gen)), offset=11)
 
@@ -360,12 +337,12 @@ def test_rht_sr_tensor_no_table(guard, dtype, gen, monkeypatch):
     (bound lifted) take it: without the enc table, so the passes have the fast copy (the
     fast reciprocal, the rowwise signs from the inputs, the twin's from its products' sign
     bits); huge: the tensor takes the general copy. The reference's bytes (run_all's RHT
-    rule) with -0 inputs and negative subnormals (sign_input)."""
+    rule) with -0 inputs and negative subnormals (quant_checks.sign_input)."""
     from cute_fp4.quant import dispatch
     monkeypatch.setattr(dispatch, "ENC_TABLE_COMPACT_TWIN_MAX_BYTES", 0)
     rd._plan.cache_clear()
     try:
-        x = sign_input(guard, dtype, gen)
+        x = quant_checks.sign_input(guard, dtype, gen)
         walk = rd.plain_cast_walk(*x.shape, 2, False, True, True, rd.num_sms(x.device), True,
                                   True)
         assert not walk[5]
@@ -374,6 +351,17 @@ def test_rht_sr_tensor_no_table(guard, dtype, gen, monkeypatch):
                 outputs=[(True, True), (False, True)])
     finally:
         rd._plan.cache_clear()
+
+
+@pytest.mark.parametrize("guard", ["fast", "huge"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_rht_token_product_signs(guard, dtype, gen):
+    """Per-token RHT rounding to nearest: on sm_90 the fast copy's encoder takes the codes'
+    signs from the products' sign bits, 8 at a time, in both passes (CastKernel.rn_signs);
+    -0 inputs and negative subnormals (quant_checks.sign_input), huge: the general copy for
+    the tiles of the 3e38 / inf rows and columns. run_all's RHT rule."""
+    x = quant_checks.sign_input(guard, dtype, gen)
+    run_all(x, Recipe(scaling="token", rht=True), outputs=[(True, True), (False, True)])
 
 
 @pytest.mark.parametrize("sr", [False, True])

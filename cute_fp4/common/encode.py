@@ -374,6 +374,15 @@ def encode8_nonzero_products(xs, enc):
         read_only_args=[Float32(x) for x in xs] + [Float32(enc)])
 
 
+def encode16_nonzero_products(xs, enc):
+    """sm_90 software encode16 where no nonzero product x * enc rounds to zero (enc >= 2^-14
+    or NaN with bf16 / fp16 inputs or their RHT outputs): signs 8 at a time; NaN enc: code 0
+    everywhere."""
+    nan = is_nan(enc) != Uint32(0)
+    return [Uint32(cutlass.select_(nan, Uint32(0), encode8_nonzero_products(
+        xs[8 * h:8 * h + 8], enc))) for h in range(2)]
+
+
 def encode16(xs, enc, hw: bool):
     """Codes of 16 FP32 values with their block's ``enc`` (any enc; NaN: code 0 everywhere):
     two words of 8 nibbles."""

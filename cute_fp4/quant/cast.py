@@ -54,9 +54,11 @@ with column sums or per token with the twin alone).
 `stochastic`: stochastic rounding of both outputs (SPEC section 2) from Philox4x32-10 keyed by
 the int64 [seed, offset] device tensor `rng`: one Philox call per 1x16 block gives its 16
 random bytes (common/philox.py: stream 0 the rowwise output, 1 the twin), encoded by
-E.sr_encode16. With 16-bit inputs (no RHT), the fast copy of the passes (below) takes the
-signs from the inputs (E.sr_encode16_signed: one HSET2 + LOP3 per pair of elements instead of a
-compare and an add per element), exact where every block has enc >= 2^-14. The column pass
+E.sr_encode16. With 16-bit inputs the fast copy of the passes (below) takes the signs from
+the inputs (E.sr_encode16_signed: one HSET2 + LOP3 per pair of elements instead of a compare
+and an add per element; the RHT twin's 8 at a time from its products' sign bits), exact where
+every block has enc >= 2^-14; rounding to nearest on sm_90, the per-token fast copy takes
+them 8 at a time from the products' sign bits in both passes (rn_signs). The column pass
 reads its blocks in a rotated order (_col_offsets): the block's random bytes are rotated alike
 (two prmt per half block).
 
@@ -174,6 +176,12 @@ class CastKernel:
         # SR per token 1-3% faster, per tensor without the table 16384x8192 280 -> 268-271
         # us; per tensor with the table, whose passes it alone would copy, 1-3% slower)
         self.input_signs = stochastic and self.esize == 2 and (self.fast_rcp or not rht)
+        # rounding to nearest of 16-bit inputs with the software encoder (sm_90, _bulk_signs):
+        # the signs from the products' sign bits, 8 at a time, where fast_rcp copies the
+        # passes anyway (per token), under input_signs' guard (measured, H200, bf16 row+col:
+        # 4096x8192 60.3 -> 59.6 us, 8192^2 112 -> 110, 16384x8192 220 -> 221; RHT per token
+        # 68.3 -> 67.3, 126 -> 124)
+        self.rn_signs = not stochastic and self.esize == 2 and self.fast_rcp
         # (a run, 8 or 16 tiles, splits evenly between two groups)
         if groups not in (1, 2) or (groups == 2 and (fused_amax or block2d or stages % 2)):
             raise ValueError("CastKernel: groups must be 1 or 2, and 1 with fused_amax, block2d "
@@ -408,14 +416,26 @@ class CastKernel:
         (sign words, halves) of the elements (E.sr_encode16_signed) or None; fast: the
         passes' fast copy (_passes)."""
         code, enc = self._block_scale(amax, s6, sdec, enc_tab, fast and self.fast_rcp)
-        return (code, *self._encode16(xs, enc, rnd, signs))
+        return (code, *self._encode16(xs, enc, rnd, signs, fast))
 
-    def _encode16(self, xs, enc, rnd, signs=None):
-        """The two code words of 16 FP32 values with their block's enc (_quantize16)."""
+    def _bulk_signs(self) -> bool:
+        """Whether the fast copy's encoders set the signs of the codes in bulk (from sign
+        words of the inputs, or 8 at a time from the products' sign bits), which needs every
+        block's enc >= 2^-14 (_fast_outer_ok)."""
+        return self.input_signs or (self.rn_signs and not self.hw)
+
+    def _encode16(self, xs, enc, rnd, signs=None, fast=False):
+        """The two code words of 16 FP32 values with their block's enc (_quantize16); fast:
+        the passes' fast copy."""
+        bulk = fast and self._bulk_signs()
         if cutlass.const_expr(rnd is None):
+            if cutlass.const_expr(bulk):
+                return E.encode16_nonzero_products(xs, enc)
             return E.encode16(xs, enc, self.hw)
         if cutlass.const_expr(signs is not None):
             return E.sr_encode16_signed(xs, enc, rnd, *signs)
+        if cutlass.const_expr(bulk):  # the RHT twin
+            return E.sr_encode16_nonzero_products(xs, enc, rnd)
         return E.sr_encode16(xs, enc, rnd)
 
     def _fast_blocks_ok(self, sdec, col_outer, amax):
@@ -424,9 +444,10 @@ class CastKernel:
         passes' fast copy (_passes with fast):
         - per token with fast_rcp: amax 0 or in [OUTER_FAST_MIN, OUTER_FAST_MAX], where
           outer_block_scales(fast=True) gave the IEEE outer scales;
-        - input_signs: enc >= 2^-14 or NaN, so that E.sr_encode16_signed is exact for 16-bit
-          inputs (and E.sr_encode16_nonzero_products for the RHT twin's outputs, multiples
-          of 2^-135): enc = min(1 / RN(scale * sdec), FLT_MAX) with scale <= E4M3_MAX decreases
+        - _bulk_signs: enc >= 2^-14 or NaN, so that E.sr_encode16_signed is exact for 16-bit
+          inputs and the nonzero-products encoders for them and the RHT twin's outputs
+          (multiples of 2^-133 / 2^-24 and 2^-135 / 2^-26: no nonzero product rounds to
+          zero): enc = min(1 / RN(scale * sdec), FLT_MAX) with scale <= E4M3_MAX decreases
           with the scale, so RN(E4M3_MAX * sdec) <= 2^14 suffices (false for a NaN sdec);
         - fast_rcp: every nonzero scale's product in the fast reciprocal's range
           (E.enc_from_code): the smallest, 2^-9 * sdec, is exact and >= 2^-126 from sdec >=
@@ -444,7 +465,7 @@ class CastKernel:
     def _fast_outer_ok(self, sdec):
         """_fast_blocks_ok for one outer scale."""
         top = E.mul_rn(Float32(E.E4M3_MAX), sdec)
-        if cutlass.const_expr(self.input_signs):  # implies top < RCP_FAST_END
+        if cutlass.const_expr(self._bulk_signs()):  # implies top < RCP_FAST_END
             ok = top <= Float32(2.0 ** 14)
         else:
             ok = top < Float32(E.RCP_FAST_END)
@@ -1246,10 +1267,7 @@ class CastKernel:
                                           fast and self.fast_rcp)
             cols.append((c, gk, ys, rnd, code, enc))
         for c, gk, ys, rnd, code, enc in cols:
-            if cutlass.const_expr(fast and self.input_signs):
-                w0, w1 = E.sr_encode16_nonzero_products(ys, enc, rnd)
-            else:
-                w0, w1 = self._encode16(ys, enc, rnd)
+            w0, w1 = self._encode16(ys, enc, rnd, fast=fast)
             valid = (gk < K) & row_ok
             if valid:
                 E.st_global_v2(qt_base + Int64(gk) * half_m + Int64(gblk) * 8, w0, w1)
