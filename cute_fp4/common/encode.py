@@ -374,15 +374,6 @@ def encode8_nonzero_products(xs, enc):
         read_only_args=[Float32(x) for x in xs] + [Float32(enc)])
 
 
-def encode16_nonzero_products(xs, enc):
-    """sm_90 software encode16 where no nonzero product x * enc rounds to zero (enc >= 2^-14
-    or NaN with bf16 / fp16 inputs or their RHT outputs): signs 8 at a time; NaN enc: code 0
-    everywhere."""
-    nan = is_nan(enc) != Uint32(0)
-    return [Uint32(cutlass.select_(nan, Uint32(0), encode8_nonzero_products(
-        xs[8 * h:8 * h + 8], enc))) for h in range(2)]
-
-
 def encode16(xs, enc, hw: bool):
     """Codes of 16 FP32 values with their block's ``enc`` (any enc; NaN: code 0 everywhere):
     two words of 8 nibbles."""
@@ -489,13 +480,21 @@ def sr_encode8_nonzero_products(xs, enc, words):
         read_only_args=[Float32(x) for x in xs] + [Float32(enc)] + [Uint32(b) for b in words])
 
 
-def sr_encode16_nonzero_products(xs, enc, words):
-    """sr_encode16 where no nonzero product x * enc rounds to zero (enc >= 2^-14 or NaN with
-    bf16 / fp16 inputs or their RHT outputs, multiples of 2^-135 / 2^-26): signs 8 at a time;
-    NaN enc: code 0 everywhere."""
+def encode16_nonzero_products(xs, enc, words=None):
+    """The software codes of 16 values (rounding to nearest, or stochastic with the block's 4
+    random words `words`, as sr_encode16) where no nonzero product x * enc rounds to zero
+    (enc >= 2^-14 or NaN with bf16 / fp16 inputs, multiples of 2^-133 / 2^-24, or their RHT
+    outputs, of 2^-135 / 2^-26): signs 8 at a time; NaN enc: code 0 everywhere."""
     nan = is_nan(enc) != Uint32(0)
-    return [Uint32(cutlass.select_(nan, Uint32(0), sr_encode8_nonzero_products(
-        xs[8 * h:8 * h + 8], enc, words[2 * h:2 * h + 2]))) for h in range(2)]
+    out = []
+    for h in range(2):
+        half = xs[8 * h:8 * h + 8]
+        if words is None:
+            w = encode8_nonzero_products(half, enc)
+        else:
+            w = sr_encode8_nonzero_products(half, enc, words[2 * h:2 * h + 2])
+        out.append(Uint32(cutlass.select_(nan, Uint32(0), w)))
+    return out
 
 
 def sr_encode16(xs, enc, words):

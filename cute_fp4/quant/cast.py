@@ -427,15 +427,12 @@ class CastKernel:
     def _encode16(self, xs, enc, rnd, signs=None, fast=False):
         """The two code words of 16 FP32 values with their block's enc (_quantize16); fast:
         the passes' fast copy."""
-        bulk = fast and self._bulk_signs()
-        if cutlass.const_expr(rnd is None):
-            if cutlass.const_expr(bulk):
-                return E.encode16_nonzero_products(xs, enc)
-            return E.encode16(xs, enc, self.hw)
         if cutlass.const_expr(signs is not None):
             return E.sr_encode16_signed(xs, enc, rnd, *signs)
-        if cutlass.const_expr(bulk):  # the RHT twin
-            return E.sr_encode16_nonzero_products(xs, enc, rnd)
+        if cutlass.const_expr(fast and self._bulk_signs()):
+            return E.encode16_nonzero_products(xs, enc, rnd)
+        if cutlass.const_expr(rnd is None):
+            return E.encode16(xs, enc, self.hw)
         return E.sr_encode16(xs, enc, rnd)
 
     def _fast_blocks_ok(self, sdec, col_outer, amax):

@@ -10,7 +10,8 @@ outputs; window64 amaxes come out of the cast itself), or for single 1x16 tensor
 and / or stochastic rounding (`on_plain_cast`) the plain cast (CastKernel with rht /
 stochastic) instead of RecipeCastKernel, after the plain cast's own amax passes without column
 sums (AmaxTensor per tensor without the RHT; AmaxToken per token with both outputs, with the RHT
-its transformed column amaxes).
+its transformed column amaxes, and per tensor with the RHT its maxima over all rows and
+columns).
 
 Tensor parallelism (input sharded along M, sequence parallel): `amax_reduce(t)` reduces a
 float32 CUDA amax tensor in place across ranks (e.g. an all-reduce MAX). It is called between
