@@ -159,6 +159,35 @@ def fold_slab_columns(buf, vals, warps: cutlass.Constexpr, warp, lane, tidx, c0,
         store(c, v)
 
 
+@cute.jit
+def fold_cta_maxima(buf, row_max, col_max, warps: cutlass.Constexpr, warp, lane, tidx, ar, ac,
+                    do_row: cutlass.Constexpr = True, do_col: cutlass.Constexpr = True):
+    """The per-tensor end of a strip walk: the CTA's maxima of its lanes' row maximum row_max
+    and column maximum col_max (over the warp by shuffles, then over the warps through the
+    shared [warps, >= 2] buffer buf, in warp order), one red.max each into the zeroed amax
+    words at byte addresses ar and ac (do_row / do_col: which of the two). The folds start
+    from warp 0's value (amaxes are >= 0 or NaN)."""
+    rw = E.warp_max_nan(row_max)
+    cw = E.warp_max_nan(col_max)
+    if lane == 0:
+        buf[warp, 0] = rw
+        buf[warp, 1] = cw
+    cute.arch.barrier()
+    if tidx < 2:
+        v = buf[0, tidx]
+        for w in cutlass.range_constexpr(1, warps):
+            v = E.fmax_nan(v, buf[w, tidx])
+        bits = E.canonical_nan_bits(v)
+        if cutlass.const_expr(do_row and do_col):
+            E.red_max_u32(cutlass.select_(tidx == 0, ar, ac), bits)
+        elif cutlass.const_expr(do_row):
+            if tidx == 0:
+                E.red_max_u32(ar, bits)
+        else:
+            if tidx == 1:
+                E.red_max_u32(ac, bits)
+
+
 def rht16(xs, scale: bool = True, strides=(1, 2, 4, 8)):
     """ref.quantize.rht of 16 values: sign flips, butterflies at strides 1, 2, 4, 8, x 0.25
     (scale=False leaves out the x 0.25: amax(|y| * 0.25) = amax(|y|) * 0.25, RN is monotone;
@@ -293,18 +322,7 @@ class AmaxToken:
         red = smem.allocate_tensor(Float32, cute.make_layout(
             (self.warps, self.cols_per_cta), stride=(self.cols_per_cta, 1)), 16)
         if cutlass.const_expr(self.per_tensor):
-            # the CTA's row and column maxima (warp, then CTA), one red.max each
-            rw = E.warp_max_nan(rm)
-            cw = E.warp_max_nan(E.block_amax(cols))
-            if lane == 0:
-                red[warp, 0] = rw
-                red[warp, 1] = cw
-            cute.arch.barrier()
-            if tidx < 2:
-                v = red[0, tidx]
-                for w in cutlass.range_constexpr(1, self.warps):
-                    v = E.fmax_nan(v, red[w, tidx])
-                E.red_max_u32(cutlass.select_(tidx == 0, ar, ac), E.canonical_nan_bits(v))
+            fold_cta_maxima(red, rm, E.block_amax(cols), self.warps, warp, lane, tidx, ar, ac)
         else:
             def store_max(c, v):
                 E.red_max_u32(ac + Int64(c) * 4, E.canonical_nan_bits(v))

@@ -41,8 +41,8 @@ from cute_fp4.common.philox import philox_block16, round_keys
 from cute_fp4.common.ptx import st_shared
 from cute_fp4.common.scales import (ONE_SIXTH, e2m1_to_f32, e4m3_to_f32, outer_encode_scale,
                                     swizzled_scale_offset)
-from cute_fp4.quant.amax import (fold_slab_columns, keep_load, keep_policies, rht16,
-                                  rht16_amax_fast, vec_amax, vec_value)
+from cute_fp4.quant.amax import (fold_cta_maxima, fold_slab_columns, keep_load, keep_policies,
+                                  rht16, rht16_amax_fast, vec_amax, vec_value)
 
 DTYPES = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16, "fp32": cutlass.Float32}
 TILE = 64
@@ -797,19 +797,5 @@ class RecipeAmax:
                 fold_slab_columns(red, cacc, self.WARPS, warp, lane, tidx, bx * self.slab, K,
                                   E.fmax_nan, store_max)
         else:
-            racc = E.warp_max_nan(racc)
-            cm = E.warp_max_nan(block_amax(cacc))
-            if lane == 0:
-                red[warp, 0] = racc
-                red[warp, 1] = cm
-            cute.arch.barrier()
-            if tidx < 2:
-                v = Float32(0.0)
-                for w in cutlass.range_constexpr(self.WARPS):
-                    v = E.fmax_nan(v, red[w, tidx])
-                if tidx == 0:
-                    if cutlass.const_expr(self.do_row):
-                        E.red_max_u32(ar_base, E.canonical_nan_bits(v))
-                else:
-                    if cutlass.const_expr(self.do_col):
-                        E.red_max_u32(ac_base, E.canonical_nan_bits(v))
+            fold_cta_maxima(red, racc, block_amax(cacc), self.WARPS, warp, lane, tidx, ar_base,
+                            ac_base, self.do_row, self.do_col)
