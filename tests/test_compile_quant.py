@@ -80,18 +80,25 @@ def test_cast_ptx(arch, fused_amax, dtype, row, col, swizzle, per_token):
     ("fp32", 16384, True, 0), ("fp32", 48, False, 2)])
 def test_token_rows_ptx(arch, dtype, k, swizzle, ctas):
     """The per-token rowwise cast in the amax pass: 16-byte read-only loads, row maxima by
-    redux.sync (no atomics: each CTA owns its rows), IEEE outer scale and block reciprocals,
-    4-byte data stores; the hardware E2M1 conversion on sm_100a only."""
+    redux.sync (no atomics: each CTA owns its rows), IEEE outer scales, 4-byte data stores;
+    the hardware E2M1 conversion on sm_100a only. Two copies of the strip's cast chosen by a
+    warp vote: the blocks' IEEE reciprocals, and the fast reciprocal (rcp.approx + one
+    correction) with, for 16-bit inputs on sm_90a, the codes' signs from the products' sign
+    bits (prmt's sign-replicate selectors) instead of a compare per element."""
     esize = {"bf16": 2, "fp16": 2, "fp32": 4}[dtype]
     split = token_rows_config(k, esize, swizzle)
     ptx = compile_ptx(*token_rows_kernel(dtype, swizzle, split, ctas_per_sm=ctas), arch=arch)
     assert ptx_target(ptx) == arch
     need = [r"ld\.global\.nc\.v4", r"redux\.sync\.max\.u32", r"div\.rn\.f32", r"rcp\.rn\.f32",
+            r"rcp\.approx\.ftz\.f32", r"vote\.sync\.all\.pred",
             r"cvt\.rn\.satfinite\.e4m3x2\.f32", r"st\.global\.b32", r"shfl\.sync\.bfly",
             r"bar\.sync"]
     assert missing_instructions(ptx, need) == []
-    assert "div.approx" not in ptx and "rcp.approx" not in ptx
+    assert "div.approx" not in ptx
     assert not re.search(r"\s(red|atom)\.", ptx)
+    signs = len(re.findall(r"prmt\.b32 \w+, \S+, \S+, 0xFB;", ptx))
+    units = split[1] * split[2]  # per copy: one sign prmt pair per 8 elements
+    assert signs == (units * 2 if esize == 2 and arch == "sm_90a" else 0)
     check_e2m1(ptx, arch)
 
 

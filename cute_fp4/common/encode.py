@@ -221,6 +221,27 @@ def enc_from_code(code, s_dec, fast: bool = False):
     )
 
 
+def fast_outer_ok(sdec, bulk_signs: bool, fast_rcp: bool):
+    """Whether every block quantized with the outer scale sdec (scale bytes <= E4M3_MAX) may
+    take the fast encoders (false for a NaN sdec):
+    - bulk_signs: enc >= 2^-14, so that no nonzero product of a 16-bit input (a multiple of
+      2^-133 / 2^-24; RHT outputs of 2^-135 / 2^-26) with enc rounds to zero and the codes'
+      signs can come from the products' or the inputs' sign bits (encode8_nonzero_products,
+      sr_encode16_signed): enc = min(1 / RN(scale * sdec), FLT_MAX) decreases with the
+      scale, so RN(E4M3_MAX * sdec) <= 2^14 suffices (and implies the next bound);
+    - else every nonzero scale's product below RCP_FAST_END: RN(E4M3_MAX * sdec) < 2^126;
+    - fast_rcp: the smallest nonzero product, 2^-9 * sdec, is exact and >= RCP_FAST_MIN from
+      sdec >= 2^-117 on (enc_from_code with fast)."""
+    top = mul_rn(Float32(E4M3_MAX), sdec)
+    if bulk_signs:
+        ok = top <= Float32(2.0 ** 14)
+    else:
+        ok = top < Float32(RCP_FAST_END)
+    if fast_rcp:
+        ok = ok & (sdec >= Float32(RCP_FAST_MIN * 2.0 ** 9))
+    return ok
+
+
 def block_scale_byte(amax_b, s_enc_6):
     """The E4M3 scale byte (Uint32) of a 16-element block with amax ``amax_b``; ``s_enc_6`` is
     ``S_enc * fp32(1/6)`` (one rounded product)."""

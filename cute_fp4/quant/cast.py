@@ -441,14 +441,8 @@ class CastKernel:
         passes' fast copy (_passes with fast):
         - per token with fast_rcp: amax 0 or in [OUTER_FAST_MIN, OUTER_FAST_MAX], where
           outer_block_scales(fast=True) gave the IEEE outer scales;
-        - _bulk_signs: enc >= 2^-14 or NaN, so that E.sr_encode16_signed is exact for 16-bit
-          inputs and the nonzero-products encoders for them and the RHT twin's outputs
-          (multiples of 2^-133 / 2^-24 and 2^-135 / 2^-26: no nonzero product rounds to
-          zero): enc = min(1 / RN(scale * sdec), FLT_MAX) with scale <= E4M3_MAX decreases
-          with the scale, so RN(E4M3_MAX * sdec) <= 2^14 suffices (false for a NaN sdec);
-        - fast_rcp: every nonzero scale's product in the fast reciprocal's range
-          (E.enc_from_code): the smallest, 2^-9 * sdec, is exact and >= 2^-126 from sdec >=
-          2^-117 on, and the largest is RN(E4M3_MAX * sdec) < 2^126."""
+        - the outer scale's bounds for the fast encoders (E.fast_outer_ok: _bulk_signs,
+          fast_rcp)."""
         ok = self._fast_outer_ok(sdec)
         if cutlass.const_expr(self.per_token and self.fast_rcp):
             ok = ok & ((amax == Float32(0.0)) | ((amax >= Float32(OUTER_FAST_MIN))
@@ -461,14 +455,7 @@ class CastKernel:
 
     def _fast_outer_ok(self, sdec):
         """_fast_blocks_ok for one outer scale."""
-        top = E.mul_rn(Float32(E.E4M3_MAX), sdec)
-        if cutlass.const_expr(self._bulk_signs()):  # implies top < RCP_FAST_END
-            ok = top <= Float32(2.0 ** 14)
-        else:
-            ok = top < Float32(E.RCP_FAST_END)
-        if cutlass.const_expr(self.fast_rcp):
-            ok = ok & (sdec >= Float32(E.RCP_FAST_MIN * 2.0 ** 9))
-        return ok
+        return E.fast_outer_ok(sdec, self._bulk_signs(), self.fast_rcp)
 
     # ------------------------------------------------------------------ stochastic rounding
     def _sr_state(self, tidx, rng):

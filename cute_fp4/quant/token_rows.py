@@ -15,6 +15,11 @@ hold the two halves of a block: one shuffle gives the block amax. A row's amax: 
 per warp (non-negative FP32 orders like its bits, NaN above +Inf), smem across the row's warps
 (double-buffered: one barrier per strip), lanes r < rows-per-strip compute row r's outer scale,
 shuffled to the row's threads. Values and NaN policy as ``ref.quantize`` / ``ref.amax_per_token``.
+
+Fast copy (``_cast_strip``): a strip whose rows' outer scales all pass ``E.fast_outer_ok`` (every
+row of normal magnitude: amax 0 or up to ~98k for 16-bit inputs, none NaN or infinite) casts its
+blocks with the reciprocal without its slow-path branch and, for 16-bit inputs with the software
+encoder, the codes' signs from the products' sign bits; other strips take the IEEE copy.
 """
 
 import cutlass
@@ -83,6 +88,8 @@ class TokenRowCast:
     def __call__(self, x: cute.Tensor, amax_r: cute.Tensor, q: cute.Tensor, s: cute.Tensor,
                  stream):
         self.hw = E.has_hw_e2m1()
+        # the fast copy's signs from the products' sign bits (16-bit inputs, software encoder)
+        self.bulk_signs = self.esize == 2 and not self.hw
         M = x.shape[0]
         K = x.shape[1]
         rows = M
@@ -176,28 +183,48 @@ class TokenRowCast:
             if (warp == 0) & (lane < R) & (row0 + lane < M):
                 E.st_global_u32(ar_base + Int64(row0 + lane) * 4, E.f32_bits(amax_row))
             s6_l, sdec_l = outer_block_scales(amax_row, E.E4M3_MAX)
-
-            for p in cutlass.range_constexpr(self.passes):
-                src = p * P + (warp * 32) // tpr  # the warp's row in pass p
-                s6 = cute.arch.shuffle_sync(s6_l, src)
-                sdec = cute.arch.shuffle_sync(sdec_l, src)
-                row = row0 + p * P + prow
-                for v in cutlass.range_constexpr(self.units):
-                    words, ok = data[p][v]
-                    u = tu + tpr * v
-                    ua = uamax[p][v]
-                    bamax = E.shfl_xor_max_nan(ua, 1)
-                    code, enc = E.block_scale(bamax, s6, sdec)
-                    xs = vec_values(words, self.dtype_name)
-                    packed = E.encode8(xs, enc, E.is_nan(enc), self.hw)
-                    if ok:
-                        E.st_global_u32(q_base + Int64(row) * half_k + Int64(u) * 4, packed)
-                    if cutlass.const_expr(self.swizzle):
-                        if even & (row < rows_cover) & (u < units_cover):
-                            sw = swizzled_scale_offset(row, u // 2, Int32(nsc))
-                            E.st_global_u8(s_base + Int64(sw),
-                                           cutlass.select_(ok, code, Uint32(0)))
-                    else:
-                        if even & ok:
-                            E.st_global_u8(s_base + Int64(row) * nsc + Int64(u // 2), code)
+            # the strip's rows (every warp holds all of them) decide the copy for the CTA
+            strip = (data, uamax, s6_l, sdec_l, row0 + prow, tu, warp, even, rows_cover,
+                     units_cover, q_base, half_k, s_base, nsc)
+            if cute.arch.vote_all_sync(E.fast_outer_ok(sdec_l, self.bulk_signs, True)):
+                self._cast_strip(*strip, fast=True)
+            else:
+                self._cast_strip(*strip, fast=False)
             parity = 1 - parity
+
+    @cute.jit
+    def _cast_strip(self, data, uamax, s6_l, sdec_l, row_p, tu, warp, even, rows_cover,
+                    units_cover, q_base, half_k, s_base, nsc, fast: cutlass.Constexpr):
+        """The rowwise data and scales of the strip's loaded units (data: [pass][unit] ->
+        (words, in range), uamax their amaxes) with the outer scales of lane r's row r (s6_l,
+        sdec_l); row_p: the thread's row in pass 0. fast: every row's sdec passed
+        E.fast_outer_ok, so the blocks' enc come from the reciprocal without its slow-path
+        branch (whose branch region around every unit kept ptxas from interleaving them) and,
+        with bulk_signs, the codes' signs from the products' sign bits, 8 at a time; no enc is
+        NaN there (a NaN or infinite row amax fails the check)."""
+        tpr = self.tpr
+        P = self.rows_per_pass
+        for p in cutlass.range_constexpr(self.passes):
+            src = p * P + (warp * 32) // tpr  # the warp's row in pass p
+            s6 = cute.arch.shuffle_sync(s6_l, src)
+            sdec = cute.arch.shuffle_sync(sdec_l, src)
+            row = row_p + p * P
+            for v in cutlass.range_constexpr(self.units):
+                words, ok = data[p][v]
+                u = tu + tpr * v
+                bamax = E.shfl_xor_max_nan(uamax[p][v], 1)
+                code, enc = E.block_scale(bamax, s6, sdec, fast)
+                xs = vec_values(words, self.dtype_name)
+                if cutlass.const_expr(fast and self.bulk_signs):
+                    packed = E.encode8_nonzero_products(xs, enc)
+                else:
+                    packed = E.encode8(xs, enc, E.is_nan(enc), self.hw)
+                if ok:
+                    E.st_global_u32(q_base + Int64(row) * half_k + Int64(u) * 4, packed)
+                if cutlass.const_expr(self.swizzle):
+                    if even & (row < rows_cover) & (u < units_cover):
+                        sw = swizzled_scale_offset(row, u // 2, Int32(nsc))
+                        E.st_global_u8(s_base + Int64(sw), cutlass.select_(ok, code, Uint32(0)))
+                else:
+                    if even & ok:
+                        E.st_global_u8(s_base + Int64(row) * nsc + Int64(u // 2), code)
