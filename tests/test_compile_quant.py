@@ -80,7 +80,8 @@ def test_cast_ptx(arch, fused_amax, dtype, row, col, swizzle, per_token):
     ("fp32", 16384, True, 0), ("fp32", 48, False, 2)])
 def test_token_rows_ptx(arch, dtype, k, swizzle, ctas):
     """The per-token rowwise cast in the amax pass: 16-byte read-only loads, row maxima by
-    redux.sync (no atomics: each CTA owns its rows), IEEE outer scales, 4-byte data stores;
+    redux.sync (no atomics: each CTA owns its rows), IEEE outer scales, a whole block per
+    thread and unit (no shuffles between the lanes of a block), 8-byte data stores;
     the hardware E2M1 conversion on sm_100a only. Two copies of the strip's cast chosen by a
     warp vote: the blocks' IEEE reciprocals, and the fast reciprocal (rcp.approx + one
     correction) with, for 16-bit inputs on sm_90a, the codes' signs from the products' sign
@@ -91,32 +92,36 @@ def test_token_rows_ptx(arch, dtype, k, swizzle, ctas):
     assert ptx_target(ptx) == arch
     need = [r"ld\.global\.nc\.v4", r"redux\.sync\.max\.u32", r"div\.rn\.f32", r"rcp\.rn\.f32",
             r"rcp\.approx\.ftz\.f32", r"vote\.sync\.all\.pred",
-            r"cvt\.rn\.satfinite\.e4m3x2\.f32", r"st\.global\.b32", r"shfl\.sync\.bfly",
+            r"cvt\.rn\.satfinite\.e4m3x2\.f32", r"st\.global\.v2\.b32", r"shfl\.sync\.idx",
             r"bar\.sync"]
     assert missing_instructions(ptx, need) == []
     assert "div.approx" not in ptx
-    assert not re.search(r"\s(red|atom)\.", ptx)
+    assert not re.search(r"\s(red|atom)\.", ptx) and "shfl.sync.bfly" not in ptx
     signs = len(re.findall(r"prmt\.b32 \w+, \S+, \S+, 0xFB;", ptx))
-    units = split[1] * split[2]  # per copy: one sign prmt pair per 8 elements
-    assert signs == (units * 2 if esize == 2 and arch == "sm_90a" else 0)
+    blocks = split[1] * split[2]  # per copy: one sign prmt pair per 8 elements
+    assert signs == (blocks * 4 if esize == 2 and arch == "sm_90a" else 0)
+    # registers capped for 4 CTAs per SM unless a thread holds more than 32 input words
+    # (fp32 rows of 16384 elements: 4 blocks of 16 words)
+    assert (".minnctapersm 4" in ptx) == (split[1] * split[2] * 4 * esize <= 32)
     check_e2m1(ptx, arch)
 
 
 def test_token_rows_config():
-    """Work splits: threads per row a power of two covering the row's units (one unit each)
-    up to 256, then up to 8 units per thread; 32 input words per thread and strip; None
-    beyond 16384 columns; swizzled rows cover their padding scale columns."""
+    """Work splits: one 16-element block per unit; threads per row a power of two covering
+    the row's units (one unit each) up to 256, then up to 4 units per thread; 32 input words
+    per thread and strip; None beyond 16384 columns; swizzled rows cover their padding scale
+    columns."""
     assert token_rows_config(16, 2, False) == (32, 1, 4)
-    assert token_rows_config(272, 2, False) == (64, 1, 8)
-    assert token_rows_config(2048, 2, False) == (256, 1, 8)
-    assert token_rows_config(2064, 2, False) == (256, 2, 4)
-    assert token_rows_config(8192, 2, False) == (256, 4, 2)
-    assert token_rows_config(8192, 4, False) == (256, 4, 1)
-    assert token_rows_config(12304, 2, True) == (256, 7, 1)
-    assert token_rows_config(16384, 4, True) == (256, 8, 1)
+    assert token_rows_config(272, 2, False) == (32, 1, 4)
+    assert token_rows_config(2048, 2, False) == (128, 1, 4)
+    assert token_rows_config(2064, 2, False) == (256, 1, 4)
+    assert token_rows_config(8192, 2, False) == (256, 2, 2)
+    assert token_rows_config(8192, 4, False) == (256, 2, 1)
+    assert token_rows_config(12304, 2, True) == (256, 4, 1)
+    assert token_rows_config(16384, 4, True) == (256, 4, 1)
     assert token_rows_config(16400, 2, False) is None
-    assert token_rows_config(2000, 2, True) == (256, 1, 8)  # 125 -> 128 scale columns
-    assert token_rows_config(2000, 2, False) == (256, 1, 8)
+    assert token_rows_config(2000, 2, True) == (128, 1, 4)  # 125 -> 128 scale columns
+    assert token_rows_config(2000, 2, False) == (128, 1, 4)
 
 
 @pytest.mark.parametrize("arch", ARCHS)

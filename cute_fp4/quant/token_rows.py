@@ -8,13 +8,13 @@ rowwise data and scales (compact or 128x4 swizzled, padding zeroed) from the sam
 Per-token row+col keeps K1 + K2: folding the column maxima into this pass costs one atomic per
 (CTA, column), a burst at the end that the L2 serialises (notes/quant.md "Session 20").
 
-Work split: a unit is 8 elements (half a 16-element block; 16 bytes of bf16/fp16, 32 of fp32).
-``tpr`` threads (32..256, a power of two) share a row, thread t taking units t % tpr + tpr * v,
-v < ``units``; 256 // tpr rows per pass, ``passes`` passes per strip. Partner lanes (t, t ^ 1)
-hold the two halves of a block: one shuffle gives the block amax. A row's amax: ``redux.sync``
-per warp (non-negative FP32 orders like its bits, NaN above +Inf), smem across the row's warps
-(double-buffered: one barrier per strip), lanes r < rows-per-strip compute row r's outer scale,
-shuffled to the row's threads. Values and NaN policy as ``ref.quantize`` / ``ref.amax_per_token``.
+Work split: a unit is one 16-element block (32 bytes of bf16/fp16, 64 of fp32: two or four
+16-byte loads that cover whole 32-byte sectors). ``tpr`` threads (32..256, a power of two) share
+a row, thread t taking units t % tpr + tpr * v, v < ``units``; 256 // tpr rows per pass,
+``passes`` passes per strip. A row's amax: ``redux.sync`` per warp (non-negative FP32 orders
+like its bits, NaN above +Inf), smem across the row's warps (double-buffered: one barrier per
+strip), lanes r < rows-per-strip compute row r's outer scale, shuffled to the row's threads.
+Values and NaN policy as ``ref.quantize`` / ``ref.amax_per_token``.
 
 Fast copy (``_cast_strip``): a strip whose rows' outer scales all pass ``E.fast_outer_ok`` (every
 row of normal magnitude: amax 0 or up to ~98k for 16-bit inputs, none NaN or infinite) casts its
@@ -32,10 +32,15 @@ from cute_fp4.quant.amax import vec_amax, vec_values
 
 DTYPES = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16, "fp32": cutlass.Float32}
 THREADS = 256
-UNIT = 8  # elements per thread and unit (half a block)
-MAX_UNITS = 8  # units per thread and row: K <= 256 * 8 * 8 = 16384
+UNIT = 16  # elements per thread and unit (one block)
+MAX_UNITS = 4  # units per thread and row: K <= 256 * 4 * 16 = 16384
 STRIP_WORDS = 32  # input words per thread and strip held in registers
 MAX_STRIP_ROWS = 32  # lanes r < strip rows compute the rows' outer scales
+# CTAs per SM the registers are capped for (64 per thread): ptxas gives the cast 80-102
+# registers otherwise, two or three CTAs per SM. Measured (H200, bf16, graphs; 3 / 4 CTAs):
+# 4096x8192 29.3 -> 26.7 / 26.0 us, 16384x8192 103.2 -> 92.4 / 89.6, 32768x2048 57.6 -> 51.7
+# / 48.8 (notes/quant.md "Session 35").
+MIN_CTAS_PER_SM = 4
 
 
 def token_rows_config(k: int, esize: int, swizzle: bool):
@@ -43,7 +48,7 @@ def token_rows_config(k: int, esize: int, swizzle: bool):
     columns of esize bytes, or None when a row does not fit (k > 16384)."""
     units = k // UNIT
     if swizzle:  # the units of the zeroed padding scale columns (up to a multiple of 4)
-        units = (k // 16 + 3) // 4 * 4 * 2
+        units = (k // 16 + 3) // 4 * 4
     per_thread = -(-units // THREADS)
     if per_thread > MAX_UNITS:
         return None
@@ -83,6 +88,10 @@ class TokenRowCast:
         self.num_sms = num_sms
         self.ctas_per_sm = ctas_per_sm
         self.words = UNIT * self.esize // 4  # input words per unit
+        # registers for MIN_CTAS_PER_SM CTAs per SM where a thread holds at most STRIP_WORDS
+        # input words (the fp32 rows of 3-4 units per thread would spill)
+        fits = units * passes * self.words <= STRIP_WORDS
+        self.min_ctas = MIN_CTAS_PER_SM if fits else 0
 
     @cute.jit
     def __call__(self, x: cute.Tensor, amax_r: cute.Tensor, q: cute.Tensor, s: cute.Tensor,
@@ -99,8 +108,11 @@ class TokenRowCast:
         grid = n_strips
         if cutlass.const_expr(self.ctas_per_sm > 0):
             grid = cutlass.min(n_strips, self.num_sms * self.ctas_per_sm)
+        launch = {}
+        if cutlass.const_expr(self.min_ctas > 0):
+            launch = {"min_blocks_per_mp": self.min_ctas, "preferred_smem_carveout": 100}
         self.kernel(x, amax_r, q, s, M, K, n_strips).launch(
-            grid=(grid, 1, 1), block=(THREADS, 1, 1), stream=stream)
+            grid=(grid, 1, 1), block=(THREADS, 1, 1), stream=stream, **launch)
 
     @cute.kernel
     def kernel(self, x: cute.Tensor, amax_r: cute.Tensor, q: cute.Tensor, s: cute.Tensor,
@@ -120,16 +132,13 @@ class TokenRowCast:
         s_base = s.iterator.toint()
         n_units = K // UNIT
         half_k = Int64(K // 2)
-        nsc = K // 16
-        pad_c = (nsc + 3) // 4 * 4
         rows_cover = M
         units_cover = n_units
         if cutlass.const_expr(self.swizzle):
             rows_cover = (M + 127) // 128 * 128
-            units_cover = pad_c * 2
+            units_cover = (n_units + 3) // 4 * 4  # the padding scale columns
         prow = tidx // tpr
         tu = tidx % tpr
-        even = (tidx % 2) == 0
 
         smem = cutlass.memory.SmemAllocator()
         # per strip parity, pass and warp: the warp's max of its row in that pass
@@ -184,8 +193,8 @@ class TokenRowCast:
                 E.st_global_u32(ar_base + Int64(row0 + lane) * 4, E.f32_bits(amax_row))
             s6_l, sdec_l = outer_block_scales(amax_row, E.E4M3_MAX)
             # the strip's rows (every warp holds all of them) decide the copy for the CTA
-            strip = (data, uamax, s6_l, sdec_l, row0 + prow, tu, warp, even, rows_cover,
-                     units_cover, q_base, half_k, s_base, nsc)
+            strip = (data, uamax, s6_l, sdec_l, row0 + prow, tu, warp, rows_cover,
+                     units_cover, q_base, half_k, s_base, n_units)
             if cute.arch.vote_all_sync(E.fast_outer_ok(sdec_l, self.bulk_signs, True)):
                 self._cast_strip(*strip, fast=True)
             else:
@@ -193,7 +202,7 @@ class TokenRowCast:
             parity = 1 - parity
 
     @cute.jit
-    def _cast_strip(self, data, uamax, s6_l, sdec_l, row_p, tu, warp, even, rows_cover,
+    def _cast_strip(self, data, uamax, s6_l, sdec_l, row_p, tu, warp, rows_cover,
                     units_cover, q_base, half_k, s_base, nsc, fast: cutlass.Constexpr):
         """The rowwise data and scales of the strip's loaded units (data: [pass][unit] ->
         (words, in range), uamax their amaxes) with the outer scales of lane r's row r (s6_l,
@@ -212,19 +221,19 @@ class TokenRowCast:
             for v in cutlass.range_constexpr(self.units):
                 words, ok = data[p][v]
                 u = tu + tpr * v
-                bamax = E.shfl_xor_max_nan(uamax[p][v], 1)
-                code, enc = E.block_scale(bamax, s6, sdec, fast)
+                code, enc = E.block_scale(uamax[p][v], s6, sdec, fast)
                 xs = vec_values(words, self.dtype_name)
                 if cutlass.const_expr(fast and self.bulk_signs):
-                    packed = E.encode8_nonzero_products(xs, enc)
+                    w0 = E.encode8_nonzero_products(xs[:8], enc)
+                    w1 = E.encode8_nonzero_products(xs[8:], enc)
                 else:
-                    packed = E.encode8(xs, enc, E.is_nan(enc), self.hw)
+                    w0, w1 = E.encode16(xs, enc, self.hw)
                 if ok:
-                    E.st_global_u32(q_base + Int64(row) * half_k + Int64(u) * 4, packed)
+                    E.st_global_v2(q_base + Int64(row) * half_k + Int64(u) * 8, w0, w1)
                 if cutlass.const_expr(self.swizzle):
-                    if even & (row < rows_cover) & (u < units_cover):
-                        sw = swizzled_scale_offset(row, u // 2, Int32(nsc))
+                    if (row < rows_cover) & (u < units_cover):
+                        sw = swizzled_scale_offset(row, u, Int32(nsc))
                         E.st_global_u8(s_base + Int64(sw), cutlass.select_(ok, code, Uint32(0)))
                 else:
-                    if even & ok:
-                        E.st_global_u8(s_base + Int64(row) * nsc + Int64(u // 2), code)
+                    if ok:
+                        E.st_global_u8(s_base + Int64(row) * nsc + Int64(u), code)
