@@ -2,13 +2,14 @@
 use the instructions we rely on."""
 
 import os
+import re
 import time
 
 import pytest
 import torch
 
 from cute_fp4.common.compile_check import compile_ptx, missing_instructions, ptx_target
-from cute_fp4.quant.dequantize import mxfp8_kernel, nvfp4_kernel
+from cute_fp4.quant.dequantize import BLOCKS_PER_THREAD, mxfp8_kernel, nvfp4_kernel
 
 ARCHS = ["sm_90a", "sm_100a"]
 
@@ -18,9 +19,30 @@ ARCHS = ["sm_90a", "sm_100a"]
 def test_nvfp4_dequantize_ptx(arch, swizzled):
     ptx = compile_ptx(*nvfp4_kernel(torch.bfloat16, "token", swizzled, 448), arch=arch)
     assert ptx_target(ptx) == arch
-    # IEEE division by S_enc (bit-exact with the reference), 16-byte stores of 8 bf16 values.
-    assert missing_instructions(ptx, [r"div\.rn\.f32", r"st\.global\.v4\.b32"]) == []
+    # IEEE division by S_enc (bit-exact with the reference), 8-byte read-only loads of a
+    # block's codes, BLOCKS_PER_THREAD of them per thread, 16-byte stores of 8 bf16 values.
+    assert missing_instructions(ptx, [r"div\.rn\.f32", r"st\.global\.v4\.b32",
+                                      r"ld\.global\.nc\.v2\.b32"]) == []
     assert "div.approx" not in ptx and "div.full" not in ptx
+    assert len(re.findall(r"ld\.global\.nc\.v2\.b32", ptx)) == BLOCKS_PER_THREAD
+
+
+@pytest.mark.parametrize("dtype,lut", [(torch.bfloat16, "bf16"), (torch.float16, "f16"),
+                                       (torch.float32, None)])
+def test_nvfp4_dequantize_lut_ptx(dtype, lut):
+    """bf16 / fp16 outputs (DequantizeNVFP4Table) load BLOCKS_PER_THREAD blocks' codes first
+    (8-byte read-only loads) and decode a block in its fast path by table look-ups: out(q1)
+    and out(q15) converted once per block, 8 prmt look-ups, 8 interleaves and 8 sign spreads
+    (sign-replicate selectors) per 16 values; fp32 outputs (DequantizeNVFP4) one block per
+    thread, its codes as two words, no table."""
+    ptx = compile_ptx(*nvfp4_kernel(dtype, "tensor", False, 448), arch="sm_90a")
+    loads = len(re.findall(r"ld\.global\.nc\.v2\.b32", ptx))
+    spreads = len(re.findall(r"prmt\.b32 sg, se, ", ptx))
+    if lut is None:
+        assert loads == 0 and spreads == 0
+        return
+    assert loads == BLOCKS_PER_THREAD and spreads == 8 * BLOCKS_PER_THREAD
+    assert len(re.findall(rf"cvt\.rn\.{lut}\.f32", ptx)) >= 2 * BLOCKS_PER_THREAD
 
 
 @pytest.mark.parametrize("arch", ARCHS)

@@ -22,6 +22,9 @@ def _input(shape, kind):
     if kind == "outliers":
         x[torch.rand(shape[0], device="cuda") < 0.05] *= 1000
         x[:, :16] = 0.0  # an all-zero block per row
+    if kind == "magnitudes":  # rows from 1e-9 to 1e7: blocks on both sides of the fast paths'
+        # bounds (dequantize.TABLE_BOUNDS, the fp32 exponent additions)
+        x = x * torch.logspace(-9, 7, shape[0], device="cuda")[:, None]
     return x.to(torch.bfloat16)
 
 
@@ -29,8 +32,10 @@ def _input(shape, kind):
 @pytest.mark.parametrize("scaling", ["tensor", "token", "window64"])
 @pytest.mark.parametrize("swizzle", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("kind", ["normal", "outliers"])
+@pytest.mark.parametrize("kind", ["normal", "outliers", "magnitudes"])
 def test_nvfp4_dequantize_bit_exact(shape, scaling, swizzle, dtype, kind):
+    """Every block of a thread (BLOCKS_PER_THREAD for bf16 / fp16; the grid's tail blocks
+    included), fast paths (scaled q1 / q15, the bf16 / fp16 tables) and IEEE divisions."""
     if scaling == "window64" and shape[1] % 64:
         shape = (shape[0], 64 * ((shape[1] + 63) // 64))
     x = _input(shape, kind)
