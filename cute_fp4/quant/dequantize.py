@@ -147,6 +147,37 @@ def block_scale_code(scales: cute.Tensor, i: Int32, r: Int32, b: Int32, blocks: 
     return Uint32(scales[offset])
 
 
+def flat_scale_bytes(scales: cute.Tensor) -> cute.Tensor:
+    """The E4M3 scales (compact or swizzled, 2D) as one flat byte array."""
+    return cute.make_tensor(cute.recast_ptr(scales.iterator, dtype=cutlass.Uint8),
+                            cute.make_layout(cute.size(scales)))
+
+
+@cute.jit
+def block_outer_amax(amax: cute.Tensor, r: Int32, b: Int32, scaling: cutlass.Constexpr):
+    """The outer amax of block (r, b): per tensor, per row, or per 1x64 window."""
+    if cutlass.const_expr(scaling == "tensor"):
+        a = amax[0]
+    elif cutlass.const_expr(scaling == "token"):
+        a = amax[r]
+    else:
+        a = amax[r, b // 4]
+    return a
+
+
+@cute.jit
+def block_quotients(s_code: Uint32, a: Float32, e4m3_max: cutlass.Constexpr):
+    """(s, S_enc, q1, q15) of a block from its scale byte and outer amax. Every E2M1 magnitude
+    is 2**k or 1.5 * 2**k, and RN(2**k * y / z) = 2**k * RN(y / z) while both stay normal: the
+    two IEEE divisions q1 = s / S_enc and q15 = 1.5 s / S_enc give all 16 values exactly
+    within a fast path's bounds."""
+    s = e4m3_to_f32(s_code)
+    s_enc = outer_encode_scale(a, e4m3_max)
+    q1 = s / s_enc
+    q15 = (s * Float32(1.5)) / s_enc
+    return s, s_enc, q1, q15
+
+
 class DequantizeNVFP4:
     """out[r, 16*b + j] = e2m1(q[r, 16*b + j]) * e4m3(s[r, b]) / S_enc(amax of (r, b)), value
     by value, one block per thread (fp32 outputs: DequantizeNVFP4Table's form measured slower
@@ -165,8 +196,7 @@ class DequantizeNVFP4:
         # microseconds per call): data uint8 [M, K/2] is read as 32-bit words of 8 codes, the
         # E4M3 scales (compact or swizzled, 2D) as one flat byte array.
         words = cute.recast_tensor(data, cutlass.Uint32)
-        flat_scales = cute.make_tensor(cute.recast_ptr(scales.iterator, dtype=cutlass.Uint8),
-                                       cute.make_layout(cute.size(scales)))
+        flat_scales = flat_scale_bytes(scales)
         rows = cute.size(words, mode=[0])
         blocks = cute.size(words, mode=[1]) // 2
         total = rows * blocks
@@ -179,18 +209,8 @@ class DequantizeNVFP4:
         i, r, b = thread_block(blocks)
         if i < rows * blocks:
             s_code = block_scale_code(scales, i, r, b, blocks, self.swizzled)
-            if cutlass.const_expr(self.scaling == "tensor"):
-                a = amax[0]
-            elif cutlass.const_expr(self.scaling == "token"):
-                a = amax[r]
-            else:
-                a = amax[r, b // 4]
-            s = e4m3_to_f32(s_code)
-            s_enc = outer_encode_scale(a, self.e4m3_max)
-            # Every E2M1 magnitude is 2**k or 1.5 * 2**k, and RN(2**k * y / z) = 2**k * RN(y / z)
-            # while both stay normal: two IEEE divisions per block give all 16 values exactly.
-            q1 = s / s_enc
-            q15 = (s * Float32(1.5)) / s_enc
+            a = block_outer_amax(amax, r, b, self.scaling)
+            s, s_enc, q1, q15 = block_quotients(s_code, a, self.e4m3_max)
             fast = (q1 >= Float32(2.0**-125)) & (q15 <= Float32(FLT_MAX / 4))
             vals = cute.make_rmem_tensor((1, 16), self.out_dtype)
             words2 = cute.make_rmem_tensor((1, 2), cutlass.Uint32)
@@ -202,26 +222,21 @@ class DequantizeNVFP4:
             cute.autovec_copy(vals, cute.local_tile(out, (1, 16), (r, b)))
 
 
-class DequantizeNVFP4Table:
+class DequantizeNVFP4Table(DequantizeNVFP4):
     """DequantizeNVFP4 for bf16 / fp16 outputs: BLOCKS_PER_THREAD blocks per thread, their
     loads first, and blocks within TABLE_BOUNDS decoded by table look-ups (lut_decode16)."""
 
     def __init__(self, out_dtype, scaling: str, swizzled: bool, e4m3_max: int):
         if out_dtype not in (cutlass.BFloat16, cutlass.Float16):
             raise TypeError(f"DequantizeNVFP4Table: bf16 / fp16 outputs only, got {out_dtype}")
-        self.out_dtype = out_dtype
-        self.scaling = scaling
-        self.swizzled = swizzled
-        self.e4m3_max = float(e4m3_max)
+        super().__init__(out_dtype, scaling, swizzled, e4m3_max)
         self.fp16 = out_dtype == cutlass.Float16
 
     @cute.jit
     def __call__(self, data: cute.Tensor, scales: cute.Tensor, amax: cute.Tensor,
                  out: cute.Tensor, stream):
-        # data uint8 [M, K/2] (contiguous) is read as 8-byte blocks of 16 codes, the scales as
-        # DequantizeNVFP4 reads them
-        flat_scales = cute.make_tensor(cute.recast_ptr(scales.iterator, dtype=cutlass.Uint8),
-                                       cute.make_layout(cute.size(scales)))
+        # data uint8 [M, K/2] (contiguous) is read as 8-byte blocks of 16 codes
+        flat_scales = flat_scale_bytes(scales)
         rows = cute.size(data, mode=[0])
         blocks = cute.size(data, mode=[1]) // 8
         total = rows * blocks
@@ -245,12 +260,7 @@ class DequantizeNVFP4Table:
             b = ic - r * blocks
             codes = ld_global(data_base + Int64(ic) * 8, 2, nc=True, volatile=True,
                               dtype=Uint32)
-            if cutlass.const_expr(self.scaling == "tensor"):
-                a = amax[0]
-            elif cutlass.const_expr(self.scaling == "token"):
-                a = amax[r]
-            else:
-                a = amax[r, b // 4]
+            a = block_outer_amax(amax, r, b, self.scaling)
             loaded.append((i, r, b, codes, block_scale_code(scales, ic, r, b, blocks,
                                                             self.swizzled), a))
         for i, r, b, codes, s_code, a in loaded:
@@ -260,10 +270,7 @@ class DequantizeNVFP4Table:
     @cute.jit
     def _block(self, out: cute.Tensor, r: Int32, b: Int32, codes, s_code: Uint32, a: Float32):
         """Block (r, b): its two code words, scale byte and outer amax."""
-        s = e4m3_to_f32(s_code)
-        s_enc = outer_encode_scale(a, self.e4m3_max)
-        q1 = s / s_enc  # as in DequantizeNVFP4
-        q15 = (s * Float32(1.5)) / s_enc
+        s, s_enc, q1, q15 = block_quotients(s_code, a, self.e4m3_max)
         lo, hi = TABLE_BOUNDS["fp16" if self.fp16 else "bf16"]
         fast = (q1 >= Float32(lo)) & (q15 <= Float32(hi))
         tile = cute.local_tile(out, (1, 16), (r, b))
