@@ -17,9 +17,10 @@ strip), lanes r < rows-per-strip compute row r's outer scale, shuffled to the ro
 Values and NaN policy as ``ref.quantize`` / ``ref.amax_per_token``.
 
 Fast copy (``_cast_strip``): a strip whose rows' outer scales all pass ``E.fast_outer_ok`` (every
-row of normal magnitude: amax 0 or up to ~98k for 16-bit inputs, none NaN or infinite) casts its
-blocks with the reciprocal without its slow-path branch and, for 16-bit inputs with the software
-encoder, the codes' signs from the products' sign bits; other strips take the IEEE copy.
+row's amax 0 or from ~2^-105 up to ~98k for 16-bit inputs, no upper bound but +Inf for fp32; none
+NaN) casts its blocks with the reciprocal without its slow-path branch and, for 16-bit inputs
+with the software encoder, the codes' signs from the products' sign bits; other strips take the
+IEEE copy.
 """
 
 import cutlass
