@@ -17,8 +17,8 @@ strip), lanes r < rows-per-strip compute row r's outer scale, shuffled to the ro
 Values and NaN policy as ``ref.quantize`` / ``ref.amax_per_token``.
 
 Fast copy (``_cast_strip``): a strip whose rows' outer scales all pass ``E.fast_outer_ok`` (every
-row's amax 0 or from ~2^-105 up to ~98k for 16-bit inputs, no upper bound but +Inf for fp32; none
-NaN) casts its blocks with the reciprocal without its slow-path branch and, for 16-bit inputs
+row's amax 0, +Inf (S_enc = 1) or from ~2^-105 up to ~98k for 16-bit inputs, any finite one
+above ~2^-105 for fp32; none NaN) casts its blocks with the reciprocal without its slow-path branch and, for 16-bit inputs
 with the software encoder, the codes' signs from the products' sign bits; other strips take the
 IEEE copy.
 """
@@ -211,7 +211,7 @@ class TokenRowCast:
         E.fast_outer_ok, so the blocks' enc come from the reciprocal without its slow-path
         branch (whose branch region around every unit kept ptxas from interleaving them) and,
         with bulk_signs, the codes' signs from the products' sign bits, 8 at a time; no enc is
-        NaN there (a NaN or infinite row amax fails the check)."""
+        NaN there (a NaN row amax fails the check; an infinite one has S_enc = 1)."""
         tpr = self.tpr
         P = self.rows_per_pass
         for p in cutlass.range_constexpr(self.passes):
