@@ -16,11 +16,11 @@ like its bits, NaN above +Inf), smem across the row's warps (double-buffered: on
 strip), lanes r < rows-per-strip compute row r's outer scale, shuffled to the row's threads.
 Values and NaN policy as ``ref.quantize`` / ``ref.amax_per_token``.
 
-Fast copy (``_cast_strip``): a strip whose rows' outer scales all pass ``E.fast_outer_ok`` (every
-row's amax 0, +Inf (S_enc = 1) or from ~2^-105 up to ~98k for 16-bit inputs, any finite one
-above ~2^-105 for fp32; none NaN) casts its blocks with the reciprocal without its slow-path branch and, for 16-bit inputs
-with the software encoder, the codes' signs from the products' sign bits; other strips take the
-IEEE copy.
+Fast copy (``_cast_strip``): a strip whose rows' outer scales all pass ``E.fast_outer_ok``
+(every row's amax 0, +Inf (S_enc = 1) or from ~2^-105 up to ~98k for 16-bit inputs, any finite
+one above ~2^-105 for fp32; none NaN) casts its blocks with the reciprocal without its
+slow-path branch and, for 16-bit inputs with the software encoder, the codes' signs from the
+products' sign bits; other strips take the IEEE copy.
 """
 
 import cutlass
