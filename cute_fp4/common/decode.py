@@ -31,6 +31,17 @@ FP16_DECODE_EXP_SHIFT = 14
 _SCALE_TAIL_BF16 = (127 + 126 - DECODE_EXP_SHIFT - 7) << 7
 
 
+_SCALE_ASM = (
+    "{\n\t.reg .b32 t, c0, c1;\n\t"
+    "and.b32 t, $1, 0x7F;\n\t"
+    "mul.lo.u32 t, t, 0x00100010;\n\t"
+    "mov.b32 c0, 0x7F007F00;\n\t"
+    f"mov.b32 c1, 0x{_SCALE_TAIL_BF16:04X}{_SCALE_TAIL_BF16:04X};\n\t"
+    "mul.rn.bf16x2 t, t, c0;\n\t"
+    "mul.rn.bf16x2 $0, t, c1;\n\t}"
+)
+
+
 @dsl_user_op
 def e4m3_to_bf16x2_scale(sf_byte: Int32, *, loc=None, ip=None) -> Int32:
     """One E4M3 block scale (low byte of `sf_byte`, zero-extended) -> BF16x2 (both halves) of
@@ -41,16 +52,7 @@ def e4m3_to_bf16x2_scale(sf_byte: Int32, *, loc=None, ip=None) -> Int32:
     BF16 half are exactly `scale * 2**-120` (subnormal E4M3 scales land on BF16 subnormals,
     the same trick as the E2M1 codes), then two exact BF16x2 multiplies by 2**127 and 2**112.
     The sign bit is ignored (NVFP4 block scales are unsigned) and NaN (0x7F) is not special."""
-    asm = (
-        "{\n\t.reg .b32 t, c0, c1;\n\t"
-        "and.b32 t, $1, 0x7F;\n\t"
-        "mul.lo.u32 t, t, 0x00100010;\n\t"
-        "mov.b32 c0, 0x7F007F00;\n\t"
-        f"mov.b32 c1, 0x{_SCALE_TAIL_BF16:04X}{_SCALE_TAIL_BF16:04X};\n\t"
-        "mul.rn.bf16x2 t, t, c0;\n\t"
-        "mul.rn.bf16x2 $0, t, c1;\n\t}"
-    )
-    return inline_asm(asm, "=r,r", [sf_byte], loc=loc, ip=ip)
+    return inline_asm(_SCALE_ASM, "=r,r", [sf_byte], loc=loc, ip=ip)
 
 
 def _decode_asm(natural_order: bool) -> str:
