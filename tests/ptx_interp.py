@@ -109,14 +109,36 @@ def _to16(b: int, dtype: torch.dtype) -> int:
     return int(t.view(torch.int16).item()) & 0xFFFF
 
 
-def _bf16x2_mul(a: int, b: int) -> int:
-    """mul.rn.bf16x2: each product of two bf16 values is exact in FP32 here (callers' ranges),
-    then rounded once to bf16."""
+def _half_f32(h: int, dtype: torch.dtype) -> int:
+    """FP32 bits of a 16-bit bf16 / fp16 pattern (exact)."""
+    t = torch.tensor([h & 0xFFFF], dtype=torch.int32).to(torch.int16).view(dtype)
+    return bits(t.float().item())
+
+
+def _x2_mul(a: int, b: int, dtype: torch.dtype) -> int:
+    """mul.rn.bf16x2 / f16x2: each product of two 16-bit values is exact in FP32, then rounded
+    once to the 16-bit format."""
     out = 0
     for h in (0, 16):
-        x, y = ((a >> h) & 0xFFFF) << 16, ((b >> h) & 0xFFFF) << 16
-        out |= _to16(_mul(x, y), torch.bfloat16) << h
+        x, y = _half_f32(a >> h, dtype), _half_f32(b >> h, dtype)
+        out |= _to16(_mul(x, y), dtype) << h
     return out
+
+
+def _x2_set_lt(a: int, b: int, dtype: torch.dtype) -> int:
+    """set.lt.u32.bf16x2 / f16x2: per half 0xFFFF where a < b (NaN: false), else 0."""
+    out = 0
+    for h in (0, 16):
+        if f32(_half_f32(a >> h, dtype)) < f32(_half_f32(b >> h, dtype)):
+            out |= 0xFFFF << h
+    return out
+
+
+def _e4m3x2_to_f16x2(q: int) -> int:
+    """cvt.rn.f16x2.e4m3x2: the two E4M3 bytes of a 16-bit operand, each to FP16 (exact)."""
+    t = torch.tensor([q & 0xFF, (q >> 8) & 0xFF], dtype=torch.uint8).view(torch.float8_e4m3fn)
+    lo, hi = (int(v) & 0xFFFF for v in t.to(torch.float16).view(torch.int16).tolist())
+    return lo | hi << 16
 
 
 OPS = {
@@ -133,7 +155,12 @@ OPS = {
     "lop3.b32": lambda x: lop3(*x), "cvt.u32.u16": lambda x: x[0] & 0xFFFF,
     "cvt.rn.bf16.f32": lambda x: _to16(x[0], torch.bfloat16),
     "cvt.rn.f16.f32": lambda x: _to16(x[0], torch.float16),
-    "mul.rn.bf16x2": lambda x: _bf16x2_mul(*x),
+    "mul.rn.bf16x2": lambda x: _x2_mul(*x, torch.bfloat16),
+    "mul.rn.f16x2": lambda x: _x2_mul(*x, torch.float16),
+    "set.lt.u32.bf16x2": lambda x: _x2_set_lt(*x, torch.bfloat16),
+    "set.lt.u32.f16x2": lambda x: _x2_set_lt(*x, torch.float16),
+    "cvt.u16.u32": lambda x: x[0] & 0xFFFF,
+    "cvt.rn.f16x2.e4m3x2": lambda x: _e4m3x2_to_f16x2(x[0]),
 }
 
 

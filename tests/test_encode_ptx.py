@@ -144,3 +144,53 @@ def test_decode_e2m1x8_matches_reference():
             order = list(range(8)) if natural else D.kperm8()
             assert halves == [want[k] for k in order], (sf, hex(w), natural)
 
+
+
+def test_decode_e2m1x8_f16_matches_reference():
+    """The FP16 decode of the mixed W4A16 kernel: e4m3_to_f16x2_scale then decode_e2m1x8_f16
+    give e2m1 * scale * 2**-14 exactly (FP16 subnormals for the smallest), both K orders,
+    every finite E4M3 scale."""
+    table = e2m1_table(dtype=torch.float32)
+    e4m3 = torch.arange(0, 0x7F, dtype=torch.uint8).view(torch.float8_e4m3fn).float()
+    rng = random.Random(16)
+    for sf in range(0x7F):
+        scale2 = run(D._F16_SCALE_ASM, {"$1": sf})["$0"]
+        want_scale = torch.tensor(float(e4m3[sf])).to(torch.float16)
+        assert scale2 & 0xFFFF == scale2 >> 16 == int(want_scale.view(torch.int16)) & 0xFFFF
+        w = rng.getrandbits(32) if sf else 0x76543210
+        want = [torch.tensor(float(table[c]) * float(e4m3[sf]) * 2.0 ** -14).to(torch.float16)
+                for c in nibbles(w)]
+        want = [int(t.view(torch.int16).item()) & 0xFFFF for t in want]
+        for natural in (False, True):
+            regs = run(D._FP16_DECODE_ASM[natural], {"$4": w, "$5": scale2})
+            halves = [(regs["$%d" % i] >> 16 * h) & 0xFFFF for i in range(4) for h in (0, 1)]
+            order = list(range(8)) if natural else D.kperm8()
+            assert halves == [want[k] for k in order], (sf, hex(w), natural)
+
+
+@pytest.mark.parametrize("dtype,name", [(torch.bfloat16, "bf16"), (torch.float16, "fp16")])
+def test_sr_encode16_signed_matches_reference(dtype, name):
+    """sr_encode16_signed's 8-element encoder with the signs from the inputs' sign words
+    (sign_word: one set.lt per pair, strictly negative only, so -0 gives a + code) for 16-bit
+    inputs under its callers' guard (enc >= 2**-14): every lane in either half of its word."""
+    rng = random.Random(24)
+    halves = tuple(i % 2 for i in range(8))
+    ptx = E._sr_encode8_signed_ptx(halves)
+    sign_ptx = E._sign_word_ptx(name)
+    encs = (1.0, 2.0 ** -14, 3.0, 2.0 ** 20) if name == "bf16" else (1.0, 2.0 ** -12, 3.0, 2.0 ** 8)
+    for enc in encs:  # (fp16: the values / enc stay finite)
+        for n in range(30):
+            vals = rand_values(rng, 8) if n else BOUNDARIES[:8]
+            x16 = torch.tensor(vals, dtype=torch.float32).div(enc).to(dtype)
+            if n == 1:
+                x16[0], x16[1] = -0.0, -(2.0 ** -24 if name == "fp16" else 2.0 ** -133)
+            xs = x16.float().tolist()
+            pairs = x16.view(torch.int16).tolist()
+            pair_words = [(pairs[2 * j] & 0xFFFF) | (pairs[2 * j + 1] & 0xFFFF) << 16
+                          for j in range(4)]
+            signs = [outputs(run(sign_ptx, [pair_words[i // 2]]), 1)[0] for i in range(8)]
+            words = [rng.getrandbits(32) for _ in range(2)]
+            rbytes = [(words[i // 4] >> 8 * (i % 4)) & 0xFF for i in range(8)]
+            args = [bits(x) for x in xs] + [bits(enc)] + words + signs
+            (word,) = outputs(run(ptx, args), 1)
+            assert nibbles(word) == ref_codes(xs, enc, rbytes), (enc, xs)

@@ -105,13 +105,15 @@ def kperm8():
     return [0, 4, 1, 5, 2, 6, 3, 7]
 
 
+_F16_SCALE_ASM = ("{\n\t.reg .b32 d;\n\t.reg .b16 q;\n\tand.b32 d, $1, 0xFF;\n\t"
+                  "mul.lo.u32 d, d, 0x101;\n\tcvt.u16.u32 q, d;\n\t"
+                  "cvt.rn.f16x2.e4m3x2 $0, q;\n\t}")
+
+
 @dsl_user_op
 def e4m3_to_f16x2_scale(sf_byte: Int32, *, loc=None, ip=None) -> Int32:
     """One E4M3 scale (low byte) -> FP16x2 (both halves), exact."""
-    asm = ("{\n\t.reg .b32 d;\n\t.reg .b16 q;\n\tand.b32 d, $1, 0xFF;\n\t"
-           "mul.lo.u32 d, d, 0x101;\n\tcvt.u16.u32 q, d;\n\t"
-           "cvt.rn.f16x2.e4m3x2 $0, q;\n\t}")
-    return inline_asm(asm, "=r,r", [sf_byte], loc=loc, ip=ip)
+    return inline_asm(_F16_SCALE_ASM, "=r,r", [sf_byte], loc=loc, ip=ip)
 
 
 def _fp16_decode_asm(natural_order: bool) -> str:

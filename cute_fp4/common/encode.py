@@ -531,14 +531,16 @@ def sr_encode16(xs, enc, words):
 # 3 0x08 where the low / high input is strictly negative. The encoder's per-element prmt then
 # builds its rounding offset (b << 16 | 0x8000) with the sign bit 8 << 24 from it: one
 # instruction per pair of elements instead of a compare and a predicated add per element.
+def _sign_word_ptx(dtype_name: str) -> str:
+    ty = "bf16x2" if dtype_name == "bf16" else "f16x2"
+    return ("{\n.reg .b32 s, z;\nmov.b32 z, 0;\n"
+            f"set.lt.u32.{ty} s, {{$r0}}, z;\n"
+            "lop3.b32 {$w0}, s, 0x08000800, 0x80, 0xEA;\n}")
+
+
 def sign_word(word, dtype_name: str):
     """The sign word (see above) of a packed pair of bf16 / fp16 inputs."""
-    ty = "bf16x2" if dtype_name == "bf16" else "f16x2"
-    return _ptx1(
-        "{\n.reg .b32 s, z;\nmov.b32 z, 0;\n"
-        f"set.lt.u32.{ty} s, {{$r0}}, z;\n"
-        "lop3.b32 {$w0}, s, 0x08000800, 0x80, 0xEA;\n}",
-        Uint32, Uint32(word))
+    return _ptx1(_sign_word_ptx(dtype_name), Uint32, Uint32(word))
 
 
 def sr_encode16_signed(xs, enc, words, signs, halves):
