@@ -244,14 +244,14 @@ def _sign_word_emulated(pairs: np.ndarray, dtype: torch.dtype) -> np.ndarray:
 
 
 def test_sign_word_ptx():
-    """The sign word is one set.lt.u32 of the pair against 0 and one lop3 (a & b) | c."""
-    import inspect
-
+    """The sign word is one set.lt.u32 of the pair against 0 and one lop3 (a & b) | c (its
+    values: test_encode_ptx.test_sr_encode16_signed_matches_reference)."""
     from cute_fp4.common import encode
 
-    src = inspect.getsource(encode.sign_word)
-    assert "set.lt.u32.{ty} s, {{$r0}}, z;" in src and '"bf16x2" if' in src
-    assert "lop3.b32 {$w0}, s, 0x08000800, 0x80, 0xEA;" in src
+    for name, ty in (("bf16", "bf16x2"), ("fp16", "f16x2")):
+        ptx = encode._sign_word_ptx(name)
+        assert f"set.lt.u32.{ty} s, {{$r0}}, z;" in ptx
+        assert "lop3.b32 {$w0}, s, 0x08000800, 0x80, 0xEA;" in ptx
     assert (0xF0 & 0xCC) | 0xAA == 0xEA  # the LUT of (a & b) | c
 
 
