@@ -33,8 +33,9 @@ BLOCKS_PER_THREAD = 4
 # 8 magnitudes up in a per-block table of bf16 / fp16 bit patterns built from out(q1) and
 # out(q15) by exponent-field additions, exact where RN_out(2**k * q) = 2**k * RN_out(q) for k in
 # -1 .. 2: q1 / 2 and out(q1) / 2 normal, 4 * out(q15) finite or exactly the overflow (TABLE_BOUNDS:
-# smallest q1, largest q15).
-TABLE_BOUNDS = {"bf16": (2.0 ** -125, FLT_MAX / 4), "fp16": (2.0 ** -13, 16376.0)}
+# smallest q1, largest q15; bf16 has FP32's exponent range, so its bounds are scaled_values').
+SCALED_BOUNDS = (2.0 ** -125, FLT_MAX / 4)
+TABLE_BOUNDS = {"bf16": SCALED_BOUNDS, "fp16": (2.0 ** -13, 16376.0)}
 
 
 @cute.jit
@@ -211,7 +212,8 @@ class DequantizeNVFP4:
             s_code = block_scale_code(scales, i, r, b, blocks, self.swizzled)
             a = block_outer_amax(amax, r, b, self.scaling)
             s, s_enc, q1, q15 = block_quotients(s_code, a, self.e4m3_max)
-            fast = (q1 >= Float32(2.0**-125)) & (q15 <= Float32(FLT_MAX / 4))
+            lo, hi = SCALED_BOUNDS
+            fast = (q1 >= Float32(lo)) & (q15 <= Float32(hi))
             vals = cute.make_rmem_tensor((1, 16), self.out_dtype)
             words2 = cute.make_rmem_tensor((1, 2), cutlass.Uint32)
             cute.autovec_copy(cute.local_tile(words, (1, 2), (r, b)), words2)
