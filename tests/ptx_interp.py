@@ -23,6 +23,11 @@ def bits(value: float) -> int:
     return struct.unpack("<I", struct.pack("<f", value))[0]
 
 
+def to_f32(value: float) -> float:
+    """A Python float rounded to the nearest FP32 value (ties to even)."""
+    return f32(bits(value))
+
+
 def round_f32(x: Fraction, negative_zero: bool = False, toward_zero: bool = False) -> int:
     """The FP32 bit pattern of the exact value x rounded to nearest even, or toward zero
     (overflow to inf, or to the largest finite value toward zero)."""

@@ -6,13 +6,9 @@ import random
 
 import pytest
 import torch
-from ptx_interp import bits, outputs, run
+from ptx_interp import bits, outputs, run, to_f32
 
 from cute_fp4.quant.dequantize import TABLE_BOUNDS, _lut_decode16_ptx
-
-
-def f32(v: float) -> float:
-    return torch.tensor(v, dtype=torch.float32).item()
 
 
 def expected(codes, q1: float, q15: float, out_dtype: torch.dtype):
@@ -24,7 +20,7 @@ def expected(codes, q1: float, q15: float, out_dtype: torch.dtype):
         v = 0.0
         if m:
             base = q15 if m in (3, 5, 7) else q1
-            v = f32(base * {1: 0.5, 2: 1, 3: 1, 4: 2, 5: 2, 6: 4, 7: 4}[m])
+            v = to_f32(base * {1: 0.5, 2: 1, 3: 1, 4: 2, 5: 2, 6: 4, 7: 4}[m])
         v = -v if c & 8 else v
         t = torch.tensor([v], dtype=torch.float32).to(out_dtype)
         out.append(int(t.view(torch.int16).item()) & 0xFFFF)
@@ -36,11 +32,11 @@ def test_table_decode_matches_torch(out_dtype, name):
     ptx = _lut_decode16_ptx(out_dtype == torch.float16)
     lo, hi = TABLE_BOUNDS[name]
     rng = random.Random(35)
-    cases = [(lo, f32(1.5 * lo)), (f32(hi / 1.5), hi), (1.0, 1.5)]
+    cases = [(lo, to_f32(1.5 * lo)), (to_f32(hi / 1.5), hi), (1.0, 1.5)]
     lo_e, hi_e = (-124, 125) if name == "bf16" else (-12, 13)
     for _ in range(60):
-        q1 = f32(2.0 ** rng.uniform(lo_e, hi_e))
-        q15 = f32(q1 * 1.5 * rng.choice([1.0, 1 + 2.0 ** -23, 1 - 2.0 ** -23]))
+        q1 = to_f32(2.0 ** rng.uniform(lo_e, hi_e))
+        q15 = to_f32(q1 * 1.5 * rng.choice([1.0, 1 + 2.0 ** -23, 1 - 2.0 ** -23]))
         if lo <= q1 and q15 <= hi:
             cases.append((q1, q15))
     assert len(cases) > 40

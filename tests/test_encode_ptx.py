@@ -7,7 +7,7 @@ import random
 
 import pytest
 import torch
-from ptx_interp import bits, f32, outputs, run
+from ptx_interp import bits, outputs, run, to_f32
 
 from cute_fp4.common import decode as D
 from cute_fp4.common import encode as E
@@ -29,7 +29,7 @@ def rand_values(rng: random.Random, n: int):
             v = rng.uniform(0, 8)
         else:
             v = 0.0
-        out.append(f32(bits(v if rng.random() < 0.5 else -v)))
+        out.append(to_f32(v if rng.random() < 0.5 else -v))
     return out
 
 
@@ -71,7 +71,7 @@ def test_encode8_matches_reference(signs8):
     for enc in ENCS:
         for _ in range(40):
             xs = [x / enc for x in rand_values(rng, 8)]
-            xs = [f32(bits(x)) for x in xs]
+            xs = [to_f32(x) for x in xs]
             (word,) = outputs(run(ptx, [bits(x) for x in xs] + [bits(enc)]), 1)
             assert nibbles(word) == ref_codes(xs, enc), (enc, xs)
 
@@ -83,7 +83,7 @@ def test_encode8_underflow_and_saturation():
     tiny, huge = 2.0 ** -140, 2.0 ** 100
     xs = [-tiny, tiny, -1e-45, 0.0, -0.0, -huge, huge, -3.0]
     for enc in (2.0 ** -20, 2.0 ** 40):
-        xs32 = [f32(bits(x)) for x in xs]
+        xs32 = [to_f32(x) for x in xs]
         (word,) = outputs(run(E._SW_ENCODE8, [bits(x) for x in xs32] + [bits(enc)]), 1)
         assert nibbles(word) == ref_codes(xs32, enc)
 
@@ -100,7 +100,7 @@ def test_sr_encode8_matches_reference(signs8):
     # threshold), in every lane
     for lane in range(8):
         for b in (0, 1, 100, 254, 255):
-            xs = [f32(bits(x)) for x in rand_values(rng, 8)]
+            xs = [to_f32(x) for x in rand_values(rng, 8)]
             xs[lane] = (511 - 2 * b) / 1024 - 2.0 ** -24
             words = [rng.getrandbits(32) for _ in range(2)]
             k = 8 * (lane % 4)
@@ -110,7 +110,7 @@ def test_sr_encode8_matches_reference(signs8):
             assert nibbles(word) == ref_codes(xs, 1.0, rbytes), (lane, b, xs)
     for enc in ENCS:
         for n in range(40):
-            xs = [f32(bits(x / enc)) for x in rand_values(rng, 8)]
+            xs = [to_f32(x / enc) for x in rand_values(rng, 8)]
             words = [rng.getrandbits(32) for _ in range(2)]
             if n < 2:
                 words = [0x00FF7F80, 0x01FE0000 | n]
