@@ -77,7 +77,8 @@ def test_cast_ptx(arch, fused_amax, dtype, row, col, swizzle, per_token):
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("dtype,k,swizzle,ctas", [
     ("bf16", 8192, False, 0), ("bf16", 2048, True, 3), ("fp16", 272, False, 0),
-    ("fp32", 16384, True, 0), ("fp32", 48, False, 2)])
+    ("bf16", 784, False, 0), ("bf16", 10240, True, 0), ("fp32", 16384, True, 0),
+    ("fp32", 48, False, 2)])
 def test_token_rows_ptx(arch, dtype, k, swizzle, ctas):
     """The per-token rowwise cast in the amax pass: 16-byte read-only loads, row maxima by
     redux.sync (no atomics: each CTA owns its rows), IEEE outer scales, a whole block per
@@ -113,10 +114,12 @@ def test_token_rows_config():
     columns."""
     assert token_rows_config(16, 2, False) == (32, 1, 4)
     assert token_rows_config(272, 2, False) == (32, 1, 4)
+    assert token_rows_config(784, 2, False) == (64, 1, 4)
     assert token_rows_config(2048, 2, False) == (128, 1, 4)
     assert token_rows_config(2064, 2, False) == (256, 1, 4)
     assert token_rows_config(8192, 2, False) == (256, 2, 2)
     assert token_rows_config(8192, 4, False) == (256, 2, 1)
+    assert token_rows_config(10240, 2, True) == (256, 3, 1)
     assert token_rows_config(12304, 2, True) == (256, 4, 1)
     assert token_rows_config(16384, 4, True) == (256, 4, 1)
     assert token_rows_config(16400, 2, False) is None

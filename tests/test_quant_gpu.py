@@ -145,12 +145,12 @@ def test_token_product_signs(guard, dtype, gen):
 
 
 # Per-token rowwise-only outputs cast in the amax pass (TokenRowCast): every work split
-# (threads per row 32 .. 256 with K = 16 .. 2064, units per thread 1 .. 8 with K up to 16384,
-# a 12304-column row's 7 units), strips in tails (M not a multiple of the strip's rows),
-# several strips per CTA with a persistent grid (8192 x 2048: both halves of the row-maxima
-# buffer), swizzled padding rows and columns.
-TOKEN_ROW_SHAPES = [(4096, 16), (300, 48), (1000, 272), (777, 1040), (640, 2064),
-                    (8192, 2048), (129, 8192), (64, 16384), (33, 12304)]
+# (units of one 16-element block; threads per row 32 .. 256 with K = 16 .. 2064, 64 at K = 784,
+# units per thread 1 .. 4 with K up to 16384: 3 at 10240, 4 at 12304 and 16384), strips in
+# tails (M not a multiple of the strip's rows), several strips per CTA with a persistent grid
+# (8192 x 2048: both halves of the row-maxima buffer), swizzled padding rows and columns.
+TOKEN_ROW_SHAPES = [(4096, 16), (300, 48), (1000, 272), (500, 784), (777, 1040), (640, 2064),
+                    (8192, 2048), (129, 8192), (40, 10240), (64, 16384), (33, 12304)]
 
 
 @pytest.fixture
