@@ -24,25 +24,51 @@ def test_nvfp4_dequantize_ptx(arch, swizzled):
     assert missing_instructions(ptx, [r"div\.rn\.f32", r"st\.global\.v4\.b32",
                                       r"ld\.global\.nc\.v2\.b32"]) == []
     assert "div.approx" not in ptx and "div.full" not in ptx
-    assert len(re.findall(r"ld\.global\.nc\.v2\.b32", ptx)) == BLOCKS_PER_THREAD
+    assert len(re.findall(r"ld\.global\.nc\.v2\.b32", ptx)) == BLOCKS_PER_THREAD[16]
 
 
 @pytest.mark.parametrize("dtype,lut", [(torch.bfloat16, "bf16"), (torch.float16, "f16"),
                                        (torch.float32, None)])
 def test_nvfp4_dequantize_lut_ptx(dtype, lut):
-    """bf16 / fp16 outputs (DequantizeNVFP4Table) load BLOCKS_PER_THREAD blocks' codes first
-    (8-byte read-only loads) and decode a block in its fast path by table look-ups: out(q1)
-    and out(q15) converted once per block, 8 prmt look-ups, 8 interleaves and 8 sign spreads
-    (sign-replicate selectors) per 16 values; fp32 outputs (DequantizeNVFP4) one block per
-    thread, its codes as two words, no table."""
+    """Every output dtype loads BLOCKS_PER_THREAD blocks' codes first (8-byte read-only
+    loads); bf16 / fp16 decode a block in its fast path by table look-ups: out(q1) and
+    out(q15) converted once per block, 8 prmt look-ups, 8 interleaves and 8 sign spreads
+    (sign-replicate selectors) per 16 values; fp32 has no table."""
     ptx = compile_ptx(*nvfp4_kernel(dtype, "tensor", False, 448), arch="sm_90a")
+    blocks = BLOCKS_PER_THREAD[torch.finfo(dtype).bits]
     loads = len(re.findall(r"ld\.global\.nc\.v2\.b32", ptx))
     spreads = len(re.findall(r"prmt\.b32 sg, se, ", ptx))
+    assert loads == blocks
     if lut is None:
-        assert loads == 0 and spreads == 0
+        assert spreads == 0
         return
-    assert loads == BLOCKS_PER_THREAD and spreads == 8 * BLOCKS_PER_THREAD
-    assert len(re.findall(rf"cvt\.rn\.{lut}\.f32", ptx)) >= 2 * BLOCKS_PER_THREAD
+    assert spreads == 8 * blocks
+    assert len(re.findall(rf"cvt\.rn\.{lut}\.f32", ptx)) >= 2 * blocks
+
+
+def _kernel_args(fmt, dtype):
+    if fmt == "nvfp4":
+        return nvfp4_kernel(dtype, "token", False, 448), 16, BLOCKS_PER_THREAD[
+            torch.finfo(dtype).bits]
+    return mxfp8_kernel(torch.float8_e4m3fn, dtype, True), 32, 1
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp8"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_dequantize_warp_linear_stores(fmt, dtype):
+    """Each block goes out through shared memory (warp_linear_store): per 16 output bytes one
+    16-byte shared store, one 16-byte shared load and one 16-byte global store (no other global
+    stores); the warp syncs between a block's writes and reads and before a buffer is reused;
+    each global store is predicated on its block index (the grid's tail)."""
+    args, values, blocks = _kernel_args(fmt, dtype)
+    ptx = compile_ptx(*args, arch="sm_90a")
+    chunks = blocks * values * torch.finfo(dtype).bits // 8 // 16
+    assert len(re.findall(r"st\.shared\.v4\.b32", ptx)) == chunks
+    assert len(re.findall(r"ld\.shared\.v4\.b32", ptx)) == chunks
+    assert len(re.findall(r"st\.global\.v4\.b32", ptx)) == chunks
+    assert len(re.findall(r"st\.global", ptx)) == chunks
+    assert len(re.findall(r"bar\.warp\.sync", ptx)) == 2 * blocks - 1
+    assert len(re.findall(r"setp\.ge\.s32[^\n]*\n\s*@%p\d+ bra", ptx)) >= chunks
 
 
 @pytest.mark.parametrize("arch", ARCHS)

@@ -5,7 +5,7 @@ import torch
 
 import cute_fp4
 from cute_fp4 import Recipe, ref
-from cute_fp4.quant.dequantize import mxfp8_dequantize
+from cute_fp4.quant.dequantize import dequantize, mxfp8_dequantize
 
 pytestmark = pytest.mark.gpu
 
@@ -89,3 +89,26 @@ def test_mxfp8_dequantize_bit_exact(shape, fp8, swizzle, dtype):
     got = mxfp8_dequantize(data, scales, dtype, swizzled=swizzle)
     want = ref.mxfp8_dequantize(data, scales, dtype, swizzled=swizzle)
     assert torch.equal(_bits(got), _bits(want))
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp8"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [1, 37, 301])
+def test_dequantize_writes_nothing_past_the_output(fmt, dtype, rows):
+    """The warps store whole 512-byte lines of their blocks: the ones past the last block
+    (the grid's tail) must not be written. The output is the head of a poisoned buffer."""
+    cols = 1056  # 66 NVFP4 / 33 MXFP8 blocks per row: no row count fills a warp's blocks
+    x = torch.randn(rows, cols, device="cuda") * 4
+    buf = torch.full((rows + 8, cols), float("nan"), device="cuda").to(dtype)
+    poison = buf[rows:].clone()
+    out = buf[:rows]
+    if fmt == "nvfp4":
+        t = ref.quantize(x, Recipe(scaling="token"))
+        dequantize(t, dtype, out=out)
+        want = ref.dequantize(t, dtype)
+    else:
+        data, scales = ref.mxfp8_quantize(x)
+        mxfp8_dequantize(data, scales, dtype, out=out)
+        want = ref.mxfp8_dequantize(data, scales, dtype)
+    assert torch.equal(_bits(out), _bits(want))
+    assert torch.equal(_bits(buf[rows:]), _bits(poison))

@@ -292,3 +292,20 @@ def test_mxfp8_errors():
     with pytest.raises(ValueError, match="divisible by 32"):
         ref.mxfp8_dequantize(torch.zeros(2, 48).to(torch.float8_e4m3fn),
                              torch.zeros(2, 2, dtype=torch.uint8))
+
+
+def test_mxfp8_dequantize_out_argument():
+    """`out=` of the package's mxfp8_dequantize (any device): filled and returned; a wrong
+    dtype, shape or layout raises ValueError naming the rule."""
+    from cute_fp4.quant.dequantize import mxfp8_dequantize
+
+    data, scales = ref.mxfp8_quantize(torch.randn(4, 64) * 10)
+    out = torch.full((4, 64), float("nan"))
+    assert mxfp8_dequantize(data, scales, torch.float32, out=out) is out
+    assert torch.equal(out, ref.mxfp8_dequantize(data, scales, torch.float32))
+    with pytest.raises(ValueError, match="out must be a torch.float32 tensor of shape"):
+        mxfp8_dequantize(data, scales, torch.float32, out=torch.empty(4, 64, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match="out must be a torch.float32 tensor of shape"):
+        mxfp8_dequantize(data, scales, torch.float32, out=torch.empty(4, 32))
+    with pytest.raises(ValueError, match="out must be contiguous"):
+        mxfp8_dequantize(data, scales, torch.float32, out=torch.empty(64, 4).t())

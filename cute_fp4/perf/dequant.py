@@ -1,7 +1,8 @@
-"""`python -m cute_fp4.perf dequant [--json F]`: NVFP4 -> bf16/fp32 dequantize bandwidth.
+"""`python -m cute_fp4.perf dequant [--json F]`: NVFP4 and MXFP8 (E4M3) -> bf16/fp32
+dequantize bandwidth.
 
-Floor: packed data + scales read once, output written once, at the device-to-device copy
-bandwidth measured in the same run. Also the host overhead of one call on a tiny tensor.
+Floor: data + scales read once, output written once, at the device-to-device copy bandwidth
+measured in the same run. Also the host overhead of one call on a tiny tensor.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import argparse
 
 import torch
 
-from .. import dequantize, ref
+from .. import dequantize, mxfp8_dequantize, ref
 from ..recipe import Recipe
 from .common import (bench_graph_ms, bench_ms, copy_bandwidth_gbs, graph_sets, host_overhead_us,
                      progress, report)
@@ -24,22 +25,32 @@ def main(argv=None):
     args = p.parse_args(argv)
     copy_gbs = copy_bandwidth_gbs()
     rows = []
-    cases = [(s, sc, dt) for s in SHAPES for sc in ("tensor", "token")
+    cases = [(s, fmt, dt) for s in SHAPES for fmt in ("tensor", "token", "mxfp8")
              for dt in (torch.bfloat16, torch.float32)]
-    for i, ((m, k), scaling, dtype) in enumerate(cases, 1):
-        progress(i, len(cases), f"{m}x{k} {scaling} {dtype}")
-        nbytes = m * k // 2 + m * k // 16 + m * k * torch.finfo(dtype).bits // 8
+    for i, ((m, k), fmt, dtype) in enumerate(cases, 1):
+        progress(i, len(cases), f"{m}x{k} {fmt} {dtype}")
+        out_bytes = m * k * torch.finfo(dtype).bits // 8
+        if fmt == "mxfp8":
+            nbytes = m * k + m * k // 32 + out_bytes
+            xs = [ref.mxfp8_quantize(torch.randn(m, k, device="cuda"))
+                  for _ in range(graph_sets(nbytes))]
+            calls = [lambda x=x: mxfp8_dequantize(*x, dtype) for x in xs]
+        else:
+            nbytes = m * k // 2 + m * k // 16 + out_bytes
+            ts = [ref.quantize(torch.randn(m, k, device="cuda", dtype=torch.bfloat16),
+                               Recipe(scaling=fmt)) for _ in range(graph_sets(nbytes))]
+            calls = [lambda t=t: dequantize(t, dtype) for t in ts]
+        ms = bench_ms(calls[0])
         # graph mode rotates over distinct inputs: none is left in L2 by the calls before
-        ts = [ref.quantize(torch.randn(m, k, device="cuda", dtype=torch.bfloat16),
-                           Recipe(scaling=scaling)) for _ in range(graph_sets(nbytes))]
-        ms = bench_ms(lambda: dequantize(ts[0], dtype))
-        graph_ms = bench_graph_ms([lambda t=t: dequantize(t, dtype) for t in ts])
+        graph_ms = bench_graph_ms(calls)
         floor_ms = nbytes / copy_gbs / 1e6
-        rows.append({"M": m, "K": k, "scaling": scaling, "out": str(dtype).split(".")[-1],
-                     "ms": ms, "graph ms": graph_ms, "GB/s": nbytes / ms / 1e6,
-                     "% of floor": 100 * floor_ms / ms, "% of floor (graph)": 100 * floor_ms / graph_ms})
+        rows.append({"M": m, "K": k, "format": "mxfp8" if fmt == "mxfp8" else "nvfp4",
+                     "scaling": "block" if fmt == "mxfp8" else fmt,
+                     "out": str(dtype).split(".")[-1], "ms": ms, "graph ms": graph_ms,
+                     "GB/s": nbytes / ms / 1e6, "% of floor": 100 * floor_ms / ms,
+                     "% of floor (graph)": 100 * floor_ms / graph_ms})
     tiny = ref.quantize(torch.randn(16, 64, device="cuda"), Recipe())
     overhead = host_overhead_us(lambda: dequantize(tiny, torch.bfloat16))
-    report(rows, f"NVFP4 dequantize ({torch.cuda.get_device_name()}; copy bandwidth "
+    report(rows, f"NVFP4 / MXFP8 dequantize ({torch.cuda.get_device_name()}; copy bandwidth "
                  f"{copy_gbs:.0f} GB/s; host overhead {overhead:.1f} us per call)", args.json)
     return 0

@@ -1,10 +1,10 @@
 """Dequantize kernels: NVFP4 (E2M1 + E4M3 block scales + FP32 outer amax) and MXFP8 (E4M3/E5M2
 + E8M0 per 32) to fp32 / bf16 / fp16, from compact or 128x4 swizzled scales.
 
-One thread decodes one scale block (16 NVFP4 or 32 MXFP8 values) and writes it with vector
-stores; NVFP4 to bf16 / fp16 (DequantizeNVFP4Table) takes BLOCKS_PER_THREAD blocks per thread,
-their loads issued first, and decodes by table look-ups. References: `cute_fp4.ref.dequantize`
-and `cute_fp4.ref.mxfp8_dequantize`.
+A thread decodes whole scale blocks (16 NVFP4 or 32 MXFP8 values; NVFP4: BLOCKS_PER_THREAD of
+them, their loads issued first, bf16 / fp16 by table look-ups), and each warp stores its blocks
+through shared memory as 512-byte lines (warp_linear_store). References:
+`cute_fp4.ref.dequantize` and `cute_fp4.ref.mxfp8_dequantize`.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import cutlass.cute as cute
 import torch
 from cutlass import Float32, Int32, Int64, Uint32
 
-from ..common.ptx import ld_global, st_global
+from ..common.ptx import ld_global, ld_shared, st_global, st_shared
 from ..common.jit import (KERNELS, compile_kernel, device_arch, dyn, env_stream, fake_tensor,
                           torch_to_cutlass)
 from ..common.scales import (FLT_MAX, bits_to_f32, e2m1_to_f32, e4m3_to_f32, e8m0_to_f32,
@@ -23,17 +23,19 @@ from ..ref.dequantize import MXFP8_DTYPES, OUT_DTYPES
 from ..tensor import NVFP4Tensor
 
 THREADS = 256
-# DequantizeNVFP4Table: blocks per thread, their loads issued before any is decoded
-# (measured, H200, graphs: bf16 8192^2 72.0 -> 54.4 us per tensor against DequantizeNVFP4).
-BLOCKS_PER_THREAD = 4
+# DequantizeNVFP4: blocks per thread by output width, their loads issued before any is decoded
+# (measured, H200, graphs, with warp_linear_store: fp32 1 or 2 equal per tensor, 2 up to 4%
+# faster per token; bf16 4 and 2 within 1%, 1 up to 8% slower per token).
+BLOCKS_PER_THREAD = {32: 2, 16: 4}
 
 # The NVFP4 block's exact fast path: q1 = RN(s / S_enc) and q15 = RN(1.5 s / S_enc) give every
-# value as 2**(e - 1) * q1 or q15. DequantizeNVFP4 adds e - 1 to the FP32 exponent field
-# (scaled_values, exact for q1 >= 2**-125 and q15 <= FLT_MAX / 4); DequantizeNVFP4Table looks the
-# 8 magnitudes up in a per-block table of bf16 / fp16 bit patterns built from out(q1) and
+# value as 2**(e - 1) * q1 or q15. For fp32 outputs DequantizeNVFP4 adds e - 1 to the exponent
+# field (scaled_values, exact for q1 >= 2**-125 and q15 <= FLT_MAX / 4); for bf16 / fp16 it looks
+# the 8 magnitudes up in a per-block table of bf16 / fp16 bit patterns built from out(q1) and
 # out(q15) by exponent-field additions, exact where RN_out(2**k * q) = 2**k * RN_out(q) for k in
-# -1 .. 2: q1 / 2 and out(q1) / 2 normal, 4 * out(q15) finite or exactly the overflow (TABLE_BOUNDS:
-# smallest q1, largest q15; bf16 has FP32's exponent range, so its bounds are scaled_values').
+# -1 .. 2: q1 / 2 and out(q1) / 2 normal, 4 * out(q15) finite or exactly the overflow
+# (TABLE_BOUNDS: smallest q1, largest q15; bf16 has FP32's exponent range, so its bounds are
+# scaled_values').
 SCALED_BOUNDS = (2.0 ** -125, FLT_MAX / 4)
 TABLE_BOUNDS = {"bf16": SCALED_BOUNDS, "fp16": (2.0 ** -13, 16376.0)}
 
@@ -128,16 +130,6 @@ def lut_decode16(w0, w1, q1, q15, fp16: bool):
 
 
 @cute.jit
-def thread_block(blocks: Int32):
-    """(i, r, b): this thread's flat block index and its (row, block) with `blocks` per row."""
-    tidx, _, _ = cute.arch.thread_idx()
-    bidx, _, _ = cute.arch.block_idx()
-    i = bidx * THREADS + tidx
-    r = i // blocks
-    return i, r, i - r * blocks
-
-
-@cute.jit
 def block_scale_code(scales: cute.Tensor, i: Int32, r: Int32, b: Int32, blocks: Int32,
                      swizzled: cutlass.Constexpr[bool]) -> Uint32:
     """The scale byte of block (r, b), flat index i = r * blocks + b, from the flat compact or
@@ -152,6 +144,35 @@ def flat_scale_bytes(scales: cute.Tensor) -> cute.Tensor:
     """The E4M3 scales (compact or swizzled, 2D) as one flat byte array."""
     return cute.make_tensor(cute.recast_ptr(scales.iterator, dtype=cutlass.Uint8),
                             cute.make_layout(cute.size(scales)))
+
+
+@cute.jit
+def warp_linear_store(buf: Int32, out_base: Int64, words, first: Int32, total: Int32,
+                      lane: Int32, block_bytes: cutlass.Constexpr[int],
+                      reused: cutlass.Constexpr[bool]):
+    """Stores the warp's 32 consecutive output blocks first .. first + 31 (this lane's: block
+    first + lane, its `words`) through the warp's shared buffer `buf` (32 * block_bytes), so
+    that each global store writes 512 contiguous bytes (16 per lane) instead of 16 bytes per
+    lane `block_bytes` apart. The 16-byte chunks are XOR-swizzled over each 128-byte bank row
+    so that both the writes and the reads are conflict-free; blocks >= total are not stored.
+    reused: an earlier call used the buffer (its reads must be done before the writes)."""
+    n = block_bytes // 16  # chunks per block
+    span = 8 // n  # lanes whose blocks fill one 128-byte bank row
+
+    def slot(j, c):
+        return j * block_bytes + ((c ^ ((j // span) % n)) << 4)
+
+    if cutlass.const_expr(reused):
+        cute.arch.sync_warp()
+    for c in cutlass.range_constexpr(n):
+        st_shared(buf + slot(lane, c), *words[4 * c:4 * c + 4], clobber=False)
+    cute.arch.sync_warp()
+    for k in cutlass.range_constexpr(n):
+        j = (32 * k + lane) // n
+        c = (32 * k + lane) % n
+        v = ld_shared(buf + slot(j, c), 4, clobber=False, dtype=Uint32)
+        if first + j < total:
+            st_global(out_base + Int64(first + j) * block_bytes + c * 16, *v, clobber=False)
 
 
 @cute.jit
@@ -180,70 +201,35 @@ def block_quotients(s_code: Uint32, a: Float32, e4m3_max: cutlass.Constexpr):
 
 
 class DequantizeNVFP4:
-    """out[r, 16*b + j] = e2m1(q[r, 16*b + j]) * e4m3(s[r, b]) / S_enc(amax of (r, b)), value
-    by value, one block per thread (fp32 outputs: DequantizeNVFP4Table's form measured slower
-    there, 150 -> 166-184 us at 8192^2 on the H200)."""
+    """out[r, 16*b + j] = e2m1(q[r, 16*b + j]) * e4m3(s[r, b]) / S_enc(amax of (r, b)).
+    Each thread takes `blocks_per_thread` blocks (BLOCKS_PER_THREAD by output dtype), issues
+    all their loads first, decodes a block within its fast path's bounds from q1 / q15
+    (fp32: scaled_values; bf16 / fp16: lut_decode16) and any other block by IEEE divisions,
+    and stores through shared memory (warp_linear_store)."""
 
-    def __init__(self, out_dtype, scaling: str, swizzled: bool, e4m3_max: int):
+    def __init__(self, out_dtype, scaling: str, swizzled: bool, e4m3_max: int,
+                 blocks_per_thread: int = 0):
         self.out_dtype = out_dtype
         self.scaling = scaling
         self.swizzled = swizzled
         self.e4m3_max = float(e4m3_max)
+        self.fp32 = out_dtype == cutlass.Float32
+        self.fp16 = out_dtype == cutlass.Float16
+        self.block_bytes = 16 * out_dtype.width // 8
+        self.blocks_per_thread = blocks_per_thread or BLOCKS_PER_THREAD[out_dtype.width]
 
     @cute.jit
     def __call__(self, data: cute.Tensor, scales: cute.Tensor, amax: cute.Tensor,
                  out: cute.Tensor, stream):
         # The tensors arrive as the NVFP4Tensor holds them (no host-side views, which cost
-        # microseconds per call): data uint8 [M, K/2] is read as 32-bit words of 8 codes, the
-        # E4M3 scales (compact or swizzled, 2D) as one flat byte array.
-        words = cute.recast_tensor(data, cutlass.Uint32)
-        flat_scales = flat_scale_bytes(scales)
-        rows = cute.size(words, mode=[0])
-        blocks = cute.size(words, mode=[1]) // 2
-        total = rows * blocks
-        self.kernel(words, flat_scales, amax, out, rows, blocks).launch(
-            grid=[cute.ceil_div(total, THREADS), 1, 1], block=[THREADS, 1, 1], stream=stream)
-
-    @cute.kernel
-    def kernel(self, words: cute.Tensor, scales: cute.Tensor, amax: cute.Tensor,
-               out: cute.Tensor, rows: Int32, blocks: Int32):
-        i, r, b = thread_block(blocks)
-        if i < rows * blocks:
-            s_code = block_scale_code(scales, i, r, b, blocks, self.swizzled)
-            a = block_outer_amax(amax, r, b, self.scaling)
-            s, s_enc, q1, q15 = block_quotients(s_code, a, self.e4m3_max)
-            lo, hi = SCALED_BOUNDS
-            fast = (q1 >= Float32(lo)) & (q15 <= Float32(hi))
-            vals = cute.make_rmem_tensor((1, 16), self.out_dtype)
-            words2 = cute.make_rmem_tensor((1, 2), cutlass.Uint32)
-            cute.autovec_copy(cute.local_tile(words, (1, 2), (r, b)), words2)
-            if fast:
-                scaled_values(vals, words2, q1, q15)
-            else:
-                divided_values(vals, words2, s, s_enc)
-            cute.autovec_copy(vals, cute.local_tile(out, (1, 16), (r, b)))
-
-
-class DequantizeNVFP4Table(DequantizeNVFP4):
-    """DequantizeNVFP4 for bf16 / fp16 outputs: BLOCKS_PER_THREAD blocks per thread, their
-    loads first, and blocks within TABLE_BOUNDS decoded by table look-ups (lut_decode16)."""
-
-    def __init__(self, out_dtype, scaling: str, swizzled: bool, e4m3_max: int):
-        if out_dtype not in (cutlass.BFloat16, cutlass.Float16):
-            raise TypeError(f"DequantizeNVFP4Table: bf16 / fp16 outputs only, got {out_dtype}")
-        super().__init__(out_dtype, scaling, swizzled, e4m3_max)
-        self.fp16 = out_dtype == cutlass.Float16
-
-    @cute.jit
-    def __call__(self, data: cute.Tensor, scales: cute.Tensor, amax: cute.Tensor,
-                 out: cute.Tensor, stream):
-        # data uint8 [M, K/2] (contiguous) is read as 8-byte blocks of 16 codes
+        # microseconds per call): data uint8 [M, K/2] (contiguous) is read as 8-byte blocks of
+        # 16 codes, the E4M3 scales (compact or swizzled, 2D) as one flat byte array.
         flat_scales = flat_scale_bytes(scales)
         rows = cute.size(data, mode=[0])
         blocks = cute.size(data, mode=[1]) // 8
         total = rows * blocks
         self.kernel(data, flat_scales, amax, out, rows, blocks).launch(
-            grid=[cute.ceil_div(total, THREADS * BLOCKS_PER_THREAD), 1, 1],
+            grid=[cute.ceil_div(total, THREADS * self.blocks_per_thread), 1, 1],
             block=[THREADS, 1, 1], stream=stream)
 
     @cute.kernel
@@ -251,52 +237,63 @@ class DequantizeNVFP4Table(DequantizeNVFP4):
                out: cute.Tensor, rows: Int32, blocks: Int32):
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
+        lane = tidx % 32
         total = rows * blocks
         data_base = data.iterator.toint()
-        # every block's loads first (clamped onto the last block past the end)
+        smem = cutlass.memory.SmemAllocator()
+        buf = smem.allocate_tensor(Uint32, cute.make_layout(THREADS * self.block_bytes // 4))
+        warp_buf = buf.iterator.toint() + (tidx - lane) * self.block_bytes
+        # every block's loads first; past the end, the last block (every lane takes part in
+        # the warp's stores)
         loaded = []
-        for v in cutlass.range_constexpr(BLOCKS_PER_THREAD):
-            i = (bidx * BLOCKS_PER_THREAD + v) * THREADS + tidx
+        for v in cutlass.range_constexpr(self.blocks_per_thread):
+            i = (bidx * self.blocks_per_thread + v) * THREADS + tidx
             ic = cutlass.min(i, total - 1)
             r = ic // blocks
             b = ic - r * blocks
             codes = ld_global(data_base + Int64(ic) * 8, 2, nc=True, volatile=True,
                               dtype=Uint32)
-            a = block_outer_amax(amax, r, b, self.scaling)
-            loaded.append((i, r, b, codes, block_scale_code(scales, ic, r, b, blocks,
-                                                            self.swizzled), a))
-        for i, r, b, codes, s_code, a in loaded:
-            if i < total:
-                self._block(out, r, b, codes, s_code, a)
+            s_code = block_scale_code(scales, ic, r, b, blocks, self.swizzled)
+            loaded.append((i, codes, s_code, block_outer_amax(amax, r, b, self.scaling)))
+        for v, (i, codes, s_code, a) in enumerate(loaded):
+            words = self._block_words(codes, s_code, a)
+            warp_linear_store(warp_buf, out.iterator.toint(),
+                              [words[0, j] for j in range(self.block_bytes // 4)], i - lane,
+                              total, lane, self.block_bytes, v > 0)
 
     @cute.jit
-    def _block(self, out: cute.Tensor, r: Int32, b: Int32, codes, s_code: Uint32, a: Float32):
-        """Block (r, b): its two code words, scale byte and outer amax."""
+    def _block_words(self, codes, s_code: Uint32, a: Float32):
+        """A block's 16 values from its two code words, scale byte and outer amax, as the
+        32-bit words of the output in a register tensor [1, block_bytes / 4]."""
         s, s_enc, q1, q15 = block_quotients(s_code, a, self.e4m3_max)
-        lo, hi = TABLE_BOUNDS["fp16" if self.fp16 else "bf16"]
+        lo, hi = SCALED_BOUNDS if self.fp32 else TABLE_BOUNDS["fp16" if self.fp16 else "bf16"]
         fast = (q1 >= Float32(lo)) & (q15 <= Float32(hi))
-        tile = cute.local_tile(out, (1, 16), (r, b))
+        words2 = cute.make_rmem_tensor((1, 2), cutlass.Uint32)
+        words2[0, 0] = codes[0]
+        words2[0, 1] = codes[1]
+        vals = cute.make_rmem_tensor((1, 16), self.out_dtype)
+        words = cute.recast_tensor(vals, cutlass.Uint32)
         if fast:
-            o = lut_decode16(codes[0], codes[1], q1, q15, self.fp16)
-            addr = tile.iterator.toint()
-            st_global(addr, *o[:4], clobber=False)
-            st_global(addr + 16, *o[4:], clobber=False)
+            if cutlass.const_expr(self.fp32):
+                scaled_values(vals, words2, q1, q15)
+            else:
+                table = lut_decode16(codes[0], codes[1], q1, q15, self.fp16)
+                for j in cutlass.range_constexpr(8):
+                    words[0, j] = table[j]
         else:
-            words2 = cute.make_rmem_tensor((1, 2), cutlass.Uint32)
-            words2[0, 0] = codes[0]
-            words2[0, 1] = codes[1]
-            vals = cute.make_rmem_tensor((1, 16), self.out_dtype)
             divided_values(vals, words2, s, s_enc)
-            cute.autovec_copy(vals, tile)
+        return words
 
 
 class DequantizeMXFP8:
-    """out[r, 32*b + j] = fp8(q[r, 32*b + j]) * 2**(e8m0(s[r, b]) - 127)."""
+    """out[r, 32*b + j] = fp8(q[r, 32*b + j]) * 2**(e8m0(s[r, b]) - 127), one block per
+    thread, stored through shared memory (warp_linear_store)."""
 
     def __init__(self, in_dtype, out_dtype, swizzled: bool):
         self.in_dtype = in_dtype
         self.out_dtype = out_dtype
         self.swizzled = swizzled
+        self.block_bytes = 32 * out_dtype.width // 8
 
     @cute.jit
     def __call__(self, data: cute.Tensor, scales: cute.Tensor, out: cute.Tensor, stream):
@@ -311,23 +308,31 @@ class DequantizeMXFP8:
     @cute.kernel
     def kernel(self, data: cute.Tensor, scales: cute.Tensor, out: cute.Tensor, rows: Int32,
                blocks: Int32):
-        i, r, b = thread_block(blocks)
-        if i < rows * blocks:
-            s_code = block_scale_code(scales, i, r, b, blocks, self.swizzled)
-            s = e8m0_to_f32(s_code)
-            src = cute.make_rmem_tensor((1, 32), self.in_dtype)
-            cute.autovec_copy(cute.local_tile(data, (1, 32), (r, b)), src)
-            x = src.load().to(Float32) * s
-            vals = cute.make_rmem_tensor((1, 32), self.out_dtype)
-            vals.store(x.to(self.out_dtype))
-            cute.autovec_copy(vals, cute.local_tile(out, (1, 32), (r, b)))
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        lane = tidx % 32
+        i = bidx * THREADS + tidx
+        total = rows * blocks
+        ic = cutlass.min(i, total - 1)  # past the end, the last block (the warp stores)
+        r = ic // blocks
+        b = ic - r * blocks
+        smem = cutlass.memory.SmemAllocator()
+        buf = smem.allocate_tensor(Uint32, cute.make_layout(THREADS * self.block_bytes // 4))
+        s = e8m0_to_f32(block_scale_code(scales, ic, r, b, blocks, self.swizzled))
+        src = cute.make_rmem_tensor((1, 32), self.in_dtype)
+        cute.autovec_copy(cute.local_tile(data, (1, 32), (r, b)), src)
+        vals = cute.make_rmem_tensor((1, 32), self.out_dtype)
+        vals.store((src.load().to(Float32) * s).to(self.out_dtype))
+        words = cute.recast_tensor(vals, cutlass.Uint32)
+        warp_linear_store(buf.iterator.toint() + (tidx - lane) * self.block_bytes,
+                          out.iterator.toint(), [words[0, j] for j in range(self.block_bytes // 4)],
+                          i - lane, total, lane, self.block_bytes, False)
 
 
 def nvfp4_kernel(out_dtype: torch.dtype, scaling: str, swizzled: bool, e4m3_max: int):
     """(kernel, *fake compile arguments) of the NVFP4 dequantize for a configuration."""
     cdt = torch_to_cutlass(out_dtype)
-    cls = DequantizeNVFP4 if out_dtype == torch.float32 else DequantizeNVFP4Table
-    op = cls(cdt, scaling, swizzled, e4m3_max)
+    op = DequantizeNVFP4(cdt, scaling, swizzled, e4m3_max)
     m = dyn()
     amax_shape = {"tensor": (1,), "token": (m,), "window64": (m, None)}[scaling]
     return (op, fake_tensor(cutlass.Uint8, (m, dyn(8)), align=8),
@@ -345,22 +350,36 @@ def mxfp8_kernel(in_dtype: torch.dtype, out_dtype: torch.dtype, swizzled: bool):
             fake_tensor(torch_to_cutlass(out_dtype), (m, k)), env_stream())
 
 
-def dequantize(t: NVFP4Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """GPU dequantize of the rowwise data of `t` (validated by `cute_fp4.dequantize`)."""
+def _check_out(out: torch.Tensor, shape, dtype: torch.dtype, device):
+    if out.dtype != dtype or tuple(out.shape) != tuple(shape) or out.device != device:
+        raise ValueError(f"out must be a {dtype} tensor of shape {tuple(shape)} on {device}, got "
+                         f"{out.dtype} {tuple(out.shape)} on {out.device}")
+    if not out.is_contiguous():
+        raise ValueError("out must be contiguous")
+
+
+def dequantize(t: NVFP4Tensor, dtype: torch.dtype, out: torch.Tensor = None) -> torch.Tensor:
+    """GPU dequantize of the rowwise data of `t` (validated by `cute_fp4.dequantize`), into
+    `out` (contiguous [rows, cols] of `dtype`) when given."""
     data, recipe = t.data, t.recipe
     device = data.device
+    shape = (data.shape[0], t.cols)
+    if out is None:
+        out = torch.empty(shape, dtype=dtype, device=device)
+    else:
+        _check_out(out, shape, dtype, device)
     arch = device_arch(device)
     key = ("dequantize_nvfp4", dtype, recipe.scaling, recipe.swizzle, recipe.e4m3_max, arch)
     fn = KERNELS.ffi(key, lambda: compile_kernel(
         *nvfp4_kernel(dtype, recipe.scaling, recipe.swizzle, recipe.e4m3_max), arch=arch))
-    out = torch.empty((data.shape[0], t.cols), dtype=dtype, device=device)
     fn(data, t.scales, t.amax, out)
     return out if len(t.shape) == 2 else out.view(t.shape)
 
 
 def mxfp8_dequantize(data: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype = torch.bfloat16,
-                     swizzled: bool = False) -> torch.Tensor:
-    """MXFP8 [M, K] (K % 32 == 0) with E8M0 scales (uint8 [M, K/32], or swizzled) -> dtype."""
+                     swizzled: bool = False, out: torch.Tensor = None) -> torch.Tensor:
+    """MXFP8 [M, K] (K % 32 == 0) with E8M0 scales (uint8 [M, K/32], or swizzled) -> dtype,
+    into `out` (contiguous [M, K] of `dtype`) when given."""
     if data.dtype not in MXFP8_DTYPES:
         raise TypeError(f"MXFP8 data must be float8_e4m3fn or float8_e5m2, got {data.dtype}")
     if dtype not in OUT_DTYPES:
@@ -372,9 +391,16 @@ def mxfp8_dequantize(data: torch.Tensor, scales: torch.Tensor, dtype: torch.dtyp
     if not data.is_cuda:
         from ..ref import mxfp8_dequantize as mxfp8_dequantize_ref
 
-        return mxfp8_dequantize_ref(data, scales, dtype, swizzled)
+        result = mxfp8_dequantize_ref(data, scales, dtype, swizzled)
+        if out is None:
+            return result
+        _check_out(out, data.shape, dtype, data.device)
+        return out.copy_(result)
     rows, cols = data.shape
-    out = torch.empty((rows, cols), dtype=dtype, device=data.device)
+    if out is None:
+        out = torch.empty((rows, cols), dtype=dtype, device=data.device)
+    else:
+        _check_out(out, (rows, cols), dtype, data.device)
     if rows == 0:
         return out
     arch = device_arch(data.device)
