@@ -309,3 +309,21 @@ def test_mxfp8_dequantize_out_argument():
         mxfp8_dequantize(data, scales, torch.float32, out=torch.empty(4, 32))
     with pytest.raises(ValueError, match="out must be contiguous"):
         mxfp8_dequantize(data, scales, torch.float32, out=torch.empty(64, 4).t())
+
+
+def test_mxfp8_dequantize_scale_checks():
+    """The package's mxfp8_dequantize checks the scales against the data (the GPU kernel
+    reads them as flat bytes: a wrong shape would read the wrong scales)."""
+    from cute_fp4.quant.dequantize import mxfp8_dequantize
+
+    data, scales = ref.mxfp8_quantize(torch.randn(5, 64))
+    with pytest.raises(ValueError, match=r"MXFP8 scales must be .* shape \(5, 2\) \(compact\)"):
+        mxfp8_dequantize(data, scales[:, :1])
+    with pytest.raises(ValueError, match=r"shape \(128, 4\) \(swizzled\)"):
+        mxfp8_dequantize(data, scales, swizzled=True)
+    with pytest.raises(ValueError, match="contiguous 1-byte"):
+        mxfp8_dequantize(data, scales.to(torch.int16))
+    with pytest.raises(ValueError, match="contiguous 1-byte"):
+        mxfp8_dequantize(data, scales.t().contiguous().t())
+    swz = ref.swizzle_scales(scales)
+    assert torch.equal(mxfp8_dequantize(data, swz, swizzled=True), mxfp8_dequantize(data, scales))

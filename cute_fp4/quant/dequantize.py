@@ -20,6 +20,7 @@ from ..common.jit import (KERNELS, compile_kernel, device_arch, dyn, env_stream,
 from ..common.scales import (FLT_MAX, bits_to_f32, e2m1_to_f32, e4m3_to_f32, e8m0_to_f32,
                              f32_to_bits, outer_encode_scale, swizzled_scale_offset)
 from ..ref.dequantize import MXFP8_DTYPES, OUT_DTYPES
+from ..ref.swizzle import scale_shape
 from ..tensor import NVFP4Tensor
 
 THREADS = 256
@@ -388,19 +389,23 @@ def mxfp8_dequantize(data: torch.Tensor, scales: torch.Tensor, dtype: torch.dtyp
         raise ValueError(f"MXFP8 data must be 2D [M, K] with K % 32 == 0, got {tuple(data.shape)}")
     if not data.is_contiguous():
         raise ValueError("MXFP8 data must be contiguous")
+    rows, cols = data.shape
+    want = scale_shape(rows, cols // 32, swizzled)
+    if (scales.element_size() != 1 or tuple(scales.shape) != want
+            or scales.device != data.device or not scales.is_contiguous()):
+        raise ValueError(f"MXFP8 scales must be a contiguous 1-byte (E8M0) tensor of shape "
+                         f"{want} ({'swizzled' if swizzled else 'compact'}) on "
+                         f"{data.device}, got {scales.dtype} {tuple(scales.shape)} on "
+                         f"{scales.device}")
+    if out is not None:
+        _check_out(out, (rows, cols), dtype, data.device)
     if not data.is_cuda:
         from ..ref import mxfp8_dequantize as mxfp8_dequantize_ref
 
         result = mxfp8_dequantize_ref(data, scales, dtype, swizzled)
-        if out is None:
-            return result
-        _check_out(out, data.shape, dtype, data.device)
-        return out.copy_(result)
-    rows, cols = data.shape
+        return result if out is None else out.copy_(result)
     if out is None:
         out = torch.empty((rows, cols), dtype=dtype, device=data.device)
-    else:
-        _check_out(out, (rows, cols), dtype, data.device)
     if rows == 0:
         return out
     arch = device_arch(data.device)
