@@ -163,14 +163,17 @@ def test_mixed_sm90_fp16_ptx(tile_n, ctas_per_sm, k_split):
 
 
 def test_predecode_sm90_ptx():
-    """The pre-pass: 16-byte global loads and stores, the BF16x2 decode multiplies."""
+    """The pre-pass: 16-byte global loads and stores, the stores through shared memory as
+    whole lines (common.stores.warp_linear_store), the BF16x2 decode multiplies."""
     from cute_fp4.gemm.sm90_mixed import predecode_kernel
 
     op, args = predecode_kernel()
     ptx = compile_ptx(op, *args, arch="sm_90a")
     assert ptx_target(ptx) == "sm_90a"
     assert len(re.findall(r"ld\.global\.v4\.b32", ptx)) == 1
-    assert len(re.findall(r"st\.global\.v4\.b32", ptx)) == 4
+    for op in (r"st\.global\.v4\.b32", r"st\.shared\.v4\.b32", r"ld\.shared\.v4\.b32"):
+        assert len(re.findall(op, ptx)) == 4
+    assert len(re.findall(r"bar\.warp\.sync", ptx)) == 1
     # 4 words x 4 pairs, plus two multiplies per scale conversion
     assert len(re.findall(r"mul\.rn\.bf16x2", ptx)) == 16 + 2 * 2
 
@@ -219,7 +222,7 @@ def test_kperm64_is_a_permutation():
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
 def test_permute_k_ptx(arch):
     """PermuteK: per thread 4 predicated 16-byte loads (the 4 input chunks), 16 byte permutes
-    (one per output word) and 4 16-byte stores."""
+    (one per output word) and 4 16-byte stores, through shared memory as whole lines."""
     from cute_fp4.gemm.sm90_mixed import permute_kernel
 
     op, args = permute_kernel()
@@ -227,7 +230,8 @@ def test_permute_k_ptx(arch):
     assert ptx_target(ptx) == arch
     assert len(re.findall(r"ld\.global\.v4\.b32", ptx)) == 4
     assert len(re.findall(r"prmt\.b32", ptx)) == 16
-    assert len(re.findall(r"st\.global\.v4\.b32", ptx)) == 4
+    for op in (r"st\.global\.v4\.b32", r"st\.shared\.v4\.b32", r"ld\.shared\.v4\.b32"):
+        assert len(re.findall(op, ptx)) == 4
 
 
 def test_pick_mixed_config():

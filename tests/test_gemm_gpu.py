@@ -172,8 +172,8 @@ def test_predecode_bit_exact(rows, k, gen):
                                  (1031, 4096)])
 def test_permute_k(q, k, gen):
     """PermuteK: the BF16 operand of the W4A16 mixed GEMM, k = kperm64()[p] at position p of
-    every k-tile, zero past K (a poisoned output, misaligned and strided input views, ragged
-    rows)."""
+    every k-tile, zero past K (a poisoned output, the head of a larger poisoned buffer whose
+    tail must stay untouched; misaligned and strided input views, ragged rows)."""
     from cute_fp4.gemm.sm90_mixed import k_pad, kperm64, permute_k
 
     base = torch.randn(q * k + 1, generator=gen).to(torch.bfloat16).cuda()
@@ -181,8 +181,10 @@ def test_permute_k(q, k, gen):
     if q == 300:  # a strided view: the columns of a wider tensor
         y = torch.cat([y, y[:, :8]], 1)[:, 8:]
     kp = k_pad(k // 2)
-    out = torch.full((q, kp), float("nan"), dtype=torch.bfloat16, device="cuda")
+    buf = torch.full((q + 2, kp), float("nan"), dtype=torch.bfloat16, device="cuda")
+    out = buf[:q]
     assert permute_k(y, kp, "sm_90a", out=out) is out
+    assert torch.isnan(buf[q:]).all()
     padded = torch.zeros(q, kp, dtype=torch.bfloat16)
     padded[:, :k] = y.cpu()
     idx = (torch.arange(0, kp, 64).view(-1, 1) + kperm64().view(1, -1)).view(-1)

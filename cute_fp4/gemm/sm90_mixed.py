@@ -47,7 +47,7 @@ import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 import cutlass.utils.hopper_helpers as sm90_utils
-from cutlass import Float32, Int32, const_expr
+from cutlass import Float32, Int32, Int64, const_expr
 from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.tensor_utils import LayoutEnum
 
@@ -56,6 +56,7 @@ from ..common.decode import (DECODE_EXP_SHIFT, FP16_DECODE_EXP_SHIFT, decode_e2m
 from ..common.jit import (KERNELS, compile_kernel, dyn, env_stream, fake_tensor, num_sms,
                           torch_to_cutlass)
 from ..common.ptx import ld_global, ld_shared, ld_shared_cluster, prmt, st_global
+from ..common.stores import warp_linear_store
 from .parts import EpilogueOperands, prefetch_tma, tma_slices
 
 TILE_M = 128
@@ -663,30 +664,47 @@ class Sm90PredecodeNVFP4:
     def kernel(self, mX: cute.Tensor, mSF: cute.Tensor, mOut: cute.Tensor):
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
+        lane = tidx % 32
         rows = mX.shape[0]
         per_row = mX.shape[1] // 4
         k_tiles = per_row // 2
+        total = rows * per_row
         u = bidx * self.threads + tidx
-        if u < rows * per_row:
-            row = u // per_row
-            h16 = u - row * per_row
-            kt = h16 >> 1
-            half = h16 & 1
-            # swizzled scales as words: tile (row // 128, kt), word (row % 32) * 4 + row // 32 % 4
-            sf = mSF[((row >> 7) * k_tiles + kt) * 128 + (row & 31) * 4 + ((row >> 5) & 3)]
-            sf_half = sf >> (half * 16)
-            s0 = e4m3_to_bf16x2_scale(sf_half)
-            s1 = e4m3_to_bf16x2_scale(sf_half >> 8)
-            src = mX.iterator + (row * mX.layout.stride[0] + h16 * 4)
-            w0, w1, w2, w3 = ld_global(src.toint(), 4, volatile=False)
-            p0 = decode_e2m1x8(w0, s0)
-            p1 = decode_e2m1x8(w1, s0)
-            p2 = decode_e2m1x8(w2, s1)
-            p3 = decode_e2m1x8(w3, s1)
-            dst = mOut.iterator + (row * mOut.layout.stride[0] + kt * 32 + half * 4)
-            for i in cutlass.range_constexpr(4):
-                st_global((dst + i * 8).toint(), p0[i], p1[i], p2[i], p3[i],
-                          clobber=True)
+        uc = cutlass.min(u, total - 1)  # past the end: the last unit (the warp stores)
+        row = uc // per_row
+        h16 = uc - row * per_row
+        kt = h16 >> 1
+        half = h16 & 1
+        # swizzled scales as words: tile (row // 128, kt), word (row % 32) * 4 + row // 32 % 4
+        sf = mSF[((row >> 7) * k_tiles + kt) * 128 + (row & 31) * 4 + ((row >> 5) & 3)]
+        sf_half = sf >> (half * 16)
+        s0 = e4m3_to_bf16x2_scale(sf_half)
+        s1 = e4m3_to_bf16x2_scale(sf_half >> 8)
+        src = mX.iterator + (row * mX.layout.stride[0] + h16 * 4)
+        w0, w1, w2, w3 = ld_global(src.toint(), 4, volatile=False)
+        p0 = decode_e2m1x8(w0, s0)
+        p1 = decode_e2m1x8(w1, s0)
+        p2 = decode_e2m1x8(w2, s1)
+        p3 = decode_e2m1x8(w3, s1)
+        store_unit_chunks(self.threads, mOut, [[p0[i], p1[i], p2[i], p3[i]] for i in range(4)],
+                          u, total, lane)
+
+
+@cute.jit
+def store_unit_chunks(threads: cutlass.Constexpr[int], out: cute.Tensor, chunks, u: Int32,
+                      total: Int32, lane: Int32):
+    """Sm90PredecodeNVFP4's and PermuteK's stores: unit u (of `total`, one per thread, units
+    in order along the contiguous `out`) owns 64 output bytes, chunks 2 i + (u % 2) (i = 0..3,
+    16 bytes each: `chunks`) of the 128-byte k-tile row of units u & ~1 and u | 1 (K order
+    kperm64); the warp stores its 32 units' 2 KB as whole lines (warp_linear_store)."""
+    smem = cutlass.memory.SmemAllocator()
+    buf = smem.allocate_tensor(cutlass.Uint32, cute.make_layout(threads * 16)).iterator.toint()
+    tidx, _, _ = cute.arch.thread_idx()
+    first = u - lane  # even: the warps' units start at multiples of 32
+    pair, odd = lane - (lane & 1), lane & 1
+    warp_linear_store(buf + (tidx - lane) * 64, out.iterator.toint() + Int64(first) * 64,
+                      [(pair * 4 + 2 * i + odd, chunks[i]) for i in range(4)], lane,
+                      Int64(total - first) * 64, False)
 
 
 class PermuteK:
@@ -715,22 +733,22 @@ class PermuteK:
         rows = mOut.shape[0]
         per_row = mOut.shape[1] // 16  # (k-tile, jh) units of a row
         chunks = mY.shape[1] // 4  # 16-byte input chunks of a row
+        total = rows * per_row
         u = bidx * self.threads + tidx
-        if u < rows * per_row:
-            row = u // per_row
-            h = u - row * per_row  # 2 * k-tile + jh: input chunks 4 h .. 4 h + 3
-            src = mY.iterator + row * mY.layout.stride[0]
-            w = []
-            for jl in cutlass.range_constexpr(4):
-                c = h * 4 + jl
-                w.append(ld_global((src + cutlass.min(c, chunks - 1) * 4).toint(), 4,
-                                   volatile=False, pred=Int32(c < chunks)))
-            dst = mOut.iterator + (row * mOut.layout.stride[0] + (h >> 1) * 32 + (h & 1) * 4)
-            for i in cutlass.range_constexpr(4):
-                sel = 0x5410 if i % 2 == 0 else 0x7632
-                st_global((dst + i * 8).toint(),
-                          *[prmt(w[jl][i // 2], w[jl][2 + i // 2], sel) for jl in range(4)],
-                          clobber=True)
+        uc = cutlass.min(u, total - 1)  # past the end: the last unit (the warp stores)
+        row = uc // per_row
+        h = uc - row * per_row  # 2 * k-tile + jh: input chunks 4 h .. 4 h + 3
+        src = mY.iterator + row * mY.layout.stride[0]
+        w = []
+        for jl in cutlass.range_constexpr(4):
+            c = h * 4 + jl
+            w.append(ld_global((src + cutlass.min(c, chunks - 1) * 4).toint(), 4,
+                               volatile=False, pred=Int32(c < chunks)))
+        out_chunks = []
+        for i in cutlass.range_constexpr(4):
+            sel = 0x5410 if i % 2 == 0 else 0x7632
+            out_chunks.append([prmt(w[jl][i // 2], w[jl][2 + i // 2], sel) for jl in range(4)])
+        store_unit_chunks(self.threads, mOut, out_chunks, u, total, tidx % 32)
 
 
 # ---- host side ----

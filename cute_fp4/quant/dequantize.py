@@ -14,7 +14,8 @@ import cutlass.cute as cute
 import torch
 from cutlass import Float32, Int32, Int64, Uint32
 
-from ..common.ptx import ld_global, ld_shared, st_global, st_shared
+from ..common.ptx import ld_global
+from ..common.stores import warp_linear_store
 from ..common.jit import (KERNELS, compile_kernel, device_arch, dyn, env_stream, fake_tensor,
                           torch_to_cutlass)
 from ..common.scales import (FLT_MAX, bits_to_f32, e2m1_to_f32, e4m3_to_f32, e8m0_to_f32,
@@ -148,32 +149,15 @@ def flat_scale_bytes(scales: cute.Tensor) -> cute.Tensor:
 
 
 @cute.jit
-def warp_linear_store(buf: Int32, out_base: Int64, words, first: Int32, total: Int32,
-                      lane: Int32, block_bytes: cutlass.Constexpr[int],
-                      reused: cutlass.Constexpr[bool]):
-    """Stores the warp's 32 consecutive output blocks first .. first + 31 (this lane's: block
-    first + lane, its `words`) through the warp's shared buffer `buf` (32 * block_bytes), so
-    that each global store writes 512 contiguous bytes (16 per lane) instead of 16 bytes per
-    lane `block_bytes` apart. The 16-byte chunks are XOR-swizzled over each 128-byte bank row
-    so that both the writes and the reads are conflict-free; blocks >= total are not stored.
-    reused: an earlier call used the buffer (its reads must be done before the writes)."""
-    n = block_bytes // 16  # chunks per block
-    span = 8 // n  # lanes whose blocks fill one 128-byte bank row
-
-    def slot(j, c):
-        return j * block_bytes + ((c ^ ((j // span) % n)) << 4)
-
-    if cutlass.const_expr(reused):
-        cute.arch.sync_warp()
-    for c in cutlass.range_constexpr(n):
-        st_shared(buf + slot(lane, c), *words[4 * c:4 * c + 4], clobber=False)
-    cute.arch.sync_warp()
-    for k in cutlass.range_constexpr(n):
-        j = (32 * k + lane) // n
-        c = (32 * k + lane) % n
-        v = ld_shared(buf + slot(j, c), 4, clobber=False, dtype=Uint32)
-        if first + j < total:
-            st_global(out_base + Int64(first + j) * block_bytes + c * 16, *v, clobber=False)
+def store_blocks(buf: Int32, out: cute.Tensor, words, first: Int32, total: Int32, lane: Int32,
+                 block_bytes: cutlass.Constexpr[int], reused: cutlass.Constexpr[bool]):
+    """Stores the warp's 32 consecutive output blocks first .. first + 31 of the contiguous
+    `out` (this lane's: block first + lane, its 32-bit `words`) by warp_linear_store; blocks
+    >= total are not stored."""
+    n = block_bytes // 16
+    warp_linear_store(buf, out.iterator.toint() + Int64(first) * block_bytes,
+                      [(lane * n + c, words[4 * c:4 * c + 4]) for c in range(n)], lane,
+                      Int64(total - first) * block_bytes, reused)
 
 
 @cute.jit
@@ -258,9 +242,8 @@ class DequantizeNVFP4:
             loaded.append((i, codes, s_code, block_outer_amax(amax, r, b, self.scaling)))
         for v, (i, codes, s_code, a) in enumerate(loaded):
             words = self._block_words(codes, s_code, a)
-            warp_linear_store(warp_buf, out.iterator.toint(),
-                              [words[0, j] for j in range(self.block_bytes // 4)], i - lane,
-                              total, lane, self.block_bytes, v > 0)
+            store_blocks(warp_buf, out, [words[0, j] for j in range(self.block_bytes // 4)],
+                         i - lane, total, lane, self.block_bytes, v > 0)
 
     @cute.jit
     def _block_words(self, codes, s_code: Uint32, a: Float32):
@@ -325,9 +308,9 @@ class DequantizeMXFP8:
         vals = cute.make_rmem_tensor((1, 32), self.out_dtype)
         vals.store((src.load().to(Float32) * s).to(self.out_dtype))
         words = cute.recast_tensor(vals, cutlass.Uint32)
-        warp_linear_store(buf.iterator.toint() + (tidx - lane) * self.block_bytes,
-                          out.iterator.toint(), [words[0, j] for j in range(self.block_bytes // 4)],
-                          i - lane, total, lane, self.block_bytes, False)
+        store_blocks(buf.iterator.toint() + (tidx - lane) * self.block_bytes, out,
+                     [words[0, j] for j in range(self.block_bytes // 4)], i - lane, total, lane,
+                     self.block_bytes, False)
 
 
 def nvfp4_kernel(out_dtype: torch.dtype, scaling: str, swizzled: bool, e4m3_max: int):
