@@ -180,9 +180,11 @@ def quantize_grouped(x: torch.Tensor, split_sizes: Sequence[int], recipe: Recipe
     return ref.quantize_grouped(x, split_sizes, recipe, seed=seed, offset=offset)
 
 
-def dequantize(t: NVFP4Tensor, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+def dequantize(t: NVFP4Tensor, dtype: torch.dtype = torch.bfloat16, *,
+               out: Optional[torch.Tensor] = None) -> torch.Tensor:
     """The rowwise data of `t` in `dtype` (float32/bfloat16/float16), in the original shape.
-    For the columnwise twin use `dequantize(t.t())`."""
+    For the columnwise twin use `dequantize(t.t())`. out: a contiguous tensor of that dtype
+    and shape on t's device, written and returned (no allocation)."""
     if not isinstance(t, NVFP4Tensor):
         raise TypeError(f"dequantize expects an NVFP4Tensor, got {type(t).__name__}")
     if dtype not in OUT_DTYPES:
@@ -190,7 +192,15 @@ def dequantize(t: NVFP4Tensor, dtype: torch.dtype = torch.bfloat16) -> torch.Ten
     if t.data is None:
         raise ValueError("this NVFP4Tensor has no rowwise data; use dequantize(t.t()) for "
                          "the columnwise twin")
-    return ops.dequantize(t, dtype)
+    if out is not None:
+        if not isinstance(out, torch.Tensor):
+            raise TypeError(f"out must be a torch.Tensor, got {type(out).__name__}")
+        if out.dtype != dtype or tuple(out.shape) != tuple(t.shape) or out.device != t.device:
+            raise ValueError(f"out must be a {dtype} tensor of shape {tuple(t.shape)} on "
+                             f"{t.device}, got {out.dtype} {tuple(out.shape)} on {out.device}")
+        if not out.is_contiguous():
+            raise ValueError("out must be contiguous")
+    return ops.dequantize(t, dtype, out)
 
 
 def mxfp8_dequantize(data: torch.Tensor, scales: torch.Tensor,

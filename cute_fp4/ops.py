@@ -226,10 +226,15 @@ def quantize(x2: Tensor, recipe: Recipe, shape, dtype, seed: int, offset: int,
     return (t, outs[6]) if column_sum else t
 
 
-def dequantize_impl(t: NVFP4Tensor, dtype) -> Tensor:
+def dequantize_impl(t: NVFP4Tensor, dtype, out: Optional[Tensor] = None) -> Tensor:
+    """out: None, or a contiguous `dtype` tensor of t's shape (checked by the caller)."""
     if t.data.is_cuda and t.data.numel():
-        return _cuda().dequantize(t, dtype)
-    return ref.dequantize(t, dtype)
+        if out is None:
+            return _cuda().dequantize(t, dtype)
+        _cuda().dequantize(t, dtype, out.view(t.data.shape[0], t.cols))
+        return out
+    result = ref.dequantize(t, dtype)
+    return result if out is None else out.copy_(result)
 
 
 @torch.library.custom_op("cute_fp4::dequantize", mutates_args=())
@@ -256,11 +261,12 @@ def prepared_weights(t: NVFP4Tensor):
     return _cuda().prepared_weights(t) if t.data is not None and t.data.is_cuda else None
 
 
-def dequantize(t: NVFP4Tensor, dtype) -> Tensor:
+def dequantize(t: NVFP4Tensor, dtype, out: Optional[Tensor] = None) -> Tensor:
     if not torch.compiler.is_compiling():
-        return dequantize_impl(t, dtype)
-    out = dequantize_op(t.data, t.scales, t.amax, *recipe_args(t.recipe), t.cols, dtype)
-    return out.view(t.shape)
+        return dequantize_impl(t, dtype, out)
+    result = dequantize_op(t.data, t.scales, t.amax, *recipe_args(t.recipe), t.cols,
+                           dtype).view(t.shape)
+    return result if out is None else out.copy_(result)
 
 
 def gemm_impl(a: Tensor, a_scales: Optional[Tensor], a_amax: Optional[Tensor], a_scaling: str,

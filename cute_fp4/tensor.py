@@ -74,8 +74,10 @@ class NVFP4Tensor:
         return dataclasses.replace(self, **{f: getattr(self, f).to(device) for f in FIELDS
                                             if getattr(self, f) is not None})
 
-    def dequantize(self, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
-        """The rowwise data back in high precision, in the original shape."""
+    def dequantize(self, dtype: Optional[torch.dtype] = None, *,
+                   out: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """The rowwise data back in high precision, in the original shape (into `out`: see
+        `cute_fp4.dequantize`)."""
         from .api import dequantize
 
-        return dequantize(self, dtype or self.dtype)
+        return dequantize(self, dtype or self.dtype, out=out)

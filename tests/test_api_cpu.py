@@ -314,6 +314,33 @@ def test_dequantize_empty_api():
         assert out.shape == (0, 64) and out.dtype == dtype
 
 
+def test_dequantize_out():
+    """out= (eager, the method, and inside torch.compile): written, returned, equal to the
+    allocating call; a wrong type, dtype, shape or layout raises naming the rule."""
+    x = torch.randn(2, 16, 64)
+    t = cute_fp4.quantize(x, Recipe(scaling="token"))
+    want = cute_fp4.dequantize(t, F32)
+    out = torch.full((2, 16, 64), float("nan"))
+    assert cute_fp4.dequantize(t, F32, out=out) is out and out.equal(want)
+    out16 = torch.full((2, 16, 64), float("nan"), dtype=torch.bfloat16)
+    assert t.dequantize(torch.bfloat16, out=out16) is out16
+    assert out16.equal(cute_fp4.dequantize(t, torch.bfloat16))
+    out.fill_(float("nan"))
+    torch.compile(lambda t, o: cute_fp4.dequantize(t, F32, out=o), fullgraph=True,
+                  backend="aot_eager")(t, out)
+    assert out.equal(want)
+    with pytest.raises(TypeError, match="out must be a torch.Tensor, got list"):
+        cute_fp4.dequantize(t, F32, out=[])
+    with pytest.raises(ValueError, match=r"out must be a torch.float32 tensor of shape "
+                                         r"\(2, 16, 64\) on cpu, got torch.bfloat16"):
+        cute_fp4.dequantize(t, F32, out=out16)
+    with pytest.raises(ValueError, match=r"shape \(2, 16, 64\) on cpu, got torch.float32 "
+                                         r"\(32, 64\)"):
+        cute_fp4.dequantize(t, F32, out=torch.empty(32, 64))
+    with pytest.raises(ValueError, match="out must be contiguous"):
+        cute_fp4.dequantize(t, F32, out=torch.empty(2, 64, 16).transpose(1, 2))
+
+
 # ---------------------------------------------------------------------------------------------
 # 3D inputs
 # ---------------------------------------------------------------------------------------------

@@ -112,3 +112,14 @@ def test_dequantize_writes_nothing_past_the_output(fmt, dtype, rows):
         want = ref.mxfp8_dequantize(data, scales, dtype)
     assert torch.equal(_bits(out), _bits(want))
     assert torch.equal(_bits(buf[rows:]), _bits(poison))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_dequantize_public_out(dtype):
+    """cute_fp4.dequantize(t, dtype, out=...) on CUDA: a poisoned 3D out is written in full,
+    returned, and bit-equal to the allocating call."""
+    x = torch.randn(3, 100, 272, device="cuda")
+    t = cute_fp4.quantize(x, Recipe(scaling="token", swizzle=True))
+    out = torch.full((3, 100, 272), float("nan"), device="cuda").to(dtype)
+    assert cute_fp4.dequantize(t, dtype, out=out) is out
+    assert torch.equal(_bits(out), _bits(cute_fp4.dequantize(t, dtype)))

@@ -51,6 +51,9 @@ def main(argv=None):
                      "% of floor (graph)": 100 * floor_ms / graph_ms})
     tiny = ref.quantize(torch.randn(16, 64, device="cuda"), Recipe())
     overhead = host_overhead_us(lambda: dequantize(tiny, torch.bfloat16))
+    tiny_out = torch.empty(16, 64, dtype=torch.bfloat16, device="cuda")
+    overhead_out = host_overhead_us(lambda: dequantize(tiny, torch.bfloat16, out=tiny_out))
     report(rows, f"NVFP4 / MXFP8 dequantize ({torch.cuda.get_device_name()}; copy bandwidth "
-                 f"{copy_gbs:.0f} GB/s; host overhead {overhead:.1f} us per call)", args.json)
+                 f"{copy_gbs:.0f} GB/s; host overhead {overhead:.1f} us per call, "
+                 f"{overhead_out:.1f} with out=)", args.json)
     return 0
