@@ -11,6 +11,7 @@ import torch
 from . import ops, ref
 from .recipe import Recipe
 from .ref.formats import FLOAT_DTYPES as OUT_DTYPES
+from .ref.dequantize import check_out_tensor
 from .ref.quantize import check_quantize_input
 from .tensor import NVFP4Tensor
 
@@ -193,13 +194,7 @@ def dequantize(t: NVFP4Tensor, dtype: torch.dtype = torch.bfloat16, *,
         raise ValueError("this NVFP4Tensor has no rowwise data; use dequantize(t.t()) for "
                          "the columnwise twin")
     if out is not None:
-        if not isinstance(out, torch.Tensor):
-            raise TypeError(f"out must be a torch.Tensor, got {type(out).__name__}")
-        if out.dtype != dtype or tuple(out.shape) != tuple(t.shape) or out.device != t.device:
-            raise ValueError(f"out must be a {dtype} tensor of shape {tuple(t.shape)} on "
-                             f"{t.device}, got {out.dtype} {tuple(out.shape)} on {out.device}")
-        if not out.is_contiguous():
-            raise ValueError("out must be contiguous")
+        check_out_tensor(out, t.shape, dtype, t.device)
     return ops.dequantize(t, dtype, out)
 
 

@@ -349,3 +349,17 @@ def test_epilogue_operands_take_outer_amaxes():
     assert _epilogue(None, None, None, None, 5, 7, torch.bfloat16, dev)[4] == (None,) * 3
     with pytest.raises(ValueError, match="row must have 5 elements"):
         _epilogue(None, OuterAmax(torch.rand(6)), None, None, 5, 7, torch.bfloat16, dev)
+
+
+def test_permute_k_out_checks():
+    """permute_k's out must be the contiguous [Q, k_pad] tensor of y's dtype (the kernel
+    stores it as one flat array): checked before any launch."""
+    from cute_fp4.gemm.sm90_mixed import permute_k
+
+    y = torch.zeros(2, 64, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="out must be contiguous"):
+        permute_k(y, 64, "sm_90a", out=torch.empty(2, 128, dtype=torch.bfloat16)[:, :64])
+    with pytest.raises(ValueError, match=r"shape \(2, 64\) on cpu, got torch.bfloat16 \(2, 128\)"):
+        permute_k(y, 64, "sm_90a", out=torch.empty(2, 128, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match="out must be a torch.bfloat16 tensor"):
+        permute_k(y, 64, "sm_90a", out=torch.empty(2, 64, dtype=torch.float16))

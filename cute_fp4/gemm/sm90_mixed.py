@@ -57,6 +57,7 @@ from ..common.jit import (KERNELS, compile_kernel, dyn, env_stream, fake_tensor,
                           torch_to_cutlass)
 from ..common.ptx import ld_global, ld_shared, ld_shared_cluster, prmt, st_global
 from ..common.stores import warp_linear_store
+from ..ref.dequantize import check_out_tensor
 from .parts import EpilogueOperands, prefetch_tma, tma_slices
 
 TILE_M = 128
@@ -904,6 +905,8 @@ def permute_k(y: torch.Tensor, k_pad: int, arch: str,
         y = y.clone(memory_format=torch.contiguous_format)
     if out is None:
         out = torch.empty((q, k_pad), dtype=y.dtype, device=y.device)
+    else:
+        check_out_tensor(out, (q, k_pad), y.dtype, y.device)
     if q:
         def build():
             op, args = permute_kernel()

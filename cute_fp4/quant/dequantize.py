@@ -20,7 +20,7 @@ from ..common.jit import (KERNELS, compile_kernel, device_arch, dyn, env_stream,
                           torch_to_cutlass)
 from ..common.scales import (FLT_MAX, bits_to_f32, e2m1_to_f32, e4m3_to_f32, e8m0_to_f32,
                              f32_to_bits, outer_encode_scale, swizzled_scale_offset)
-from ..ref.dequantize import MXFP8_DTYPES, OUT_DTYPES
+from ..ref.dequantize import MXFP8_DTYPES, OUT_DTYPES, check_out_tensor
 from ..ref.swizzle import scale_shape
 from ..tensor import NVFP4Tensor
 
@@ -334,14 +334,6 @@ def mxfp8_kernel(in_dtype: torch.dtype, out_dtype: torch.dtype, swizzled: bool):
             fake_tensor(torch_to_cutlass(out_dtype), (m, k)), env_stream())
 
 
-def _check_out(out: torch.Tensor, shape, dtype: torch.dtype, device):
-    if out.dtype != dtype or tuple(out.shape) != tuple(shape) or out.device != device:
-        raise ValueError(f"out must be a {dtype} tensor of shape {tuple(shape)} on {device}, got "
-                         f"{out.dtype} {tuple(out.shape)} on {out.device}")
-    if not out.is_contiguous():
-        raise ValueError("out must be contiguous")
-
-
 def dequantize(t: NVFP4Tensor, dtype: torch.dtype, out: torch.Tensor = None) -> torch.Tensor:
     """GPU dequantize of the rowwise data of `t` (validated by `cute_fp4.dequantize`), into
     `out` (contiguous [rows, cols] of `dtype`) when given."""
@@ -351,7 +343,7 @@ def dequantize(t: NVFP4Tensor, dtype: torch.dtype, out: torch.Tensor = None) -> 
     if out is None:
         out = torch.empty(shape, dtype=dtype, device=device)
     else:
-        _check_out(out, shape, dtype, device)
+        check_out_tensor(out, shape, dtype, device)
     arch = device_arch(device)
     key = ("dequantize_nvfp4", dtype, recipe.scaling, recipe.swizzle, recipe.e4m3_max, arch)
     fn = KERNELS.ffi(key, lambda: compile_kernel(
@@ -381,7 +373,7 @@ def mxfp8_dequantize(data: torch.Tensor, scales: torch.Tensor, dtype: torch.dtyp
                          f"{data.device}, got {scales.dtype} {tuple(scales.shape)} on "
                          f"{scales.device}")
     if out is not None:
-        _check_out(out, (rows, cols), dtype, data.device)
+        check_out_tensor(out, (rows, cols), dtype, data.device)
     if not data.is_cuda:
         from ..ref import mxfp8_dequantize as mxfp8_dequantize_ref
 

@@ -13,6 +13,18 @@ from .swizzle import swizzle_scales, unswizzle_scales
 MXFP8_DTYPES = {torch.float8_e4m3fn: 448.0, torch.float8_e5m2: 57344.0}
 
 
+def check_out_tensor(out, shape, dtype: torch.dtype, device):
+    """A caller's output tensor: a torch.Tensor of `dtype` and `shape` on `device`,
+    contiguous (the dequantize kernels store it as one flat array)."""
+    if not isinstance(out, torch.Tensor):
+        raise TypeError(f"out must be a torch.Tensor, got {type(out).__name__}")
+    if out.dtype != dtype or tuple(out.shape) != tuple(shape) or out.device != device:
+        raise ValueError(f"out must be a {dtype} tensor of shape {tuple(shape)} on {device}, "
+                         f"got {out.dtype} {tuple(out.shape)} on {out.device}")
+    if not out.is_contiguous():
+        raise ValueError("out must be contiguous")
+
+
 def compact_scales(scales: torch.Tensor, rows: int, cols: int, swizzled: bool) -> torch.Tensor:
     """Scales [rows, cols / 16] in the compact layout, whatever layout they are stored in."""
     return unswizzle_scales(scales, rows, cols // 16) if swizzled else scales
