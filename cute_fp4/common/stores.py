@@ -19,8 +19,9 @@ from .ptx import ld_shared, st_shared, st_global
 
 def _slot(g):
     """Shared byte offset of the warp region's 16-byte chunk g: chunk g XOR its 128-byte bank
-    row (g // 8) mod 8, so that both the writes (each lane's chunk c, lanes a fixed chunk
-    pitch apart) and the linear reads are conflict-free for 1, 2, 4 or 8 chunks per lane."""
+    row (g // 8) mod 8, so that the linear reads are conflict-free, and so are the writes of
+    lanes holding whole blocks of 1, 2, 4 or 8 chunks (each lane's chunk c, a fixed pitch
+    apart); the pre-pass's interleaved chunks write with 2-way conflicts (tests/test_stores.py)."""
     return (g ^ ((g >> 3) & 7)) << 4
 
 
