@@ -199,12 +199,14 @@ def dequantize(t: NVFP4Tensor, dtype: torch.dtype = torch.bfloat16, *,
 
 
 def mxfp8_dequantize(data: torch.Tensor, scales: torch.Tensor,
-                     dtype: torch.dtype = torch.bfloat16, swizzled: bool = False) -> torch.Tensor:
+                     dtype: torch.dtype = torch.bfloat16, swizzled: bool = False, *,
+                     out: Optional[torch.Tensor] = None) -> torch.Tensor:
     """MXFP8 data [M, K] (float8_e4m3fn / float8_e5m2, K % 32 == 0) with E8M0 scales (uint8
-    [M, K/32], or the padded 128x4 swizzled layout) -> `dtype`."""
+    [M, K/32], or the padded 128x4 swizzled layout) -> `dtype` (into `out`, a contiguous
+    [M, K] tensor of that dtype on data's device, when given)."""
     from .quant.dequantize import mxfp8_dequantize as mxfp8_dequantize_any_device
 
-    return mxfp8_dequantize_any_device(data, scales, dtype, swizzled)
+    return mxfp8_dequantize_any_device(data, scales, dtype, swizzled, out)
 
 
 def _check_operand(t: NVFP4Tensor, name: str):

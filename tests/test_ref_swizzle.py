@@ -295,9 +295,9 @@ def test_mxfp8_errors():
 
 
 def test_mxfp8_dequantize_out_argument():
-    """`out=` of the package's mxfp8_dequantize (any device): filled and returned; a wrong
+    """`out=` of cute_fp4.mxfp8_dequantize (any device): filled and returned; a wrong
     dtype, shape or layout raises ValueError naming the rule."""
-    from cute_fp4.quant.dequantize import mxfp8_dequantize
+    from cute_fp4 import mxfp8_dequantize
 
     data, scales = ref.mxfp8_quantize(torch.randn(4, 64) * 10)
     out = torch.full((4, 64), float("nan"))

@@ -26,6 +26,16 @@ def _slot(g):
 
 
 @cute.jit
+def warp_buffer(threads: cutlass.Constexpr[int], lane_bytes: cutlass.Constexpr[int],
+                tidx: Int32, lane: Int32) -> Int32:
+    """This warp's shared buffer for warp_linear_store (32 * lane_bytes bytes), from a CTA
+    allocation of threads * lane_bytes."""
+    smem = cutlass.memory.SmemAllocator()
+    buf = smem.allocate_tensor(Uint32, cute.make_layout(threads * lane_bytes // 4))
+    return buf.iterator.toint() + (tidx - lane) * lane_bytes
+
+
+@cute.jit
 def warp_linear_store(buf: Int32, region: Int64, chunks, lane: Int32, limit: Int64,
                       reused: cutlass.Constexpr[bool]):
     """Stores a warp's output region (32 * len(chunks) 16-byte chunks from the global address

@@ -56,7 +56,7 @@ from ..common.decode import (DECODE_EXP_SHIFT, FP16_DECODE_EXP_SHIFT, decode_e2m
 from ..common.jit import (KERNELS, compile_kernel, dyn, env_stream, fake_tensor, num_sms,
                           torch_to_cutlass)
 from ..common.ptx import ld_global, ld_shared, ld_shared_cluster, prmt, st_global
-from ..common.stores import warp_linear_store
+from ..common.stores import warp_buffer, warp_linear_store
 from ..ref.dequantize import check_out_tensor
 from .parts import EpilogueOperands, prefetch_tma, tma_slices
 
@@ -698,12 +698,11 @@ def store_unit_chunks(threads: cutlass.Constexpr[int], out: cute.Tensor, chunks,
     in order along the contiguous `out`) owns 64 output bytes, chunks 2 i + (u % 2) (i = 0..3,
     16 bytes each: `chunks`) of the 128-byte k-tile row of units u & ~1 and u | 1 (K order
     kperm64); the warp stores its 32 units' 2 KB as whole lines (warp_linear_store)."""
-    smem = cutlass.memory.SmemAllocator()
-    buf = smem.allocate_tensor(cutlass.Uint32, cute.make_layout(threads * 16)).iterator.toint()
     tidx, _, _ = cute.arch.thread_idx()
     first = u - lane  # even: the warps' units start at multiples of 32
     pair, odd = lane - (lane & 1), lane & 1
-    warp_linear_store(buf + (tidx - lane) * 64, out.iterator.toint() + Int64(first) * 64,
+    warp_linear_store(warp_buffer(threads, 64, tidx, lane),
+                      out.iterator.toint() + Int64(first) * 64,
                       [(pair * 4 + 2 * i + odd, chunks[i]) for i in range(4)], lane,
                       Int64(total - first) * 64, False)
 

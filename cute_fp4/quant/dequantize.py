@@ -15,7 +15,7 @@ import torch
 from cutlass import Float32, Int32, Int64, Uint32
 
 from ..common.ptx import ld_global
-from ..common.stores import warp_linear_store
+from ..common.stores import warp_buffer, warp_linear_store
 from ..common.jit import (KERNELS, compile_kernel, device_arch, dyn, env_stream, fake_tensor,
                           torch_to_cutlass)
 from ..common.scales import (FLT_MAX, bits_to_f32, e2m1_to_f32, e4m3_to_f32, e8m0_to_f32,
@@ -225,9 +225,7 @@ class DequantizeNVFP4:
         lane = tidx % 32
         total = rows * blocks
         data_base = data.iterator.toint()
-        smem = cutlass.memory.SmemAllocator()
-        buf = smem.allocate_tensor(Uint32, cute.make_layout(THREADS * self.block_bytes // 4))
-        warp_buf = buf.iterator.toint() + (tidx - lane) * self.block_bytes
+        warp_buf = warp_buffer(THREADS, self.block_bytes, tidx, lane)
         # every block's loads first; past the end, the last block (every lane takes part in
         # the warp's stores)
         loaded = []
@@ -300,15 +298,13 @@ class DequantizeMXFP8:
         ic = cutlass.min(i, total - 1)  # past the end, the last block (the warp stores)
         r = ic // blocks
         b = ic - r * blocks
-        smem = cutlass.memory.SmemAllocator()
-        buf = smem.allocate_tensor(Uint32, cute.make_layout(THREADS * self.block_bytes // 4))
         s = e8m0_to_f32(block_scale_code(scales, ic, r, b, blocks, self.swizzled))
         src = cute.make_rmem_tensor((1, 32), self.in_dtype)
         cute.autovec_copy(cute.local_tile(data, (1, 32), (r, b)), src)
         vals = cute.make_rmem_tensor((1, 32), self.out_dtype)
         vals.store((src.load().to(Float32) * s).to(self.out_dtype))
         words = cute.recast_tensor(vals, cutlass.Uint32)
-        store_blocks(buf.iterator.toint() + (tidx - lane) * self.block_bytes, out,
+        store_blocks(warp_buffer(THREADS, self.block_bytes, tidx, lane), out,
                      [words[0, j] for j in range(self.block_bytes // 4)], i - lane, total, lane,
                      self.block_bytes, False)
 
@@ -335,15 +331,12 @@ def mxfp8_kernel(in_dtype: torch.dtype, out_dtype: torch.dtype, swizzled: bool):
 
 
 def dequantize(t: NVFP4Tensor, dtype: torch.dtype, out: torch.Tensor = None) -> torch.Tensor:
-    """GPU dequantize of the rowwise data of `t` (validated by `cute_fp4.dequantize`), into
-    `out` (contiguous [rows, cols] of `dtype`) when given."""
+    """GPU dequantize of the rowwise data of `t`, into `out` (contiguous [rows, cols] of
+    `dtype`) when given; both validated by `cute_fp4.dequantize`."""
     data, recipe = t.data, t.recipe
     device = data.device
-    shape = (data.shape[0], t.cols)
     if out is None:
-        out = torch.empty(shape, dtype=dtype, device=device)
-    else:
-        check_out_tensor(out, shape, dtype, device)
+        out = torch.empty((data.shape[0], t.cols), dtype=dtype, device=device)
     arch = device_arch(device)
     key = ("dequantize_nvfp4", dtype, recipe.scaling, recipe.swizzle, recipe.e4m3_max, arch)
     fn = KERNELS.ffi(key, lambda: compile_kernel(
