@@ -18,11 +18,13 @@ from .ptx import ld_shared, st_shared, st_global
 
 
 def _slot(g):
-    """Shared byte offset of the warp region's 16-byte chunk g: chunk g XOR its 128-byte bank
-    row (g // 8) mod 8, so that the linear reads are conflict-free, and so are the writes of
-    lanes holding whole blocks of 1, 2, 4 or 8 chunks (each lane's chunk c, a fixed pitch
-    apart); the pre-pass's interleaved chunks write with 2-way conflicts (tests/test_stores.py)."""
-    return (g ^ ((g >> 3) & 7)) << 4
+    """Shared byte offset of the warp region's 16-byte chunk g: chunk g XOR (5 * its 128-byte
+    bank row) mod 8. The linear reads (one row per 8 lanes) are conflict-free for any XOR; the
+    factor 5 also makes the writes conflict-free for lanes holding whole blocks of 1, 2, 4 or 8
+    chunks (each lane's chunk c, a fixed pitch apart) and for the pre-pass's two lanes per
+    k-tile row with interleaved chunks, whose rows 2 apart a plain row XOR maps onto the same
+    banks (tests/test_stores.py)."""
+    return (g ^ ((5 * (g >> 3)) & 7)) << 4
 
 
 @cute.jit
