@@ -45,9 +45,10 @@ def plain_cast(recipe: Recipe) -> bool:
     """Recipes of the bandwidth-tuned cast (quant/cast.py: 1x16 blocks per tensor or per token,
     16x16 blocks per tensor); the others run the recipe kernels (quant/cast_recipes.py: RHT,
     stochastic rounding, 4over6, window64; recipes_dispatch sends its RHT ones back to the
-    plain cast's walk)."""
+    plain cast's walk). A rowwise-only recipe's rht changes nothing (Recipe.twin_rht): such a
+    recipe runs as without it."""
     return (recipe.scaling in ("tensor", "token")
-            and not (recipe.rht or recipe.stochastic_rounding or recipe.four_over_six))
+            and not (recipe.twin_rht or recipe.stochastic_rounding or recipe.four_over_six))
 
 
 def plain_cast_plan(x: Tensor, recipe: Recipe):

@@ -70,6 +70,13 @@ class Recipe:
             raise ValueError("Recipe.stochastic_rounding cannot be combined with four_over_six")
 
     @property
+    def twin_rht(self) -> bool:
+        """Whether the RHT changes an output: it transforms the columnwise twin's input only,
+        so a rowwise-only recipe with rht=True gives the bytes of the same recipe without it
+        (and runs its kernels)."""
+        return self.rht and self.columnwise
+
+    @property
     def block_rows(self) -> int:
         return self.block[0]
 

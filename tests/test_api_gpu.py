@@ -114,6 +114,28 @@ def test_quantize_dbias(recipe, dtype, shape):
     assert not torch.equal(sums, torch.zeros_like(sums))
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("scaling", ["tensor", "token"])
+@pytest.mark.parametrize("options", [dict(), dict(swizzle=True), dict(stochastic_rounding=True),
+                                     dict(four_over_six="mse")], ids=["rn", "swizzle", "sr", "4over6"])
+def test_rowwise_rht_runs_without_it(dtype, scaling, options):
+    """A rowwise-only recipe's rht changes no byte (Recipe.twin_rht): cute_fp4.quantize gives
+    the reference's bytes through the kernels of the recipe without it (the plain cast, at the
+    same speed, for RN: it took the recipe kernel before) and keeps the caller's recipe."""
+    x = (torch.randn(1040, 2064, device="cuda") * torch.logspace(-3, 3, 2064, device="cuda")
+         ).to(dtype)
+    recipe = Recipe(scaling=scaling, rht=True, **options)
+    rng = torch.tensor([torch.randint(0, 2**62, (1,)).item(), 9], dtype=torch.int64,
+                       device="cuda")
+    got = cute_fp4.quantize(x, recipe, rng_state=rng)
+    assert got.recipe == recipe
+    check(got, ref.quantize(x, recipe, seed=rng[0].item(), offset=9), recipe)
+    plain = recipe.replace(rht=False)
+    check(got, cute_fp4.quantize(x, plain, rng_state=rng), plain)
+    rn = set(options) <= {"swizzle"}  # the plain cast's recipes
+    assert (api.ops.plain_cast_plan(x, recipe) is not None) == rn
+
+
 OUT_FIELDS = ("data", "scales", "amax", "data_t", "scales_t", "amax_t")
 
 
@@ -141,6 +163,7 @@ def _poison(t):
     ((512, 1024), Recipe(scaling="window64", columnwise=True, swizzle=True), "recipe"),
     ((512, 1024), Recipe(block=(16, 16), four_over_six="mse", columnwise=True), "recipe"),
     ((512, 1024), Recipe(scaling="token", rht=True, columnwise=True), "recipe"),
+    ((2, 520, 1040), Recipe(scaling="token", stochastic_rounding=True, swizzle=True), "recipe"),
 ], ids=lambda v: v if isinstance(v, str) else None)
 @pytest.mark.parametrize("distinct_amax", [False, True])
 def test_quantize_out_in_place(shape, recipe, path, distinct_amax):

@@ -107,6 +107,34 @@ def test_token_rows_ptx(arch, dtype, k, swizzle, ctas):
     check_e2m1(ptx, arch)
 
 
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("dtype,k,swizzle", [("bf16", 8192, False), ("fp16", 272, True),
+                                             ("fp32", 16384, True), ("bf16", 2048, True)])
+def test_token_rows_sr_ptx(arch, dtype, k, swizzle):
+    """TokenRowCast with stochastic rounding, against the same kernel rounding to nearest:
+    one Philox4x32-10 call per block in each copy of the strip's cast, the software stochastic
+    encode on both archs (16 mul.rz.f32 per block, no e2m1 instruction); for 16-bit inputs
+    the fast copy's signs from the inputs (one set.lt.u32 per input word) instead of the
+    products' sign bits; the same loads, stores, reductions and register cap."""
+    esize = {"bf16": 2, "fp16": 2, "fp32": 4}[dtype]
+    split = token_rows_config(k, esize, swizzle)
+    ptx = compile_ptx(*token_rows_kernel(dtype, swizzle, split, stochastic=True), arch=arch)
+    rn = compile_ptx(*token_rows_kernel(dtype, swizzle, split), arch=arch)
+    assert ptx_target(ptx) == arch
+    calls = 2 * split[1] * split[2]  # blocks per thread and strip, in both copies
+    assert ptx.count(f"mul.wide.u32 p0, c0, {PHILOX_M0:#010x}") == 10 * calls
+    assert ptx.count(f"mul.wide.u32 p1, c2, {PHILOX_M1:#010x}") == 10 * calls
+    assert f"{PHILOX_M0:#010x}" not in rn
+    assert ptx.count("mul.rz.f32") == 16 * calls
+    assert "e2m1" not in ptx
+    ty = "bf16x2" if dtype == "bf16" else "f16x2"
+    assert ptx.count(f"set.lt.u32.{ty}") == (8 * calls // 2 if esize == 2 else 0)
+    assert not re.search(r"prmt\.b32 \w+, \S+, \S+, 0xFB;", ptx)  # no product sign bits
+    for op in ("ld.global.nc.v4", "st.global.v2.b32", "redux.sync.max.u32", "vote.sync.all",
+               "rcp.approx.ftz.f32", ".minnctapersm"):
+        assert ptx.count(op) == rn.count(op), op
+
+
 def test_token_rows_config():
     """Work splits: one 16-element block per unit; threads per row a power of two covering
     the row's units (one unit each) up to 256, then up to 4 units per thread; 32 input words

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from cute_fp4 import Recipe
+from cute_fp4 import Recipe, ref
 from cute_fp4.common.compile_check import compile_ptx, missing_instructions, ptx_target
 from cute_fp4.common.encode import _SR_SEL, _sr_elem, sr_sign_sel
 from cute_fp4.quant.cast_recipes import DIV_CONST, DIV_CONST_MIN_HEX
@@ -367,7 +367,8 @@ def test_plain_cast_routing():
     for recipe, dtype in [(rht, "bf16"), (rht, "fp16"), (sr, "fp32"), (sr, "bf16"),
                           (rht.replace(scaling="token", swizzle=True, rowwise=False), "bf16"),
                           (rht.replace(stochastic_rounding=True), "fp16"),
-                          (sr.replace(scaling="token", columnwise=True, swizzle=True), "fp32")]:
+                          (sr.replace(scaling="token", columnwise=True, swizzle=True), "fp32"),
+                          (sr.replace(rht=True), "fp32")]:  # rowwise only: SR alone
         assert on_plain_cast(recipe, 1, dtype), recipe
     for recipe, groups, dtype in [
             (rht, 1, "fp32"), (rht, 2, "bf16"), (rht.replace(columnwise=False), 1, "bf16"),
@@ -402,3 +403,32 @@ def test_plain_cast_routing():
             (4096, True, False, (2, True, True, 4, 8, False, False)),
             (512, True, False, (2, True, True, 4, 1, False, False))]:  # 64 runs: too few
         assert plain_cast_walk(m, 8192, 2, True, True, True, 132, rht, sr) == want
+
+
+def test_rowwise_rht_runs_without_it():
+    """The RHT transforms the twin's input only, so a rowwise-only recipe with rht=True gives
+    the bytes of the same recipe without it (ref.quantize) and runs its kernels: the plain cast
+    for RN, the plain SR cast with stochastic rounding (fp32 included, which the RHT cast does
+    not take), the same compiled recipe kernel otherwise."""
+    from cute_fp4.ops import plain_cast
+    from cute_fp4.quant.recipes_dispatch import _cast_config
+
+    for scaling in ("tensor", "token"):
+        row = Recipe(scaling=scaling, rht=True)
+        assert not row.twin_rht and row.replace(columnwise=True).twin_rht
+        assert row.replace(rowwise=False, columnwise=True).twin_rht
+        assert plain_cast(row) and plain_cast(row.replace(swizzle=True))
+        assert not plain_cast(row.replace(columnwise=True))
+        assert on_plain_cast(row.replace(stochastic_rounding=True), 1, "fp32")
+        assert not on_plain_cast(row.replace(stochastic_rounding=True, columnwise=True), 1,
+                                 "fp32")
+    fos = Recipe(scaling="token", four_over_six="mse")
+    assert _cast_config("bf16", fos.replace(rht=True)) == _cast_config("bf16", fos)
+    assert _cast_config("bf16", fos.replace(rht=True, columnwise=True)) != \
+        _cast_config("bf16", fos.replace(columnwise=True))
+    x = torch.randn(64, 128) * torch.logspace(-3, 3, 128)
+    for recipe in (Recipe(rht=True), Recipe(scaling="token", rht=True, stochastic_rounding=True)):
+        got, want = ref.quantize(x, recipe, seed=7), ref.quantize(x, recipe.replace(rht=False),
+                                                                   seed=7)
+        assert torch.equal(got.data, want.data) and torch.equal(got.amax, want.amax)
+        assert torch.equal(got.scales.view(torch.uint8), want.scales.view(torch.uint8))

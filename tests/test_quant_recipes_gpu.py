@@ -274,10 +274,12 @@ def test_sr_plain_cast(shape, kind, dtype, rht, scaling, gen):
     run_all(x, recipe, seed=seed, offset=offset)
     # the plain cast's amax passes run first: per tensor AmaxTensor (with the RHT K1 per
     # tensor), per token with both outputs AmaxToken (K1; with the RHT its transformed column
-    # amaxes)
+    # amaxes); rowwise only (no RHT to apply) per tensor AmaxTensor, per token one read by
+    # TokenRowCast
     plan = rd._plan((shape[0],), shape[1], recipe, rd._DTYPE_NAMES[dtype], x.device, seed,
                     offset, False)
-    assert (plan.tensor_amax is not None) == (scaling == "tensor" and not rht)
+    assert (plan.tensor_amax is not None) == (scaling == "tensor")
+    assert (plan.token_rows is not None) == (scaling == "token")
     assert plan.token_amax is None
     both = rd._plan((shape[0],), shape[1], recipe.replace(columnwise=True),
                     rd._DTYPE_NAMES[dtype], x.device, seed, offset, False)

@@ -10,7 +10,8 @@ one launch of TokenRowCast (token_rows.py), which finds each row's amax and cast
 read (rows up to 16384 elements).
 
 Supported: recipe.scaling in {"tensor", "token"}, 1x16 blocks or (per tensor) 16x16 blocks
-(CastKernel block2d), no rht / stochastic rounding / 4over6: the recipe kernels
+(CastKernel block2d), no RHT of a twin (Recipe.twin_rht: a rowwise-only recipe's rht changes
+nothing and runs here) / stochastic rounding / 4over6: the recipe kernels
 (`recipes_dispatch.quantize_recipe`) run those, and the public `cute_fp4.quantize` routes each
 recipe to its kernel (`ops.plain_cast`); called directly, this module raises
 NotImplementedError naming the option.
@@ -77,13 +78,25 @@ def cast_kernel(dtype: str, rowwise: bool, columnwise: bool, swizzle: bool, per_
 
 
 def token_rows_kernel(dtype: str, swizzle: bool, split: tuple, num_sms: int = 132,
-                      ctas_per_sm: int = 0):
+                      ctas_per_sm: int = 0, stochastic: bool = False):
     """(kernel, *fake compile arguments) of the per-token rowwise cast in the amax pass;
     split = token_rows_config(k, esize, swizzle)."""
     esize = _CUTLASS[dtype].width // 8
-    return (TokenRowCast(dtype, swizzle, *split, num_sms, ctas_per_sm),
+    return (TokenRowCast(dtype, swizzle, *split, num_sms, ctas_per_sm, stochastic),
             fake_tensor(_CUTLASS[dtype], (dyn(), dyn(16 // esize))),
-            fake_tensor(cutlass.Float32, (None,), align=4), _u8_2d(), _f8_2d(), env_stream())
+            fake_tensor(cutlass.Float32, (None,), align=4), _u8_2d(), _f8_2d(),
+            fake_tensor(cutlass.Int64, (2,), align=8) if stochastic else None, env_stream())
+
+
+def token_rows_fn(name: str, swizzle: bool, split: tuple, num_sms: int, arch: str,
+                  stochastic: bool = False):
+    """The compiled TokenRowCast of a configuration (TVM-FFI function, cached), called as
+    (x, amax_r, data, scales, rng or None)."""
+    ctas = TOKEN_ROWS_CTAS_PER_SM
+    return ffi_function(KERNELS.get(
+        ("token_rows", name, swizzle, split, num_sms, ctas, stochastic, arch),
+        lambda: compile_kernel(*token_rows_kernel(name, swizzle, split, num_sms, ctas,
+                                                  stochastic), arch=arch)))
 
 
 def amax_tensor_kernel(dtype: str, num_sms: int = 132, l2_keep: int = 0):
@@ -143,7 +156,7 @@ _RECIPE_KERNELS = ("is not a plain-cast option: quant.recipes_dispatch.quantize_
 
 
 def _check_recipe(recipe: Recipe):
-    if recipe.rht:
+    if recipe.twin_rht:
         raise NotImplementedError(f"cute_fp4 plain CUDA cast: Recipe.rht {_RECIPE_KERNELS}")
     if recipe.stochastic_rounding:
         raise NotImplementedError(
@@ -428,11 +441,7 @@ class _Plan:
         self.amax = None
         self.token_rows = None
         if rows_only:
-            ctas = TOKEN_ROWS_CTAS_PER_SM
-            self.token_rows = ffi_function(KERNELS.get(
-                ("token_rows", name, swz, split, sms, ctas, arch),
-                lambda: compile_kernel(*token_rows_kernel(name, swz, split, sms, ctas),
-                                       arch=arch)))
+            self.token_rows = token_rows_fn(name, swz, split, sms, arch)
         walk = cast_walk(m, k, esize, per_token, fused, col and not swz, row and not swz, sms)
         block2d = recipe.block == (16, 16)
         groups = cast_groups(name, row, col, swz, per_token, fused, walk, False, block2d, False,
@@ -540,7 +549,7 @@ class _Plan:
         elif self.token_rows is not None:
             amax_r = out.amax if out is not None else words[:m]
             amax_c = None
-            self.token_rows(x, amax_r, data, scales)
+            self.token_rows(x, amax_r, data, scales, None)
         elif self.per_token:
             amax_all = words[:m + k]
             amax_r = arg_r = amax_all[:m]

@@ -11,7 +11,8 @@ and / or stochastic rounding (`on_plain_cast`) the plain cast (CastKernel with r
 stochastic) instead of RecipeCastKernel, after the plain cast's own amax passes without column
 sums (AmaxTensor per tensor without the RHT; AmaxToken per token with both outputs, with the RHT
 its transformed column amaxes, and per tensor with the RHT its maxima over all rows and
-columns).
+columns). Per-token stochastic rounding of the rowwise output alone (rows up to 16384
+elements, no column sums) is one launch of TokenRowCast (stochastic), which reads each row once.
 
 Tensor parallelism (input sharded along M, sequence parallel): `amax_reduce(t)` reduces a
 float32 CUDA amax tensor in place across ranks (e.g. an all-reduce MAX). It is called between
@@ -46,7 +47,9 @@ from ..ref.swizzle import scale_shape
 from ..tensor import NVFP4Tensor
 from .cast_recipes import GTAB_COLS, TILE, RecipeAmax, RecipeCastKernel
 from .dispatch import (L2_KEEP_BYTES, cast_groups, cast_kernel, cast_walk, run_tensor_amax,
-                       tensor_amax_fn, tensor_amax_words, token_amax_fn, walk_run)
+                       tensor_amax_fn, tensor_amax_words, token_amax_fn, token_rows_fn,
+                       walk_run)
+from .token_rows import token_rows_config
 
 _DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 _CUTLASS = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16, "fp32": cutlass.Float32}
@@ -55,7 +58,7 @@ AMAX_TILES_PER_CTA = 4  # m tiles per RecipeAmax CTA row at most (two strips per
 
 def _cast_config(name: str, recipe: Recipe):
     return (name, recipe.rowwise, recipe.columnwise, recipe.swizzle, recipe.scaling,
-            recipe.block_rows, recipe.rht, recipe.stochastic_rounding, recipe.four_over_six,
+            recipe.block_rows, recipe.twin_rht, recipe.stochastic_rounding, recipe.four_over_six,
             recipe.e4m3_max, recipe.fast_math)
 
 
@@ -91,13 +94,13 @@ def on_plain_cast(recipe: Recipe, n_groups: int, dtype: str) -> bool:
     (bf16 / fp16 with the twin: CastKernel rht, the transform on the tensor cores) and / or
     stochastic rounding (CastKernel stochastic). Its persistent TMA walk is faster than the
     recipe kernel (notes/quant_recipes.md "Session 21", "Session 23"); everything else (16x16
-    with SR, window64, 4over6, groups, RHT of fp32 inputs or without the twin) runs the
-    recipe kernel."""
+    with SR, window64, 4over6, groups, RHT of fp32 inputs) runs the recipe kernel. A
+    rowwise-only recipe's rht changes no byte (Recipe.twin_rht): it runs as without it."""
     if (n_groups != 1 or recipe.block != (1, 16) or recipe.four_over_six is not None
             or recipe.scaling not in ("tensor", "token")):
         return False
-    if recipe.rht:
-        return dtype != "fp32" and recipe.columnwise
+    if recipe.twin_rht:
+        return dtype != "fp32"
     return recipe.stochastic_rounding
 
 
@@ -190,7 +193,7 @@ def token_amax_k1(recipe: Recipe, col_sum: bool) -> bool:
     (notes/quant.md "Session 29"); with the RHT (session 33, torch profiler) 4096x8192 20.5
     vs 22.2, 8192^2 36.7 vs 38.5, 16384x2048 20.2 (notes/quant_recipes.md "Session 33")."""
     if recipe.scaling == "tensor":
-        return recipe.rht and not col_sum
+        return recipe.twin_rht and not col_sum
     return (recipe.scaling == "token" and not col_sum and recipe.rowwise
             and recipe.columnwise)
 
@@ -268,9 +271,10 @@ class _Plan:
         self.lens = (q_len, s_len, qt_len, st_len)
         # the offsets past the last group
         self.ar_len, self.ac_len = _amax_offsets(scaling, len(sizes), row0, k)
-        self.alias = scaling == "tensor" and not recipe.rht  # columnwise amax = rowwise amax
+        self.alias = scaling == "tensor" and not recipe.twin_rht  # columnwise amax = rowwise amax
         self.launch = bool(ttab) and k > 0
         self.tensor_amax = self.token_amax = None  # AmaxTensor / AmaxToken (see below)
+        self.token_rows = self.amax_fn = None  # TokenRowCast / RecipeAmax (see below)
         if not self.launch:
             return
         # device copies made here, once: repeated calls make no host-to-device copy, so they
@@ -283,10 +287,18 @@ class _Plan:
         self.n_kt = 2 * _ceil(k, 128) if swz and col else _ceil(k, TILE)
         arch = device_arch(dev)
         self.plain = on_plain_cast(recipe, len(sizes), name)
+        # per-token SR, rowwise only, without column sums: TokenRowCast stochastic (one read;
+        # K1 + the plain SR cast read the input twice)
+        split = token_rows_config(k, esize, swz)
+        if (self.plain and scaling == "token" and row and not col and not col_sum
+                and split is not None):
+            self.token_rows = token_rows_fn(name, swz, split, sms, arch, stochastic=True)
+            self.scale_shapes = (scale_shape(sizes[0], nsc, swz), None)
+            return
         keep = 0
         if self.plain:
             m, per_token = sizes[0], scaling == "token"
-            rht, sr = recipe.rht, recipe.stochastic_rounding
+            rht, sr = recipe.twin_rht, recipe.stochastic_rounding
             walk = plain_cast_walk(m, k, esize, per_token, col and not swz, row and not swz, sms,
                                    rht, sr)
             groups = cast_groups(name, row, col, swz, per_token, False, walk, rht, False, sr,
@@ -294,21 +306,21 @@ class _Plan:
             # the amax pass's L2 priorities before a backwards cast, as dispatch._Plan's
             if walk[1] and m * k * esize > L2_KEEP_BYTES[col]:
                 keep = L2_KEEP_BYTES[col]
-        self.amax_fn = None
         # per tensor on the plain cast without the RHT or column sums: the plain cast's amax
         # pass (AmaxTensor: partials, no zero-fill; ~2 us less than RecipeAmax + the zero-fill
         # of its words at 8192x8192 bf16, notes/quant_recipes.md "Session 24")
-        if self.plain and scaling == "tensor" and not recipe.rht and not col_sum:
+        if self.plain and scaling == "tensor" and not recipe.twin_rht and not col_sum:
             self.tensor_amax = tensor_amax_fn(name, sms, keep, arch)
             self.amax_dims = (m, k, esize, sms)
         elif self.plain and token_amax_k1(recipe, col_sum):
-            self.token_amax = token_amax_fn(name, keep, arch, recipe.rht, scaling == "tensor")
+            self.token_amax = token_amax_fn(name, keep, arch, recipe.twin_rht,
+                                            scaling == "tensor")
         elif scaling != "window64" and atab:
             do_row, do_col = row or self.alias, col and not self.alias
-            akey = ("amax_recipe", name, scaling == "token", recipe.rht, do_row, do_col,
+            akey = ("amax_recipe", name, scaling == "token", recipe.twin_rht, do_row, do_col,
                     col_sum, keep, arch)
             self.amax_fn = KERNELS.get(akey, lambda: compile_kernel(
-                *amax_recipe_kernel(name, scaling == "token", recipe.rht, do_row, do_col,
+                *amax_recipe_kernel(name, scaling == "token", recipe.twin_rht, do_row, do_col,
                                     col_sum, keep), arch=arch))
         if self.plain:
             ckey = ("cast", name, row, col, swz, per_token, sms, False, walk, "recipe", rht, sr,
@@ -371,6 +383,8 @@ def _run(x2: torch.Tensor, sizes: List[int], recipe: Recipe, seed: int, offset: 
         amax_r, amax_c = words[1:2], words[-1:]
     elif scaling == "window64":
         amax_r, amax_c = _alloc_f32(ar_len, dev), _alloc_f32(ac_len, dev)
+    elif plan.token_rows is not None:  # the row amaxes, each written by TokenRowCast
+        amax_r = amax_c = _alloc_f32(ar_len, dev)
     elif plan.alias:  # zeroed first (reduced with red.global.max); one amax serves both
         amax_r = amax_c = torch.zeros(ar_len, dtype=torch.float32, device=dev)
     else:  # zeroed first, one buffer for both
@@ -403,10 +417,13 @@ def _run(x2: torch.Tensor, sizes: List[int], recipe: Recipe, seed: int, offset: 
         rng = None
         if recipe.stochastic_rounding:
             rng = plan.rng if rng_state is None else rng_state.contiguous()
-        plan.cast_fn(x2, arg_r, arg_c, q.view(m, k // 2) if row else d2,
-                     s.view(s_shape).view(f8) if row else d2.view(f8),
-                     qt.view(k, m // 2) if col else d2,
-                     st.view(st_shape).view(f8) if col else d2.view(f8), rng)
+        if plan.token_rows is not None:
+            plan.token_rows(x2, amax_r, q.view(m, k // 2), s.view(s_shape).view(f8), rng)
+        else:
+            plan.cast_fn(x2, arg_r, arg_c, q.view(m, k // 2) if row else d2,
+                         s.view(s_shape).view(f8) if row else d2.view(f8),
+                         qt.view(k, m // 2) if col else d2,
+                         st.view(st_shape).view(f8) if col else d2.view(f8), rng)
     elif plan.launch:
         dummy = plan.dummy
         rng = plan.rng if rng_state is None else rng_state.contiguous()

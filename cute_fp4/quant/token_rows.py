@@ -21,13 +21,23 @@ Fast copy (``_cast_strip``): a strip whose rows' outer scales all pass ``E.fast_
 one above ~2^-105 for fp32; none NaN) casts its blocks with the reciprocal without its
 slow-path branch and, for 16-bit inputs with the software encoder, the codes' signs from the
 products' sign bits; other strips take the IEEE copy.
+
+``stochastic``: stochastic rounding (SPEC section 2) from Philox4x32-10 keyed by the int64
+[seed, offset] device tensor ``rng``, as CastKernel's rowwise output: one Philox call per block
+(stream 0, call = the block's row-major index), encoded by E.sr_encode16; in the fast copy of
+16-bit inputs with the signs from the inputs (E.sr_encode16_signed, the same enc >= 2^-14
+guarantee). A per-token rowwise-only SR cast (e.g. dy without a weight gradient) otherwise reads
+its input twice (K1 + the plain SR cast).
 """
+
+from typing import Optional
 
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64, Uint32
 
 from cute_fp4.common import encode as E
+from cute_fp4.common.philox import philox_call, round_keys
 from cute_fp4.common.scales import outer_block_scales, swizzled_scale_offset
 from cute_fp4.quant.amax import vec_amax, vec_values
 
@@ -70,7 +80,7 @@ class TokenRowCast:
     launches one CTA per strip."""
 
     def __init__(self, dtype: str, swizzle: bool, tpr: int, units: int, passes: int,
-                 num_sms: int, ctas_per_sm: int = 0):
+                 num_sms: int, ctas_per_sm: int = 0, stochastic: bool = False):
         if dtype not in DTYPES:
             raise TypeError(f"TokenRowCast: unsupported input dtype {dtype!r} (bf16, fp16, fp32)")
         if tpr not in (32, 64, 128, 256) or not 1 <= units <= MAX_UNITS or passes < 1:
@@ -88,6 +98,7 @@ class TokenRowCast:
             raise ValueError(f"TokenRowCast: {self.strip_rows} rows per strip > {MAX_STRIP_ROWS}")
         self.num_sms = num_sms
         self.ctas_per_sm = ctas_per_sm
+        self.stochastic = stochastic
         self.words = UNIT * self.esize // 4  # input words per unit
         # registers for MIN_CTAS_PER_SM CTAs per SM where a thread holds at most STRIP_WORDS
         # input words (the fp32 rows of 3-4 units per thread would spill)
@@ -96,10 +107,13 @@ class TokenRowCast:
 
     @cute.jit
     def __call__(self, x: cute.Tensor, amax_r: cute.Tensor, q: cute.Tensor, s: cute.Tensor,
-                 stream):
+                 rng: Optional[cute.Tensor], stream):
+        """rng: int64 [seed, offset] of stochastic rounding (None without it)."""
         self.hw = E.has_hw_e2m1()
-        # the fast copy's signs from the products' sign bits (16-bit inputs, software encoder)
-        self.bulk_signs = self.esize == 2 and not self.hw
+        # the fast copy's signs in bulk (16-bit inputs): from the inputs for stochastic
+        # rounding (software on every arch), else from the products' sign bits with the
+        # software encoder
+        self.bulk_signs = self.esize == 2 and (self.stochastic or not self.hw)
         M = x.shape[0]
         K = x.shape[1]
         rows = M
@@ -112,12 +126,12 @@ class TokenRowCast:
         launch = {}
         if cutlass.const_expr(self.min_ctas > 0):
             launch = {"min_blocks_per_mp": self.min_ctas, "preferred_smem_carveout": 100}
-        self.kernel(x, amax_r, q, s, M, K, n_strips).launch(
+        self.kernel(x, amax_r, q, s, rng, M, K, n_strips).launch(
             grid=(grid, 1, 1), block=(THREADS, 1, 1), stream=stream, **launch)
 
     @cute.kernel
     def kernel(self, x: cute.Tensor, amax_r: cute.Tensor, q: cute.Tensor, s: cute.Tensor,
-               M: Int32, K: Int32, n_strips: Int32):
+               rng: Optional[cute.Tensor], M: Int32, K: Int32, n_strips: Int32):
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         gdim, _, _ = cute.arch.grid_dim()
@@ -145,6 +159,10 @@ class TokenRowCast:
         # per strip parity, pass and warp: the warp's max of its row in that pass
         red = smem.allocate_tensor(Uint32, cute.make_layout(2 * self.passes * (THREADS // 32)))
         red_base = red.iterator.toint()
+        sr = None  # stochastic rounding: (round keys, offset)
+        if cutlass.const_expr(self.stochastic):
+            seed = rng[0]
+            sr = (round_keys(Uint32(seed & 0xFFFFFFFF), Uint32(seed >> 32)), Uint32(rng[1]))
 
         parity = Int32(0)
         for strip in cutlass.range(bidx, n_strips, gdim, unroll=1):
@@ -195,7 +213,7 @@ class TokenRowCast:
             s6_l, sdec_l = outer_block_scales(amax_row, E.E4M3_MAX)
             # the strip's rows (every warp holds all of them) decide the copy for the CTA
             strip = (data, uamax, s6_l, sdec_l, row0 + prow, tu, warp, rows_cover,
-                     units_cover, q_base, half_k, s_base, n_units)
+                     units_cover, q_base, half_k, s_base, n_units, sr)
             if cute.arch.vote_all_sync(E.fast_outer_ok(sdec_l, self.bulk_signs, True)):
                 self._cast_strip(*strip, fast=True)
             else:
@@ -204,14 +222,15 @@ class TokenRowCast:
 
     @cute.jit
     def _cast_strip(self, data, uamax, s6_l, sdec_l, row_p, tu, warp, rows_cover,
-                    units_cover, q_base, half_k, s_base, nsc, fast: cutlass.Constexpr):
+                    units_cover, q_base, half_k, s_base, nsc, sr, fast: cutlass.Constexpr):
         """The rowwise data and scales of the strip's loaded units (data: [pass][unit] ->
         (words, in range), uamax their amaxes) with the outer scales of lane r's row r (s6_l,
         sdec_l); row_p: the thread's row in pass 0. fast: every row's sdec passed
         E.fast_outer_ok, so the blocks' enc come from the reciprocal without its slow-path
         branch (whose branch region around every unit kept ptxas from interleaving them) and,
         with bulk_signs, the codes' signs from the products' sign bits, 8 at a time; no enc is
-        NaN there (a NaN row amax fails the check; an infinite one has S_enc = 1)."""
+        NaN there (a NaN row amax fails the check; an infinite one has S_enc = 1). sr:
+        stochastic rounding's (round keys, offset), or None."""
         tpr = self.tpr
         P = self.rows_per_pass
         for p in cutlass.range_constexpr(self.passes):
@@ -224,7 +243,16 @@ class TokenRowCast:
                 u = tu + tpr * v
                 code, enc = E.block_scale(uamax[p][v], s6, sdec, fast)
                 xs = vec_values(words, self.dtype_name)
-                if cutlass.const_expr(fast and self.bulk_signs):
+                if cutlass.const_expr(sr is not None):
+                    rnd = philox_call(Int64(row) * nsc + Int64(u), sr[1], 0, sr[0])
+                    if cutlass.const_expr(fast and self.bulk_signs):  # element i: half i % 2
+                        sws = [E.sign_word(w, self.dtype_name) for w in words]  # of word i // 2
+                        w0, w1 = E.sr_encode16_signed(xs, enc, rnd, [sws[i // 2] for i in
+                                                                     range(16)],
+                                                      [i % 2 for i in range(16)])
+                    else:
+                        w0, w1 = E.sr_encode16(xs, enc, rnd)
+                elif cutlass.const_expr(fast and self.bulk_signs):
                     w0 = E.encode8_nonzero_products(xs[:8], enc)
                     w1 = E.encode8_nonzero_products(xs[8:], enc)
                 else:
