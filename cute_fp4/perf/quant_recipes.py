@@ -5,10 +5,11 @@ bandwidth of the recipe quantize kernels (cast_recipes) against the plain cast
 One recipe from the flags (--rht, --sr, --2d, --window64, --four-over-six {mae,mse}
 [--fast-math], --scaling token, --grouped N, --swizzle), or --suite: every recipe of issues 4
 and 5 in one table. Columns: time, % of the HBM floor (unavoidable bytes / copy bandwidth of
-this run: the input read twice when an outer amax pass is needed, once for window64; every
-output written once), the ratio to the plain cast of the same shape, outputs and scale layout
-(the plain cast uses the recipe's scaling where it supports it, else per-tensor) and, for
-grouped inputs, the ratio to one single-tensor launch of the same recipe and total size.
+this run: the input read twice when an outer amax pass is needed, once for window64 and per
+token rowwise only; every output written once), the ratio to the plain cast of the same shape,
+outputs and scale layout (the plain cast uses the recipe's scaling where it supports it, else
+per-tensor) and, for grouped inputs, the ratio to one single-tensor launch of the same recipe
+and total size.
 
 Each recipe is timed as `cute_fp4.quantize` runs it on CUDA (`ops.quantize_impl`: 16x16
 blocks per tensor on the plain cast, the rest on the recipe kernels, whose dispatch sends the
@@ -31,7 +32,10 @@ def floor_bytes(m: int, k: int, elem: int, recipe: Recipe) -> int:
     out = outs * (m * k // 2 + m * k // 16)
     if recipe.scaling == "window64":
         out += outs * m * k // 64 * 4
-    passes = 1 if recipe.scaling == "window64" else 2
+    # one read: window64 (no amax pass) and per-token rowwise only (TokenRowCast)
+    one_read = recipe.scaling == "window64" or (recipe.scaling == "token"
+                                                 and not recipe.columnwise)
+    passes = 1 if one_read else 2
     return passes * m * k * elem + out
 
 
