@@ -380,10 +380,13 @@ def test_bad_inputs():
         dispatch.quantize(torch.randn(32, 32, device="cuda").to(torch.float64), Recipe())
     with pytest.raises(ValueError, match="contiguous"):
         dispatch.quantize(torch.randn(32, 64, device="cuda").t(), Recipe())
-    for opt in [dict(rht=True), dict(stochastic_rounding=True), dict(four_over_six="mae"),
-                dict(scaling="window64")]:
+    for opt in [dict(rht=True, columnwise=True), dict(stochastic_rounding=True),
+                dict(four_over_six="mae"), dict(scaling="window64")]:
         with pytest.raises(NotImplementedError, match=next(iter(opt))):
             dispatch.quantize(torch.randn(64, 64, device="cuda"), Recipe(**opt))
+    # a rowwise-only recipe's RHT has nothing to transform (Recipe.twin_rht): the plain cast
+    x = torch.randn(64, 64, device="cuda")
+    check(dispatch.quantize(x, Recipe(rht=True)), ref.quantize(x, Recipe()), Recipe())
 
 
 @pytest.mark.parametrize("scaling,block", [("tensor", (1, 16)), ("token", (1, 16)),
