@@ -543,6 +543,13 @@ def sign_word(word, dtype_name: str):
     return _ptx1(_sign_word_ptx(dtype_name), Uint32, Uint32(word))
 
 
+def input_signs16(words, dtype_name: str):
+    """(sign words, halves) for sr_encode16_signed of a block of 16 consecutive 16-bit inputs
+    packed two per word: element i is in half i % 2 of word i // 2."""
+    sws = [sign_word(w, dtype_name) for w in words]
+    return [sws[i // 2] for i in range(16)], [i % 2 for i in range(16)]
+
+
 def sr_encode16_signed(xs, enc, words, signs, halves):
     """sr_encode16 of 16-bit inputs whose block has enc >= 2^-14 or NaN (the caller's
     guarantee), with the signs from sign words: element i is in half halves[i] of

@@ -42,6 +42,13 @@ def round_keys(k0, k1):
     return keys
 
 
+def rng_round_keys(rng):
+    """(round keys, offset) of stochastic rounding's int64 [seed, offset] device tensor: the
+    key schedule of the seed's two 32-bit halves and the offset's low 32 bits (a Uint32)."""
+    seed = rng[0]
+    return round_keys(Uint32(seed & 0xFFFFFFFF), Uint32(seed >> 32)), Uint32(rng[1])
+
+
 def philox4x32(c0, c1, c2, c3, keys):
     """The four 32-bit output words (Uint32) of Philox4x32-10 for one counter and the round
     keys of `round_keys`."""

@@ -89,7 +89,7 @@ from cutlass import Float32, Int32, Int64, Uint32
 from cutlass.cute.nvgpu import cpasync
 
 from cute_fp4.common import encode as E
-from cute_fp4.common.philox import philox_call, round_keys
+from cute_fp4.common.philox import philox_call, rng_round_keys
 from cute_fp4.common.ptx import ldmatrix_x4_trans, mma_16816, prmt
 from cute_fp4.common.scales import (OUTER_FAST_MAX, OUTER_FAST_MIN, outer_block_scales,
                                     swizzled_scale_offset)
@@ -463,13 +463,12 @@ class CastKernel:
         with the RHT): the column pass's lane rb holds element (i + rb) % 8 of a half block at
         position i (_col_offsets), so its random bytes are the half block's 8 bytes rotated by
         rb: prmt with nibble j = (j + rb) % 8 (low word) / (j + 4 + rb) % 8 (high word)."""
-        seed = rng[0]
-        keys = round_keys(Uint32(seed & 0xFFFFFFFF), Uint32(seed >> 32))
+        keys, offset = rng_round_keys(rng)
         sels = None
         if not self.rht:
             rot = E.rotl_nibbles(Uint32(0x76543210), 8 - tidx % 32 // 4)
             sels = (rot, rot >> 16)
-        return keys, Uint32(rng[1]), sels
+        return keys, offset, sels
 
     def _philox(self, call, stream: int, sr):
         """The 4 random words of a block: Philox call `call` (Int64: the block's index in
@@ -972,9 +971,8 @@ class CastKernel:
                 rnd = sgn = None
                 if cutlass.const_expr(sr is not None):
                     rnd = self._philox(Int64(gr) * nsc_r + Int64(gcol_blk), 0, sr)
-                if cutlass.const_expr(fast and self.input_signs):  # element i: half i % 2
-                    sws = [E.sign_word(v, self.dtype_name) for v in words]  # of word i // 2
-                    sgn = ([sws[i // 2] for i in range(16)], [i % 2 for i in range(16)])
+                if cutlass.const_expr(fast and self.input_signs):
+                    sgn = E.input_signs16(words, self.dtype_name)
                 code, w0, w1 = self._quantize16(xs, self._words_amax(words, xs), s6_r, sdec_r,
                                                 enc_tab, rnd, sgn, fast)
             valid = (gr < M) & col_ok

@@ -37,7 +37,7 @@ from cutlass import Float32, Int32, Int64, Uint32
 
 from cute_fp4.common import encode as E
 from cute_fp4.common.encode import add_rn, block_amax, sub_rn
-from cute_fp4.common.philox import philox_block16, round_keys
+from cute_fp4.common.philox import philox_block16, rng_round_keys
 from cute_fp4.common.ptx import st_shared
 from cute_fp4.common.scales import (ONE_SIXTH, e2m1_to_f32, e4m3_to_f32, outer_encode_scale,
                                     swizzled_scale_offset)
@@ -498,9 +498,7 @@ class RecipeCastKernel(_TileLoader):
         keys = []
         offset = Uint32(0)
         if cutlass.const_expr(self.stochastic):
-            seed = rng[0]
-            keys = round_keys(Uint32(seed & 0xFFFFFFFF), Uint32(seed >> 32))
-            offset = Uint32(rng[1])
+            keys, offset = rng_round_keys(rng)
         if cutlass.const_expr(self.rowwise):
             self._row_pass(sbase, stam, serr, sosc, tidx, g, lr0, nrows, Mg, kt, K, gtab,
                            ar_base, q, s, keys, offset)

@@ -37,7 +37,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64, Uint32
 
 from cute_fp4.common import encode as E
-from cute_fp4.common.philox import philox_call, round_keys
+from cute_fp4.common.philox import philox_call, rng_round_keys
 from cute_fp4.common.scales import outer_block_scales, swizzled_scale_offset
 from cute_fp4.quant.amax import vec_amax, vec_values
 
@@ -161,8 +161,7 @@ class TokenRowCast:
         red_base = red.iterator.toint()
         sr = None  # stochastic rounding: (round keys, offset)
         if cutlass.const_expr(self.stochastic):
-            seed = rng[0]
-            sr = (round_keys(Uint32(seed & 0xFFFFFFFF), Uint32(seed >> 32)), Uint32(rng[1]))
+            sr = rng_round_keys(rng)
 
         parity = Int32(0)
         for strip in cutlass.range(bidx, n_strips, gdim, unroll=1):
@@ -245,11 +244,9 @@ class TokenRowCast:
                 xs = vec_values(words, self.dtype_name)
                 if cutlass.const_expr(sr is not None):
                     rnd = philox_call(Int64(row) * nsc + Int64(u), sr[1], 0, sr[0])
-                    if cutlass.const_expr(fast and self.bulk_signs):  # element i: half i % 2
-                        sws = [E.sign_word(w, self.dtype_name) for w in words]  # of word i // 2
-                        w0, w1 = E.sr_encode16_signed(xs, enc, rnd, [sws[i // 2] for i in
-                                                                     range(16)],
-                                                      [i % 2 for i in range(16)])
+                    if cutlass.const_expr(fast and self.bulk_signs):
+                        w0, w1 = E.sr_encode16_signed(xs, enc, rnd,
+                                                      *E.input_signs16(words, self.dtype_name))
                     else:
                         w0, w1 = E.sr_encode16(xs, enc, rnd)
                 elif cutlass.const_expr(fast and self.bulk_signs):
