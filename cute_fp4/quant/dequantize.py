@@ -187,13 +187,12 @@ def block_quotients(s_code: Uint32, a: Float32, e4m3_max: cutlass.Constexpr):
 
 class DequantizeNVFP4:
     """out[r, 16*b + j] = e2m1(q[r, 16*b + j]) * e4m3(s[r, b]) / S_enc(amax of (r, b)).
-    Each thread takes `blocks_per_thread` blocks (BLOCKS_PER_THREAD by output dtype), issues
-    all their loads first, decodes a block within its fast path's bounds from q1 / q15
-    (fp32: scaled_values; bf16 / fp16: lut_decode16) and any other block by IEEE divisions,
-    and stores through shared memory (warp_linear_store)."""
+    Each thread takes BLOCKS_PER_THREAD blocks (by output width), issues all their loads
+    first, decodes a block within its fast path's bounds from q1 / q15 (fp32: scaled_values;
+    bf16 / fp16: lut_decode16) and any other block by IEEE divisions, and stores through
+    shared memory (warp_linear_store)."""
 
-    def __init__(self, out_dtype, scaling: str, swizzled: bool, e4m3_max: int,
-                 blocks_per_thread: int = 0):
+    def __init__(self, out_dtype, scaling: str, swizzled: bool, e4m3_max: int):
         self.out_dtype = out_dtype
         self.scaling = scaling
         self.swizzled = swizzled
@@ -201,7 +200,7 @@ class DequantizeNVFP4:
         self.fp32 = out_dtype == cutlass.Float32
         self.fp16 = out_dtype == cutlass.Float16
         self.block_bytes = 16 * out_dtype.width // 8
-        self.blocks_per_thread = blocks_per_thread or BLOCKS_PER_THREAD[out_dtype.width]
+        self.blocks_per_thread = BLOCKS_PER_THREAD[out_dtype.width]
 
     @cute.jit
     def __call__(self, data: cute.Tensor, scales: cute.Tensor, amax: cute.Tensor,
