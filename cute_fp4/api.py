@@ -17,6 +17,14 @@ from .tensor import NVFP4Tensor
 
 
 
+def _check_rng_state(rng_state: Optional[torch.Tensor], x: torch.Tensor):
+    if rng_state is not None and (not isinstance(rng_state, torch.Tensor)
+                                  or rng_state.dtype != torch.int64 or rng_state.shape != (2,)
+                                  or (rng_state.is_cuda and rng_state.device != x.device)):
+        raise ValueError(f"rng_state must be an int64 tensor of shape [2] (seed, offset) on "
+                         f"the CPU or on x's device ({x.device})")
+
+
 def _check_contiguous(x: torch.Tensor, name: str):
     if not x.is_contiguous():
         raise ValueError(f"{name} must be contiguous (call .contiguous() first)")
@@ -78,10 +86,7 @@ def _check_quantize_args(x, recipe, rng_state, amax_group, out, hit) -> torch.Te
         if out is not None:
             _check_out(out, x, x2, recipe)
     _check_contiguous(x, "x")
-    if rng_state is not None and (rng_state.dtype != torch.int64 or rng_state.shape != (2,)
-                                  or (rng_state.is_cuda and rng_state.device != x.device)):
-        raise ValueError(f"rng_state must be an int64 tensor of shape [2] (seed, offset) on "
-                         f"the CPU or on x's device ({x.device})")
+    _check_rng_state(rng_state, x)
     if amax_group is not None:
         import torch.distributed as dist
 
@@ -171,13 +176,22 @@ def _check_out(out, x: torch.Tensor, x2: torch.Tensor, recipe: Recipe):
 
 
 def quantize_grouped(x: torch.Tensor, split_sizes: Sequence[int], recipe: Recipe = Recipe(), *,
-                     seed: int = 0, offset: int = 0) -> List[NVFP4Tensor]:
-    """Quantize the row groups of a [sum(M_i), K] tensor, each with its own outer scales."""
+                     seed: int = 0, offset: int = 0,
+                     rng_state: Optional[torch.Tensor] = None) -> List[NVFP4Tensor]:
+    """Quantize the row groups of a [sum(M_i), K] tensor, each with its own outer scales.
+    rng_state: as quantize's, an int64 [seed, offset] on the CPU or on x's device replacing
+    seed / offset (on the device: read by the kernel, so a CUDA graph of an MoE step advances
+    its stochastic rounding with the tensor)."""
     _check_contiguous(x, "x")
+    _check_rng_state(rng_state, x)
+    rng_device = None
+    if rng_state is not None:
+        seed, offset, rng_device = ops.rng_args(rng_state)
     if x.is_cuda:
         from .quant.recipes_dispatch import quantize_grouped as quantize_grouped_cuda
 
-        return quantize_grouped_cuda(x, split_sizes, recipe, seed=seed, offset=offset)
+        return quantize_grouped_cuda(x, split_sizes, recipe, seed=seed, offset=offset,
+                                     rng_state=rng_device)
     return ref.quantize_grouped(x, split_sizes, recipe, seed=seed, offset=offset)
 
 

@@ -502,6 +502,21 @@ def test_quantize_grouped_equals_per_group():
     assert parts[0].amax.item() < 10 and parts[2].amax.item() > 100
 
 
+def test_quantize_grouped_rng_state():
+    """rng_state (int64 [seed, offset] on the CPU) replaces seed / offset; each group draws its
+    own Philox streams, so two equal groups round differently."""
+    part = torch.randn(32, 64, generator=torch.Generator().manual_seed(3))
+    x = torch.cat([part, part])
+    r = Recipe(stochastic_rounding=True, columnwise=True)
+    got = cute_fp4.quantize_grouped(x, [32, 32], r, rng_state=torch.tensor([5, 2**32 + 6]))
+    want = cute_fp4.quantize_grouped(x, [32, 32], r, seed=5, offset=6)
+    for g, w in zip(got, want):
+        assert g.data.equal(w.data) and g.data_t.equal(w.data_t)
+    assert not got[0].data.equal(got[1].data) and not got[0].data_t.equal(got[1].data_t)
+    with pytest.raises(ValueError, match=r"rng_state must be an int64 tensor of shape"):
+        cute_fp4.quantize_grouped(x, [32, 32], r, rng_state=torch.tensor([1, 2, 3]))
+
+
 @pytest.mark.parametrize("x,sizes,exc,match", [
     (torch.zeros(32, 64), [16, 8], ValueError, r"split_sizes \[16, 8\] must be non-negative and "
                                                r"sum to 32"),

@@ -14,6 +14,7 @@ from cutlass import Int32, Uint32
 import quant_checks
 from cute_fp4.common import encode as E
 from cute_fp4.common.jit import compile_kernel, device_arch, env_stream, fake_tensor
+import cute_fp4
 from cute_fp4 import Recipe, ref
 from cute_fp4.quant import recipes_dispatch as rd
 from cute_fp4.ref.formats import e2m1_decode, unpack_fp4
@@ -570,17 +571,11 @@ def test_sr_unbiased(gen):
     assert float(((rn - x).abs() / gap).mean()) > 0.2  # RN sits half a gap away on average
 
 
-def ref_grouped(x, splits, recipe, **kw):
-    """ref.quantize per group (empty groups without stochastic rounding: nothing to round)."""
-    return [ref.quantize(part, recipe if part.shape[0] else
-                         recipe.replace(stochastic_rounding=False), **kw)
-            for part in torch.split(x, splits, dim=0)]
-
-
 def check_grouped(x, splits, recipe, **kw):
-    """rd.quantize_grouped against ref_grouped, group by group."""
+    """rd.quantize_grouped against ref.quantize_grouped (group g's stochastic rounding draws
+    Philox streams 2g and 2g + 1), group by group."""
     got = rd.quantize_grouped(x, splits, recipe, **kw)
-    want = ref_grouped(x, splits, recipe, **kw)
+    want = ref.quantize_grouped(x, splits, recipe, **kw)
     assert len(got) == len(want)
     for g, w in zip(got, want):
         check(g, w, recipe)
@@ -600,6 +595,31 @@ GROUP_SPLITS = [[64, 0, 128, 16, 48], [0, 0, 256], [16], [32, 96, 0]]
 def test_grouped(splits, recipe, gen):
     x = make_input((sum(splits), 96), "outliers", torch.bfloat16, gen)
     check_grouped(x, splits, recipe, seed=3, offset=4)
+
+
+def test_grouped_sr_streams_and_rng_state(gen):
+    """Stochastic rounding of groups: each group draws its own Philox streams (2g, 2g + 1), so
+    equal groups round differently (the kernel once gave every group streams 0 and 1, which
+    ref.quantize_grouped does not); rng_state on the device replaces seed / offset, read by
+    the kernel: a CUDA graph replays with the state the tensor holds then."""
+    part = make_input((64, 96), "normal", torch.bfloat16, gen)
+    x = torch.cat([part, part])
+    recipe = Recipe(stochastic_rounding=True, columnwise=True)
+    a, b = rd.quantize_grouped(x, [64, 64], recipe, seed=9, offset=2)
+    assert not torch.equal(a.data, b.data) and not torch.equal(a.data_t, b.data_t)
+    check_grouped(x, [64, 64], recipe, seed=9, offset=2)
+    rng = torch.tensor([9, 2], dtype=torch.int64, device="cuda")
+    for g, w in zip(cute_fp4.quantize_grouped(x, [64, 64], recipe, rng_state=rng),
+                    ref.quantize_grouped(x, [64, 64], recipe, seed=9, offset=2)):
+        check(g, w, recipe)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = rd.quantize_grouped(x, [64, 64], recipe, rng_state=rng)
+    rng[1] = 7
+    graph.replay()
+    torch.cuda.synchronize()
+    for g, w in zip(outs, ref.quantize_grouped(x, [64, 64], recipe, seed=9, offset=7)):
+        check(g, w, recipe)
 
 
 def test_grouped_window64_and_rowwise_uneven(gen):

@@ -553,7 +553,8 @@ class RecipeCastKernel(_TileLoader):
         if cutlass.const_expr(self.block_rows == 16):
             eam = stam[(r // 16) * 4 + b]
         idx0 = Int64(lrow) * Int64(K) + Int64(col0)
-        code, w0, w1 = self._finish(xs, eam, osc, idx0, 0, keys, offset, serr, tidx)
+        # group g draws Philox streams 2g (rowwise) and 2g + 1 (twin), as ref.quantize_grouped
+        code, w0, w1 = self._finish(xs, eam, osc, idx0, 2 * g, keys, offset, serr, tidx)
 
         if ok:
             E.st_global_v2(q.iterator.toint() + gtab[g, G_Q] + Int64(lrow) * Int64(K // 2)
@@ -600,7 +601,8 @@ class RecipeCastKernel(_TileLoader):
         if cutlass.const_expr(self.block_rows == 16):
             eam = stam[rb * 4 + c // 16]
         idx0 = Int64(kc) * Int64(Mg) + Int64(lr0 + rb * 16)
-        code, w0, w1 = self._finish(xs, eam, osc, idx0, 1, keys, offset, serr, tidx, quarter)
+        code, w0, w1 = self._finish(xs, eam, osc, idx0, 2 * g + 1, keys, offset, serr, tidx,
+                                    quarter)
 
         if ok:
             E.st_global_v2(qt.iterator.toint() + gtab[g, G_QT] + Int64(kc) * Int64(Mg // 2)

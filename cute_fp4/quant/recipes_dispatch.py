@@ -495,20 +495,30 @@ def quantize_recipe(x: torch.Tensor, recipe: Recipe = Recipe(), *, seed: int = 0
     _check_rows(x2.shape[0], recipe, "x: the flattened leading dimensions")
     if amax_reduce is not None and not callable(amax_reduce):
         raise TypeError("amax_reduce must be a callable reducing a float32 tensor in place")
-    if rng_state is not None and (rng_state.device != x.device or rng_state.dtype != torch.int64
-                                  or tuple(rng_state.shape) != (2,)):
+    seed, offset = _rng_seed_offset(x, seed, offset, rng_state)
+    return _run(x2, [x2.shape[0]], recipe, seed, offset, [tuple(x.shape)], amax_reduce,
+                rng_state, column_sum, out)[0]
+
+
+def _rng_seed_offset(x: torch.Tensor, seed: int, offset: int,
+                     rng_state: Optional[torch.Tensor]):
+    """The plan's (seed, offset): the given ones, or (0, 0) when the cast reads rng_state (an
+    int64 [seed, offset] on x's device; one plan then serves every state)."""
+    if rng_state is None:
+        return int(seed), int(offset)
+    if rng_state.device != x.device or rng_state.dtype != torch.int64 or tuple(
+            rng_state.shape) != (2,):
         raise ValueError(f"rng_state must be an int64 tensor [seed, offset] on {x.device}")
-    if rng_state is not None:
-        seed = offset = 0  # unused: the cast reads rng_state (and one plan serves every state)
-    return _run(x2, [x2.shape[0]], recipe, int(seed), int(offset), [tuple(x.shape)],
-                amax_reduce, rng_state, column_sum, out)[0]
+    return 0, 0
 
 
 def quantize_grouped(x: torch.Tensor, split_sizes: Sequence[int], recipe: Recipe = Recipe(), *,
-                     seed: int = 0, offset: int = 0, amax_reduce=None) -> List[NVFP4Tensor]:
+                     seed: int = 0, offset: int = 0, amax_reduce=None,
+                     rng_state: Optional[torch.Tensor] = None) -> List[NVFP4Tensor]:
     """Quantize the row groups of a CUDA [sum(M_i), K] tensor independently, in one launch
     (plus one amax launch for scaling "tensor" / "token"); equals per-group `quantize`.
-    Tensor-parallel amax reduction is not supported for grouped inputs (ValueError)."""
+    Tensor-parallel amax reduction is not supported for grouped inputs (ValueError).
+    rng_state: as quantize_recipe's."""
     if amax_reduce is not None:
         raise ValueError("quantize_grouped does not support amax_reduce (tensor-parallel amax "
                          "reduction of grouped inputs)")
@@ -520,4 +530,6 @@ def quantize_grouped(x: torch.Tensor, split_sizes: Sequence[int], recipe: Recipe
         raise ValueError(f"split_sizes {sizes} must be non-negative and sum to {x2.shape[0]}")
     for i, mg in enumerate(sizes):
         _check_rows(mg, recipe, f"split_sizes[{i}]")
-    return _run(x2, sizes, recipe, int(seed), int(offset), [(mg, x2.shape[1]) for mg in sizes])
+    seed, offset = _rng_seed_offset(x, seed, offset, rng_state)
+    return _run(x2, sizes, recipe, seed, offset, [(mg, x2.shape[1]) for mg in sizes],
+                rng_state=rng_state)
