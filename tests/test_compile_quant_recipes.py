@@ -21,10 +21,12 @@ from cute_fp4.common.compile_check import compile_ptx, missing_instructions, ptx
 from cute_fp4.common.encode import _SR_SEL, _sr_elem, sr_sign_sel
 from cute_fp4.quant.cast_recipes import DIV_CONST, DIV_CONST_MIN_HEX
 from cute_fp4.ref.formats import e2m1_encode_stochastic
-from cute_fp4.quant.dispatch import L2_WARM_MAX_BYTES, cast_walk, walk_run
+from cute_fp4.quant.dispatch import L2_WARM_MAX_BYTES, cast_kernel, cast_walk, walk_run
 from cute_fp4.quant.recipes_dispatch import (amax_recipe_kernel, amax_tiles_per_cta,
                                              cast_recipe_kernel, on_plain_cast,
-                                             plain_cast_walk, token_amax_k1)
+                                             on_row_group_cast, plain_cast_walk,
+                                             ROW_GROUPS_MAX, row_group_tables, row_group_walk,
+                                             token_amax_k1)
 
 ARCHS = ["sm_90a", "sm_100a"]
 RECIPES = [
@@ -403,6 +405,62 @@ def test_plain_cast_routing():
             (4096, True, False, (2, True, True, 4, 8, False, False)),
             (512, True, False, (2, True, True, 4, 1, False, False))]:  # 64 runs: too few
         assert plain_cast_walk(m, 8192, 2, True, True, True, 132, rht, sr) == want
+
+
+def test_row_group_cast_routing():
+    """Grouped inputs of 2 .. ROW_GROUPS_MAX groups run the plain cast with row groups for
+    per-tensor 1x16 RN recipes with compact scales whose groups are multiples of 16 rows
+    (rowwise-only RHT included: it changes nothing), with enc tables for the next power of
+    two of groups from 8; its walk is the per-tensor cast's with the enc tables at every
+    size, no preload, the lanes' groups prefetched except with the twin on the backwards walk,
+    rowwise only two CTAs per SM; the rest stays on the recipe kernel."""
+    sizes = [272, 0, 64, 48]
+    for recipe in (Recipe(columnwise=True), Recipe(), Recipe(rowwise=False, columnwise=True),
+                   Recipe(rht=True)):
+        assert on_row_group_cast(recipe, sizes), recipe
+    base = Recipe(columnwise=True)
+    assert on_row_group_cast(base, [16] * ROW_GROUPS_MAX)
+    for recipe, groups in [(base, [384]), (base, [16, 40, 8]), (Recipe(), [5, 11]),
+                           (base, [16] * (ROW_GROUPS_MAX + 1)),
+                           (base.replace(swizzle=True), sizes),
+                           (base.replace(scaling="token"), sizes),
+                           (base.replace(rht=True), sizes),
+                           (base.replace(stochastic_rounding=True), sizes),
+                           (base.replace(block=(16, 16)), sizes),
+                           (base.replace(four_over_six="mae"), sizes),
+                           (base.replace(scaling="window64"), [64, 128])]:
+        assert not on_row_group_cast(recipe, groups), (recipe, groups)
+    assert [row_group_tables(n) for n in (2, 8, 9, 16, 17, 64)] == [8, 8, 16, 16, 32, 64]
+    for m, esize in [(4096, 2), (1 << 16, 2), (8192, 4), (64, 2)]:
+        for col, row in [(True, True), (False, True), (True, False)]:
+            plain = cast_walk(m, 8192, esize, False, False, col, row, 132)
+            walk = row_group_walk(m, 8192, esize, col, row, 132)
+            assert walk == ((plain[0] if col else 2), plain[1], not (col and plain[1]),
+                            *plain[3:5], True, False)
+
+
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
+@pytest.mark.parametrize("dtype,row,col,tables", [
+    ("bf16", True, True, 8), ("fp32", True, True, 64), ("fp16", False, True, 16),
+    ("bf16", True, False, 8)])
+def test_row_group_cast_ptx(arch, dtype, row, col, tables):
+    """The row-group cast: TMA loads and the plain cast's encoders (hardware e2m1 on sm_100a);
+    a prologue computing each group's outer scales (IEEE division, reciprocal) and enc table
+    in shared memory (a loop over the groups' scale bytes); per tile each lane reads its block
+    row's entry of the group table (16-byte read-only load), no amax."""
+    walk = row_group_walk(4096, 8192, 4 if dtype == "fp32" else 2, col, row, 132)
+    ptx = compile_ptx(*cast_kernel(dtype, row, col, False, False, walk=walk,
+                                   row_groups=tables), arch=arch)
+    assert missing_instructions(ptx, [r"cp\.async\.bulk\.tensor", r"ld\.global\.nc\.v4",
+                                      r"div\.rn\.f32", r"rcp\.rn\.f32",
+                                      r"st\.global\.v2\.b32"]) == []
+    assert ("cvt.rn.satfinite.e2m1x2.f32" in ptx) == (arch == "sm_100a")
+    assert "rcp.approx" not in ptx and "vote" not in ptx  # no fast copy: one copy of the passes
+    plain = compile_ptx(*cast_kernel(dtype, row, col, False, False, walk=walk), arch=arch)
+    assert "ld.global.nc.v4" not in plain
+    with pytest.raises(ValueError, match="row_groups"):
+        cast_kernel(dtype, row, col, False, True, walk=walk[:5] + (False, False),
+                    row_groups=tables)
 
 
 def test_rowwise_rht_runs_without_it():

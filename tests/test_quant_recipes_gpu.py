@@ -16,6 +16,7 @@ from cute_fp4.common import encode as E
 from cute_fp4.common.jit import compile_kernel, device_arch, env_stream, fake_tensor
 import cute_fp4
 from cute_fp4 import Recipe, ref
+from cute_fp4.quant import dispatch
 from cute_fp4.quant import recipes_dispatch as rd
 from cute_fp4.ref.formats import e2m1_decode, unpack_fp4
 from quant_checks import check
@@ -185,7 +186,6 @@ def test_rht_consumer_groups(shape, kind, dtype, scaling, gen, monkeypatch):
     bands) on a GPU of 3 SMs: each CTA walks ~90 tiles (tile tails in M and K), its groups
     taking them in turn; the same bytes as the reference (run_all's RHT rule), the other
     scale layout (two CTAs per SM) alike."""
-    from cute_fp4.quant import dispatch
     monkeypatch.setattr(rd, "num_sms", lambda dev: 3)
     monkeypatch.setattr(dispatch, "GROUPS_MIN_ELEMENTS", 0)
     rd._plan.cache_clear()
@@ -206,7 +206,6 @@ def test_rht_consumer_groups(shape, kind, dtype, scaling, gen, monkeypatch):
 def test_rht_consumer_groups_large(scaling, swizzle, gen):
     """4096x8192 bf16 (2^25 elements) RHT on two consumer groups at full size: per tensor
     swizzled, per token compact."""
-    from cute_fp4.quant import dispatch
     x = make_input((4096, 8192), "outliers", torch.bfloat16, gen)
     per_token = scaling == "token"
     walk = rd.plain_cast_walk(4096, 8192, 2, per_token, not swizzle, not swizzle, 132, True,
@@ -225,7 +224,6 @@ def test_rht_sr_consumer_groups(shape, dtype, gen, monkeypatch):
     groups (dispatch.two_cta_groups, its size bounds lifted: the forwards walk of inputs from
     L2_WARM_MAX_BYTES, without the run or bands) on a GPU of 3 SMs: the reference's bytes for
     two seeds / offsets (run_all's RHT rule), swizzled scales (two CTAs per SM) alike."""
-    from cute_fp4.quant import dispatch
     monkeypatch.setattr(rd, "num_sms", lambda dev: 3)
     monkeypatch.setattr(dispatch, "GROUPS_MIN_ELEMENTS", 0)
     monkeypatch.setattr(dispatch, "L2_WARM_MAX_BYTES", 0)
@@ -341,7 +339,6 @@ def test_rht_sr_tensor_no_table(guard, dtype, gen, monkeypatch):
     fast reciprocal, the rowwise signs from the inputs, the twin's from its products' sign
     bits); huge: the tensor takes the general copy. The reference's bytes (run_all's RHT
     rule) with -0 inputs and negative subnormals (quant_checks.sign_input)."""
-    from cute_fp4.quant import dispatch
     monkeypatch.setattr(dispatch, "ENC_TABLE_COMPACT_TWIN_MAX_BYTES", 0)
     rd._plan.cache_clear()
     try:
@@ -397,7 +394,6 @@ def test_token_recipe_walks(warm, rht, sr, gen, monkeypatch):
     and as the ones below L2_WARM_MAX_BYTES (backwards; the RHT alone with runs): forced by
     the size bound and RUN_MIN_UNITS_PER_SM = 0; several runs per CTA and tile rows with the
     compact twin, bf16 rows and columns of ~1e-34 so both copies of the cast run."""
-    from cute_fp4.quant import dispatch
     monkeypatch.setattr(dispatch, "L2_WARM_MAX_BYTES", 1 << 40 if warm else 0)
     monkeypatch.setattr(dispatch, "RUN_MIN_UNITS_PER_SM", 0)
     rd._plan.cache_clear()
@@ -595,6 +591,67 @@ GROUP_SPLITS = [[64, 0, 128, 16, 48], [0, 0, 256], [16], [32, 96, 0]]
 def test_grouped(splits, recipe, gen):
     x = make_input((sum(splits), 96), "outliers", torch.bfloat16, gen)
     check_grouped(x, splits, recipe, seed=3, offset=4)
+
+
+ROW_GROUP_SPLITS = [272, 0, 64, 704, 16, 128, 48]  # 1232 rows: tails, groups inside tiles
+
+
+def grouped_scaled(splits, k, kind, dtype, gen):
+    """An input of row groups whose magnitudes differ by 2^6 from group to group (distinct
+    outer scales), the third group all zero (amax 0)."""
+    x = make_input((sum(splits), k), kind, torch.float32, gen)
+    r0 = 0
+    for g, mg in enumerate(splits):
+        x[r0:r0 + mg] *= 0.0 if g == 2 else 2.0 ** (6 * (g % 4) - 9)
+        r0 += mg
+    return x.to(dtype)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("outputs", OUTPUTS)
+def test_grouped_row_group_cast(outputs, dtype, kind, gen):
+    """Grouped per-tensor casts on the plain cast with row groups (on_row_group_cast: each
+    lane's block-row group amax, the twins at their groups' offsets) are byte-equal to
+    ref.quantize_grouped, K with a tail tile; single groups and 16x16 blocks stay on the
+    recipe kernel."""
+    x = grouped_scaled(ROW_GROUP_SPLITS, 1040, kind, dtype, gen)
+    recipe = Recipe(rowwise=outputs[0], columnwise=outputs[1])
+    assert rd.on_row_group_cast(recipe, ROW_GROUP_SPLITS)
+    assert not rd.on_row_group_cast(recipe, [1232])
+    assert not rd.on_row_group_cast(recipe.replace(swizzle=True), ROW_GROUP_SPLITS)
+    check_grouped(x, ROW_GROUP_SPLITS, recipe)
+    plan = rd._plan(tuple(ROW_GROUP_SPLITS), 1040, recipe, rd._DTYPE_NAMES[dtype], x.device,
+                    0, 0, False)
+    assert plan.row_groups and plan.bt.shape == (1232 // 16, 4)
+
+
+@pytest.mark.parametrize("walk", ["forwards", "run", "one_group", "preload"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_grouped_row_group_walks(walk, dtype, gen, monkeypatch):
+    """The row-group cast's other walks: forwards (inputs past L2_WARM_MAX_BYTES), the run
+    of compact rowwise scales (K = 1024: two runs per tile row), one consumer group, the
+    preload."""
+    if walk == "forwards":
+        monkeypatch.setattr(dispatch, "L2_WARM_MAX_BYTES", 0)
+    elif walk == "run":
+        monkeypatch.setattr(dispatch, "RUN_MIN_UNITS_PER_SM", 0)
+    elif walk == "one_group":
+        monkeypatch.setattr(rd, "cast_groups", lambda *a: 1)
+    else:
+        base = rd.row_group_walk
+        monkeypatch.setattr(rd, "row_group_walk", lambda *a: base(*a)[:6] + (True,))
+    rd._plan.cache_clear()
+    try:
+        x = grouped_scaled(ROW_GROUP_SPLITS, 1024, "outliers", dtype, gen)
+        for outputs in OUTPUTS:
+            recipe = Recipe(rowwise=outputs[0], columnwise=outputs[1])
+            check_grouped(x, ROW_GROUP_SPLITS, recipe)
+            if walk == "run" and outputs[0]:
+                assert rd.row_group_walk(1232, 1024, x.element_size(), outputs[1], True,
+                                         132)[4] > 1
+    finally:
+        rd._plan.cache_clear()
 
 
 def test_grouped_sr_streams_and_rng_state(gen):

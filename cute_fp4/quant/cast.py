@@ -118,7 +118,7 @@ class CastKernel:
                  fused_amax: bool = False, reverse: bool = False, prefetch_amax: bool = False,
                  band: int = 1, run: int = 1, enc_table: bool = False, preload: bool = False,
                  rht: bool = False, block2d: bool = False, stochastic: bool = False,
-                 groups: int = 1):
+                 groups: int = 1, row_groups: int = 0):
         if dtype not in DTYPES:
             raise TypeError(f"CastKernel: unsupported input dtype {dtype!r} (bf16, fp16, fp32)")
         if not (rowwise or columnwise):
@@ -162,6 +162,11 @@ class CastKernel:
             raise ValueError("CastKernel: stochastic rounding needs 1x16 blocks and an amax pass "
                              "(not block2d, not fused_amax)")
         self.stochastic = stochastic
+        if row_groups and (per_token or swizzle or fused_amax or not enc_table or rht or block2d
+                           or stochastic):
+            raise ValueError("CastKernel: row_groups needs per-tensor scaling, compact scales, an "
+                             "amax pass, the enc table and none of rht, block2d, stochastic")
+        self.row_groups = row_groups
         # per token, and for stochastic rounding without the enc table: the blocks' enc from
         # the reciprocal without its slow-path branch, whose branch region splits ptxas'
         # scheduling of the tile, and per token the tile's outer scales from the division and
@@ -214,6 +219,8 @@ class CastKernel:
         self.runsc_bytes = 2 * self.tile_m * RUN_SCALE_BYTES if run > 1 else 16
         # the twin's own table after the rowwise one with the RHT (its outer amax differs)
         self.enc_tab_words = ENC_CODES * (1 + int(rht)) if enc_table else 1
+        if row_groups:  # a table per group, then the groups' (s6, sdec) (_fill_group_tables)
+            self.enc_tab_words = (ENC_CODES + 2) * row_groups
         self.red_words = self.consumer_warps * (1 + int(rht))
         # block2d with the twin: (scale byte, enc) words of each 16x16 tile of a stage, one
         # buffer per ring stage (a warp rewrites one only after the barrier of a later tile)
@@ -235,8 +242,12 @@ class CastKernel:
     @cute.jit
     def __call__(self, x: cute.Tensor, amax_r: cute.Tensor, amax_c: cute.Tensor,
                  q: cute.Tensor, s: cute.Tensor, qt: cute.Tensor, st: cute.Tensor,
-                 rng: Optional[cute.Tensor], stream):
-        """rng: int64 [seed, offset] of stochastic rounding (None without it)."""
+                 rng: Optional[cute.Tensor], btab: Optional[cute.Tensor], stream):
+        """rng: int64 [seed, offset] of stochastic rounding (None without it). row_groups: amax_r
+        = amax_c = the G <= row_groups group amaxes, btab int32 [M / 16, 4] = per 16-row block
+        row (its group, the group's first block row, the group's block rows, 0), qt / st the
+        groups' twins one after another (group g's [K, M_g / 2] data and [K, M_g / 16] scales
+        from K * its first row / 2 and / 16); else None."""
         self.hw = E.has_hw_e2m1()
         smem_layout = sm90_utils.make_smem_layout_a(
             cutlass.tensor_utils.LayoutEnum.ROW_MAJOR, (self.tile_m, 8, self.tile_k), self.dtype, self.stages
@@ -274,8 +285,8 @@ class CastKernel:
             # per SM leave (116 per thread per token with the RHT: one CTA per SM)
             launch = {"min_blocks_per_mp": self.ctas_per_sm, "preferred_smem_carveout": 100}
         self.kernel(tma_atom, tma_x, smem_layout, M, K, x, amax_r, amax_c, q, s, qt, st,
-                    rng).launch(grid=(grid, 1, 1), block=(self.threads, 1, 1), stream=stream,
-                                **launch)
+                    rng, btab).launch(grid=(grid, 1, 1), block=(self.threads, 1, 1),
+                                      stream=stream, **launch)
 
     # ------------------------------------------------------------------ helpers
     @cute.jit
@@ -480,7 +491,7 @@ class CastKernel:
     def kernel(self, tma_atom: cute.CopyAtom, tma_x: cute.Tensor, smem_layout: cute.ComposedLayout,
                M: Int32, K: Int32, x: cute.Tensor, amax_r: cute.Tensor, amax_c: cute.Tensor,
                q: cute.Tensor, s: cute.Tensor, qt: cute.Tensor, st: cute.Tensor,
-               rng: Optional[cute.Tensor]):
+               rng: Optional[cute.Tensor], btab: Optional[cute.Tensor]):
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         gdim, _, _ = cute.arch.grid_dim()
@@ -556,6 +567,10 @@ class CastKernel:
             st_base = st.iterator.toint()
             ar_base = amax_r.iterator.toint()
             ac_base = amax_c.iterator.toint()
+            if cutlass.const_expr(self.row_groups):  # _lane_amax reads the block rows' groups
+                ac_base = btab.iterator.toint()
+                self._fill_group_tables(storage.enc_tab.data_ptr().toint(), tidx, ar_base,
+                                        amax_r.shape[0])
 
             # per tensor: the outer scale (S_enc / 6, 1 / S_enc) and with enc_table the enc of
             # each scale byte; per token: the outer scale of the lane's row or column
@@ -567,7 +582,7 @@ class CastKernel:
             if cutlass.const_expr(self.fused_amax and self.per_token):
                 self._fused_token_amax(x.iterator.toint(), M, K, tidx, ar_base, ac_base,
                                        storage.colred.data_ptr().toint())
-            if cutlass.const_expr(not self.per_token):
+            if cutlass.const_expr(not (self.per_token or self.row_groups)):
                 if cutlass.const_expr(self.fused_amax):
                     amax_t = self._fused_tensor_amax(x.iterator.toint(), M, K, tidx,
                                                      storage.red.data_ptr().toint(), ar_base)
@@ -684,14 +699,20 @@ class CastKernel:
                    st_base, ar_base, ac_base, amax_next, s6, sdec, enc_tab, run_sc, col_outer,
                    rht_b, tile_sc, sr):
         """Consumers: both passes over tile (tm, tk) in stage cstate of the ring; (tm_n,
-        tk_n) is the CTA's next tile. Returns (amax_next, s6, sdec): per token the lane's amax
-        of the next tile (prefetch_amax) and this tile's outer scale. col_outer, rht_b: see
+        tk_n) is the CTA's next tile. Returns (amax_next, s6, sdec): per token (row_groups) the
+        lane's _lane_amax of the next tile (prefetch_amax) and this tile's outer scale (with
+        row_groups the lane's s6, its enc table taking enc_tab's place). col_outer, rht_b: see
         _col_pass_rht; tile_sc: the block2d tile scales' smem buffers; sr: _sr_state."""
         if cutlass.const_expr(self.prefetch_amax):
             amax_cur = amax_next
             amax_next = self._lane_amax(tm_n, tk_n, M, K, tidx, ar_base, ac_base)
         else:
             amax_cur = self._lane_amax(tm, tk, M, K, tidx, ar_base, ac_base)
+        lane_grp = None  # row_groups: the twin addressing of the lane's block row (_col_pass)
+        if cutlass.const_expr(self.row_groups):
+            g, lane_grp = amax_cur[0], amax_cur[1:]
+            s6 = E.bits_f32(E.ld_shared_u32(enc_tab + (self.row_groups * ENC_CODES + 2 * g) * 4))
+            enc_tab = enc_tab + g * (ENC_CODES * 4)
         if cutlass.const_expr(self.per_token and self.fast_rcp):
             # the fast copy's (exact there: _fast_blocks_ok); the other copy takes the IEEE ones
             s6, sdec = outer_block_scales(amax_cur, E.E4M3_MAX, True)
@@ -717,7 +738,7 @@ class CastKernel:
             tile_scale = self._tile_scales(row_words, tidx, s6, sdec, enc_tab, sc_buf)
         head = (stage_addr, row_words, col_words, tidx, tm, tk, M, K, half_k, half_m, nsc_r,
                 nsc_c, pad_c_c, row_thr, col_thr, offs, q_base, s_base, qt_base, st_base)
-        tail = (enc_tab, run_sc, col_outer, rht_b, tile_scale, sc_buf, sr)
+        tail = (enc_tab, run_sc, col_outer, rht_b, tile_scale, sc_buf, sr, lane_grp)
         if cutlass.const_expr(self.input_signs or self.fast_rcp):
             if self._fast_blocks_ok(sdec, col_outer, amax_cur):
                 self._passes(*head, s6, sdec, *tail, True)
@@ -736,9 +757,10 @@ class CastKernel:
     @cute.jit
     def _passes(self, stage_addr, row_words, col_words, tidx, tm, tk, M, K, half_k, half_m,
                 nsc_r, nsc_c, pad_c_c, row_thr, col_thr, offs, q_base, s_base, qt_base, st_base,
-                s6, sdec, enc_tab, run_sc, col_outer, rht_b, tile_scale, sc_buf, sr,
+                s6, sdec, enc_tab, run_sc, col_outer, rht_b, tile_scale, sc_buf, sr, lane_grp,
                 fast: cutlass.Constexpr):
-        """_cast_tile's rowwise and columnwise passes; fast: the copy for tiles where
+        """_cast_tile's rowwise and columnwise passes (lane_grp: _col_pass's); fast: the copy
+        for tiles where
         _fast_blocks_ok holds (input_signs: the stochastic encoder takes the signs from the
         16-bit inputs; fast_rcp: the blocks' enc from the fast reciprocal)."""
         if cutlass.const_expr(self.rht and self.stochastic):
@@ -763,7 +785,7 @@ class CastKernel:
                 cute.arch.barrier(barrier_id=1, number_of_threads=self.consumer_threads)
                 tile_scale = self._col_tile_scale(tidx, sc_buf)
             self._col_pass(col_words, tidx, tm, tk, M, K, half_m, nsc_c, pad_c_c, col_thr,
-                           qt_base, st_base, s6, sdec, enc_tab, tile_scale, sr, fast)
+                           qt_base, st_base, s6, sdec, enc_tab, tile_scale, sr, lane_grp, fast)
 
     @cute.jit
     def _flush_run_scales(self, buf, tidx, tm, uk, M, nsc_r, s_base):
@@ -826,8 +848,14 @@ class CastKernel:
         (tm, tk), once per tile instead of once per thread and block: lanes 0 .. warp_rows - 1
         take the warp's rows (the rowwise pass's lanes of row r read lane r % warp_rows), the
         next warp_cols lanes its columns (the columnwise pass's); indices clamped into the
-        tensor (tail rows / columns, spare lanes). Per tensor: 0, unused."""
+        tensor (tail rows / columns, spare lanes). Per tensor: 0, unused. row_groups: lane l
+        takes block row l / 4 of the tile (the rowwise pass's warp w reads lane 4 w, the
+        columnwise pass's lane its own): (its group, the twin unit of its block in input column
+        0, the group's block rows), a twin unit being 8 data bytes and 1 scale byte; ac_base
+        is btab (see __call__)."""
         amax = Float32(0.0)
+        if cutlass.const_expr(self.row_groups):
+            return self._lane_row_group(tm, M, K, tidx, ac_base)
         if cutlass.const_expr(self.per_token):
             warp = tidx // 32
             lane = tidx % 32
@@ -845,6 +873,33 @@ class CastKernel:
                     addr = col_addr
             amax = E.ld_global_f32(addr)
         return amax
+
+    @cute.jit
+    def _lane_row_group(self, tm, M, K, tidx, bt_base):
+        """row_groups: _lane_amax (the block row clamped into the tensor)."""
+        blk = cutlass.min(cutlass.max(tm, 0) * (self.tile_m // 16) + tidx % 32 // 4,
+                          M // 16 - 1)
+        g, blk0, nblk, _ = E.ld_global_nc_v4(bt_base + Int64(blk) * 16)
+        unit = Int64(K) * Int64(Int32(blk0)) + Int64(blk - Int32(blk0))
+        return Int32(g), unit, Int64(Int32(nblk))
+
+    @cute.jit
+    def _fill_group_tables(self, enc_tab, tidx, ar_base, n_groups):
+        """row_groups: the outer scales (s6, sdec) of each of the n_groups <= row_groups
+        groups (from its amax at ar_base) after row_groups enc tables, then those tables
+        (_fill_enc_tables per group), one barrier each; a lane then finds its block row's
+        table and s6 from its group (_cast_tile)."""
+        outer = enc_tab + self.row_groups * ENC_CODES * 4
+        if tidx < n_groups:
+            s6, sdec = outer_block_scales(E.ld_global_f32(ar_base + Int64(tidx) * 4),
+                                          E.E4M3_MAX)
+            E.st_shared_v2(outer + tidx * 8, E.f32_bits(s6), E.f32_bits(sdec))
+        cute.arch.barrier(barrier_id=1, number_of_threads=self.consumer_threads)
+        for i in cutlass.range(tidx, n_groups * ENC_CODES, self.consumer_threads, unroll=1):
+            sdec = E.bits_f32(E.ld_shared_v2(outer + i // ENC_CODES * 8)[1])
+            E.st_shared_u32(enc_tab + i * 4,
+                            E.f32_bits(E.enc_from_code(Uint32(i % ENC_CODES), sdec)))
+        cute.arch.barrier(barrier_id=1, number_of_threads=self.consumer_threads)
 
     def _warp_col0(self, warp):
         """First tile column of the warp in the column pass: 16 / esize columns per warp, or
@@ -946,6 +1001,10 @@ class CastKernel:
         sw_tile = s_base
         if cutlass.const_expr(self.swizzle):
             sw_tile = s_base + Int64(swizzled_scale_offset(row0, tk * bpr, Int32(nsc_r)))
+        if cutlass.const_expr(self.row_groups):  # the warp's rows: block row `warp` (_lane_amax)
+            src = tidx // 32 * 4
+            s6 = cute.arch.shuffle_sync(s6, src)
+            enc_tab = cute.arch.shuffle_sync(enc_tab, src)
         for j in cutlass.range_constexpr(self.row_steps):
             r, q_off, s_off, sw_off = row_thr[j]
             gr = row0 + r
@@ -1040,11 +1099,13 @@ class CastKernel:
 
     @cute.jit
     def _col_pass(self, words, tidx, tm, tk, M, K, half_m, nsc_c, pad_c_c, col_thr,
-                  qt_base, st_base, s6, sdec, enc_tab, tile_scale, sr,
+                  qt_base, st_base, s6, sdec, enc_tab, tile_scale, sr, lane_grp,
                   fast: cutlass.Constexpr = False):
         """Lanes with consecutive block rows store consecutive 8-byte pieces of one output row
         (64 bytes per input column and tile) from the thread's 16 words (_col_words). Per
-        token, s6 / sdec are the lane's (_lane_amax). tile_scale (block2d): the (scale byte,
+        token, s6 / sdec are the lane's (_lane_amax); with row_groups s6 / enc_tab those of the
+        lane's block row, lane_grp its twin unit in input column 0 and its group's block rows
+        (_lane_amax). tile_scale (block2d): the (scale byte,
         enc) of the thread's blocks (one 16x16 tile). sr: stochastic rounding (_sr_state);
         fast: the passes' fast copy (_passes)."""
         lane = tidx % 32
@@ -1100,15 +1161,21 @@ class CastKernel:
             w0 = E.rotl_nibbles(w0, rb)
             w1 = E.rotl_nibbles(w1, rb)
             valid = (gk < K) & row_ok
-            if valid:
-                E.st_global_v2(qt_tile + q_off, w0, w1)
-            if cutlass.const_expr(self.swizzle):
-                if Int64(gblk) < pad_c_c:
-                    E.st_global_u8(sw_tile + Int64(sw_off),
-                                   cutlass.select_(valid, code, Uint32(0)))
+            if cutlass.const_expr(self.row_groups):
+                unit = lane_grp[0] + Int64(gk) * lane_grp[1]
+                if valid:
+                    E.st_global_v2(qt_base + unit * 8, w0, w1)
+                    E.st_global_u8(st_base + unit, code)
             else:
                 if valid:
-                    E.st_global_u8(st_tile + s_off, code)
+                    E.st_global_v2(qt_tile + q_off, w0, w1)
+                if cutlass.const_expr(self.swizzle):
+                    if Int64(gblk) < pad_c_c:
+                        E.st_global_u8(sw_tile + Int64(sw_off),
+                                       cutlass.select_(valid, code, Uint32(0)))
+                else:
+                    if valid:
+                        E.st_global_u8(st_tile + s_off, code)
 
     # ------------------------------------------------------------------ columnwise RHT pass
     # Warp w takes the 16 tile columns 16 * (w % 4) .. + 15 (two 16-byte chunks) in the tile

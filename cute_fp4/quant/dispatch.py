@@ -49,14 +49,16 @@ def _f8_2d():
 def cast_kernel(dtype: str, rowwise: bool, columnwise: bool, swizzle: bool, per_token: bool,
                 num_sms: int = 132, fused_amax: bool = False,
                 walk: tuple = None, rht: bool = False, block2d: bool = False,
-                stochastic: bool = False, groups: int = 1):
+                stochastic: bool = False, groups: int = 1, row_groups: int = 0):
     """(kernel, *fake compile arguments) of the K2 cast for a configuration; walk =
     (CTAs per SM, reverse tile walk, per-token amax prefetch, band, run, enc table, preload),
     see cast_walk (default: plain_walk); groups: consumer groups (cast_groups), 2 making the
     SM's one CTA (walk[0] CTAs per SM: 1 or 2) of two groups and 8 ring stages, the walk
     then grouped_walk's; rht: the twin of the RHT'd input, stochastic: stochastic rounding
     (both from recipes_dispatch; the compiled function then takes the int64 [seed, offset]
-    tensor after the outputs, else None); block2d: 16x16 blocks."""
+    tensor after the outputs, else None); block2d: 16x16 blocks; row_groups: the enc tables
+    of a grouped input's row groups (recipes_dispatch; the function then takes the int32
+    block-row table after rng, else None)."""
     if walk is None:
         walk = plain_walk(per_token)
     walk = grouped_walk(walk, groups, per_token)
@@ -67,14 +69,15 @@ def cast_kernel(dtype: str, rowwise: bool, columnwise: bool, swizzle: bool, per_
                     stages=4 * groups, ctas_per_sm=ctas_per_sm, fused_amax=fused_amax,
                     reverse=reverse, prefetch_amax=prefetch_amax, band=band, run=run,
                     enc_table=enc_table, preload=preload, rht=rht, block2d=block2d,
-                    stochastic=stochastic, groups=groups)
+                    stochastic=stochastic, groups=groups, row_groups=row_groups)
     esize = _CUTLASS[dtype].width // 8
     m, k = dyn(), dyn(16 // esize)
     return (op, fake_tensor(_CUTLASS[dtype], (m, k)),
             fake_tensor(cutlass.Float32, (None,), align=4),
             fake_tensor(cutlass.Float32, (None,), align=4),
             _u8_2d(), _f8_2d(), _u8_2d(), _f8_2d(),
-            fake_tensor(cutlass.Int64, (2,), align=8) if stochastic else None, env_stream())
+            fake_tensor(cutlass.Int64, (2,), align=8) if stochastic else None,
+            fake_tensor(cutlass.Int32, (None, 4), align=16) if row_groups else None, env_stream())
 
 
 def token_rows_kernel(dtype: str, swizzle: bool, split: tuple, num_sms: int = 132,
@@ -213,6 +216,14 @@ L2_WARM_MAX_BYTES = 256 << 20
 # less and leaves more of L2 to the input: 32 MB -0.1 to -1.8 us (per tensor at 2^26 +0.1 to
 # +0.4), 16 MB +-1, 8 MB slower.
 L2_KEEP_BYTES = {True: 16 << 20, False: 32 << 20}
+
+
+def l2_keep(walk: tuple, nbytes: int, columnwise: bool) -> int:
+    """The amax pass's l2_keep before the cast of an input of nbytes with `walk`:
+    L2_KEEP_BYTES[columnwise] before a backwards cast (walk[1]), else 0 (also when the whole
+    input fits in the kept part)."""
+    keep = L2_KEEP_BYTES[columnwise]
+    return keep if walk[1] and nbytes > keep else 0
 
 
 # Tile rows walked together (CastKernel band) when the cast writes the twin with compact
@@ -446,10 +457,7 @@ class _Plan:
         block2d = recipe.block == (16, 16)
         groups = cast_groups(name, row, col, swz, per_token, fused, walk, False, block2d, False,
                              m * k)
-        keep = L2_KEEP_BYTES[col]
-        if not walk[1] or m * k * esize <= keep:
-            keep = 0  # the cast walks forwards, or the whole input fits in the kept part
-        self.l2_keep = keep
+        keep = self.l2_keep = l2_keep(walk, m * k * esize, col)
         if per_token:
             n_amax = m if self.token_rows is not None else m + k  # TokenRowCast: rows only
             if not fused and self.token_rows is None:
@@ -565,7 +573,7 @@ class _Plan:
         if self.cast is not None:
             self.cast(x, arg_r, arg_c, dummy if data is None else data,
                       dummy_f8 if scales is None else scales, dummy if data_t is None else data_t,
-                      dummy_f8 if scales_t is None else scales_t, None)
+                      dummy_f8 if scales_t is None else scales_t, None, None)
         if out is None:
             return NVFP4Tensor(data, scales, amax_r if self.row else None, data_t, scales_t,
                                amax_c if self.col else None, self.recipe, self.shape,

@@ -46,7 +46,7 @@ from ..ref.philox import check_seed_offset
 from ..ref.swizzle import scale_shape
 from ..tensor import NVFP4Tensor
 from .cast_recipes import GTAB_COLS, TILE, RecipeAmax, RecipeCastKernel
-from .dispatch import (L2_KEEP_BYTES, cast_groups, cast_kernel, cast_walk, run_tensor_amax,
+from .dispatch import (cast_groups, cast_kernel, cast_walk, l2_keep, run_tensor_amax,
                        tensor_amax_fn, tensor_amax_words, token_amax_fn, token_rows_fn,
                        walk_run)
 from .token_rows import token_rows_config
@@ -102,6 +102,48 @@ def on_plain_cast(recipe: Recipe, n_groups: int, dtype: str) -> bool:
     if recipe.twin_rht:
         return dtype != "fp32"
     return recipe.stochastic_rounding
+
+
+# The row-group cast keeps an enc table per group in shared memory (ENC_CODES + 2 words each):
+# it takes up to this many groups.
+ROW_GROUPS_MAX = 64
+
+
+def row_group_tables(n_groups: int) -> int:
+    """The enc tables of the row-group cast of n_groups groups (CastKernel row_groups): the
+    next power of two from 8 (few compiled variants)."""
+    return max(8, 1 << (n_groups - 1).bit_length())
+
+
+def on_row_group_cast(recipe: Recipe, sizes) -> bool:
+    """Whether a grouped input of 2 .. ROW_GROUPS_MAX groups runs the plain cast with row
+    groups (CastKernel row_groups: each 16-row block row's group's outer scale and enc table,
+    the twins at their groups' offsets) after RecipeAmax's group amaxes: per-tensor scaling,
+    1x16 blocks, rounding to nearest, no RHT of a twin, no 4over6, compact scales, every
+    group's rows a multiple of 16 (a block row lies in one group). The recipe kernel runs the
+    rest."""
+    return (1 < len(sizes) <= ROW_GROUPS_MAX and recipe.scaling == "tensor"
+            and recipe.block == (1, 16)
+            and not (recipe.stochastic_rounding or recipe.twin_rht or recipe.swizzle)
+            and recipe.four_over_six is None and all(mg % 16 == 0 for mg in sizes))
+
+
+def row_group_walk(m: int, k: int, esize: int, columnwise: bool, rowwise: bool,
+                   num_sms: int) -> tuple:
+    """The tile walk of the row-group cast (on_row_group_cast; compact scales): the per-tensor
+    cast's (dispatch.cast_walk) with the enc tables at every size (their groups' outer
+    scales) and no preload; rowwise only two CTAs per SM; the lanes' block-row groups loaded
+    one tile ahead (prefetch, as per token's amaxes) except with the twin below
+    L2_WARM_MAX_BYTES (the backwards walk), where they are loaded at the tile. Measured
+    (H200, bf16, N = 8 groups of 3-10 tiles, quantize_grouped in graphs / the plain cast;
+    notes/quant_recipes.md "Session 38"), against the per-tensor walk with prefetch and
+    preload: row+col 4096x8192 1.15 -> 1.10, 8192^2 1.12 -> 1.07, 16384x2048 1.16 -> 1.11,
+    32768x8192 1.06 (at tile loads 1.11), 16384x8192 1.06 (1.03 at tile loads, one run);
+    rowwise only 4096x8192 1.13 -> 1.10, 8192^2 1.06 -> 1.03, 16384x2048 1.13 -> 1.10,
+    32768x8192 1.01 -> 1.00."""
+    walk = cast_walk(m, k, esize, False, False, columnwise, rowwise, num_sms)
+    ctas = walk[0] if columnwise else 2
+    return (ctas, walk[1], not (columnwise and walk[1])) + walk[3:5] + (True, False)
 
 
 def plain_cast_walk(m: int, k: int, esize: int, per_token: bool, compact_twin: bool,
@@ -287,6 +329,8 @@ class _Plan:
         self.n_kt = 2 * _ceil(k, 128) if swz and col else _ceil(k, TILE)
         arch = device_arch(dev)
         self.plain = on_plain_cast(recipe, len(sizes), name)
+        self.row_groups = on_row_group_cast(recipe, sizes)
+        self.bt = None  # row_groups: per block row (group, its first block row, block rows, 0)
         # per-token SR, rowwise only, without column sums: TokenRowCast stochastic (one read;
         # K1 + the plain SR cast read the input twice)
         split = token_rows_config(k, esize, swz)
@@ -296,16 +340,24 @@ class _Plan:
             self.scale_shapes = (scale_shape(sizes[0], nsc, swz), None)
             return
         keep = 0
-        if self.plain:
+        if self.row_groups:
+            m = row0
+            walk = row_group_walk(m, k, esize, col, row, sms)
+            groups = cast_groups(name, row, col, False, False, False, walk, False, False, False,
+                                 m * k)
+            keep = l2_keep(walk, m * k * esize, col)
+            blocks = []
+            for g, (r0, mg) in enumerate(t[:2] for t in gtab):
+                blocks += [(g, r0 // 16, mg // 16, 0)] * (mg // 16)
+            self.bt = torch.tensor(blocks, dtype=torch.int32, device=dev)
+        elif self.plain:
             m, per_token = sizes[0], scaling == "token"
             rht, sr = recipe.twin_rht, recipe.stochastic_rounding
             walk = plain_cast_walk(m, k, esize, per_token, col and not swz, row and not swz, sms,
                                    rht, sr)
             groups = cast_groups(name, row, col, swz, per_token, False, walk, rht, False, sr,
                                  m * k)
-            # the amax pass's L2 priorities before a backwards cast, as dispatch._Plan's
-            if walk[1] and m * k * esize > L2_KEEP_BYTES[col]:
-                keep = L2_KEEP_BYTES[col]
+            keep = l2_keep(walk, m * k * esize, col)
         # per tensor on the plain cast without the RHT or column sums: the plain cast's amax
         # pass (AmaxTensor: partials, no zero-fill; ~2 us less than RecipeAmax + the zero-fill
         # of its words at 8192x8192 bf16, notes/quant_recipes.md "Session 24")
@@ -322,6 +374,16 @@ class _Plan:
             self.amax_fn = KERNELS.get(akey, lambda: compile_kernel(
                 *amax_recipe_kernel(name, scaling == "token", recipe.twin_rht, do_row, do_col,
                                     col_sum, keep), arch=arch))
+        if self.row_groups:
+            ckey = ("cast", name, row, col, False, False, sms, False, walk, "row_groups", groups,
+                    arch)
+            tables = row_group_tables(len(sizes))
+            ckey += (tables,)
+            self.cast_fn = KERNELS.get(ckey, lambda: compile_kernel(
+                *cast_kernel(name, row, col, False, False, sms, False, walk, groups=groups,
+                             row_groups=tables), arch=arch))
+            self.scale_shapes = (scale_shape(m, nsc, False), (k, m // 16))
+            return
         if self.plain:
             ckey = ("cast", name, row, col, swz, per_token, sms, False, walk, "recipe", rht, sr,
                     groups, arch)
@@ -374,7 +436,7 @@ def _run(x2: torch.Tensor, sizes: List[int], recipe: Recipe, seed: int, offset: 
                             dtype=torch.float32, device=dev)
         arg_r = arg_c = run_tensor_amax(plan.tensor_amax, x2, words, amax_reduce)
         amax_r = amax_c = words[:1]
-    elif plan.launch and plan.plain and scaling == "tensor":
+    elif plan.launch and plan.plain and scaling == "tensor" and not plan.row_groups:
         # the amax pass (RecipeAmax; K1 per tensor with the RHT) reduces into the partials,
         # the cast reads them (and writes the amaxes); without the RHT both sides share one
         # pair
@@ -407,7 +469,7 @@ def _run(x2: torch.Tensor, sizes: List[int], recipe: Recipe, seed: int, offset: 
         column_sum.zero_()
     if amax_reduce is not None and plan.tensor_amax is None:
         _reduce_amaxes(amax_reduce, recipe, amax_r, amax_c, plan.alias)
-    if plan.launch and plan.plain:
+    if plan.launch and (plan.plain or plan.row_groups):
         if arg_r is None:
             arg_r, arg_c = amax_r, amax_c
         m = x2.shape[0]
@@ -423,7 +485,7 @@ def _run(x2: torch.Tensor, sizes: List[int], recipe: Recipe, seed: int, offset: 
             plan.cast_fn(x2, arg_r, arg_c, q.view(m, k // 2) if row else d2,
                          s.view(s_shape).view(f8) if row else d2.view(f8),
                          qt.view(k, m // 2) if col else d2,
-                         st.view(st_shape).view(f8) if col else d2.view(f8), rng)
+                         st.view(st_shape).view(f8) if col else d2.view(f8), rng, plan.bt)
     elif plan.launch:
         dummy = plan.dummy
         rng = plan.rng if rng_state is None else rng_state.contiguous()
