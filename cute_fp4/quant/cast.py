@@ -72,6 +72,16 @@ reciprocal without its slow-path branch
 outer scales from the division and reciprocal without theirs (outer_block_scales fast, exact
 for amaxes 0 and in [2^-100, 2^100]); the other copy is the general one.
 
+`row_groups` (per tensor, compact scales, no RHT / SR / 16x16): the row groups of a grouped
+input (recipes_dispatch.on_row_group_cast), each with its own outer amax (amax_r = the group
+amaxes), the twins one group after another (group g's [K, M_g / 2] data and [K, M_g / 16]
+scales; the rowwise outputs are the single tensor's). Groups are multiples of 16 rows, so a
+16-row block row lies in one group: the prologue fills an enc table and (s6, sdec) per group
+in shared memory (_fill_group_tables), and per tile lane l reads block row l / 4's entry of
+the block-row table btab (its group, the group's first block row and block rows: one
+16-byte load, _lane_row_group), whose s6 and table the rowwise pass's warp w takes from lane
+4 w and the columnwise pass's lane uses itself, with the twin addresses of its group.
+
 `block2d` (per tensor, no RHT): 16x16 blocks (SPEC section 1, the recipe's block=(16, 16)): one
 scale per 16x16 tile, shared by its 16 rowwise blocks and its 16 twin blocks. The rowwise pass's
 warp w holds block row w of the tile, so the tile amaxes are a shuffle reduction of its block

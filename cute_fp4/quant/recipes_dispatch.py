@@ -13,6 +13,9 @@ sums (AmaxTensor per tensor without the RHT; AmaxToken per token with both outpu
 its transformed column amaxes, and per tensor with the RHT its maxima over all rows and
 columns). Per-token stochastic rounding of the rowwise output alone (rows up to 16384
 elements, no column sums) is one launch of TokenRowCast (stochastic), which reads each row once.
+Grouped inputs of 2 .. ROW_GROUPS_MAX groups with per-tensor 1x16 RN recipes and compact
+scales, groups of multiples of 16 rows (`on_row_group_cast`), run RecipeAmax (the group
+amaxes) and the plain cast with row groups (CastKernel row_groups).
 
 Tensor parallelism (input sharded along M, sequence parallel): `amax_reduce(t)` reduces a
 float32 CUDA amax tensor in place across ranks (e.g. an all-reduce MAX). It is called between
@@ -94,7 +97,8 @@ def on_plain_cast(recipe: Recipe, n_groups: int, dtype: str) -> bool:
     (bf16 / fp16 with the twin: CastKernel rht, the transform on the tensor cores) and / or
     stochastic rounding (CastKernel stochastic). Its persistent TMA walk is faster than the
     recipe kernel (notes/quant_recipes.md "Session 21", "Session 23"); everything else (16x16
-    with SR, window64, 4over6, groups, RHT of fp32 inputs) runs the recipe kernel. A
+    with SR, window64, 4over6, groups (except on_row_group_cast's), RHT of fp32 inputs) runs
+    the recipe kernel. A
     rowwise-only recipe's rht changes no byte (Recipe.twin_rht): it runs as without it."""
     if (n_groups != 1 or recipe.block != (1, 16) or recipe.four_over_six is not None
             or recipe.scaling not in ("tensor", "token")):
@@ -135,12 +139,11 @@ def row_group_walk(m: int, k: int, esize: int, columnwise: bool, rowwise: bool,
     scales) and no preload; rowwise only two CTAs per SM; the lanes' block-row groups loaded
     one tile ahead (prefetch, as per token's amaxes) except with the twin below
     L2_WARM_MAX_BYTES (the backwards walk), where they are loaded at the tile. Measured
-    (H200, bf16, N = 8 groups of 3-10 tiles, quantize_grouped in graphs / the plain cast;
-    notes/quant_recipes.md "Session 38"), against the per-tensor walk with prefetch and
-    preload: row+col 4096x8192 1.15 -> 1.10, 8192^2 1.12 -> 1.07, 16384x2048 1.16 -> 1.11,
-    32768x8192 1.06 (at tile loads 1.11), 16384x8192 1.06 (1.03 at tile loads, one run);
-    rowwise only 4096x8192 1.13 -> 1.10, 8192^2 1.06 -> 1.03, 16384x2048 1.13 -> 1.10,
-    32768x8192 1.01 -> 1.00."""
+    (H200, bf16, N = 8 groups, quantize_grouped in graphs; notes/quant_recipes.md "Session
+    38"): rowwise only, two CTAs per SM instead of one of two consumer groups 16384x8192 177
+    -> 161 us, 32768x8192 338 -> 308 (before the enc tables; with them 1-3% at 2^24-2^26);
+    row+col, groups loaded at the tile instead of prefetched on the backwards walk 4096x8192
+    64.6 -> 63.6, 8192^2 118.8 -> 116.8, 16384x2048 65.5 -> 64.5; preload within +-1.5%."""
     walk = cast_walk(m, k, esize, False, False, columnwise, rowwise, num_sms)
     ctas = walk[0] if columnwise else 2
     return (ctas, walk[1], not (columnwise and walk[1])) + walk[3:5] + (True, False)
