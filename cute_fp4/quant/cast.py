@@ -770,9 +770,8 @@ class CastKernel:
                 s6, sdec, enc_tab, run_sc, col_outer, rht_b, tile_scale, sc_buf, sr, lane_grp,
                 fast: cutlass.Constexpr):
         """_cast_tile's rowwise and columnwise passes (lane_grp: _col_pass's); fast: the copy
-        for tiles where
-        _fast_blocks_ok holds (input_signs: the stochastic encoder takes the signs from the
-        16-bit inputs; fast_rcp: the blocks' enc from the fast reciprocal)."""
+        for tiles where _fast_blocks_ok holds (input_signs: the stochastic encoder takes the
+        signs from the 16-bit inputs; fast_rcp: the blocks' enc from the fast reciprocal)."""
         if cutlass.const_expr(self.rht and self.stochastic):
             if cutlass.const_expr(not self.preload):
                 col_words = self._col_words(stage_addr, offs)
@@ -863,9 +862,9 @@ class CastKernel:
         columnwise pass's lane its own): (its group, the twin unit of its block in input column
         0, the group's block rows), a twin unit being 8 data bytes and 1 scale byte; ac_base
         is btab (see __call__)."""
-        amax = Float32(0.0)
         if cutlass.const_expr(self.row_groups):
             return self._lane_row_group(tm, M, K, tidx, ac_base)
+        amax = Float32(0.0)
         if cutlass.const_expr(self.per_token):
             warp = tidx // 32
             lane = tidx % 32
@@ -1115,9 +1114,9 @@ class CastKernel:
         (64 bytes per input column and tile) from the thread's 16 words (_col_words). Per
         token, s6 / sdec are the lane's (_lane_amax); with row_groups s6 / enc_tab those of the
         lane's block row, lane_grp its twin unit in input column 0 and its group's block rows
-        (_lane_amax). tile_scale (block2d): the (scale byte,
-        enc) of the thread's blocks (one 16x16 tile). sr: stochastic rounding (_sr_state);
-        fast: the passes' fast copy (_passes)."""
+        (_lane_amax). tile_scale (block2d): the (scale byte, enc) of the thread's blocks (one
+        16x16 tile). sr: stochastic rounding (_sr_state); fast: the passes' fast copy
+        (_passes)."""
         lane = tidx % 32
         rb = lane // 4
         cols = 4 // self.esize  # input columns per 4-byte word

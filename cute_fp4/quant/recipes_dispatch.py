@@ -378,10 +378,9 @@ class _Plan:
                 *amax_recipe_kernel(name, scaling == "token", recipe.twin_rht, do_row, do_col,
                                     col_sum, keep), arch=arch))
         if self.row_groups:
-            ckey = ("cast", name, row, col, False, False, sms, False, walk, "row_groups", groups,
-                    arch)
             tables = row_group_tables(len(sizes))
-            ckey += (tables,)
+            ckey = ("cast", name, row, col, False, False, sms, False, walk, "row_groups", groups,
+                    tables, arch)
             self.cast_fn = KERNELS.get(ckey, lambda: compile_kernel(
                 *cast_kernel(name, row, col, False, False, sms, False, walk, groups=groups,
                              row_groups=tables), arch=arch))
