@@ -12,6 +12,7 @@ from cute_fp4.quant.dispatch import (ENC_TABLE_COMPACT_TWIN_MAX_BYTES, GROUPS_MI
                                      GROUPS_ROWWISE_MAX_ELEMENTS, L2_WARM_MAX_BYTES,
                                      amax_tensor_kernel, amax_token_kernel, cast_groups,
                                      cast_kernel, cast_walk, grouped_walk, token_rows_kernel)
+from cute_fp4.quant.recipes_dispatch import plain_cast_walk
 from cute_fp4.quant.token_rows import token_rows_config
 from cute_fp4.ref.philox import PHILOX_M0, PHILOX_M1
 
@@ -314,9 +315,36 @@ def test_cast_sr_ptx(arch, dtype, row, col, swizzle, per_token, rht, walk):
 
 def test_cast_sr_rules():
     with pytest.raises(ValueError, match="stochastic"):
-        CastKernel("bf16", True, True, False, False, 132, block2d=True, stochastic=True)
-    with pytest.raises(ValueError, match="stochastic"):
         CastKernel("bf16", True, True, False, False, 132, fused_amax=True, stochastic=True)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("dtype,row,col", [("bf16", True, True), ("fp32", True, True),
+                                           ("fp16", False, True), ("bf16", True, False)])
+def test_cast_block2d_sr_ptx(arch, dtype, row, col):
+    """16x16 blocks with stochastic rounding (per tensor, recipes_dispatch.on_plain_cast, its
+    walk): every 1x16 block of a pass draws its own Philox call and is encoded stochastically
+    (16 mul.rz.f32) with its tile's scale, in both copies of the passes for 16-bit inputs (the
+    fast one with the signs from the inputs); the tile scales are converted once per tile and
+    thread as when rounding to nearest."""
+    walk = plain_cast_walk(8192, 8192, 4 if dtype == "fp32" else 2, False, col, row, 132,
+                           False, True)
+    args = (dtype, row, col, False, False, 132, False, walk)
+    ptx = compile_ptx(*cast_kernel(*args, block2d=True, stochastic=True), arch=arch)
+    rn = compile_ptx(*cast_kernel(*args, block2d=True), arch=arch)
+    op = CastKernel(dtype, row, col, False, False, 132, enc_table=walk[5], block2d=True,
+                    stochastic=True)
+    assert op.input_signs == (dtype != "fp32")
+    calls = op.row_steps * row + 4 // op.esize * col
+    copies = 2 if op.input_signs or op.fast_rcp else 1
+    assert ptx.count(f"mul.wide.u32 p0, c0, {PHILOX_M0:#010x}") == 10 * calls * copies
+    assert ptx.count("mul.rz.f32") == 16 * calls * copies
+    ty = "bf16x2" if dtype == "bf16" else "f16x2"
+    assert ptx.count(f"set.lt.u32.{ty}") == ((8 * op.row_steps * row + 16 * col)
+                                             if op.input_signs else 0)
+    cvt = r"cvt\.rn\.satfinite\.e4m3x2\.f32"
+    assert len(re.findall(cvt, ptx)) == len(re.findall(cvt, rn))
+    assert "e2m1" not in ptx and "div.approx" not in ptx
 
 
 @pytest.mark.parametrize("arch", ARCHS)

@@ -359,7 +359,8 @@ def test_token_amax_k1():
 
 def test_plain_cast_routing():
     """Single-tensor 1x16 recipes (tensor or token scaling, no 4over6) with the columnwise RHT
-    (bf16 / fp16, with the twin) and / or stochastic rounding (any dtype) run on the plain
+    (bf16 / fp16, with the twin) and / or stochastic rounding (any dtype), and per-tensor
+    16x16 recipes with stochastic rounding (not RN: the plain dispatch), run on the plain
     cast: SR alone with one CTA per SM and the run for fp32 only; with the RHT two CTAs per
     SM, the run per tensor without SR, per token wherever the shape allows it except RHT + SR
     below L2_WARM_MAX_BYTES, which preloads (as per tensor); every other RHT / SR recipe on
@@ -370,12 +371,16 @@ def test_plain_cast_routing():
                           (rht.replace(scaling="token", swizzle=True, rowwise=False), "bf16"),
                           (rht.replace(stochastic_rounding=True), "fp16"),
                           (sr.replace(scaling="token", columnwise=True, swizzle=True), "fp32"),
-                          (sr.replace(rht=True), "fp32")]:  # rowwise only: SR alone
+                          (sr.replace(rht=True), "fp32"),  # rowwise only: SR alone
+                          (sr.replace(block=(16, 16)), "bf16"),
+                          (sr.replace(block=(16, 16), columnwise=True, swizzle=True), "fp32")]:
         assert on_plain_cast(recipe, 1, dtype), recipe
     for recipe, groups, dtype in [
             (rht, 1, "fp32"), (rht, 2, "bf16"), (rht.replace(columnwise=False), 1, "bf16"),
             (rht.replace(stochastic_rounding=True), 1, "fp32"), (sr, 2, "bf16"),
-            (sr.replace(block=(16, 16)), 1, "bf16"), (sr.replace(scaling="window64"), 1, "bf16"),
+            (sr.replace(block=(16, 16)), 2, "bf16"), (Recipe(block=(16, 16)), 1, "bf16"),
+            (Recipe(block=(16, 16), four_over_six="mae"), 1, "bf16"),
+            (sr.replace(scaling="window64"), 1, "bf16"),
             (rht.replace(four_over_six="mse"), 1, "bf16"),
             (rht.replace(scaling="window64"), 1, "bf16"),
             (Recipe(columnwise=True), 1, "bf16")]:

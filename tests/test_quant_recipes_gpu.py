@@ -286,11 +286,30 @@ def test_sr_plain_cast(shape, kind, dtype, rht, scaling, gen):
     assert sum(f is not None for f in (both.tensor_amax, both.token_amax, both.amax_fn)) == 1
 
 
+@pytest.mark.parametrize("shape", [(16, 16), (144, 1040), (320, 192), (1040, 528)])
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_block16_sr_plain_cast(shape, kind, dtype, gen):
+    """Per-tensor 16x16 blocks with stochastic rounding run on the plain cast (on_plain_cast:
+    CastKernel block2d stochastic after AmaxTensor; each 1x16 block of either output draws its
+    own Philox call): byte-equal to the reference for every output set and scale layout, tile
+    tails in M and K, a seed above 2^63 and a large offset."""
+    x = make_input(shape, kind, dtype, gen)
+    recipe = Recipe(block=(16, 16), stochastic_rounding=True)
+    assert rd.on_plain_cast(recipe.replace(columnwise=True), 1, rd._DTYPE_NAMES[dtype])
+    seed = int(torch.randint(0, 2**62, (1,), generator=gen)) * 4 + 3
+    offset = 2**32 - 1 - int(torch.randint(0, 9, (1,), generator=gen))
+    run_all(x, recipe, seed=seed, offset=offset)
+    plan = rd._plan((shape[0],), shape[1], recipe.replace(columnwise=True),
+                    rd._DTYPE_NAMES[dtype], x.device, seed, offset, False)
+    assert plan.plain and plan.tensor_amax is not None
+
+
 @pytest.mark.parametrize("per_cta", [8, 4, 2, 1])
 def test_amax_tiles_per_cta(per_cta, gen, monkeypatch):
     """RecipeAmax with 1 .. 8 m tiles per CTA row (amax_tiles_per_cta picks 4, 2 or 1 by grid
     size; the CTA row's 4 to 32 strips dealt to its 8 warps): the amaxes and outputs of every
-    recipe that takes it (the RHT, per tensor and per token; the recipe kernel's SR and 16x16;
+    recipe that takes it (the RHT, per tensor and per token; the recipe kernel's 16x16 and 4over6;
     groups with tails) stay byte-equal to the reference, also with tile counts that are no
     multiple of per_cta."""
     monkeypatch.setattr(rd, "amax_tiles_per_cta", lambda *a: per_cta)
@@ -299,7 +318,7 @@ def test_amax_tiles_per_cta(per_cta, gen, monkeypatch):
         x = make_input((1040, 528), "outliers", torch.bfloat16, gen)
         for recipe in (Recipe(rht=True), Recipe(scaling="token", rht=True),
                        Recipe(scaling="token", rht=True, stochastic_rounding=True),
-                       Recipe(block=(16, 16), stochastic_rounding=True),
+                       Recipe(block=(16, 16), four_over_six="mae"),
                        Recipe(scaling="token", four_over_six="mae")):
             run_all(x, recipe, seed=5, offset=3, outputs=[(True, True), (False, True)])
         sizes = [272, 0, 64, 704]

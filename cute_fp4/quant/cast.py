@@ -83,7 +83,8 @@ the block-row table btab (its group, the group's first block row and block rows:
 4 w and the columnwise pass's lane uses itself, with the twin addresses of its group.
 
 `block2d` (per tensor, no RHT): 16x16 blocks (SPEC section 1, the recipe's block=(16, 16)): one
-scale per 16x16 tile, shared by its 16 rowwise blocks and its 16 twin blocks. The rowwise pass's
+scale per 16x16 tile, shared by its 16 rowwise blocks and its 16 twin blocks (with stochastic
+rounding each of those 1x16 blocks draws its own Philox call, as with 1x16 blocks). The rowwise pass's
 warp w holds block row w of the tile, so the tile amaxes are a shuffle reduction of its block
 amaxes (_tile_scales); with the twin, lanes 0 .. bpr - 1 leave each tile's (scale byte, enc) in
 smem for the columnwise pass, after a consumer barrier.
@@ -168,9 +169,8 @@ class CastKernel:
             raise ValueError("CastKernel: block2d (16x16 blocks) needs a per-tensor outer scale "
                              "and no rht")
         self.block2d = block2d
-        if stochastic and (block2d or fused_amax):
-            raise ValueError("CastKernel: stochastic rounding needs 1x16 blocks and an amax pass "
-                             "(not block2d, not fused_amax)")
+        if stochastic and fused_amax:
+            raise ValueError("CastKernel: stochastic rounding needs an amax pass (not fused_amax)")
         self.stochastic = stochastic
         if row_groups and (per_token or swizzle or fused_amax or not enc_table or rht or block2d
                            or stochastic):
@@ -1032,15 +1032,15 @@ class CastKernel:
             else:
                 for v in words:
                     xs += [E.unpack_lo(v, self.dtype_name), E.unpack_hi(v, self.dtype_name)]
+            rnd = sgn = None
+            if cutlass.const_expr(sr is not None):
+                rnd = self._philox(Int64(gr) * nsc_r + Int64(gcol_blk), 0, sr)
+            if cutlass.const_expr(fast and self.input_signs):
+                sgn = E.input_signs16(words, self.dtype_name)
             if cutlass.const_expr(tile_scale is not None):
                 code = tile_scale[0]
-                w0, w1 = E.encode16(xs, tile_scale[1], self.hw)
+                w0, w1 = self._encode16(xs, tile_scale[1], rnd, sgn, fast)
             else:
-                rnd = sgn = None
-                if cutlass.const_expr(sr is not None):
-                    rnd = self._philox(Int64(gr) * nsc_r + Int64(gcol_blk), 0, sr)
-                if cutlass.const_expr(fast and self.input_signs):
-                    sgn = E.input_signs16(words, self.dtype_name)
                 code, w0, w1 = self._quantize16(xs, self._words_amax(words, xs), s6_r, sdec_r,
                                                 enc_tab, rnd, sgn, fast)
             valid = (gr < M) & col_ok
@@ -1152,20 +1152,17 @@ class CastKernel:
                     xs.append(E.unpack_lo(words[i], self.dtype_name))
                 else:
                     xs.append(E.unpack_hi(words[i], self.dtype_name))
+            sgn = None if sws is None else (sws, [cc] * 16)
             if cutlass.const_expr(tile_scale is not None):
                 code = tile_scale[0]
-                w0, w1 = E.encode16(xs, tile_scale[1], self.hw)
+                w0, w1 = self._encode16(xs, tile_scale[1], self._col_rnd(gk, gblk, nsc_c, sr),
+                                        sgn, fast)
             else:
                 if cutlass.const_expr(self.esize == 4):
                     amax = E.block_amax(xs)
                 else:
                     amax = amax2[cc]
-                rnd = None
-                if cutlass.const_expr(sr is not None):  # rotated like xs (_sr_state)
-                    p = self._philox(Int64(gk) * nsc_c + Int64(gblk), 1, sr)
-                    lo, hi = sr[2]
-                    rnd = [Uint32(prmt(p[h], p[h + 1], sel)) for h in (0, 2) for sel in (lo, hi)]
-                sgn = None if sws is None else (sws, [cc] * 16)
+                rnd = self._col_rnd(gk, gblk, nsc_c, sr)
                 code, w0, w1 = self._quantize16(xs, amax, s6_c, sdec_c, enc_tab, rnd, sgn, fast)
             w0 = E.rotl_nibbles(w0, rb)
             w1 = E.rotl_nibbles(w1, rb)
@@ -1185,6 +1182,15 @@ class CastKernel:
                 else:
                     if valid:
                         E.st_global_u8(st_tile + s_off, code)
+
+    def _col_rnd(self, gk, gblk, nsc_c, sr):
+        """The 4 random words of the twin block (gk, gblk) rotated like the column pass's
+        values (_sr_state), or None without stochastic rounding."""
+        if cutlass.const_expr(sr is None):
+            return None
+        p = self._philox(Int64(gk) * nsc_c + Int64(gblk), 1, sr)
+        lo, hi = sr[2]
+        return [Uint32(prmt(p[h], p[h + 1], sel)) for h in (0, 2) for sel in (lo, hi)]
 
     # ------------------------------------------------------------------ columnwise RHT pass
     # Warp w takes the 16 tile columns 16 * (w % 4) .. + 15 (two 16-byte chunks) in the tile

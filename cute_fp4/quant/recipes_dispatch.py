@@ -92,17 +92,20 @@ def amax_recipe_kernel(dtype: str, per_token: bool, rht: bool, do_row: bool, do_
 def on_plain_cast(recipe: Recipe, n_groups: int, dtype: str) -> bool:
     """Whether the plain cast (CastKernel) runs this recipe after an amax pass (RecipeAmax;
     without column sums AmaxTensor per tensor without the RHT, AmaxToken per token with both
-    outputs and per tensor with the RHT: _Plan): one tensor, 1x16
-    blocks, scaling tensor or token, no 4over6 (so E4M3_MAX 448), with the columnwise RHT
-    (bf16 / fp16 with the twin: CastKernel rht, the transform on the tensor cores) and / or
-    stochastic rounding (CastKernel stochastic). Its persistent TMA walk is faster than the
-    recipe kernel (notes/quant_recipes.md "Session 21", "Session 23"); everything else (16x16
-    with SR, window64, 4over6, groups (except on_row_group_cast's), RHT of fp32 inputs) runs
-    the recipe kernel. A
-    rowwise-only recipe's rht changes no byte (Recipe.twin_rht): it runs as without it."""
-    if (n_groups != 1 or recipe.block != (1, 16) or recipe.four_over_six is not None
+    outputs and per tensor with the RHT: _Plan): one tensor, scaling tensor or token, no
+    4over6 (so E4M3_MAX 448), with 1x16 blocks the columnwise RHT (bf16 / fp16 with the twin:
+    CastKernel rht, the transform on the tensor cores) and / or stochastic rounding
+    (CastKernel stochastic), per tensor 16x16 blocks with stochastic rounding (CastKernel
+    block2d stochastic, no RHT of a twin). Its persistent TMA walk is faster than the recipe
+    kernel (notes/quant_recipes.md "Session 21", "Session 23", "Session 38"); everything else
+    (window64, 4over6, groups (except on_row_group_cast's), RHT of fp32 inputs, 16x16 with
+    the twin's RHT) runs the recipe kernel. A rowwise-only recipe's rht changes no byte
+    (Recipe.twin_rht): it runs as without it."""
+    if (n_groups != 1 or recipe.four_over_six is not None
             or recipe.scaling not in ("tensor", "token")):
         return False
+    if recipe.block == (16, 16):
+        return recipe.scaling == "tensor" and recipe.stochastic_rounding and not recipe.twin_rht
     if recipe.twin_rht:
         return dtype != "fp32"
     return recipe.stochastic_rounding
@@ -358,7 +361,8 @@ class _Plan:
             rht, sr = recipe.twin_rht, recipe.stochastic_rounding
             walk = plain_cast_walk(m, k, esize, per_token, col and not swz, row and not swz, sms,
                                    rht, sr)
-            groups = cast_groups(name, row, col, swz, per_token, False, walk, rht, False, sr,
+            block2d = recipe.block == (16, 16)
+            groups = cast_groups(name, row, col, swz, per_token, False, walk, rht, block2d, sr,
                                  m * k)
             keep = l2_keep(walk, m * k * esize, col)
         # per tensor on the plain cast without the RHT or column sums: the plain cast's amax
@@ -388,10 +392,10 @@ class _Plan:
             return
         if self.plain:
             ckey = ("cast", name, row, col, swz, per_token, sms, False, walk, "recipe", rht, sr,
-                    groups, arch)
+                    groups, block2d, arch)
             self.cast_fn = KERNELS.get(ckey, lambda: compile_kernel(
                 *cast_kernel(name, row, col, swz, per_token, sms, False, walk, rht=rht,
-                             stochastic=sr, groups=groups), arch=arch))
+                             block2d=block2d, stochastic=sr, groups=groups), arch=arch))
             self.scale_shapes = (scale_shape(m, nsc, swz), scale_shape(k, m // 16, swz))
             return
         ckey = ("cast_recipe",) + _cast_config(name, recipe) + (arch,)
