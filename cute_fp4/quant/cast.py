@@ -84,10 +84,10 @@ the block-row table btab (its group, the group's first block row and block rows:
 
 `block2d` (per tensor, no RHT): 16x16 blocks (SPEC section 1, the recipe's block=(16, 16)): one
 scale per 16x16 tile, shared by its 16 rowwise blocks and its 16 twin blocks (with stochastic
-rounding each of those 1x16 blocks draws its own Philox call, as with 1x16 blocks). The rowwise pass's
-warp w holds block row w of the tile, so the tile amaxes are a shuffle reduction of its block
-amaxes (_tile_scales); with the twin, lanes 0 .. bpr - 1 leave each tile's (scale byte, enc) in
-smem for the columnwise pass, after a consumer barrier.
+rounding each of those 1x16 blocks draws its own Philox call, as with 1x16 blocks). The
+rowwise pass's warp w holds block row w of the tile, so the tile amaxes are a shuffle reduction
+of its block amaxes (_tile_scales); with the twin, lanes 0 .. bpr - 1 leave each tile's (scale
+byte, enc) in smem for the columnwise pass, after a consumer barrier.
 """
 
 from typing import Optional
