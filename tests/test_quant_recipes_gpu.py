@@ -645,6 +645,19 @@ def test_grouped_row_group_cast(outputs, dtype, kind, gen):
     assert plan.row_groups and plan.bt.shape == (1232 // 16, 4)
 
 
+@pytest.mark.parametrize("n_groups", [9, 40, rd.ROW_GROUPS_MAX])
+def test_grouped_row_group_cast_many(n_groups, gen):
+    """The row-group cast with 16 to 64 enc tables (rd.row_group_tables: 9 groups -> 16, 40
+    and 64 -> 64, the most shared memory: two CTAs per SM rowwise only), groups of 0 to 48
+    rows, row+col and rowwise only."""
+    splits = [16 * (g % 4) for g in range(n_groups)]
+    x = grouped_scaled(splits, 272, "outliers", torch.bfloat16, gen)
+    for outputs in OUTPUTS[:2]:
+        recipe = Recipe(rowwise=outputs[0], columnwise=outputs[1])
+        assert rd.on_row_group_cast(recipe, splits)
+        check_grouped(x, splits, recipe)
+
+
 @pytest.mark.parametrize("walk", ["forwards", "run", "one_group", "preload"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_grouped_row_group_walks(walk, dtype, gen, monkeypatch):
