@@ -346,22 +346,22 @@ class _Plan:
             self.scale_shapes = (scale_shape(sizes[0], nsc, swz), None)
             return
         keep = 0
-        if self.row_groups:
-            m = row0
-            walk = row_group_walk(m, k, esize, col, row, sms)
-            groups = cast_groups(name, row, col, False, False, False, walk, False, False, False,
-                                 m * k)
-            keep = l2_keep(walk, m * k * esize, col)
-            blocks = []
-            for g, (r0, mg) in enumerate(t[:2] for t in gtab):
-                blocks += [(g, r0 // 16, mg // 16, 0)] * (mg // 16)
-            self.bt = torch.tensor(blocks, dtype=torch.int32, device=dev)
-        elif self.plain:
-            m, per_token = sizes[0], scaling == "token"
+        plain_cast = self.plain or self.row_groups  # CastKernel casts (the row groups' too)
+        if plain_cast:
+            m, per_token = row0, scaling == "token"
             rht, sr = recipe.twin_rht, recipe.stochastic_rounding
-            walk = plain_cast_walk(m, k, esize, per_token, col and not swz, row and not swz, sms,
-                                   rht, sr)
             block2d = recipe.block == (16, 16)
+            tables = 0
+            if self.row_groups:
+                walk = row_group_walk(m, k, esize, col, row, sms)
+                tables = row_group_tables(len(sizes))
+                blocks = []
+                for g, (r0, mg) in enumerate(t[:2] for t in gtab):
+                    blocks += [(g, r0 // 16, mg // 16, 0)] * (mg // 16)
+                self.bt = torch.tensor(blocks, dtype=torch.int32, device=dev)
+            else:
+                walk = plain_cast_walk(m, k, esize, per_token, col and not swz, row and not swz,
+                                       sms, rht, sr)
             groups = cast_groups(name, row, col, swz, per_token, False, walk, rht, block2d, sr,
                                  m * k)
             keep = l2_keep(walk, m * k * esize, col)
@@ -381,21 +381,13 @@ class _Plan:
             self.amax_fn = KERNELS.get(akey, lambda: compile_kernel(
                 *amax_recipe_kernel(name, scaling == "token", recipe.twin_rht, do_row, do_col,
                                     col_sum, keep), arch=arch))
-        if self.row_groups:
-            tables = row_group_tables(len(sizes))
-            ckey = ("cast", name, row, col, False, False, sms, False, walk, "row_groups", groups,
-                    tables, arch)
-            self.cast_fn = KERNELS.get(ckey, lambda: compile_kernel(
-                *cast_kernel(name, row, col, False, False, sms, False, walk, groups=groups,
-                             row_groups=tables), arch=arch))
-            self.scale_shapes = (scale_shape(m, nsc, False), (k, m // 16))
-            return
-        if self.plain:
+        if plain_cast:
             ckey = ("cast", name, row, col, swz, per_token, sms, False, walk, "recipe", rht, sr,
-                    groups, block2d, arch)
+                    groups, block2d, tables, arch)
             self.cast_fn = KERNELS.get(ckey, lambda: compile_kernel(
                 *cast_kernel(name, row, col, swz, per_token, sms, False, walk, rht=rht,
-                             block2d=block2d, stochastic=sr, groups=groups), arch=arch))
+                             block2d=block2d, stochastic=sr, groups=groups, row_groups=tables),
+                arch=arch))
             self.scale_shapes = (scale_shape(m, nsc, swz), scale_shape(k, m // 16, swz))
             return
         ckey = ("cast_recipe",) + _cast_config(name, recipe) + (arch,)
