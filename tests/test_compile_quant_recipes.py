@@ -417,8 +417,8 @@ def test_row_group_cast_routing():
     per-tensor 1x16 RN recipes with compact scales whose groups are multiples of 16 rows
     (rowwise-only RHT included: it changes nothing), with enc tables for the next power of
     two of groups from 8; its walk is the per-tensor cast's with the enc tables at every
-    size, no preload, the lanes' groups prefetched except with the twin on the backwards walk,
-    rowwise only two CTAs per SM; the rest stays on the recipe kernel."""
+    size, no preload, no prefetch (the lanes' groups come from smem once per unit), rowwise
+    only two CTAs per SM; the rest stays on the recipe kernel."""
     sizes = [272, 0, 64, 48]
     for recipe in (Recipe(columnwise=True), Recipe(), Recipe(rowwise=False, columnwise=True),
                    Recipe(rht=True)):
@@ -440,8 +440,7 @@ def test_row_group_cast_routing():
         for col, row in [(True, True), (False, True), (True, False)]:
             plain = cast_walk(m, 8192, esize, False, False, col, row, 132)
             walk = row_group_walk(m, 8192, esize, col, row, 132)
-            assert walk == ((plain[0] if col else 2), plain[1], not (col and plain[1]),
-                            *plain[3:5], True, False)
+            assert walk == ((plain[0] if col else 2), plain[1], False, *plain[3:5], True, False)
 
 
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
@@ -451,18 +450,18 @@ def test_row_group_cast_routing():
 def test_row_group_cast_ptx(arch, dtype, row, col, tables):
     """The row-group cast: TMA loads and the plain cast's encoders (hardware e2m1 on sm_100a);
     a prologue computing each group's outer scales (IEEE division, reciprocal) and enc table
-    in shared memory (a loop over the groups' scale bytes); per tile each lane reads its block
-    row's entry of the group table (16-byte read-only load), no amax."""
+    in shared memory (a loop over the groups' scale bytes); no global load per tile or amax
+    (each lane's group from a search of the groups' starts in smem); the twin's stores
+    predicated (@p st: no branch around them)."""
     walk = row_group_walk(4096, 8192, 4 if dtype == "fp32" else 2, col, row, 132)
     ptx = compile_ptx(*cast_kernel(dtype, row, col, False, False, walk=walk,
                                    row_groups=tables), arch=arch)
-    assert missing_instructions(ptx, [r"cp\.async\.bulk\.tensor", r"ld\.global\.nc\.v4",
-                                      r"div\.rn\.f32", r"rcp\.rn\.f32",
-                                      r"st\.global\.v2\.b32"]) == []
+    assert missing_instructions(ptx, [r"cp\.async\.bulk\.tensor", r"div\.rn\.f32",
+                                      r"rcp\.rn\.f32", r"st\.global\.v2\.b32"]) == []
     assert ("cvt.rn.satfinite.e2m1x2.f32" in ptx) == (arch == "sm_100a")
     assert "rcp.approx" not in ptx and "vote" not in ptx  # no fast copy: one copy of the passes
-    plain = compile_ptx(*cast_kernel(dtype, row, col, False, False, walk=walk), arch=arch)
-    assert "ld.global.nc.v4" not in plain
+    assert "ld.global.nc.v4" not in ptx
+    assert ("@p st.global.v2.b32" in ptx) == col and ("@p st.global.b8" in ptx) == col
     with pytest.raises(ValueError, match="row_groups"):
         cast_kernel(dtype, row, col, False, True, walk=walk[:5] + (False, False),
                     row_groups=tables)

@@ -669,16 +669,16 @@ def ld_shared_u32(addr):
     return ld_shared(addr, clobber=False, dtype=Uint32)
 
 
-def st_global_u8(addr, v):
-    st_global(addr, Uint32(v), ty="b8", clobber=False)
+def st_global_u8(addr, v, pred=None):
+    st_global(addr, Uint32(v), ty="b8", clobber=False, pred=pred)
 
 
 def st_global_u32(addr, v):
     st_global(addr, Uint32(v), clobber=False)
 
 
-def st_global_v2(addr, v0, v1):
-    st_global(addr, Uint32(v0), Uint32(v1), clobber=False)
+def st_global_v2(addr, v0, v1, pred=None):
+    st_global(addr, Uint32(v0), Uint32(v1), clobber=False, pred=pred)
 
 
 def st_global_v4(addr, words):

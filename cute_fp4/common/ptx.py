@@ -14,7 +14,7 @@ The accessors state what changes the generated code, at every call:
   fetches that aligned block around the access: fewer, larger DRAM requests for data that
   neighbouring warps read next), `cache_policy` (an `l2_policy` word: the `L2::cache_hint`
   eviction priority of the lines read) and `pred` (a predicate word: the load runs where it
-  is nonzero and reads zeros elsewhere).
+  is nonzero and reads zeros elsewhere; a store with `pred` runs where it is nonzero).
 """
 
 from __future__ import annotations
@@ -80,12 +80,18 @@ def _clobber(clobber: bool) -> str:
     return ",~{memory}" if clobber else ""
 
 
-def _store_code(space: str, ty: str, count: int) -> str:
+def _store_code(space: str, ty: str, count: int, pred: bool = False) -> str:
     """PTX storing operands $1.. to the `space` address $0: `count` values of type `ty`, or
-    with ty "b8" the low byte of the 32-bit word $1."""
+    with ty "b8" the low byte of the 32-bit word $1; with pred only where the word after
+    them is nonzero."""
+    guard = decl = ""
+    if pred:
+        guard = "@p "
+        decl = f".reg .pred p;\nsetp.ne.b32 p, ${1 + count}, 0;\n"
     if ty == "b8":
-        return f"{{\n.reg .b16 h;\ncvt.u16.u32 h, $1;\nst.{space}.b8 [$0], h;\n}}"
-    return f"st.{space}{_vec(count)}.{ty} [$0], {_regs(1, count)};"
+        return f"{{\n{decl}.reg .b16 h;\ncvt.u16.u32 h, $1;\n{guard}st.{space}.b8 [$0], h;\n}}"
+    code = f"{guard}st.{space}{_vec(count)}.{ty} [$0], {_regs(1, count)};"
+    return f"{{\n{decl}{code}\n}}" if pred else code
 
 
 @dsl_user_op
@@ -160,12 +166,19 @@ def ld_global(addr: Int64, count: int = 1, *, volatile: bool, ty: str = "b32", n
 
 
 @dsl_user_op
-def st_global(addr: Int64, *words, clobber: bool, ty: str = "b32", loc=None, ip=None):
+def st_global(addr: Int64, *words, clobber: bool, ty: str = "b32", pred: Optional[Int32] = None,
+              loc=None, ip=None):
     """1, 2 or 4 32-bit words to a global address aligned to their size, or with `ty="b8"`
-    the low byte of one word."""
-    code = _store_code("global", ty, len(words))
-    inline_asm(code, "l" + ",r" * len(words) + _clobber(clobber), [addr, *words],
-               volatile=True, loc=loc, ip=ip)
+    the low byte of one word; with `pred` (a predicate word) only where it is nonzero, as one
+    predicated instruction (an `if` around a store may become a branch, whose reconvergence
+    region ptxas does not schedule across)."""
+    code = _store_code("global", ty, len(words), pred is not None)
+    constraints = "l" + ",r" * len(words)
+    args = [addr, *words]
+    if pred is not None:
+        constraints += ",r"
+        args.append(pred)
+    inline_asm(code, constraints + _clobber(clobber), args, volatile=True, loc=loc, ip=ip)
 
 
 @dsl_user_op

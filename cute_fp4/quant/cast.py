@@ -77,10 +77,10 @@ input (recipes_dispatch.on_row_group_cast), each with its own outer amax (amax_r
 amaxes), the twins one group after another (group g's [K, M_g / 2] data and [K, M_g / 16]
 scales; the rowwise outputs are the single tensor's). Groups are multiples of 16 rows, so a
 16-row block row lies in one group: the prologue fills an enc table and (s6, sdec) per group
-in shared memory (_fill_group_tables), and per tile lane l reads block row l / 4's entry of
-the block-row table btab (its group, the group's first block row and block rows: one
-16-byte load, _lane_row_group), whose s6 and table the rowwise pass's warp w takes from lane
-4 w and the columnwise pass's lane uses itself, with the twin addresses of its group.
+and the groups' first block rows in shared memory (_fill_group_tables), and per tile lane l
+finds block row l / 4's group by a binary search of those (_lane_row_group), whose s6 and
+table the rowwise pass's warp w takes from lane 4 w and the columnwise pass's lane uses
+itself, with the twin addresses of its group.
 
 `block2d` (per tensor, no RHT): 16x16 blocks (SPEC section 1, the recipe's block=(16, 16)): one
 scale per 16x16 tile, shared by its 16 rowwise blocks and its 16 twin blocks (with stochastic
@@ -229,8 +229,8 @@ class CastKernel:
         self.runsc_bytes = 2 * self.tile_m * RUN_SCALE_BYTES if run > 1 else 16
         # the twin's own table after the rowwise one with the RHT (its outer amax differs)
         self.enc_tab_words = ENC_CODES * (1 + int(rht)) if enc_table else 1
-        if row_groups:  # a table per group, then the groups' (s6, sdec) (_fill_group_tables)
-            self.enc_tab_words = (ENC_CODES + 2) * row_groups
+        if row_groups:  # a table per group, the groups' (s6, sdec), starts (_fill_group_tables)
+            self.enc_tab_words = (ENC_CODES + 3) * row_groups + 1
         self.red_words = self.consumer_warps * (1 + int(rht))
         # block2d with the twin: (scale byte, enc) words of each 16x16 tile of a stage, one
         # buffer per ring stage (a warp rewrites one only after the barrier of a later tile)
@@ -252,10 +252,10 @@ class CastKernel:
     @cute.jit
     def __call__(self, x: cute.Tensor, amax_r: cute.Tensor, amax_c: cute.Tensor,
                  q: cute.Tensor, s: cute.Tensor, qt: cute.Tensor, st: cute.Tensor,
-                 rng: Optional[cute.Tensor], btab: Optional[cute.Tensor], stream):
+                 rng: Optional[cute.Tensor], starts: Optional[cute.Tensor], stream):
         """rng: int64 [seed, offset] of stochastic rounding (None without it). row_groups: amax_r
-        = amax_c = the G <= row_groups group amaxes, btab int32 [M / 16, 4] = per 16-row block
-        row (its group, the group's first block row, the group's block rows, 0), qt / st the
+        = amax_c = the G <= row_groups group amaxes, starts int32 [G + 1] = the groups' first
+        16-row block rows, then the tensor's block rows (M / 16), qt / st the
         groups' twins one after another (group g's [K, M_g / 2] data and [K, M_g / 16] scales
         from K * its first row / 2 and / 16); else None."""
         self.hw = E.has_hw_e2m1()
@@ -295,7 +295,7 @@ class CastKernel:
             # per SM leave (116 per thread per token with the RHT: one CTA per SM)
             launch = {"min_blocks_per_mp": self.ctas_per_sm, "preferred_smem_carveout": 100}
         self.kernel(tma_atom, tma_x, smem_layout, M, K, x, amax_r, amax_c, q, s, qt, st,
-                    rng, btab).launch(grid=(grid, 1, 1), block=(self.threads, 1, 1),
+                    rng, starts).launch(grid=(grid, 1, 1), block=(self.threads, 1, 1),
                                       stream=stream, **launch)
 
     # ------------------------------------------------------------------ helpers
@@ -501,7 +501,7 @@ class CastKernel:
     def kernel(self, tma_atom: cute.CopyAtom, tma_x: cute.Tensor, smem_layout: cute.ComposedLayout,
                M: Int32, K: Int32, x: cute.Tensor, amax_r: cute.Tensor, amax_c: cute.Tensor,
                q: cute.Tensor, s: cute.Tensor, qt: cute.Tensor, st: cute.Tensor,
-               rng: Optional[cute.Tensor], btab: Optional[cute.Tensor]):
+               rng: Optional[cute.Tensor], starts: Optional[cute.Tensor]):
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         gdim, _, _ = cute.arch.grid_dim()
@@ -577,10 +577,9 @@ class CastKernel:
             st_base = st.iterator.toint()
             ar_base = amax_r.iterator.toint()
             ac_base = amax_c.iterator.toint()
-            if cutlass.const_expr(self.row_groups):  # _lane_amax reads the block rows' groups
-                ac_base = btab.iterator.toint()
-                self._fill_group_tables(storage.enc_tab.data_ptr().toint(), tidx, ar_base,
-                                        amax_r.shape[0])
+            if cutlass.const_expr(self.row_groups):  # _lane_amax searches the groups' starts
+                ac_base = self._fill_group_tables(storage.enc_tab.data_ptr().toint(), tidx,
+                                                  ar_base, starts)
 
             # per tensor: the outer scale (S_enc / 6, 1 / S_enc) and with enc_table the enc of
             # each scale byte; per token: the outer scale of the lane's row or column
@@ -664,12 +663,17 @@ class CastKernel:
             run_off = Int32(0)
             for t in cutlass.range(t0, n_units, stride, unroll=1):
                 tm_n, uk_n = self._next_tile(tm, uk, g_steps, n_uk)
+                # row_groups: the lane's block row's group, once per unit (a run's tiles share
+                # their tile row)
+                lane_grp = None
+                if cutlass.const_expr(self.row_groups):
+                    lane_grp = self._lane_row_group(tm, M, K, gtid, ac_base, enc_tab)
                 if cutlass.const_expr(self.run == 1):
                     amax_next, s6, sdec = self._cast_tile(
                         pipe, cstate, sbase, gtid, tm, uk, tm_n, uk_n, M, K, half_k, half_m,
                         nsc_r, nsc_c, pad_c_c, row_thr, col_thr, offs, q_base, s_base, qt_base,
                         st_base, ar_base, ac_base, amax_next, s6, sdec, enc_tab, runsc, col_outer,
-                        rht_b, tile_sc, sr)
+                        rht_b, tile_sc, sr, lane_grp)
                     cstate.advance(self.groups)
                 else:
                     # the run's rowwise scales go to smem (buffer runsc), then out as whole
@@ -685,7 +689,7 @@ class CastKernel:
                             half_k, half_m, nsc_r, nsc_c, pad_c_c, row_thr, col_thr, offs,
                             q_base, s_base, qt_base, st_base, ar_base, ac_base, amax_next, s6,
                             sdec, enc_tab, runsc + run_off + i * self.bpr, col_outer, rht_b,
-                            tile_sc, sr)
+                            tile_sc, sr, lane_grp)
                         cstate.advance(self.groups)
                     self._flush_run_scales(runsc + run_off, tidx, tm, uk, M, nsc_r, s_base)
                     run_off = self.tile_m * RUN_SCALE_BYTES - run_off
@@ -707,22 +711,20 @@ class CastKernel:
     def _cast_tile(self, pipe, cstate, sbase, tidx, tm, tk, tm_n, tk_n, M, K, half_k, half_m,
                    nsc_r, nsc_c, pad_c_c, row_thr, col_thr, offs, q_base, s_base, qt_base,
                    st_base, ar_base, ac_base, amax_next, s6, sdec, enc_tab, run_sc, col_outer,
-                   rht_b, tile_sc, sr):
+                   rht_b, tile_sc, sr, lane_grp):
         """Consumers: both passes over tile (tm, tk) in stage cstate of the ring; (tm_n,
-        tk_n) is the CTA's next tile. Returns (amax_next, s6, sdec): per token (row_groups) the
-        lane's _lane_amax of the next tile (prefetch_amax) and this tile's outer scale (with
-        row_groups the lane's s6, its enc table taking enc_tab's place). col_outer, rht_b: see
-        _col_pass_rht; tile_sc: the block2d tile scales' smem buffers; sr: _sr_state."""
+        tk_n) is the CTA's next tile. Returns (amax_next, s6, sdec): per token the lane's
+        _lane_amax of the next tile (prefetch_amax) and this tile's outer scale. col_outer,
+        rht_b: see _col_pass_rht; tile_sc: the block2d tile scales' smem buffers; sr:
+        _sr_state; lane_grp: row_groups' _lane_row_group (the lane's s6 and enc table then
+        take s6's and enc_tab's place), else None."""
         if cutlass.const_expr(self.prefetch_amax):
             amax_cur = amax_next
             amax_next = self._lane_amax(tm_n, tk_n, M, K, tidx, ar_base, ac_base)
         else:
             amax_cur = self._lane_amax(tm, tk, M, K, tidx, ar_base, ac_base)
-        lane_grp = None  # row_groups: the twin addressing of the lane's block row (_col_pass)
         if cutlass.const_expr(self.row_groups):
-            g, lane_grp = amax_cur[0], amax_cur[1:]
-            s6 = E.bits_f32(E.ld_shared_u32(enc_tab + (self.row_groups * ENC_CODES + 2 * g) * 4))
-            enc_tab = enc_tab + g * (ENC_CODES * 4)
+            s6, enc_tab = lane_grp[0], lane_grp[1]
         if cutlass.const_expr(self.per_token and self.fast_rcp):
             # the fast copy's (exact there: _fast_blocks_ok); the other copy takes the IEEE ones
             s6, sdec = outer_block_scales(amax_cur, E.E4M3_MAX, True)
@@ -769,7 +771,7 @@ class CastKernel:
                 nsc_r, nsc_c, pad_c_c, row_thr, col_thr, offs, q_base, s_base, qt_base, st_base,
                 s6, sdec, enc_tab, run_sc, col_outer, rht_b, tile_scale, sc_buf, sr, lane_grp,
                 fast: cutlass.Constexpr):
-        """_cast_tile's rowwise and columnwise passes (lane_grp: _col_pass's); fast: the copy
+        """_cast_tile's rowwise and columnwise passes (lane_grp: _lane_row_group's); fast: the copy
         for tiles where _fast_blocks_ok holds (input_signs: the stochastic encoder takes the
         signs from the 16-bit inputs; fast_rcp: the blocks' enc from the fast reciprocal)."""
         if cutlass.const_expr(self.rht and self.stochastic):
@@ -777,8 +779,11 @@ class CastKernel:
                 col_words = self._col_words(stage_addr, offs)
             self._rht_transform(col_words, rht_b)
         if cutlass.const_expr(self.rowwise):
+            s6_r, enc_tab_r = s6, enc_tab
+            if cutlass.const_expr(self.row_groups):  # the warp's rows' (block row `warp`)
+                s6_r, enc_tab_r = lane_grp[4], lane_grp[5]
             self._row_pass(stage_addr, row_words, tidx, tm, tk, M, K, half_k, nsc_r, row_thr,
-                           q_base, s_base, s6, sdec, enc_tab, run_sc, tile_scale, sr,
+                           q_base, s_base, s6_r, sdec, enc_tab_r, run_sc, tile_scale, sr,
                            fast)
         if cutlass.const_expr(self.rht):
             if cutlass.const_expr(not self.stochastic):
@@ -857,13 +862,7 @@ class CastKernel:
         (tm, tk), once per tile instead of once per thread and block: lanes 0 .. warp_rows - 1
         take the warp's rows (the rowwise pass's lanes of row r read lane r % warp_rows), the
         next warp_cols lanes its columns (the columnwise pass's); indices clamped into the
-        tensor (tail rows / columns, spare lanes). Per tensor: 0, unused. row_groups: lane l
-        takes block row l / 4 of the tile (the rowwise pass's warp w reads lane 4 w, the
-        columnwise pass's lane its own): (its group, the twin unit of its block in input column
-        0, the group's block rows), a twin unit being 8 data bytes and 1 scale byte; ac_base
-        is btab (see __call__)."""
-        if cutlass.const_expr(self.row_groups):
-            return self._lane_row_group(tm, M, K, tidx, ac_base)
+        tensor (tail rows / columns, spare lanes). Per tensor (row_groups too): 0, unused."""
         amax = Float32(0.0)
         if cutlass.const_expr(self.per_token):
             warp = tidx // 32
@@ -884,31 +883,55 @@ class CastKernel:
         return amax
 
     @cute.jit
-    def _lane_row_group(self, tm, M, K, tidx, bt_base):
-        """row_groups: _lane_amax (the block row clamped into the tensor)."""
+    def _lane_row_group(self, tm, M, K, tidx, starts, enc_tab):
+        """row_groups: lane l's block row l / 4 of tile row tm (clamped into the tensor) and
+        its group g, the last whose first block row is at most the block row's: a binary
+        search of the row_groups starts in smem (_fill_group_tables; those past the G groups
+        are M / 16). Returns (g's s6, g's enc table, the twin unit of the block in input
+        column 0, g's block rows, and the s6 and enc table of block row `warp`, the rowwise
+        pass's (lane 4 warp's)); a twin unit is 8 data bytes and 1 scale byte."""
         blk = cutlass.min(cutlass.max(tm, 0) * (self.tile_m // 16) + tidx % 32 // 4,
                           M // 16 - 1)
-        g, blk0, nblk, _ = E.ld_global_nc_v4(bt_base + Int64(blk) * 16)
-        unit = Int64(K) * Int64(Int32(blk0)) + Int64(blk - Int32(blk0))
-        return Int32(g), unit, Int64(Int32(nblk))
+        g = Int32(0)
+        blk0 = Int32(0)
+        step = self.row_groups
+        for _ in cutlass.range_constexpr(self.row_groups.bit_length() - 1):
+            step //= 2
+            first = Int32(E.ld_shared_u32(starts + (g + step) * 4))
+            found = first <= blk
+            g = cutlass.select_(found, g + step, g)
+            blk0 = cutlass.select_(found, first, blk0)
+        nblk = Int32(E.ld_shared_u32(starts + (g + 1) * 4)) - blk0
+        unit = Int64(K) * Int64(blk0) + Int64(blk - blk0)
+        s6 = E.bits_f32(E.ld_shared_u32(enc_tab + (self.row_groups * ENC_CODES + 2 * g) * 4))
+        tab = enc_tab + g * (ENC_CODES * 4)
+        src = tidx // 32 * 4
+        return (s6, tab, unit, Int64(nblk), cute.arch.shuffle_sync(s6, src),
+                cute.arch.shuffle_sync(tab, src))
 
     @cute.jit
-    def _fill_group_tables(self, enc_tab, tidx, ar_base, n_groups):
-        """row_groups: the outer scales (s6, sdec) of each of the n_groups <= row_groups
-        groups (from its amax at ar_base) after row_groups enc tables, then those tables
-        (_fill_enc_tables per group), one barrier each; a lane then finds its block row's
-        table and s6 from its group (_cast_tile)."""
+    def _fill_group_tables(self, enc_tab, tidx, ar_base, starts):
+        """row_groups: the outer scales (s6, sdec) of each of the G <= row_groups groups (from
+        its amax at ar_base) after row_groups enc tables, and the groups' first block rows
+        (starts, G + 1 entries: row_groups + 1 in smem, the last ones M / 16), then those
+        tables (_fill_enc_tables per group), one barrier each; a lane then finds its block
+        row's group, table and s6 (_lane_row_group, _cast_tile). Returns the smem starts."""
+        n_groups = starts.shape[0] - 1
         outer = enc_tab + self.row_groups * ENC_CODES * 4
+        first = outer + self.row_groups * 8
         if tidx < n_groups:
             s6, sdec = outer_block_scales(E.ld_global_f32(ar_base + Int64(tidx) * 4),
                                           E.E4M3_MAX)
             E.st_shared_v2(outer + tidx * 8, E.f32_bits(s6), E.f32_bits(sdec))
+        if tidx <= self.row_groups:
+            E.st_shared_u32(first + tidx * 4, starts[cutlass.min(tidx, n_groups)])
         cute.arch.barrier(barrier_id=1, number_of_threads=self.consumer_threads)
         for i in cutlass.range(tidx, n_groups * ENC_CODES, self.consumer_threads, unroll=1):
             sdec = E.bits_f32(E.ld_shared_v2(outer + i // ENC_CODES * 8)[1])
             E.st_shared_u32(enc_tab + i * 4,
                             E.f32_bits(E.enc_from_code(Uint32(i % ENC_CODES), sdec)))
         cute.arch.barrier(barrier_id=1, number_of_threads=self.consumer_threads)
+        return first
 
     def _warp_col0(self, warp):
         """First tile column of the warp in the column pass: 16 / esize columns per warp, or
@@ -1010,10 +1033,6 @@ class CastKernel:
         sw_tile = s_base
         if cutlass.const_expr(self.swizzle):
             sw_tile = s_base + Int64(swizzled_scale_offset(row0, tk * bpr, Int32(nsc_r)))
-        if cutlass.const_expr(self.row_groups):  # the warp's rows: block row `warp` (_lane_amax)
-            src = tidx // 32 * 4
-            s6 = cute.arch.shuffle_sync(s6, src)
-            enc_tab = cute.arch.shuffle_sync(enc_tab, src)
         for j in cutlass.range_constexpr(self.row_steps):
             r, q_off, s_off, sw_off = row_thr[j]
             gr = row0 + r
@@ -1113,8 +1132,8 @@ class CastKernel:
         """Lanes with consecutive block rows store consecutive 8-byte pieces of one output row
         (64 bytes per input column and tile) from the thread's 16 words (_col_words). Per
         token, s6 / sdec are the lane's (_lane_amax); with row_groups s6 / enc_tab those of the
-        lane's block row, lane_grp its twin unit in input column 0 and its group's block rows
-        (_lane_amax). tile_scale (block2d): the (scale byte, enc) of the thread's blocks (one
+        lane's block row, lane_grp _lane_row_group's (the twin unit in input column 0 and the
+        group's block rows). tile_scale (block2d): the (scale byte, enc) of the thread's blocks (one
         16x16 tile). sr: stochastic rounding (_sr_state); fast: the passes' fast copy
         (_passes)."""
         lane = tidx % 32
@@ -1136,6 +1155,9 @@ class CastKernel:
         sw_tile = st_base
         if cutlass.const_expr(self.swizzle):
             sw_tile = st_base + Int64(swizzled_scale_offset(col0, blk0, Int32(nsc_c)))
+        unit = None  # row_groups: the twin unit of the thread's block in column cc
+        if cutlass.const_expr(self.row_groups):
+            unit = lane_grp[2] + Int64(col0 + col_thr[0][0]) * lane_grp[3]
         for cc in cutlass.range_constexpr(cols):
             c, q_off, s_off, sw_off = col_thr[cc]
             gk = col0 + c
@@ -1168,10 +1190,13 @@ class CastKernel:
             w1 = E.rotl_nibbles(w1, rb)
             valid = (gk < K) & row_ok
             if cutlass.const_expr(self.row_groups):
-                unit = lane_grp[0] + Int64(gk) * lane_grp[1]
-                if valid:
-                    E.st_global_v2(qt_base + unit * 8, w0, w1)
-                    E.st_global_u8(st_base + unit, code)
+                # predicated stores: under an `if`, ptxas branched around them (the per-lane
+                # addresses), cutting the tile's schedule into regions (measured: ...)
+                if cutlass.const_expr(cc > 0):
+                    unit = unit + lane_grp[3]
+                ok = Int32(valid)
+                E.st_global_v2(qt_base + unit * 8, w0, w1, pred=ok)
+                E.st_global_u8(st_base + unit, code, pred=ok)
             else:
                 if valid:
                     E.st_global_v2(qt_tile + q_off, w0, w1)

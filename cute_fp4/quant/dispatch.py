@@ -58,7 +58,7 @@ def cast_kernel(dtype: str, rowwise: bool, columnwise: bool, swizzle: bool, per_
     (both from recipes_dispatch; the compiled function then takes the int64 [seed, offset]
     tensor after the outputs, else None); block2d: 16x16 blocks; row_groups: the enc tables
     of a grouped input's row groups (recipes_dispatch; the function then takes the int32
-    block-row table after rng, else None)."""
+    groups' first block rows after rng, else None)."""
     if walk is None:
         walk = plain_walk(per_token)
     walk = grouped_walk(walk, groups, per_token)
@@ -77,7 +77,7 @@ def cast_kernel(dtype: str, rowwise: bool, columnwise: bool, swizzle: bool, per_
             fake_tensor(cutlass.Float32, (None,), align=4),
             _u8_2d(), _f8_2d(), _u8_2d(), _f8_2d(),
             fake_tensor(cutlass.Int64, (2,), align=8) if stochastic else None,
-            fake_tensor(cutlass.Int32, (None, 4), align=16) if row_groups else None, env_stream())
+            fake_tensor(cutlass.Int32, (None,), align=4) if row_groups else None, env_stream())
 
 
 def token_rows_kernel(dtype: str, swizzle: bool, split: tuple, num_sms: int = 132,

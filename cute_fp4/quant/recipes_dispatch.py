@@ -139,17 +139,13 @@ def row_group_walk(m: int, k: int, esize: int, columnwise: bool, rowwise: bool,
                    num_sms: int) -> tuple:
     """The tile walk of the row-group cast (on_row_group_cast; compact scales): the per-tensor
     cast's (dispatch.cast_walk) with the enc tables at every size (their groups' outer
-    scales) and no preload; rowwise only two CTAs per SM; the lanes' block-row groups loaded
-    one tile ahead (prefetch, as per token's amaxes) except with the twin below
-    L2_WARM_MAX_BYTES (the backwards walk), where they are loaded at the tile. Measured
-    (H200, bf16, N = 8 groups, quantize_grouped in graphs; notes/quant_recipes.md "Session
-    38"): rowwise only, two CTAs per SM instead of one of two consumer groups 16384x8192 177
-    -> 161 us, 32768x8192 338 -> 308 (before the enc tables; with them 1-3% at 2^24-2^26);
-    row+col, groups loaded at the tile instead of prefetched on the backwards walk 4096x8192
-    64.6 -> 63.6, 8192^2 118.8 -> 116.8, 16384x2048 65.5 -> 64.5; preload within +-1.5%."""
+    scales) and no preload; rowwise only two CTAs per SM. Measured (H200, bf16, N = 8 groups,
+    quantize_grouped in graphs; notes/quant_recipes.md "Session 38"): rowwise only, two CTAs
+    per SM instead of one of two consumer groups 16384x8192 177 -> 161 us, 32768x8192 338 ->
+    308 (before the enc tables; with them 1-3% at 2^24-2^26); preload within +-1.5%."""
     walk = cast_walk(m, k, esize, False, False, columnwise, rowwise, num_sms)
     ctas = walk[0] if columnwise else 2
-    return (ctas, walk[1], not (columnwise and walk[1])) + walk[3:5] + (True, False)
+    return (ctas, walk[1], False) + walk[3:5] + (True, False)
 
 
 def plain_cast_walk(m: int, k: int, esize: int, per_token: bool, compact_twin: bool,
@@ -336,7 +332,7 @@ class _Plan:
         arch = device_arch(dev)
         self.plain = on_plain_cast(recipe, len(sizes), name)
         self.row_groups = on_row_group_cast(recipe, sizes)
-        self.bt = None  # row_groups: per block row (group, its first block row, block rows, 0)
+        self.starts = None  # row_groups: the groups' first 16-row block rows, then m / 16
         # per-token SR, rowwise only, without column sums: TokenRowCast stochastic (one read;
         # K1 + the plain SR cast read the input twice)
         split = token_rows_config(k, esize, swz)
@@ -355,10 +351,8 @@ class _Plan:
             if self.row_groups:
                 walk = row_group_walk(m, k, esize, col, row, sms)
                 tables = row_group_tables(len(sizes))
-                blocks = []
-                for g, (r0, mg) in enumerate(t[:2] for t in gtab):
-                    blocks += [(g, r0 // 16, mg // 16, 0)] * (mg // 16)
-                self.bt = torch.tensor(blocks, dtype=torch.int32, device=dev)
+                self.starts = torch.tensor([t[0] // 16 for t in gtab] + [m // 16],
+                                           dtype=torch.int32, device=dev)
             else:
                 walk = plain_cast_walk(m, k, esize, per_token, col and not swz, row and not swz,
                                        sms, rht, sr)
@@ -483,7 +477,7 @@ def _run(x2: torch.Tensor, sizes: List[int], recipe: Recipe, seed: int, offset: 
             plan.cast_fn(x2, arg_r, arg_c, q.view(m, k // 2) if row else d2,
                          s.view(s_shape).view(f8) if row else d2.view(f8),
                          qt.view(k, m // 2) if col else d2,
-                         st.view(st_shape).view(f8) if col else d2.view(f8), rng, plan.bt)
+                         st.view(st_shape).view(f8) if col else d2.view(f8), rng, plan.starts)
     elif plan.launch:
         dummy = plan.dummy
         rng = plan.rng if rng_state is None else rng_state.contiguous()
