@@ -1191,7 +1191,8 @@ class CastKernel:
             valid = (gk < K) & row_ok
             if cutlass.const_expr(self.row_groups):
                 # predicated stores: under an `if`, ptxas branched around them (the per-lane
-                # addresses), cutting the tile's schedule into regions (measured: ...)
+                # addresses), cutting the tile's schedule into regions (measured, H200, bf16
+                # row+col, the cast alone: 4096x8192 46.2 -> 44.8 us, 8192^2 82.9 -> 80.0)
                 if cutlass.const_expr(cc > 0):
                     unit = unit + lane_grp[3]
                 ok = Int32(valid)
