@@ -77,10 +77,10 @@ input (recipes_dispatch.on_row_group_cast), each with its own outer amax (amax_r
 amaxes), the twins one group after another (group g's [K, M_g / 2] data and [K, M_g / 16]
 scales; the rowwise outputs are the single tensor's). Groups are multiples of 16 rows, so a
 16-row block row lies in one group: the prologue fills an enc table and (s6, sdec) per group
-and the groups' first block rows in shared memory (_fill_group_tables), and per tile lane l
-finds block row l / 4's group by a binary search of those (_lane_row_group), whose s6 and
-table the rowwise pass's warp w takes from lane 4 w and the columnwise pass's lane uses
-itself, with the twin addresses of its group.
+and the groups' first block rows in shared memory (_fill_group_tables), and once per unit of
+the walk lane l finds block row l / 4's group by a binary search of those (_lane_row_group),
+whose s6 and table the rowwise pass's warp w takes from lane 4 w and the columnwise pass's
+lane uses itself, with the twin addresses of its group; the twin's stores are predicated.
 
 `block2d` (per tensor, no RHT): 16x16 blocks (SPEC section 1, the recipe's block=(16, 16)): one
 scale per 16x16 tile, shared by its 16 rowwise blocks and its 16 twin blocks (with stochastic
@@ -577,7 +577,7 @@ class CastKernel:
             st_base = st.iterator.toint()
             ar_base = amax_r.iterator.toint()
             ac_base = amax_c.iterator.toint()
-            if cutlass.const_expr(self.row_groups):  # _lane_amax searches the groups' starts
+            if cutlass.const_expr(self.row_groups):  # ac_base: the groups' starts in smem
                 ac_base = self._fill_group_tables(storage.enc_tab.data_ptr().toint(), tidx,
                                                   ar_base, starts)
 
@@ -771,9 +771,10 @@ class CastKernel:
                 nsc_r, nsc_c, pad_c_c, row_thr, col_thr, offs, q_base, s_base, qt_base, st_base,
                 s6, sdec, enc_tab, run_sc, col_outer, rht_b, tile_scale, sc_buf, sr, lane_grp,
                 fast: cutlass.Constexpr):
-        """_cast_tile's rowwise and columnwise passes (lane_grp: _lane_row_group's); fast: the copy
-        for tiles where _fast_blocks_ok holds (input_signs: the stochastic encoder takes the
-        signs from the 16-bit inputs; fast_rcp: the blocks' enc from the fast reciprocal)."""
+        """_cast_tile's rowwise and columnwise passes (lane_grp: _lane_row_group's); fast: the
+        copy for tiles where _fast_blocks_ok holds (input_signs: the stochastic encoder takes
+        the signs from the 16-bit inputs; fast_rcp: the blocks' enc from the fast
+        reciprocal)."""
         if cutlass.const_expr(self.rht and self.stochastic):
             if cutlass.const_expr(not self.preload):
                 col_words = self._col_words(stage_addr, offs)
@@ -1139,8 +1140,8 @@ class CastKernel:
         (64 bytes per input column and tile) from the thread's 16 words (_col_words). Per
         token, s6 / sdec are the lane's (_lane_amax); with row_groups s6 / enc_tab those of the
         lane's block row, lane_grp _lane_row_group's (the twin unit in input column 0 and the
-        group's block rows). tile_scale (block2d): the (scale byte, enc) of the thread's blocks (one
-        16x16 tile). sr: stochastic rounding (_sr_state); fast: the passes' fast copy
+        group's block rows). tile_scale (block2d): the (scale byte, enc) of the thread's
+        blocks (one 16x16 tile). sr: stochastic rounding (_sr_state); fast: the passes' fast copy
         (_passes)."""
         lane = tidx % 32
         rb = lane // 4
