@@ -111,8 +111,8 @@ def on_plain_cast(recipe: Recipe, n_groups: int, dtype: str) -> bool:
     return recipe.stochastic_rounding
 
 
-# The row-group cast keeps an enc table per group in shared memory (ENC_CODES + 2 words each):
-# it takes up to this many groups.
+# The row-group cast keeps an enc table per group in shared memory (ENC_CODES + 3 words each
+# with the group's (s6, sdec) and first block row): it takes up to this many groups.
 ROW_GROUPS_MAX = 64
 
 
@@ -428,7 +428,7 @@ def _run(x2: torch.Tensor, sizes: List[int], recipe: Recipe, seed: int, offset: 
                             dtype=torch.float32, device=dev)
         arg_r = arg_c = run_tensor_amax(plan.tensor_amax, x2, words, amax_reduce)
         amax_r = amax_c = words[:1]
-    elif plan.launch and plan.plain and scaling == "tensor" and not plan.row_groups:
+    elif plan.launch and plan.plain and scaling == "tensor":
         # the amax pass (RecipeAmax; K1 per tensor with the RHT) reduces into the partials,
         # the cast reads them (and writes the amaxes); without the RHT both sides share one
         # pair
