@@ -414,20 +414,21 @@ def test_plain_cast_routing():
 
 def test_row_group_cast_routing():
     """Grouped inputs of 2 .. ROW_GROUPS_MAX groups run the plain cast with row groups for
-    per-tensor 1x16 RN recipes with compact scales whose groups are multiples of 16 rows
-    (rowwise-only RHT included: it changes nothing), with enc tables for the next power of
-    two of groups from 8; its walk is the per-tensor cast's with the enc tables at every
+    per-tensor 1x16 RN recipes, compact or swizzled scales, whose groups are multiples of 16
+    rows (rowwise-only RHT included: it changes nothing), with enc tables for the next power
+    of two of groups from 8; its walk is the per-tensor cast's with the enc tables at every
     size, no preload, no prefetch (the lanes' groups come from smem once per unit), rowwise
     only two CTAs per SM; the rest stays on the recipe kernel."""
     sizes = [272, 0, 64, 48]
     for recipe in (Recipe(columnwise=True), Recipe(), Recipe(rowwise=False, columnwise=True),
-                   Recipe(rht=True)):
+                   Recipe(rht=True), Recipe(columnwise=True, swizzle=True),
+                   Recipe(swizzle=True)):
         assert on_row_group_cast(recipe, sizes), recipe
     base = Recipe(columnwise=True)
     assert on_row_group_cast(base, [16] * ROW_GROUPS_MAX)
     for recipe, groups in [(base, [384]), (base, [16, 40, 8]), (Recipe(), [5, 11]),
                            (base, [16] * (ROW_GROUPS_MAX + 1)),
-                           (base.replace(swizzle=True), sizes),
+                           (base.replace(swizzle=True), [16, 40, 8]),
                            (base.replace(scaling="token"), sizes),
                            (base.replace(rht=True), sizes),
                            (base.replace(stochastic_rounding=True), sizes),
@@ -438,32 +439,41 @@ def test_row_group_cast_routing():
     assert [row_group_tables(n) for n in (2, 8, 9, 16, 17, 64)] == [8, 8, 16, 16, 32, 64]
     for m, esize in [(4096, 2), (1 << 16, 2), (8192, 4), (64, 2)]:
         for col, row in [(True, True), (False, True), (True, False)]:
-            plain = cast_walk(m, 8192, esize, False, False, col, row, 132)
-            walk = row_group_walk(m, 8192, esize, col, row, 132)
-            assert walk == ((plain[0] if col else 2), plain[1], False, *plain[3:5], True, False)
+            for swz in (False, True):
+                plain = cast_walk(m, 8192, esize, False, False, col and not swz,
+                                  row and not swz, 132)
+                walk = row_group_walk(m, 8192, esize, col, row, swz, 132)
+                assert walk == ((plain[0] if col else 2), plain[1], False, *plain[3:5], True,
+                                False)
+                assert not swz or walk[3:5] == (1, 1)  # no bands, no run
 
 
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
-@pytest.mark.parametrize("dtype,row,col,tables", [
-    ("bf16", True, True, 8), ("fp32", True, True, 64), ("fp16", False, True, 16),
-    ("bf16", True, False, 8)])
-def test_row_group_cast_ptx(arch, dtype, row, col, tables):
+@pytest.mark.parametrize("dtype,row,col,swz,tables", [
+    ("bf16", True, True, False, 8), ("fp32", True, True, False, 64),
+    ("fp16", False, True, False, 16), ("bf16", True, False, False, 8),
+    ("bf16", True, True, True, 8), ("fp32", True, False, True, 16),
+    ("fp16", False, True, True, 8)])
+def test_row_group_cast_ptx(arch, dtype, row, col, swz, tables):
     """The row-group cast: TMA loads and the plain cast's encoders (hardware e2m1 on sm_100a);
     a prologue computing each group's outer scales (IEEE division, reciprocal) and enc table
     in shared memory (a loop over the groups' scale bytes); no global load per tile or amax
-    (each lane's group from a search of the groups' starts in smem); the twin's stores
-    predicated (@p st: no branch around them)."""
-    walk = row_group_walk(4096, 8192, 4 if dtype == "fp32" else 2, col, row, 132)
-    ptx = compile_ptx(*cast_kernel(dtype, row, col, False, False, walk=walk,
+    (each lane's group from a search of the groups' starts in smem); the twin's stores and
+    the swizzled rowwise scale stores predicated (@p st: no branch around them); swizzled,
+    the groups' rowwise padding rows zeroed a word at a time."""
+    walk = row_group_walk(4096, 8192, 4 if dtype == "fp32" else 2, col, row, swz, 132)
+    ptx = compile_ptx(*cast_kernel(dtype, row, col, swz, False, walk=walk,
                                    row_groups=tables), arch=arch)
     assert missing_instructions(ptx, [r"cp\.async\.bulk\.tensor", r"div\.rn\.f32",
                                       r"rcp\.rn\.f32", r"st\.global\.v2\.b32"]) == []
     assert ("cvt.rn.satfinite.e2m1x2.f32" in ptx) == (arch == "sm_100a")
     assert "rcp.approx" not in ptx and "vote" not in ptx  # no fast copy: one copy of the passes
     assert "ld.global.nc.v4" not in ptx
-    assert ("@p st.global.v2.b32" in ptx) == col and ("@p st.global.b8" in ptx) == col
+    assert ("@p st.global.v2.b32" in ptx) == col
+    assert ("@p st.global.b8" in ptx) == (col or (row and swz))
+    assert ("st.global.b32 [" in ptx) == (row and swz)
     with pytest.raises(ValueError, match="row_groups"):
-        cast_kernel(dtype, row, col, False, True, walk=walk[:5] + (False, False),
+        cast_kernel(dtype, row, col, swz, True, walk=walk[:5] + (False, False),
                     row_groups=tables)
 
 

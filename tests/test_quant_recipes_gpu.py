@@ -629,20 +629,25 @@ def grouped_scaled(splits, k, kind, dtype, gen):
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize("outputs", OUTPUTS)
-def test_grouped_row_group_cast(outputs, dtype, kind, gen):
+@pytest.mark.parametrize("swizzle", [False, True])
+def test_grouped_row_group_cast(swizzle, outputs, dtype, kind, gen):
     """Grouped per-tensor casts on the plain cast with row groups (on_row_group_cast: each
     lane's block-row group amax, the twins at their groups' offsets) are byte-equal to
-    ref.quantize_grouped, K with a tail tile; single groups and 16x16 blocks stay on the
-    recipe kernel."""
+    ref.quantize_grouped, K with a tail tile; swizzled, every group's padding is zero (rows
+    to 128, 65 -> 68 rowwise scale columns, twin scale rows 1040 -> 1152 and columns 17 ->
+    20, 1 -> 4, 3 -> 4; the outputs are poisoned); single groups and 16x16 blocks stay on
+    the recipe kernel."""
     x = grouped_scaled(ROW_GROUP_SPLITS, 1040, kind, dtype, gen)
-    recipe = Recipe(rowwise=outputs[0], columnwise=outputs[1])
+    recipe = Recipe(rowwise=outputs[0], columnwise=outputs[1], swizzle=swizzle)
     assert rd.on_row_group_cast(recipe, ROW_GROUP_SPLITS)
     assert not rd.on_row_group_cast(recipe, [1232])
-    assert not rd.on_row_group_cast(recipe.replace(swizzle=True), ROW_GROUP_SPLITS)
     check_grouped(x, ROW_GROUP_SPLITS, recipe)
     plan = rd._plan(tuple(ROW_GROUP_SPLITS), 1040, recipe, rd._DTYPE_NAMES[dtype], x.device,
                     0, 0, False)
-    assert plan.row_groups and plan.starts.tolist() == [0, 17, 17, 21, 65, 66, 74, 77]
+    starts = [0, 17, 17, 21, 65, 66, 74, 77]
+    if swizzle:  # the groups' padded rowwise block rows, their twin scales' 512-byte units
+        starts += [0, 24, 24, 32, 80, 88, 96, 104] + [0, 45, 45, 54, 153, 162, 180, 189]
+    assert plan.row_groups and plan.starts.tolist() == starts
 
 
 @pytest.mark.parametrize("n_groups", [9, 40, rd.ROW_GROUPS_MAX])
@@ -653,9 +658,10 @@ def test_grouped_row_group_cast_many(n_groups, gen):
     splits = [16 * (g % 4) for g in range(n_groups)]
     x = grouped_scaled(splits, 272, "outliers", torch.bfloat16, gen)
     for outputs in OUTPUTS[:2]:
-        recipe = Recipe(rowwise=outputs[0], columnwise=outputs[1])
-        assert rd.on_row_group_cast(recipe, splits)
-        check_grouped(x, splits, recipe)
+        for swizzle in (False, True):
+            recipe = Recipe(rowwise=outputs[0], columnwise=outputs[1], swizzle=swizzle)
+            assert rd.on_row_group_cast(recipe, splits)
+            check_grouped(x, splits, recipe)
 
 
 @pytest.mark.parametrize("walk", ["forwards", "run", "one_group", "preload"])
@@ -663,7 +669,7 @@ def test_grouped_row_group_cast_many(n_groups, gen):
 def test_grouped_row_group_walks(walk, dtype, gen, monkeypatch):
     """The row-group cast's other walks: forwards (inputs past L2_WARM_MAX_BYTES), the run
     of compact rowwise scales (K = 1024: two runs per tile row), one consumer group, the
-    preload."""
+    preload; the first and third with swizzled scales too."""
     if walk == "forwards":
         monkeypatch.setattr(dispatch, "L2_WARM_MAX_BYTES", 0)
     elif walk == "run":
@@ -676,12 +682,14 @@ def test_grouped_row_group_walks(walk, dtype, gen, monkeypatch):
     rd._plan.cache_clear()
     try:
         x = grouped_scaled(ROW_GROUP_SPLITS, 1024, "outliers", dtype, gen)
+        layouts = (False, True) if walk in ("forwards", "one_group") else (False,)
         for outputs in OUTPUTS:
-            recipe = Recipe(rowwise=outputs[0], columnwise=outputs[1])
-            check_grouped(x, ROW_GROUP_SPLITS, recipe)
+            for swizzle in layouts:
+                recipe = Recipe(rowwise=outputs[0], columnwise=outputs[1], swizzle=swizzle)
+                check_grouped(x, ROW_GROUP_SPLITS, recipe)
             if walk == "run" and outputs[0]:
                 assert rd.row_group_walk(1232, 1024, x.element_size(), outputs[1], True,
-                                         132)[4] > 1
+                                         False, 132)[4] > 1
     finally:
         rd._plan.cache_clear()
 

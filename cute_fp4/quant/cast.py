@@ -172,10 +172,10 @@ class CastKernel:
         if stochastic and fused_amax:
             raise ValueError("CastKernel: stochastic rounding needs an amax pass (not fused_amax)")
         self.stochastic = stochastic
-        if row_groups and (per_token or swizzle or fused_amax or not enc_table or rht or block2d
+        if row_groups and (per_token or fused_amax or not enc_table or rht or block2d
                            or stochastic):
-            raise ValueError("CastKernel: row_groups needs per-tensor scaling, compact scales, an "
-                             "amax pass, the enc table and none of rht, block2d, stochastic")
+            raise ValueError("CastKernel: row_groups needs per-tensor scaling, an amax pass, the "
+                             "enc table and none of rht, block2d, stochastic")
         self.row_groups = row_groups
         # per token, and for stochastic rounding without the enc table: the blocks' enc from
         # the reciprocal without its slow-path branch, whose branch region splits ptxas'
@@ -231,6 +231,8 @@ class CastKernel:
         self.enc_tab_words = ENC_CODES * (1 + int(rht)) if enc_table else 1
         if row_groups:  # a table per group, the groups' (s6, sdec), starts (_fill_group_tables)
             self.enc_tab_words = (ENC_CODES + 3) * row_groups + 1
+            if swizzle:  # and the starts of their swizzled scales
+                self.enc_tab_words += 2 * (row_groups + 1)
         self.red_words = self.consumer_warps * (1 + int(rht))
         # block2d with the twin: (scale byte, enc) words of each 16x16 tile of a stage, one
         # buffer per ring stage (a warp rewrites one only after the barrier of a later tile)
@@ -257,7 +259,11 @@ class CastKernel:
         = amax_c = the G <= row_groups group amaxes, starts int32 [G + 1] = the groups' first
         16-row block rows, then the tensor's block rows (M / 16), qt / st the
         groups' twins one after another (group g's [K, M_g / 2] data and [K, M_g / 16] scales
-        from K * its first row / 2 and / 16); else None."""
+        from K * its first row / 2 and / 16); swizzled, the scales of group g are padded to
+        128 rows and 4 columns each (its rowwise [ceil(M_g / 128) * 128, ceil(K / 64) * 4],
+        its twin's [ceil(K / 128) * 128, ceil(M_g / 64) * 4]), and starts int32 [3 (G + 1)]
+        adds per group (and past the last) the first block row of its rowwise scales in the
+        padded rows, then the first byte of its twin's scales / 512; else None."""
         self.hw = E.has_hw_e2m1()
         smem_layout = sm90_utils.make_smem_layout_a(
             cutlass.tensor_utils.LayoutEnum.ROW_MAJOR, (self.tile_m, 8, self.tile_k), self.dtype, self.stages
@@ -696,8 +702,11 @@ class CastKernel:
                 tm, uk = tm_n, uk_n
 
             if cutlass.const_expr(self.swizzle):
-                self._zero_padding(tidx, bidx, gdim, M, K, Ml, Kl, n_tk, nsc_r, pad_c_r, pad_c_c,
-                                   s_base, st_base)
+                n_groups = 0
+                if cutlass.const_expr(self.row_groups):
+                    n_groups = starts.shape[0] // 3 - 1
+                self._zero_padding(tidx, bidx, gdim, M, K, n_tk, nsc_r, pad_c_r, pad_c_c,
+                                   s_base, st_base, ac_base, n_groups)
 
     @cute.jit
     def _produce(self, pipe, pstate, tma_atom, tgx, tsx, tm, tk):
@@ -780,12 +789,14 @@ class CastKernel:
                 col_words = self._col_words(stage_addr, offs)
             self._rht_transform(col_words, rht_b)
         if cutlass.const_expr(self.rowwise):
-            s6_r, enc_tab_r = s6, enc_tab
+            s6_r, enc_tab_r, row_sw = s6, enc_tab, None
             if cutlass.const_expr(self.row_groups):  # the warp's rows' (block row `warp`)
                 s6_r, enc_tab_r = lane_grp[4], lane_grp[5]
+                if cutlass.const_expr(self.swizzle):
+                    row_sw = lane_grp[6]
             self._row_pass(stage_addr, row_words, tidx, tm, tk, M, K, half_k, nsc_r, row_thr,
                            q_base, s_base, s6_r, sdec, enc_tab_r, run_sc, tile_scale, sr,
-                           fast)
+                           row_sw, fast)
         if cutlass.const_expr(self.rht):
             if cutlass.const_expr(not self.stochastic):
                 if cutlass.const_expr(not self.preload):
@@ -890,8 +901,10 @@ class CastKernel:
         search of the row_groups starts in smem (_fill_group_tables; those past the G groups
         are M / 16). Returns (g's s6, g's enc table, the twin unit of the block in input
         column 0, g's block rows, and the s6 and enc table of block row `warp`, the rowwise
-        pass's (lane 4 warp's)); a twin unit is 8 data bytes and 1 scale byte. Called once
-        per unit of the walk. Measured against a [M / 16, 4] global table read per tile (one
+        pass's (lane 4 warp's)); a twin unit is 8 data bytes and 1 scale byte (compact).
+        Swizzled, three more: the swizzled offset of row 0 column 0 of block row `warp`'s
+        rowwise scales, that of the block's twin scale in input column 0, and the twin
+        scales' bytes per 128 input columns. Called once per unit of the walk. Measured against a [M / 16, 4] global table read per tile (one
         tile ahead where the walk prefetches), both with predicated twin stores (H200, bf16,
         N = 8, quantize_grouped in graphs): row+col 4096x8192 63.8 -> 61.4 us, 16384x2048 64.8
         -> 61.8, 8192^2 117.0 -> 111.8; below 2^25 elements, where units are single tiles,
@@ -913,17 +926,32 @@ class CastKernel:
         s6 = E.bits_f32(E.ld_shared_u32(enc_tab + (self.row_groups * ENC_CODES + 2 * g) * 4))
         tab = enc_tab + g * (ENC_CODES * 4)
         src = tidx // 32 * 4
-        return (s6, tab, unit, Int64(nblk), cute.arch.shuffle_sync(s6, src),
-                cute.arch.shuffle_sync(tab, src))
+        out = (s6, tab, unit, Int64(nblk), cute.arch.shuffle_sync(s6, src),
+               cute.arch.shuffle_sync(tab, src))
+        if cutlass.const_expr(self.swizzle):
+            # the rowwise scales: block row vb of the groups' padded rows (that of block row
+            # `warp`); the twin's: its scale column blk - blk0 of the group's [K, nblk] scales
+            table = (self.row_groups + 1) * 4
+            vb = Int32(E.ld_shared_u32(starts + table + g * 4)) + blk - blk0
+            vb = cute.arch.shuffle_sync(vb, src)
+            bl = blk - blk0
+            tfirst = Int32(E.ld_shared_u32(starts + 2 * table + g * 4))
+            out += (Int64(vb // 8) * Int64((K + 63) // 64 * 512)
+                    + Int64(vb % 2 * 256 + vb % 8 // 2 * 4),
+                    (Int64(tfirst) + Int64(bl // 4)) * 512 + Int64(bl % 4),
+                    Int64((nblk + 3) // 4 * 512))
+        return out
 
     @cute.jit
     def _fill_group_tables(self, enc_tab, tidx, ar_base, starts):
         """row_groups: the outer scales (s6, sdec) of each of the G <= row_groups groups (from
         its amax at ar_base) after row_groups enc tables, and the groups' first block rows
-        (starts, G + 1 entries: row_groups + 1 in smem, the last ones M / 16), then those
-        tables (_fill_enc_tables per group), one barrier each; a lane then finds its block
-        row's group, table and s6 (_lane_row_group, _cast_tile). Returns the smem starts."""
-        n_groups = starts.shape[0] - 1
+        (starts, G + 1 entries: row_groups + 1 in smem, the last ones M / 16; swizzled, two
+        more such tables follow: _lane_row_group), then those tables (_fill_enc_tables per
+        group), one barrier each; a lane then finds its block row's group, table and s6
+        (_lane_row_group, _cast_tile). Returns the smem starts."""
+        tables = 3 if self.swizzle else 1
+        n_groups = starts.shape[0] // tables - 1
         outer = enc_tab + self.row_groups * ENC_CODES * 4
         first = outer + self.row_groups * 8
         if tidx < n_groups:
@@ -931,7 +959,9 @@ class CastKernel:
                                           E.E4M3_MAX)
             E.st_shared_v2(outer + tidx * 8, E.f32_bits(s6), E.f32_bits(sdec))
         if tidx <= self.row_groups:
-            E.st_shared_u32(first + tidx * 4, starts[cutlass.min(tidx, n_groups)])
+            for t in cutlass.range_constexpr(tables):
+                E.st_shared_u32(first + (t * (self.row_groups + 1) + tidx) * 4,
+                                starts[t * (n_groups + 1) + cutlass.min(tidx, n_groups)])
         cute.arch.barrier(barrier_id=1, number_of_threads=self.consumer_threads)
         for i in cutlass.range(tidx, n_groups * ENC_CODES, self.consumer_threads, unroll=1):
             sdec = E.bits_f32(E.ld_shared_v2(outer + i // ENC_CODES * 8)[1])
@@ -1020,7 +1050,7 @@ class CastKernel:
 
     @cute.jit
     def _row_pass(self, stage_addr, row_words, tidx, tm, tk, M, K, half_k, nsc_r, row_thr,
-                  q_base, s_base, s6, sdec, enc_tab, run_sc, tile_scale, sr,
+                  q_base, s_base, s6, sdec, enc_tab, run_sc, tile_scale, sr, row_sw,
                   fast: cutlass.Constexpr = False):
         """Lanes of a warp take consecutive 16-element blocks of consecutive rows, so one warp
         store covers whole 32-byte sectors (bpr blocks of 8 bytes per row). Per token, s6 /
@@ -1028,7 +1058,8 @@ class CastKernel:
         None: each step reads its own. run > 1: the compact scales go to the run's smem buffer
         at run_sc (this tile's column there) instead of global memory. tile_scale (block2d):
         the (scale byte, enc) of every step's block. sr: stochastic rounding (_sr_state);
-        fast: the passes' fast copy (_passes)."""
+        row_sw: row groups with swizzled scales, the warp's block row's (_lane_row_group),
+        else None; fast: the passes' fast copy (_passes)."""
         bpr = self.bpr
         lane = tidx % 32
         b = lane % bpr
@@ -1038,7 +1069,10 @@ class CastKernel:
         q_tile = q_base + Int64(row0) * half_k + Int64(tk * bpr) * 8
         s_tile = s_base + Int64(row0) * nsc_r + Int64(tk * bpr)
         sw_tile = s_base
-        if cutlass.const_expr(self.swizzle):
+        if cutlass.const_expr(self.swizzle and row_sw is not None):
+            sw_tile = s_base + row_sw + Int64(swizzled_scale_offset(Int32(0), tk * bpr,
+                                                                    Int32(nsc_r)))
+        elif cutlass.const_expr(self.swizzle):
             sw_tile = s_base + Int64(swizzled_scale_offset(row0, tk * bpr, Int32(nsc_r)))
         for j in cutlass.range_constexpr(self.row_steps):
             r, q_off, s_off, sw_off = row_thr[j]
@@ -1072,7 +1106,12 @@ class CastKernel:
             valid = (gr < M) & col_ok
             if valid:
                 E.st_global_v2(q_tile + q_off, w0, w1)
-            if cutlass.const_expr(self.swizzle):
+            if cutlass.const_expr(self.swizzle and row_sw is not None):
+                # row groups: the warp's block row's scales from row_sw (rows past M have
+                # none; the groups' padding rows: _zero_group_padding)
+                E.st_global_u8(sw_tile + Int64(r % 16 * 16 + b),
+                               cutlass.select_(col_ok, code, Uint32(0)), pred=Int32(gr < M))
+            elif cutlass.const_expr(self.swizzle):
                 # padding entries (rows >= M, blocks >= K/16) must be 0 whatever the outer scale
                 E.st_global_u8(sw_tile + Int64(sw_off), cutlass.select_(valid, code, Uint32(0)))
             else:
@@ -1163,8 +1202,12 @@ class CastKernel:
         if cutlass.const_expr(self.swizzle):
             sw_tile = st_base + Int64(swizzled_scale_offset(col0, blk0, Int32(nsc_c)))
         unit = None  # row_groups: the twin unit of the thread's block in column cc
+        tsw = None  # row_groups, swizzled: its twin scale's offset in column col0 + c (+ c's)
         if cutlass.const_expr(self.row_groups):
             unit = lane_grp[2] + Int64(col0 + col_thr[0][0]) * lane_grp[3]
+            if cutlass.const_expr(self.swizzle):
+                tsw = (st_base + lane_grp[7] + Int64(col0 // 128) * lane_grp[8]
+                       + Int64(col0 % 128 // 32 * 4))
         for cc in cutlass.range_constexpr(cols):
             c, q_off, s_off, sw_off = col_thr[cc]
             gk = col0 + c
@@ -1204,7 +1247,10 @@ class CastKernel:
                     unit = unit + lane_grp[3]
                 ok = Int32(valid)
                 E.st_global_v2(qt_base + unit * 8, w0, w1, pred=ok)
-                E.st_global_u8(st_base + unit, code, pred=ok)
+                if cutlass.const_expr(self.swizzle):  # (c < 128: one row of a 128x4 tile)
+                    E.st_global_u8(tsw + Int64(c % 32 * 16 + c // 32 * 4), code, pred=ok)
+                else:
+                    E.st_global_u8(st_base + unit, code, pred=ok)
             else:
                 if valid:
                     E.st_global_v2(qt_tile + q_off, w0, w1)
@@ -1378,25 +1424,56 @@ class CastKernel:
 
     # ------------------------------------------------------------------ swizzle padding
     @cute.jit
-    def _zero_padding(self, tidx, bidx, gdim, M, K, Ml, Kl, n_tk, nsc_r, pad_c_r, pad_c_c,
-                      s_base, st_base):
-        """Zero the parts of the padded swizzled scale buffers that no tile covers."""
+    def _zero_padding(self, tidx, bidx, gdim, M, K, n_tk, nsc_r, pad_c_r, pad_c_c, s_base,
+                      st_base, starts, n_groups):
+        """Zero the parts of the padded swizzled scale buffers that no tile covers; with
+        row_groups (starts: _fill_group_tables' smem tables of the n_groups groups) those of
+        every group: the rowwise padding rows and the twin's padding columns and rows (the
+        tiles store the groups' scales only)."""
         nthr = gdim * self.consumer_threads
         me = bidx * self.consumer_threads + tidx
         zero = Uint32(0)
+        table = (self.row_groups + 1) * 4  # bytes of each smem starts table (row_groups)
         if cutlass.const_expr(self.rowwise):
             # scale columns beyond the last K tile (only when a tile holds < 4 scale columns)
+            # of every scale row (with row groups their padded rows)
+            rows = (M + 127) // 128 * 128
+            if cutlass.const_expr(self.row_groups):
+                rows = Int32(E.ld_shared_u32(starts + table + n_groups * 4)) * 16
             c0 = n_tk * self.bpr
             ncols = Int32(pad_c_r) - c0
-            rows = (M + 127) // 128 * 128
             for i in cutlass.range(me, rows * ncols, nthr, unroll=1):
                 off = Int64(swizzled_scale_offset(i // ncols, c0 + i % ncols, Int32(nsc_r)))
                 E.st_global_u8(s_base + off, zero)
-        if cutlass.const_expr(self.columnwise):
-            # scale rows (input columns) beyond the last K tile up to the 128-row padding
-            r0 = n_tk * self.tile_k
-            nrows = (K + 127) // 128 * 128 - r0
-            pcc = Int32(pad_c_c)
-            for i in cutlass.range(me, nrows * pcc, nthr, unroll=1):
-                off = Int64(swizzled_scale_offset(r0 + i // pcc, i % pcc, Int32(M // 16)))
-                E.st_global_u8(st_base + off, zero)
+        if cutlass.const_expr(self.columnwise and not self.row_groups):
+            # scale rows (input columns) beyond the last K tile (tiles zero those before it)
+            self._zero_twin_rows(st_base, n_tk * self.tile_k, K, M // 16, Int32(pad_c_c), me,
+                                 nthr)
+        if cutlass.const_expr(self.row_groups):
+            tpr = Int32(pad_c_r) // 4  # 4-byte words of a rowwise scale row
+            for g in cutlass.range(n_groups, unroll=1):
+                blk0 = Int32(E.ld_shared_u32(starts + g * 4))
+                nblk = Int32(E.ld_shared_u32(starts + (g + 1) * 4)) - blk0
+                if cutlass.const_expr(self.rowwise):  # rows M_g .. the group's 128-row padding
+                    v0 = (Int32(E.ld_shared_u32(starts + table + g * 4)) + nblk) * 16
+                    v1 = Int32(E.ld_shared_u32(starts + table + (g + 1) * 4)) * 16
+                    for i in cutlass.range(me, (v1 - v0) * tpr, nthr, unroll=1):
+                        off = swizzled_scale_offset(v0 + i // tpr, i % tpr * 4, Int32(nsc_r))
+                        E.st_global_u32(s_base + Int64(off), zero)
+                if cutlass.const_expr(self.columnwise):  # rows K .., columns nblk ..
+                    base = st_base + Int64(E.ld_shared_u32(starts + 2 * table + g * 4)) * 512
+                    pcc = (nblk + 3) // 4 * 4
+                    self._zero_twin_rows(base, K, K, nblk, pcc, me, nthr)
+                    tail = pcc - nblk
+                    for i in cutlass.range(me, K * tail, nthr, unroll=1):
+                        off = swizzled_scale_offset(i // tail, nblk + i % tail, nblk)
+                        E.st_global_u8(base + Int64(off), zero)
+
+    @cute.jit
+    def _zero_twin_rows(self, base, r0, K, cols, pcc, me, nthr):
+        """Zero rows r0 .. of the 128-row padding of the swizzled twin scales at base (of a
+        [K, cols] scale matrix, pcc = its columns padded to 4), every padded column."""
+        nrows = (K + 127) // 128 * 128 - r0
+        for i in cutlass.range(me, nrows * pcc, nthr, unroll=1):
+            off = Int64(swizzled_scale_offset(r0 + i // pcc, i % pcc, Int32(cols)))
+            E.st_global_u8(base + off, Uint32(0))

@@ -125,25 +125,27 @@ def row_group_tables(n_groups: int) -> int:
 def on_row_group_cast(recipe: Recipe, sizes) -> bool:
     """Whether a grouped input of 2 .. ROW_GROUPS_MAX groups runs the plain cast with row
     groups (CastKernel row_groups: each 16-row block row's group's outer scale and enc table,
-    the twins at their groups' offsets) after RecipeAmax's group amaxes: per-tensor scaling,
-    1x16 blocks, rounding to nearest, no RHT of a twin, no 4over6, compact scales, every
+    the twins and swizzled scales at their groups' offsets) after RecipeAmax's group amaxes:
+    per-tensor scaling, 1x16 blocks, rounding to nearest, no RHT of a twin, no 4over6, every
     group's rows a multiple of 16 (a block row lies in one group). The recipe kernel runs the
     rest."""
     return (1 < len(sizes) <= ROW_GROUPS_MAX and recipe.scaling == "tensor"
             and recipe.block == (1, 16)
-            and not (recipe.stochastic_rounding or recipe.twin_rht or recipe.swizzle)
+            and not (recipe.stochastic_rounding or recipe.twin_rht)
             and recipe.four_over_six is None and all(mg % 16 == 0 for mg in sizes))
 
 
 def row_group_walk(m: int, k: int, esize: int, columnwise: bool, rowwise: bool,
-                   num_sms: int) -> tuple:
-    """The tile walk of the row-group cast (on_row_group_cast; compact scales): the per-tensor
-    cast's (dispatch.cast_walk) with the enc tables at every size (their groups' outer
-    scales) and no preload; rowwise only two CTAs per SM. Measured (H200, bf16, N = 8 groups,
-    quantize_grouped in graphs; notes/quant_recipes.md "Session 38"): rowwise only, two CTAs
-    per SM instead of one of two consumer groups 16384x8192 177 -> 161 us, 32768x8192 338 ->
-    308 (before the enc tables; with them 1-3% at 2^24-2^26); preload within +-1.5%."""
-    walk = cast_walk(m, k, esize, False, False, columnwise, rowwise, num_sms)
+                   swizzle: bool, num_sms: int) -> tuple:
+    """The tile walk of the row-group cast (on_row_group_cast): the per-tensor cast's
+    (dispatch.cast_walk) with the enc tables at every size (their groups' outer scales) and
+    no preload; rowwise only two CTAs per SM. Measured (H200, bf16, N = 8 groups, compact
+    scales, quantize_grouped in graphs; notes/quant_recipes.md "Session 38"): rowwise only,
+    two CTAs per SM instead of one of two consumer groups 16384x8192 177 -> 161 us,
+    32768x8192 338 -> 308 (before the enc tables; with them 1-3% at 2^24-2^26); preload
+    within +-1.5%."""
+    walk = cast_walk(m, k, esize, False, False, columnwise and not swizzle,
+                     rowwise and not swizzle, num_sms)
     ctas = walk[0] if columnwise else 2
     return (ctas, walk[1], False) + walk[3:5] + (True, False)
 
@@ -349,10 +351,15 @@ class _Plan:
             block2d = recipe.block == (16, 16)
             tables = 0
             if self.row_groups:
-                walk = row_group_walk(m, k, esize, col, row, sms)
+                walk = row_group_walk(m, k, esize, col, row, swz, sms)
                 tables = row_group_tables(len(sizes))
-                self.starts = torch.tensor([t[0] // 16 for t in gtab] + [m // 16],
-                                           dtype=torch.int32, device=dev)
+                starts = [t[0] // 16 for t in gtab] + [m // 16]
+                if swz:  # the first block rows of the groups' padded rowwise scales, the
+                    # first bytes / 512 of their twins' scales (CastKernel.__call__)
+                    padded = [_ceil(mg, 128) * 8 for mg in sizes]
+                    starts += [sum(padded[:g]) for g in range(len(sizes) + 1)]
+                    starts += [t[5] // 512 for t in gtab] + [st_len // 512]
+                self.starts = torch.tensor(starts, dtype=torch.int32, device=dev)
             else:
                 walk = plain_cast_walk(m, k, esize, per_token, col and not swz, row and not swz,
                                        sms, rht, sr)
@@ -383,6 +390,11 @@ class _Plan:
                              block2d=block2d, stochastic=sr, groups=groups, row_groups=tables),
                 arch=arch))
             self.scale_shapes = (scale_shape(m, nsc, swz), scale_shape(k, m // 16, swz))
+            if self.row_groups and swz:  # the groups' padded scales, one after another
+                self.scale_shapes = ((s_len // self.scale_shapes[0][1],
+                                      self.scale_shapes[0][1]),
+                                     (self.scale_shapes[1][0],
+                                      st_len // self.scale_shapes[1][0]))
             return
         ckey = ("cast_recipe",) + _cast_config(name, recipe) + (arch,)
         self.cast_fn = KERNELS.get(ckey, lambda: compile_kernel(
