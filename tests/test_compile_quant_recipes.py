@@ -21,7 +21,8 @@ from cute_fp4.common.compile_check import compile_ptx, missing_instructions, ptx
 from cute_fp4.common.encode import _SR_SEL, _sr_elem, sr_sign_sel
 from cute_fp4.quant.cast_recipes import DIV_CONST, DIV_CONST_MIN_HEX
 from cute_fp4.ref.formats import e2m1_encode_stochastic
-from cute_fp4.quant.dispatch import L2_WARM_MAX_BYTES, cast_kernel, cast_walk, walk_run
+from cute_fp4.quant.dispatch import (L2_WARM_MAX_BYTES, cast_kernel, cast_walk, row_group_run,
+                                     walk_run)
 from cute_fp4.quant.recipes_dispatch import (amax_recipe_kernel, amax_tiles_per_cta,
                                              cast_recipe_kernel, on_plain_cast,
                                              on_row_group_cast, plain_cast_walk,
@@ -443,9 +444,23 @@ def test_row_group_cast_routing():
                 plain = cast_walk(m, 8192, esize, False, False, col and not swz,
                                   row and not swz, 132)
                 walk = row_group_walk(m, 8192, esize, col, row, swz, 132)
-                assert walk == ((plain[0] if col else 2), plain[1], False, *plain[3:5], True,
-                                False)
-                assert not swz or walk[3:5] == (1, 1)  # no bands, no run
+                assert walk == ((plain[0] if col else 2), plain[1], False, plain[3],
+                                row_group_run(m, 8192, esize, 132), True, False)
+                assert not swz or walk[3] == 1  # no bands
+                if row and not swz:  # the full run stages the compact rowwise scales
+                    assert walk[4] == plain[4] or plain[4] == 1
+    # the longest power-of-two run up to the full one that divides the tile row and leaves
+    # RUN_MIN_UNITS_PER_SM runs per SM
+    assert [row_group_run(m, k, 2, 132) for m, k in [
+        (4096, 8192), (4096, 2048), (8192, 2048), (2048, 2048), (4096, 1040), (32768, 1024)]] \
+        == [8, 2, 4, 1, 1, 8]
+    assert row_group_run(4096, 8192, 4, 132) == 16 and row_group_run(4096, 2048, 4, 132) == 4
+    short = (1, True, False, 1, 4, True, False)
+    cast_kernel("bf16", True, True, True, False, walk=short, row_groups=8)
+    for bad in ((False, 4, 0), (True, 8, 0), (True, 3, 8), (True, 16, 8)):
+        with pytest.raises(ValueError, match="run"):
+            cast_kernel("bf16", True, True, bad[0], False, walk=short[:4] + (bad[1],) + short[5:],
+                        row_groups=bad[2])
 
 
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])

@@ -664,16 +664,19 @@ def test_grouped_row_group_cast_many(n_groups, gen):
             check_grouped(x, splits, recipe)
 
 
-@pytest.mark.parametrize("walk", ["forwards", "run", "one_group", "preload"])
+@pytest.mark.parametrize("walk", ["forwards", "run", "run_short", "run_shorter", "one_group",
+                                  "preload"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_grouped_row_group_walks(walk, dtype, gen, monkeypatch):
-    """The row-group cast's other walks: forwards (inputs past L2_WARM_MAX_BYTES), the run
-    of compact rowwise scales (K = 1024: two runs per tile row), one consumer group, the
-    preload; the first and third with swizzled scales too."""
+    """The row-group cast's other walks: forwards (inputs past L2_WARM_MAX_BYTES), the full
+    run (K = 1024: two runs per tile row; compact rowwise scales staged), shorter runs (the
+    group lookup once per 4 / 2 tiles with bf16, 8 / 4 with fp32: row_group_run), one consumer
+    group, the preload; all but the preload with swizzled scales too."""
+    units = {"run": 0, "run_short": 0.25, "run_shorter": 0.5}  # runs per SM: 20 / 40 / 80
     if walk == "forwards":
         monkeypatch.setattr(dispatch, "L2_WARM_MAX_BYTES", 0)
-    elif walk == "run":
-        monkeypatch.setattr(dispatch, "RUN_MIN_UNITS_PER_SM", 0)
+    elif walk in units:
+        monkeypatch.setattr(dispatch, "RUN_MIN_UNITS_PER_SM", units[walk])
     elif walk == "one_group":
         monkeypatch.setattr(rd, "cast_groups", lambda *a: 1)
     else:
@@ -682,14 +685,16 @@ def test_grouped_row_group_walks(walk, dtype, gen, monkeypatch):
     rd._plan.cache_clear()
     try:
         x = grouped_scaled(ROW_GROUP_SPLITS, 1024, "outliers", dtype, gen)
-        layouts = (False, True) if walk in ("forwards", "one_group") else (False,)
+        layouts = (False,) if walk == "preload" else (False, True)
         for outputs in OUTPUTS:
             for swizzle in layouts:
                 recipe = Recipe(rowwise=outputs[0], columnwise=outputs[1], swizzle=swizzle)
                 check_grouped(x, ROW_GROUP_SPLITS, recipe)
-            if walk == "run" and outputs[0]:
-                assert rd.row_group_walk(1232, 1024, x.element_size(), outputs[1], True,
-                                         False, 132)[4] > 1
+        full = 8 if dtype == torch.bfloat16 else 16
+        want = {"run": full, "run_short": full // 2, "run_shorter": full // 4}.get(walk, 1)
+        assert rd.row_group_walk(1232, 1024, x.element_size(), True, True, False,
+                                 torch.cuda.get_device_properties(0).multi_processor_count
+                                 )[4] == want
     finally:
         rd._plan.cache_clear()
 

@@ -153,10 +153,16 @@ class CastKernel:
             raise ValueError(f"CastKernel: band must be a power of two, got {band}")
         self.band = band
         full_run = self.run_tiles(self.esize)
-        if run not in (1, full_run) or (run > 1 and (not rowwise or swizzle or fused_amax)):
+        if (run & (run - 1) or not 1 <= run <= full_run or (run > 1 and fused_amax)
+                or (not row_groups and (run not in (1, full_run)
+                                        or (run > 1 and (not rowwise or swizzle))))):
             raise ValueError(f"CastKernel: run must be 1 or {full_run} ({dtype}), and 1 unless "
-                             f"the kernel writes compact rowwise scales, got {run}")
+                             f"the kernel writes compact rowwise scales; with row_groups a "
+                             f"power of two up to {full_run}; got {run}")
         self.run = run
+        # a full run's compact rowwise scales are staged in smem and stored as whole sectors;
+        # with row_groups a run also makes the lanes' group lookup once per run of tiles
+        self.run_scales = run == full_run and rowwise and not swizzle
         if enc_table and per_token:
             raise ValueError("CastKernel: enc_table needs a per-tensor outer scale")
         self.enc_table = enc_table
@@ -226,7 +232,7 @@ class CastKernel:
         self.chunk_cols = 32 * self.vec
         fused_cols = fused_amax and per_token and columnwise
         self.colred_words = self.num_consumer_warps * self.chunk_cols if fused_cols else 1
-        self.runsc_bytes = 2 * self.tile_m * RUN_SCALE_BYTES if run > 1 else 16
+        self.runsc_bytes = 2 * self.tile_m * RUN_SCALE_BYTES if self.run_scales else 16
         # the twin's own table after the rowwise one with the RHT (its outer amax differs)
         self.enc_tab_words = ENC_CODES * (1 + int(rht)) if enc_table else 1
         if row_groups:  # a table per group, the groups' (s6, sdec), starts (_fill_group_tables)
@@ -697,8 +703,9 @@ class CastKernel:
                             sdec, enc_tab, runsc + run_off + i * self.bpr, col_outer, rht_b,
                             tile_sc, sr, lane_grp)
                         cstate.advance(self.groups)
-                    self._flush_run_scales(runsc + run_off, tidx, tm, uk, M, nsc_r, s_base)
-                    run_off = self.tile_m * RUN_SCALE_BYTES - run_off
+                    if cutlass.const_expr(self.run_scales):
+                        self._flush_run_scales(runsc + run_off, tidx, tm, uk, M, nsc_r, s_base)
+                        run_off = self.tile_m * RUN_SCALE_BYTES - run_off
                 tm, uk = tm_n, uk_n
 
             if cutlass.const_expr(self.swizzle):
@@ -1108,14 +1115,14 @@ class CastKernel:
                 E.st_global_v2(q_tile + q_off, w0, w1)
             if cutlass.const_expr(self.swizzle and row_sw is not None):
                 # row groups: the warp's block row's scales from row_sw (rows past M have
-                # none; the groups' padding rows: _zero_group_padding)
+                # none; the groups' padding rows: _zero_padding)
                 E.st_global_u8(sw_tile + Int64(r % 16 * 16 + b),
                                cutlass.select_(col_ok, code, Uint32(0)), pred=Int32(gr < M))
             elif cutlass.const_expr(self.swizzle):
                 # padding entries (rows >= M, blocks >= K/16) must be 0 whatever the outer scale
                 E.st_global_u8(sw_tile + Int64(sw_off), cutlass.select_(valid, code, Uint32(0)))
             else:
-                if cutlass.const_expr(self.run > 1):
+                if cutlass.const_expr(self.run_scales):
                     E.st_shared_u8(run_sc + r * RUN_SCALE_BYTES + b, code)
                 else:
                     if valid:

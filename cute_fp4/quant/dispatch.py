@@ -371,6 +371,19 @@ def walk_run(m: int, k: int, esize: int, compact_row: bool, num_sms: int = 132) 
     return 1
 
 
+def row_group_run(m: int, k: int, esize: int, num_sms: int) -> int:
+    """The run of the row-group cast (CastKernel run): the lanes look their groups up once
+    per run of tiles along K, so the longest run (a power of two up to the full run, whose
+    compact rowwise scales fill a sector) that divides the tile row and leaves
+    RUN_MIN_UNITS_PER_SM runs per SM, else 1 (walk_run's rule)."""
+    n_tm = -(-m // CastKernel.tile_m)
+    n_tk = -(-k // (CastKernel.tile_bytes // esize))
+    run = CastKernel.run_tiles(esize)
+    while run > 1 and (n_tk % run or n_tm * (n_tk // run) < RUN_MIN_UNITS_PER_SM * num_sms):
+        run //= 2
+    return run
+
+
 def cast_walk(m: int, k: int, esize: int, per_token: bool, fused: bool,
               compact_twin: bool = False, compact_row: bool = False,
               num_sms: int = 132) -> tuple:

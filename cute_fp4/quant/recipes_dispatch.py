@@ -49,9 +49,9 @@ from ..ref.philox import check_seed_offset
 from ..ref.swizzle import scale_shape
 from ..tensor import NVFP4Tensor
 from .cast_recipes import GTAB_COLS, TILE, RecipeAmax, RecipeCastKernel
-from .dispatch import (cast_groups, cast_kernel, cast_walk, l2_keep, run_tensor_amax,
-                       tensor_amax_fn, tensor_amax_words, token_amax_fn, token_rows_fn,
-                       walk_run)
+from .dispatch import (cast_groups, cast_kernel, cast_walk, l2_keep, row_group_run,
+                       run_tensor_amax, tensor_amax_fn, tensor_amax_words, token_amax_fn,
+                       token_rows_fn, walk_run)
 from .token_rows import token_rows_config
 
 _DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
@@ -147,7 +147,7 @@ def row_group_walk(m: int, k: int, esize: int, columnwise: bool, rowwise: bool,
     walk = cast_walk(m, k, esize, False, False, columnwise and not swizzle,
                      rowwise and not swizzle, num_sms)
     ctas = walk[0] if columnwise else 2
-    return (ctas, walk[1], False) + walk[3:5] + (True, False)
+    return (ctas, walk[1], False, walk[3], row_group_run(m, k, esize, num_sms), True, False)
 
 
 def plain_cast_walk(m: int, k: int, esize: int, per_token: bool, compact_twin: bool,
