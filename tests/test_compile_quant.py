@@ -567,12 +567,16 @@ def test_cast_preload_rule():
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("dtype", ["bf16", "fp32"])
 def test_amax_ptx(arch, dtype):
-    ptx = compile_ptx(*amax_tensor_kernel(dtype), arch=arch)
-    # per-CTA partial maxima with plain stores: no atomics, so no zero-fill before the launch
-    assert missing_instructions(ptx, [r"st\.global\.b32", r"ld\.global\.nc\.v4",
-                                      r"max\.NaN\.f32"]) == []
-    assert not re.search(r"\s(red|atom)\.", ptx)
-    assert "cache_hint" not in ptx and "createpolicy" not in ptx
+    # per-CTA partial maxima with plain stores: no atomics, so no zero-fill before the launch;
+    # chunked (the row groups' partials): the CTA's chunk from the int32 table
+    for chunked in (False, True):
+        ptx = compile_ptx(*amax_tensor_kernel(dtype, chunked=chunked), arch=arch)
+        assert missing_instructions(ptx, [r"st\.global\.b32", r"ld\.global\.nc\.v4",
+                                          r"max\.NaN\.f32"]) == []
+        assert not re.search(r"\s(red|atom)\.", ptx)
+        assert "cache_hint" not in ptx and "createpolicy" not in ptx
+        assert ("ld.global.b32" in ptx or "ld.global.u32" in ptx
+                or "ld.global.s32" in ptx) == chunked
     ptx = compile_ptx(*amax_token_kernel(dtype), arch=arch)
     assert missing_instructions(ptx, [r"red\..*global\.max\.u32", r"ld\.global\.nc\.v4",
                                       r"shfl\.sync\.bfly"]) == []

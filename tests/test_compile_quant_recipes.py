@@ -23,8 +23,9 @@ from cute_fp4.quant.cast_recipes import DIV_CONST, DIV_CONST_MIN_HEX
 from cute_fp4.ref.formats import e2m1_encode_stochastic
 from cute_fp4.quant.dispatch import (L2_WARM_MAX_BYTES, cast_kernel, cast_walk, row_group_run,
                                      walk_run)
+from cute_fp4.quant.amax import max_tensor_partials
 from cute_fp4.quant.recipes_dispatch import (amax_recipe_kernel, amax_tiles_per_cta,
-                                             cast_recipe_kernel, on_plain_cast,
+                                             cast_recipe_kernel, group_chunks, on_plain_cast,
                                              on_row_group_cast, plain_cast_walk,
                                              ROW_GROUPS_MAX, row_group_tables, row_group_walk,
                                              token_amax_k1)
@@ -455,6 +456,21 @@ def test_row_group_cast_routing():
         (4096, 8192), (4096, 2048), (8192, 2048), (2048, 2048), (4096, 1040), (32768, 1024)]] \
         == [8, 2, 4, 1, 1, 8]
     assert row_group_run(4096, 8192, 4, 132) == 16 and row_group_run(4096, 2048, 4, 132) == 4
+    # the chunked amax pass: chunks inside the groups covering them, at most
+    # max_tensor_partials + G of them
+    sizes = [272, 0, 64, 704, 16, 128, 48]
+    for k, esize, sms in [(1040, 2, 132), (8192, 2, 132), (16, 4, 132), (64, 2, 1)]:
+        chunks, pfirst = group_chunks(sizes, k, esize, sms)
+        per_row = k * esize // 16
+        assert len(pfirst) == len(sizes) + 1 and pfirst[-1] == len(chunks)
+        assert len(chunks) <= max_tensor_partials(sms) + len(sizes)
+        row0 = 0
+        for g, mg in enumerate(sizes):
+            mine = chunks[pfirst[g]:pfirst[g + 1]]
+            assert sum(n for _, n in mine) == mg * per_row and all(n > 0 for _, n in mine)
+            assert [f for f, _ in mine] == [row0 * per_row + sum(n for _, n in mine[:i])
+                                            for i in range(len(mine))]
+            row0 += mg
     short = (1, True, False, 1, 4, True, False)
     cast_kernel("bf16", True, True, True, False, walk=short, row_groups=8)
     for bad in ((False, 4, 0), (True, 8, 0), (True, 3, 8), (True, 16, 8)):
@@ -474,8 +490,7 @@ def test_row_group_cast_ptx(arch, dtype, row, col, swz, tables):
     a prologue computing each group's outer scales (IEEE division, reciprocal) and enc table
     in shared memory (a loop over the groups' scale bytes); no global load per tile or amax
     (each lane's group from a search of the groups' starts in smem); the twin's stores and
-    the swizzled rowwise scale stores predicated (@p st: no branch around them); swizzled,
-    the groups' rowwise padding rows zeroed a word at a time."""
+    the swizzled rowwise scale stores predicated (@p st: no branch around them)."""
     walk = row_group_walk(4096, 8192, 4 if dtype == "fp32" else 2, col, row, swz, 132)
     ptx = compile_ptx(*cast_kernel(dtype, row, col, swz, False, walk=walk,
                                    row_groups=tables), arch=arch)
@@ -486,7 +501,8 @@ def test_row_group_cast_ptx(arch, dtype, row, col, swz, tables):
     assert "ld.global.nc.v4" not in ptx
     assert ("@p st.global.v2.b32" in ptx) == col
     assert ("@p st.global.b8" in ptx) == (col or (row and swz))
-    assert ("st.global.b32 [" in ptx) == (row and swz)
+    # the prologue's group amaxes: the chunked AmaxTensor's partials by shared atomics
+    assert "red.relaxed.cta.shared.max.u32" in ptx
     with pytest.raises(ValueError, match="row_groups"):
         cast_kernel(dtype, row, col, swz, True, walk=walk[:5] + (False, False),
                     row_groups=tables)

@@ -631,9 +631,11 @@ def grouped_scaled(splits, k, kind, dtype, gen):
 @pytest.mark.parametrize("outputs", OUTPUTS)
 @pytest.mark.parametrize("swizzle", [False, True])
 def test_grouped_row_group_cast(swizzle, outputs, dtype, kind, gen):
-    """Grouped per-tensor casts on the plain cast with row groups (on_row_group_cast: each
-    lane's block-row group amax, the twins at their groups' offsets) are byte-equal to
-    ref.quantize_grouped, K with a tail tile; swizzled, every group's padding is zero (rows
+    """Grouped per-tensor casts on the plain cast with row groups (on_row_group_cast: the
+    group amaxes reduced in the cast from the chunked AmaxTensor's partials, each lane's
+    block-row group amax, the twins at their groups' offsets) are byte-equal to
+    ref.quantize_grouped (amaxes included; the third group all zero, special values), K with
+    a tail tile; swizzled, every group's padding is zero (rows
     to 128, 65 -> 68 rowwise scale columns, twin scale rows 1040 -> 1152 and columns 17 ->
     20, 1 -> 4, 3 -> 4; the outputs are poisoned); single groups and 16x16 blocks stay on
     the recipe kernel."""
@@ -644,10 +646,16 @@ def test_grouped_row_group_cast(swizzle, outputs, dtype, kind, gen):
     check_grouped(x, ROW_GROUP_SPLITS, recipe)
     plan = rd._plan(tuple(ROW_GROUP_SPLITS), 1040, recipe, rd._DTYPE_NAMES[dtype], x.device,
                     0, 0, False)
-    starts = [0, 17, 17, 21, 65, 66, 74, 77]
-    if swizzle:  # the groups' padded rowwise block rows, their twin scales' 512-byte units
+    # the groups' first block rows, first amax partials, swizzled their padded rowwise block
+    # rows and their twin scales' 512-byte units
+    chunks, pfirst = rd.group_chunks(ROW_GROUP_SPLITS, 1040, x.element_size(),
+                                     torch.cuda.get_device_properties(0).multi_processor_count)
+    starts = [0, 17, 17, 21, 65, 66, 74, 77] + pfirst
+    if swizzle:
         starts += [0, 24, 24, 32, 80, 88, 96, 104] + [0, 45, 45, 54, 153, 162, 180, 189]
     assert plan.row_groups and plan.starts.tolist() == starts
+    assert plan.chunks.tolist() == [list(c) for c in chunks]
+    assert plan.tensor_amax is not None and plan.amax_fn is None
 
 
 @pytest.mark.parametrize("n_groups", [9, 40, rd.ROW_GROUPS_MAX])

@@ -27,7 +27,7 @@ from cutlass.base_dsl import BaseDSL
 import cutlass.cute as cute
 
 from .ptx import ld_global, ld_shared, st_global, st_shared
-from .ptx import red_max_u32  # noqa: F401  (the quantize kernels' E.red_max_u32)
+from .ptx import red_max_u32, red_shared_max_u32  # noqa: F401  (the quantize kernels' E.*)
 
 FLT_MAX_HEX = "0f7F7FFFFF"
 E4M3_MAX = 448.0

@@ -189,6 +189,13 @@ def red_max_u32(addr: Int64, value, *, loc=None, ip=None):
 
 
 @dsl_user_op
+def red_shared_max_u32(addr: Int32, value, *, loc=None, ip=None):
+    """Shared-memory atomic max without return (relaxed, CTA scope; a barrier orders it)."""
+    inline_asm("red.relaxed.cta.shared.max.u32 [$0], $1;", "r,r", [addr, value], volatile=True,
+               loc=loc, ip=ip)
+
+
+@dsl_user_op
 def prmt(a: Int32, b: Int32, sel, *, loc=None, ip=None) -> Int32:
     """prmt.b32: bytes of (a, b) picked by the 4 nibbles of sel (a Python int: an immediate;
     else a run-time register)."""

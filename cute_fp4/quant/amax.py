@@ -18,6 +18,8 @@ eviction priority and the rest with evict_first, so that L2 gives up the start o
 before its end, which the cast walking backwards reads first (notes/quant.md "Session 16").
 """
 
+from typing import Optional
+
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64, Uint32
@@ -86,34 +88,47 @@ def keep_load(base, off: Int64, policies):
 
 
 class AmaxTensor:
-    """amax[1 + cta] = max |x| over the grid-stride share of CTA ``cta`` (see the module doc)."""
+    """amax[1 + cta] = max |x| over the grid-stride share of CTA ``cta`` (see the module doc);
+    ``chunked``: over chunk ``cta`` of ``chunks`` (int32 [P, 2]: first 16-byte vector, vectors;
+    the row groups' chunks of recipes_dispatch, each inside one group), one CTA per chunk."""
 
-    def __init__(self, dtype: str, num_sms: int, l2_keep: int = 0):
+    def __init__(self, dtype: str, num_sms: int, l2_keep: int = 0, chunked: bool = False):
         if dtype not in DTYPES:
             raise TypeError(f"AmaxTensor: unsupported input dtype {dtype!r}")
         self.dtype_name = dtype
         self.esize = DTYPES[dtype].width // 8
         self.num_sms = num_sms
         self.l2_keep = l2_keep
+        self.chunked = chunked
 
     @cute.jit
-    def __call__(self, x: cute.Tensor, amax: cute.Tensor, stream):
+    def __call__(self, x: cute.Tensor, amax: cute.Tensor, chunks: Optional[cute.Tensor],
+                 stream):
         nvec = x.shape[0] * (x.shape[1] * self.esize // 16)
         blocks = cutlass.max(cutlass.min((nvec + THREADS - 1) // THREADS,
                                          max_tensor_partials(self.num_sms)), 1)
-        self.kernel(x, amax, nvec).launch(grid=(blocks, 1, 1), block=(THREADS, 1, 1), stream=stream)
+        if cutlass.const_expr(self.chunked):
+            blocks = chunks.shape[0]
+        self.kernel(x, amax, chunks, nvec).launch(grid=(blocks, 1, 1), block=(THREADS, 1, 1),
+                                                  stream=stream)
 
     @cute.kernel
-    def kernel(self, x: cute.Tensor, amax: cute.Tensor, nvec: Int32):
+    def kernel(self, x: cute.Tensor, amax: cute.Tensor, chunks: Optional[cute.Tensor],
+               nvec: Int32):
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         gdim, _, _ = cute.arch.grid_dim()
         base = x.iterator.toint()
         acc = Float32(0.0)
         start = bidx * THREADS + tidx
+        end = nvec
         step = gdim * THREADS
+        if cutlass.const_expr(self.chunked):
+            start = chunks[bidx, 0] + tidx
+            end = chunks[bidx, 0] + chunks[bidx, 1]
+            step = THREADS
         policies = keep_policies(self.l2_keep, Int64(nvec) * 16)
-        for i in cutlass.range(start, nvec, step, unroll=2):
+        for i in cutlass.range(start, end, step, unroll=2):
             acc = vec_abs_max(acc, keep_load(base, Int64(i) * 16, policies), self.dtype_name)
         acc = E.warp_max_nan(acc)
         smem = cutlass.memory.SmemAllocator()

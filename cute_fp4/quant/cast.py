@@ -72,15 +72,18 @@ reciprocal without its slow-path branch
 outer scales from the division and reciprocal without theirs (outer_block_scales fast, exact
 for amaxes 0 and in [2^-100, 2^100]); the other copy is the general one.
 
-`row_groups` (per tensor, compact scales, no RHT / SR / 16x16): the row groups of a grouped
-input (recipes_dispatch.on_row_group_cast), each with its own outer amax (amax_r = the group
-amaxes), the twins one group after another (group g's [K, M_g / 2] data and [K, M_g / 16]
-scales; the rowwise outputs are the single tensor's). Groups are multiples of 16 rows, so a
-16-row block row lies in one group: the prologue fills an enc table and (s6, sdec) per group
-and the groups' first block rows in shared memory (_fill_group_tables), and once per unit of
-the walk lane l finds block row l / 4's group by a binary search of those (_lane_row_group),
-whose s6 and table the rowwise pass's warp w takes from lane 4 w and the columnwise pass's
-lane uses itself, with the twin addresses of its group; the twin's stores are predicated.
+`row_groups` (per tensor, no RHT / SR / 16x16): the row groups of a grouped input
+(recipes_dispatch.on_row_group_cast), each with its own outer amax (amax_r = amax_c = the G
+group amaxes, then the chunked AmaxTensor's partials, each inside one group), the twins one
+group after another (group g's [K, M_g / 2] data and [K, M_g / 16] scales; the rowwise data
+is the single tensor's; swizzled, every group's scales padded on their own). Groups are
+multiples of 16 rows, so a 16-row block row lies in one group: the prologue reduces each
+group's partials and fills an enc table and (s6, sdec) per group and the groups' tables in
+shared memory (_fill_group_tables), and once per unit of the walk (a run of tiles along K:
+recipes_dispatch.row_group_run) lane l finds block row l / 4's group by a binary search of
+those (_lane_row_group), whose s6 and table the rowwise pass's warp w takes from lane 4 w and
+the columnwise pass's lane uses itself, with the twin addresses of its group; the twin's
+stores are predicated, and swizzled the rowwise scale stores.
 
 `block2d` (per tensor, no RHT): 16x16 blocks (SPEC section 1, the recipe's block=(16, 16)): one
 scale per 16x16 tile, shared by its 16 rowwise blocks and its 16 twin blocks (with stochastic
@@ -114,6 +117,11 @@ ENC_CODES = 128  # scale bytes of a block amax >= 0: 0 .. 0x7E, NaN 0x7F
 RHT_NEG = sum(1 << k for k, sign in enumerate(RHT_SIGNS) if sign < 0)  # rows with sign -1
 # 16-bit patterns of +0.25 / -0.25 (the RHT matrix entries, exact in both formats)
 RHT_QUARTER = {"bf16": (0x3E80, 0xBE80), "fp16": (0x3400, 0xB400)}
+# row_groups: the groups' int32 tables (CastKernel.__call__'s `starts`, G + 1 entries each): the
+# first 16-row block row, the first AmaxTensor partial (recipes_dispatch.group_chunks),
+# swizzled the first block row of the rowwise scales in the groups' padded rows and the first
+# byte / 512 of the twin's scales
+GROUP_FIRST, GROUP_PARTIALS, GROUP_ROW_SW, GROUP_TWIN_SW = range(4)
 
 
 class CastKernel:
@@ -235,10 +243,11 @@ class CastKernel:
         self.runsc_bytes = 2 * self.tile_m * RUN_SCALE_BYTES if self.run_scales else 16
         # the twin's own table after the rowwise one with the RHT (its outer amax differs)
         self.enc_tab_words = ENC_CODES * (1 + int(rht)) if enc_table else 1
-        if row_groups:  # a table per group, the groups' (s6, sdec), starts (_fill_group_tables)
-            self.enc_tab_words = (ENC_CODES + 3) * row_groups + 1
-            if swizzle:  # and the starts of their swizzled scales
-                self.enc_tab_words += 2 * (row_groups + 1)
+        # row_groups: the int32 tables of G + 1 entries of the groups (GROUP_*)
+        self.group_tables = 4 if swizzle else 2
+        if row_groups:  # an enc table and (s6, sdec) per group, then the groups' tables
+            self.enc_tab_words = ((ENC_CODES + 2) * row_groups
+                                  + self.group_tables * (row_groups + 1))
         self.red_words = self.consumer_warps * (1 + int(rht))
         # block2d with the twin: (scale byte, enc) words of each 16x16 tile of a stage, one
         # buffer per ring stage (a warp rewrites one only after the barrier of a later tile)
@@ -262,14 +271,14 @@ class CastKernel:
                  q: cute.Tensor, s: cute.Tensor, qt: cute.Tensor, st: cute.Tensor,
                  rng: Optional[cute.Tensor], starts: Optional[cute.Tensor], stream):
         """rng: int64 [seed, offset] of stochastic rounding (None without it). row_groups: amax_r
-        = amax_c = the G <= row_groups group amaxes, starts int32 [G + 1] = the groups' first
-        16-row block rows, then the tensor's block rows (M / 16), qt / st the
-        groups' twins one after another (group g's [K, M_g / 2] data and [K, M_g / 16] scales
-        from K * its first row / 2 and / 16); swizzled, the scales of group g are padded to
-        128 rows and 4 columns each (its rowwise [ceil(M_g / 128) * 128, ceil(K / 64) * 4],
-        its twin's [ceil(K / 128) * 128, ceil(M_g / 64) * 4]), and starts int32 [3 (G + 1)]
-        adds per group (and past the last) the first block row of its rowwise scales in the
-        padded rows, then the first byte of its twin's scales / 512; else None."""
+        = amax_c = the G <= row_groups group amaxes (written by CTA 0), then the P <=
+        max_tensor_partials + row_groups partials of the chunked AmaxTensor; starts int32
+        [group_tables (G + 1)]: the GROUP_* tables (each with the value past the last group:
+        M / 16, P, ...), qt / st the groups' twins one after another (group g's [K, M_g / 2]
+        data and [K, M_g / 16] scales from K * its first row / 2 and / 16); swizzled, the
+        scales of group g are padded to 128 rows and 4 columns each (its rowwise
+        [ceil(M_g / 128) * 128, ceil(K / 64) * 4], its twin's [ceil(K / 128) * 128,
+        ceil(M_g / 64) * 4]); else None."""
         self.hw = E.has_hw_e2m1()
         smem_layout = sm90_utils.make_smem_layout_a(
             cutlass.tensor_utils.LayoutEnum.ROW_MAJOR, (self.tile_m, 8, self.tile_k), self.dtype, self.stages
@@ -591,7 +600,7 @@ class CastKernel:
             ac_base = amax_c.iterator.toint()
             if cutlass.const_expr(self.row_groups):  # ac_base: the groups' starts in smem
                 ac_base = self._fill_group_tables(storage.enc_tab.data_ptr().toint(), tidx,
-                                                  ar_base, starts)
+                                                  bidx, amax_r, starts)
 
             # per tensor: the outer scale (S_enc / 6, 1 / S_enc) and with enc_table the enc of
             # each scale byte; per token: the outer scale of the lane's row or column
@@ -711,7 +720,7 @@ class CastKernel:
             if cutlass.const_expr(self.swizzle):
                 n_groups = 0
                 if cutlass.const_expr(self.row_groups):
-                    n_groups = starts.shape[0] // 3 - 1
+                    n_groups = starts.shape[0] // self.group_tables - 1
                 self._zero_padding(tidx, bidx, gdim, M, K, n_tk, nsc_r, pad_c_r, pad_c_c,
                                    s_base, st_base, ac_base, n_groups)
 
@@ -901,34 +910,44 @@ class CastKernel:
             amax = E.ld_global_f32(addr)
         return amax
 
+    def _group_entry(self, starts, table, g):
+        """Entry g of row_groups table `table` (GROUP_*) in smem (_fill_group_tables)."""
+        return Int32(E.ld_shared_u32(starts + (table * (self.row_groups + 1) + g) * 4))
+
     @cute.jit
-    def _lane_row_group(self, tm, M, K, tidx, starts, enc_tab):
-        """row_groups: lane l's block row l / 4 of tile row tm (clamped into the tensor) and
-        its group g, the last whose first block row is at most the block row's: a binary
-        search of the row_groups starts in smem (_fill_group_tables; those past the G groups
-        are M / 16). Returns (g's s6, g's enc table, the twin unit of the block in input
-        column 0, g's block rows, and the s6 and enc table of block row `warp`, the rowwise
-        pass's (lane 4 warp's)); a twin unit is 8 data bytes and 1 scale byte (compact).
-        Swizzled, three more: the swizzled offset of row 0 column 0 of block row `warp`'s
-        rowwise scales, that of the block's twin scale in input column 0, and the twin
-        scales' bytes per 128 input columns. Called once per unit of the walk. Measured against a [M / 16, 4] global table read per tile (one
-        tile ahead where the walk prefetches), both with predicated twin stores (H200, bf16,
-        N = 8, quantize_grouped in graphs): row+col 4096x8192 63.8 -> 61.4 us, 16384x2048 64.8
-        -> 61.8, 8192^2 117.0 -> 111.8; below 2^25 elements, where units are single tiles,
-        0.1-1 us slower (4096x2048 22.1 -> 23.0, rowwise 17.2 -> 18.1; notes/quant_recipes.md
-        "Session 39")."""
-        blk = cutlass.min(cutlass.max(tm, 0) * (self.tile_m // 16) + tidx % 32 // 4,
-                          M // 16 - 1)
+    def _find_group(self, starts, table, key):
+        """(g, entry g) for the last group g whose entry of `table` (ascending; those past the
+        G groups at least every key) is at most key: a binary search in smem."""
         g = Int32(0)
-        blk0 = Int32(0)
+        start = Int32(0)
         step = self.row_groups
         for _ in cutlass.range_constexpr(self.row_groups.bit_length() - 1):
             step //= 2
-            first = Int32(E.ld_shared_u32(starts + (g + step) * 4))
-            found = first <= blk
+            entry = self._group_entry(starts, table, g + step)
+            found = entry <= key
             g = cutlass.select_(found, g + step, g)
-            blk0 = cutlass.select_(found, first, blk0)
-        nblk = Int32(E.ld_shared_u32(starts + (g + 1) * 4)) - blk0
+            start = cutlass.select_(found, entry, start)
+        return g, start
+
+    @cute.jit
+    def _lane_row_group(self, tm, M, K, tidx, starts, enc_tab):
+        """row_groups: lane l's block row l / 4 of tile row tm (clamped into the tensor) and
+        its group g (_find_group in the first block rows, those past the G groups M / 16).
+        Returns (g's s6, g's enc table, the twin unit of the block in input column 0, g's
+        block rows, and the s6 and enc table of block row `warp`, the rowwise pass's (lane
+        4 warp's)); a twin unit is 8 data bytes and 1 scale byte (compact). Swizzled, three
+        more: the swizzled offset of row 0 column 0 of block row `warp`'s rowwise scales,
+        that of the block's twin scale in input column 0, and the twin scales' bytes per 128
+        input columns. Called once per unit of the walk. Measured against a [M / 16, 4]
+        global table read per tile (one tile ahead where the walk prefetches), both with
+        predicated twin stores (H200, bf16, N = 8, quantize_grouped in graphs): row+col
+        4096x8192 63.8 -> 61.4 us, 16384x2048 64.8 -> 61.8, 8192^2 117.0 -> 111.8; below 2^25
+        elements, where units were single tiles, 0.1-1 us slower (4096x2048 22.1 -> 23.0,
+        rowwise 17.2 -> 18.1; notes/quant_recipes.md "Session 39")."""
+        blk = cutlass.min(cutlass.max(tm, 0) * (self.tile_m // 16) + tidx % 32 // 4,
+                          M // 16 - 1)
+        g, blk0 = self._find_group(starts, GROUP_FIRST, blk)
+        nblk = self._group_entry(starts, GROUP_FIRST, g + 1) - blk0
         unit = Int64(K) * Int64(blk0) + Int64(blk - blk0)
         s6 = E.bits_f32(E.ld_shared_u32(enc_tab + (self.row_groups * ENC_CODES + 2 * g) * 4))
         tab = enc_tab + g * (ENC_CODES * 4)
@@ -938,11 +957,10 @@ class CastKernel:
         if cutlass.const_expr(self.swizzle):
             # the rowwise scales: block row vb of the groups' padded rows (that of block row
             # `warp`); the twin's: its scale column blk - blk0 of the group's [K, nblk] scales
-            table = (self.row_groups + 1) * 4
-            vb = Int32(E.ld_shared_u32(starts + table + g * 4)) + blk - blk0
+            vb = self._group_entry(starts, GROUP_ROW_SW, g) + blk - blk0
             vb = cute.arch.shuffle_sync(vb, src)
             bl = blk - blk0
-            tfirst = Int32(E.ld_shared_u32(starts + 2 * table + g * 4))
+            tfirst = self._group_entry(starts, GROUP_TWIN_SW, g)
             out += (Int64(vb // 8) * Int64((K + 63) // 64 * 512)
                     + Int64(vb % 2 * 256 + vb % 8 // 2 * 4),
                     (Int64(tfirst) + Int64(bl // 4)) * 512 + Int64(bl % 4),
@@ -950,25 +968,44 @@ class CastKernel:
         return out
 
     @cute.jit
-    def _fill_group_tables(self, enc_tab, tidx, ar_base, starts):
-        """row_groups: the outer scales (s6, sdec) of each of the G <= row_groups groups (from
-        its amax at ar_base) after row_groups enc tables, and the groups' first block rows
-        (starts, G + 1 entries: row_groups + 1 in smem, the last ones M / 16; swizzled, two
-        more such tables follow: _lane_row_group), then those tables (_fill_enc_tables per
-        group), one barrier each; a lane then finds its block row's group, table and s6
-        (_lane_row_group, _cast_tile). Returns the smem starts."""
-        tables = 3 if self.swizzle else 1
-        n_groups = starts.shape[0] // tables - 1
+    def _fill_group_tables(self, enc_tab, tidx, bidx, amax, starts):
+        """row_groups: the groups' tables (starts: group_tables tables of G + 1 entries, in
+        smem row_groups + 1 entries each, those past G equal to entry G; GROUP_*), the group
+        amaxes, reduced from the AmaxTensor partials after the G amax words (the partials of
+        group g from its GROUP_PARTIALS entry on: red.shared.max on the bits, whose order is
+        max.NaN's for amaxes; CTA 0 writes them to amax[:G]), each group's outer scales (s6,
+        sdec) after row_groups enc tables, then those tables (_fill_enc_tables per group);
+        a lane then finds its block row's group, table and s6 (_lane_row_group,
+        _cast_tile). Returns the smem tables."""
+        n_groups = starts.shape[0] // self.group_tables - 1
+        n_partials = amax.shape[0] - n_groups
+        ar_base = amax.iterator.toint()
         outer = enc_tab + self.row_groups * ENC_CODES * 4
         first = outer + self.row_groups * 8
-        if tidx < n_groups:
-            s6, sdec = outer_block_scales(E.ld_global_f32(ar_base + Int64(tidx) * 4),
-                                          E.E4M3_MAX)
-            E.st_shared_v2(outer + tidx * 8, E.f32_bits(s6), E.f32_bits(sdec))
+        if tidx < self.row_groups:  # the group amaxes' accumulators
+            E.st_shared_v2(outer + tidx * 8, Uint32(0), Uint32(0))
         if tidx <= self.row_groups:
-            for t in cutlass.range_constexpr(tables):
+            for t in cutlass.range_constexpr(self.group_tables):
                 E.st_shared_u32(first + (t * (self.row_groups + 1) + tidx) * 4,
                                 starts[t * (n_groups + 1) + cutlass.min(tidx, n_groups)])
+        # every partial load of a thread issued before the reduction (indices past the last
+        # re-read it); at most max_tensor_partials + row_groups partials (group_chunks)
+        loads = -(-(max_tensor_partials(self.num_sms) + self.row_groups)
+                  // self.consumer_threads)
+        parts = [cutlass.min(tidx + u * self.consumer_threads, n_partials - 1)
+                 for u in range(loads)]
+        bits = [E.f32_bits(E.ld_global_f32(ar_base + Int64(n_groups + p) * 4)) for p in parts]
+        cute.arch.barrier(barrier_id=1, number_of_threads=self.consumer_threads)
+        for p, b in zip(parts, bits):
+            g, _ = self._find_group(first, GROUP_PARTIALS, p)
+            E.red_shared_max_u32(outer + g * 8, b)
+        cute.arch.barrier(barrier_id=1, number_of_threads=self.consumer_threads)
+        if tidx < n_groups:
+            amax_g = E.ld_shared_u32(outer + tidx * 8)
+            if bidx == 0:
+                E.st_global_u32(ar_base + Int64(tidx) * 4, amax_g)
+            s6, sdec = outer_block_scales(E.bits_f32(amax_g), E.E4M3_MAX)
+            E.st_shared_v2(outer + tidx * 8, E.f32_bits(s6), E.f32_bits(sdec))
         cute.arch.barrier(barrier_id=1, number_of_threads=self.consumer_threads)
         for i in cutlass.range(tidx, n_groups * ENC_CODES, self.consumer_threads, unroll=1):
             sdec = E.bits_f32(E.ld_shared_v2(outer + i // ENC_CODES * 8)[1])
@@ -1440,13 +1477,12 @@ class CastKernel:
         nthr = gdim * self.consumer_threads
         me = bidx * self.consumer_threads + tidx
         zero = Uint32(0)
-        table = (self.row_groups + 1) * 4  # bytes of each smem starts table (row_groups)
         if cutlass.const_expr(self.rowwise):
             # scale columns beyond the last K tile (only when a tile holds < 4 scale columns)
             # of every scale row (with row groups their padded rows)
             rows = (M + 127) // 128 * 128
             if cutlass.const_expr(self.row_groups):
-                rows = Int32(E.ld_shared_u32(starts + table + n_groups * 4)) * 16
+                rows = self._group_entry(starts, GROUP_ROW_SW, n_groups) * 16
             c0 = n_tk * self.bpr
             ncols = Int32(pad_c_r) - c0
             for i in cutlass.range(me, rows * ncols, nthr, unroll=1):
@@ -1459,16 +1495,16 @@ class CastKernel:
         if cutlass.const_expr(self.row_groups):
             tpr = Int32(pad_c_r) // 4  # 4-byte words of a rowwise scale row
             for g in cutlass.range(n_groups, unroll=1):
-                blk0 = Int32(E.ld_shared_u32(starts + g * 4))
-                nblk = Int32(E.ld_shared_u32(starts + (g + 1) * 4)) - blk0
+                blk0 = self._group_entry(starts, GROUP_FIRST, g)
+                nblk = self._group_entry(starts, GROUP_FIRST, g + 1) - blk0
                 if cutlass.const_expr(self.rowwise):  # rows M_g .. the group's 128-row padding
-                    v0 = (Int32(E.ld_shared_u32(starts + table + g * 4)) + nblk) * 16
-                    v1 = Int32(E.ld_shared_u32(starts + table + (g + 1) * 4)) * 16
+                    v0 = (self._group_entry(starts, GROUP_ROW_SW, g) + nblk) * 16
+                    v1 = self._group_entry(starts, GROUP_ROW_SW, g + 1) * 16
                     for i in cutlass.range(me, (v1 - v0) * tpr, nthr, unroll=1):
                         off = swizzled_scale_offset(v0 + i // tpr, i % tpr * 4, Int32(nsc_r))
                         E.st_global_u32(s_base + Int64(off), zero)
                 if cutlass.const_expr(self.columnwise):  # rows K .., columns nblk ..
-                    base = st_base + Int64(E.ld_shared_u32(starts + 2 * table + g * 4)) * 512
+                    base = st_base + Int64(self._group_entry(starts, GROUP_TWIN_SW, g)) * 512
                     pcc = (nblk + 3) // 4 * 4
                     self._zero_twin_rows(base, K, K, nblk, pcc, me, nthr)
                     tail = pcc - nblk

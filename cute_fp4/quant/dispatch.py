@@ -102,11 +102,15 @@ def token_rows_fn(name: str, swizzle: bool, split: tuple, num_sms: int, arch: st
                                                   stochastic), arch=arch)))
 
 
-def amax_tensor_kernel(dtype: str, num_sms: int = 132, l2_keep: int = 0):
+def amax_tensor_kernel(dtype: str, num_sms: int = 132, l2_keep: int = 0,
+                       chunked: bool = False):
+    """chunked: the function then takes the int32 [P, 2] chunks after the amax words (the row
+    groups' partials, recipes_dispatch), else None."""
     esize = _CUTLASS[dtype].width // 8
-    return (AmaxTensor(dtype, num_sms, l2_keep),
+    return (AmaxTensor(dtype, num_sms, l2_keep, chunked),
             fake_tensor(_CUTLASS[dtype], (dyn(), dyn(16 // esize))),
-            fake_tensor(cutlass.Float32, (None,), align=4), env_stream())
+            fake_tensor(cutlass.Float32, (None,), align=4),
+            fake_tensor(cutlass.Int32, (None, 2), align=4) if chunked else None, env_stream())
 
 
 def amax_token_kernel(dtype: str, l2_keep: int = 0, rht: bool = False,
@@ -118,11 +122,12 @@ def amax_token_kernel(dtype: str, l2_keep: int = 0, rht: bool = False,
             fake_tensor(cutlass.Float32, (None,), align=4), env_stream())
 
 
-def tensor_amax_fn(name: str, num_sms: int, l2_keep: int, arch: str):
+def tensor_amax_fn(name: str, num_sms: int, l2_keep: int, arch: str, chunked: bool = False):
     """The compiled AmaxTensor of a configuration (TVM-FFI function, cached)."""
     return ffi_function(KERNELS.get(
-        ("amax_tensor", name, num_sms, l2_keep, arch),
-        lambda: compile_kernel(*amax_tensor_kernel(name, num_sms, l2_keep), arch=arch)))
+        ("amax_tensor", name, num_sms, l2_keep, chunked, arch),
+        lambda: compile_kernel(*amax_tensor_kernel(name, num_sms, l2_keep, chunked),
+                               arch=arch)))
 
 
 def token_amax_fn(name: str, l2_keep: int, arch: str, rht: bool = False,
@@ -146,9 +151,9 @@ def run_tensor_amax(amax, x: torch.Tensor, words: torch.Tensor, amax_reduce) -> 
     partials and writes words[0]): all of them, or with amax_reduce [amax, the reduced local
     amax as the single partial]."""
     if amax_reduce is None:
-        amax(x, words)
+        amax(x, words, None)
         return words
-    amax(x, words[1:])
+    amax(x, words[1:], None)
     torch.amax(words[2:], dim=0, keepdim=True, out=words[1:2])
     amax_reduce(words[1:2])
     return words[:2]

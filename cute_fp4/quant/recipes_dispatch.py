@@ -48,6 +48,7 @@ from ..recipe import Recipe
 from ..ref.philox import check_seed_offset
 from ..ref.swizzle import scale_shape
 from ..tensor import NVFP4Tensor
+from .amax import THREADS as AMAX_THREADS, max_tensor_partials
 from .cast_recipes import GTAB_COLS, TILE, RecipeAmax, RecipeCastKernel
 from .dispatch import (cast_groups, cast_kernel, cast_walk, l2_keep, row_group_run,
                        run_tensor_amax, tensor_amax_fn, tensor_amax_words, token_amax_fn,
@@ -148,6 +149,23 @@ def row_group_walk(m: int, k: int, esize: int, columnwise: bool, rowwise: bool,
                      rowwise and not swizzle, num_sms)
     ctas = walk[0] if columnwise else 2
     return (ctas, walk[1], False, walk[3], row_group_run(m, k, esize, num_sms), True, False)
+
+
+def group_chunks(sizes, k: int, esize: int, num_sms: int) -> tuple:
+    """The chunked AmaxTensor's work for the row-group cast: (chunks, first chunk of each
+    group and then their count), a chunk (first 16-byte vector, vectors) of one group, each
+    group's rows cut into chunks of at most the whole input's vectors over
+    max_tensor_partials (at least one CTA's loads), so that there are at most
+    max_tensor_partials + G (CastKernel._fill_group_tables reduces them per group)."""
+    per_row = k * esize // 16
+    size = max(-(-sum(sizes) * per_row // max_tensor_partials(num_sms)), AMAX_THREADS)
+    chunks, pfirst, first = [], [], 0
+    for mg in sizes:
+        pfirst.append(len(chunks))
+        n = mg * per_row
+        chunks += [(first + c, min(size, n - c)) for c in range(0, n, size)]
+        first += n
+    return chunks, pfirst + [len(chunks)]
 
 
 def plain_cast_walk(m: int, k: int, esize: int, per_token: bool, compact_twin: bool,
@@ -334,7 +352,7 @@ class _Plan:
         arch = device_arch(dev)
         self.plain = on_plain_cast(recipe, len(sizes), name)
         self.row_groups = on_row_group_cast(recipe, sizes)
-        self.starts = None  # row_groups: the groups' first 16-row block rows, then m / 16
+        self.starts = self.chunks = None  # row_groups: the groups' tables, the amax chunks
         # per-token SR, rowwise only, without column sums: TokenRowCast stochastic (one read;
         # K1 + the plain SR cast read the input twice)
         split = token_rows_config(k, esize, swz)
@@ -353,13 +371,17 @@ class _Plan:
             if self.row_groups:
                 walk = row_group_walk(m, k, esize, col, row, swz, sms)
                 tables = row_group_tables(len(sizes))
-                starts = [t[0] // 16 for t in gtab] + [m // 16]
-                if swz:  # the first block rows of the groups' padded rowwise scales, the
-                    # first bytes / 512 of their twins' scales (CastKernel.__call__)
+                chunks, pfirst = group_chunks(sizes, k, esize, sms)
+                # the CastKernel GROUP_* tables: the groups' first block rows, first amax
+                # partials, swizzled the first block rows of their padded rowwise scales and
+                # the first bytes / 512 of their twins' scales
+                starts = [t[0] // 16 for t in gtab] + [m // 16] + pfirst
+                if swz:
                     padded = [_ceil(mg, 128) * 8 for mg in sizes]
                     starts += [sum(padded[:g]) for g in range(len(sizes) + 1)]
                     starts += [t[5] // 512 for t in gtab] + [st_len // 512]
                 self.starts = torch.tensor(starts, dtype=torch.int32, device=dev)
+                self.chunks = torch.tensor(chunks, dtype=torch.int32, device=dev)
             else:
                 walk = plain_cast_walk(m, k, esize, per_token, col and not swz, row and not swz,
                                        sms, rht, sr)
@@ -372,6 +394,8 @@ class _Plan:
         if self.plain and scaling == "tensor" and not recipe.twin_rht and not col_sum:
             self.tensor_amax = tensor_amax_fn(name, sms, keep, arch)
             self.amax_dims = (m, k, esize, sms)
+        elif self.row_groups:  # the same per group: chunks inside the groups (group_chunks)
+            self.tensor_amax = tensor_amax_fn(name, sms, keep, arch, chunked=True)
         elif self.plain and token_amax_k1(recipe, col_sum):
             self.token_amax = token_amax_fn(name, keep, arch, recipe.twin_rht,
                                             scaling == "tensor")
@@ -435,7 +459,13 @@ def _run(x2: torch.Tensor, sizes: List[int], recipe: Recipe, seed: int, offset: 
         st = _alloc(max(st_len, 1), dev) if col else None
     ar_len, ac_len = max(plan.ar_len, 1), max(plan.ac_len, 1)
     arg_r = arg_c = None  # per tensor on the plain cast: its [amax, partial] words per side
-    if plan.launch and plan.tensor_amax is not None:
+    if plan.launch and plan.row_groups:  # [the group amaxes, the chunks' partials]
+        g = len(sizes)
+        words = torch.empty(g + plan.chunks.shape[0], dtype=torch.float32, device=dev)
+        plan.tensor_amax(x2, words[g - 1:], plan.chunks)  # partial c to words[g + c]
+        arg_r = arg_c = words
+        amax_r = amax_c = words[:g]
+    elif plan.launch and plan.tensor_amax is not None:
         words = torch.empty(tensor_amax_words(*plan.amax_dims, amax_reduce is not None),
                             dtype=torch.float32, device=dev)
         arg_r = arg_c = run_tensor_amax(plan.tensor_amax, x2, words, amax_reduce)
