@@ -13,9 +13,10 @@ sums (AmaxTensor per tensor without the RHT; AmaxToken per token with both outpu
 its transformed column amaxes, and per tensor with the RHT its maxima over all rows and
 columns). Per-token stochastic rounding of the rowwise output alone (rows up to 16384
 elements, no column sums) is one launch of TokenRowCast (stochastic), which reads each row once.
-Grouped inputs of 2 .. ROW_GROUPS_MAX groups with per-tensor 1x16 RN recipes and compact
-scales, groups of multiples of 16 rows (`on_row_group_cast`), run RecipeAmax (the group
-amaxes) and the plain cast with row groups (CastKernel row_groups).
+Grouped inputs of 2 .. ROW_GROUPS_MAX groups with per-tensor 1x16 RN recipes, compact or
+swizzled scales, groups of multiples of 16 rows (`on_row_group_cast`), run AmaxTensor over
+chunks inside the groups (`group_chunks`: per-CTA partials, which the cast reduces per group)
+and the plain cast with row groups (CastKernel row_groups).
 
 Tensor parallelism (input sharded along M, sequence parallel): `amax_reduce(t)` reduces a
 float32 CUDA amax tensor in place across ranks (e.g. an all-reduce MAX). It is called between
@@ -126,7 +127,7 @@ def row_group_tables(n_groups: int) -> int:
 def on_row_group_cast(recipe: Recipe, sizes) -> bool:
     """Whether a grouped input of 2 .. ROW_GROUPS_MAX groups runs the plain cast with row
     groups (CastKernel row_groups: each 16-row block row's group's outer scale and enc table,
-    the twins and swizzled scales at their groups' offsets) after RecipeAmax's group amaxes:
+    the twins and swizzled scales at their groups' offsets) after the chunked AmaxTensor:
     per-tensor scaling, 1x16 blocks, rounding to nearest, no RHT of a twin, no 4over6, every
     group's rows a multiple of 16 (a block row lies in one group). The recipe kernel runs the
     rest."""
