@@ -57,8 +57,8 @@ def cast_kernel(dtype: str, rowwise: bool, columnwise: bool, swizzle: bool, per_
     then grouped_walk's; rht: the twin of the RHT'd input, stochastic: stochastic rounding
     (both from recipes_dispatch; the compiled function then takes the int64 [seed, offset]
     tensor after the outputs, else None); block2d: 16x16 blocks; row_groups: the enc tables
-    of a grouped input's row groups (recipes_dispatch; the function then takes the int32
-    groups' first block rows after rng (swizzled: and their scales' starts), else None)."""
+    of a grouped input's row groups (recipes_dispatch; the function then takes the groups'
+    int32 tables after rng, CastKernel GROUP_*, else None)."""
     if walk is None:
         walk = plain_walk(per_token)
     walk = grouped_walk(walk, groups, per_token)

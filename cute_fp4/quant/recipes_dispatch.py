@@ -113,8 +113,9 @@ def on_plain_cast(recipe: Recipe, n_groups: int, dtype: str) -> bool:
     return recipe.stochastic_rounding
 
 
-# The row-group cast keeps an enc table per group in shared memory (ENC_CODES + 3 words each
-# with the group's (s6, sdec) and first block row): it takes up to this many groups.
+# The row-group cast keeps an enc table per group in shared memory (ENC_CODES + 2 words each
+# with the group's (s6, sdec), and its 2 or 4 table entries, CastKernel GROUP_*): it takes up to
+# this many groups (64: 34 KB, two rowwise CTAs of 4 ring stages still fit an SM).
 ROW_GROUPS_MAX = 64
 
 
@@ -140,8 +141,10 @@ def on_row_group_cast(recipe: Recipe, sizes) -> bool:
 def row_group_walk(m: int, k: int, esize: int, columnwise: bool, rowwise: bool,
                    swizzle: bool, num_sms: int) -> tuple:
     """The tile walk of the row-group cast (on_row_group_cast): the per-tensor cast's
-    (dispatch.cast_walk) with the enc tables at every size (their groups' outer scales) and
-    no preload; rowwise only two CTAs per SM. Measured (H200, bf16, N = 8 groups, compact
+    (dispatch.cast_walk) with the enc tables at every size (their groups' outer scales), the
+    run of row_group_run (the group lookup once per run; measured: swizzled row+col 1.11-1.28x
+    -> 1.03-1.22x one plain quantize, notes/quant_recipes.md "Session 40") and no preload;
+    rowwise only two CTAs per SM. Measured (H200, bf16, N = 8 groups, compact
     scales, quantize_grouped in graphs; notes/quant_recipes.md "Session 38"): rowwise only,
     two CTAs per SM instead of one of two consumer groups 16384x8192 177 -> 161 us,
     32768x8192 338 -> 308 (before the enc tables; with them 1-3% at 2^24-2^26); preload
