@@ -598,7 +598,7 @@ class CastKernel:
             st_base = st.iterator.toint()
             ar_base = amax_r.iterator.toint()
             ac_base = amax_c.iterator.toint()
-            if cutlass.const_expr(self.row_groups):  # ac_base: the groups' starts in smem
+            if cutlass.const_expr(self.row_groups):  # ac_base: the groups' tables in smem
                 ac_base = self._fill_group_tables(storage.enc_tab.data_ptr().toint(), tidx,
                                                   bidx, amax_r, starts)
 
@@ -697,8 +697,8 @@ class CastKernel:
                         rht_b, tile_sc, sr, lane_grp)
                     cstate.advance(self.groups)
                 else:
-                    # the run's rowwise scales go to smem (buffer runsc), then out as whole
-                    # sectors (_flush_run_scales)
+                    # run_scales: the run's rowwise scales go to smem (buffer runsc), then
+                    # out as whole sectors (_flush_run_scales)
                     for i in cutlass.range(grp, self.run, self.groups, unroll=1):
                         # the group's last tile of the run: its next is in the next unit
                         last = i >= self.run - self.groups
@@ -1099,9 +1099,10 @@ class CastKernel:
         """Lanes of a warp take consecutive 16-element blocks of consecutive rows, so one warp
         store covers whole 32-byte sectors (bpr blocks of 8 bytes per row). Per token, s6 /
         sdec are the lane's (_lane_amax). row_words: the steps' words (preload, block2d), or
-        None: each step reads its own. run > 1: the compact scales go to the run's smem buffer
-        at run_sc (this tile's column there) instead of global memory. tile_scale (block2d):
-        the (scale byte, enc) of every step's block. sr: stochastic rounding (_sr_state);
+        None: each step reads its own. run_scales: the compact scales go to the run's smem
+        buffer at run_sc (this tile's column there) instead of global memory. tile_scale
+        (block2d): the (scale byte, enc) of every step's block. sr: stochastic rounding
+        (_sr_state);
         row_sw: row groups with swizzled scales, the warp's block row's (_lane_row_group),
         else None; fast: the passes' fast copy (_passes)."""
         bpr = self.bpr

@@ -36,6 +36,7 @@ holds then (a module advances the offset on the device between steps).
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 from typing import Callable, List, Optional, Sequence
 
@@ -381,8 +382,8 @@ class _Plan:
                 # the first bytes / 512 of their twins' scales
                 starts = [t[0] // 16 for t in gtab] + [m // 16] + pfirst
                 if swz:
-                    padded = [_ceil(mg, 128) * 8 for mg in sizes]
-                    starts += [sum(padded[:g]) for g in range(len(sizes) + 1)]
+                    starts += itertools.accumulate((_ceil(mg, 128) * 8 for mg in sizes),
+                                                   initial=0)
                     starts += [t[5] // 512 for t in gtab] + [st_len // 512]
                 self.starts = torch.tensor(starts, dtype=torch.int32, device=dev)
                 self.chunks = torch.tensor(chunks, dtype=torch.int32, device=dev)
