@@ -20,10 +20,12 @@ if [ "$mode" = tests ] || [ "$mode" = all ]; then
     # The GPU tests in contiguous chunks of the collected ids, one pytest each, in parallel:
     # the time is mostly kernel compilation (CPU-bound, one core each; neighbouring ids share
     # kernels), the tests' GPU work is small. SHARDS: how many (default: cores - 2, at most 12);
-    # SHARD_TIMEOUT_S: each shard's limit (default none).
+    # SHARD_TIMEOUT_S: each shard's limit (default none); TESTS_K: a pytest -k expression
+    # selecting some of them (default all).
     shards="${SHARDS:-$(( $(nproc) > 14 ? 12 : ($(nproc) > 3 ? $(nproc) - 2 : 1) ))}"
     work="$(mktemp -d)"  # the shards' id lists and logs (the device tool returns 8 files)
-    python3 -m pytest -q -m gpu -p no:cacheprovider --collect-only tests 2>&1 \
+    python3 -m pytest -q -m gpu -p no:cacheprovider --collect-only tests \
+        ${TESTS_K:+-k "$TESTS_K"} 2>&1 \
         | grep '::' > "$work/ids.txt"
     echo "$(wc -l < "$work/ids.txt") GPU tests in $shards shards"
     split -n "l/$shards" -d -a 2 "$work/ids.txt" "$work/ids_"

@@ -83,7 +83,10 @@ shared memory (_fill_group_tables), and once per unit of the walk (a run of tile
 recipes_dispatch.row_group_run) lane l finds block row l / 4's group by a binary search of
 those (_lane_row_group), whose s6 and table the rowwise pass's warp w takes from lane 4 w and
 the columnwise pass's lane uses itself, with the twin addresses of its group; the twin's
-stores are predicated, and swizzled the rowwise scale stores.
+stores are predicated, and swizzled the rowwise scale stores. Each thread reduces consecutive
+partials, so that a warp's lanes of one group meet in one shuffle reduction. Swizzled, each
+group's padding is one work item of a warp (_zero_padding): of a padding warp after the
+producer for rowwise outputs only (pad_warp), else of the consumers after their walk.
 
 `block2d` (per tensor, no RHT): 16x16 blocks (SPEC section 1, the recipe's block=(16, 16)): one
 scale per 16x16 tile, shared by its 16 rowwise blocks and its 16 twin blocks (with stochastic
@@ -122,6 +125,9 @@ RHT_QUARTER = {"bf16": (0x3E80, 0xBE80), "fp16": (0x3400, 0xB400)}
 # swizzled the first block row of the rowwise scales in the groups' padded rows and the first
 # byte / 512 of the twin's scales
 GROUP_FIRST, GROUP_PARTIALS, GROUP_ROW_SW, GROUP_TWIN_SW = range(4)
+# the named barrier (1: the consumers') at which the padding warp (CastKernel pad_warp) waits
+# for the consumers' prologue to fill the group tables
+TABLES_BARRIER = 2
 
 
 class CastKernel:
@@ -191,6 +197,13 @@ class CastKernel:
             raise ValueError("CastKernel: row_groups needs per-tensor scaling, an amax pass, the "
                              "enc table and none of rht, block2d, stochastic")
         self.row_groups = row_groups
+        # row groups of rowwise outputs only, swizzled: a padding warp (kernel) zeroes the
+        # groups' padding. Measured (H200, bf16, N = 8, cast kernel times) against the
+        # consumers after their walk: rowwise 4096x2048 9.45 -> 8.50 us, 8192x2048 14.42 ->
+        # 13.11, 4096x8192 23.99 -> 21.99, 8192^2 43.79 -> 43.08; with the twin 15.19 ->
+        # 14.20 at 4096x2048 but 78.0 -> 80.1 at 8192^2 (the producer warp after its loads:
+        # 82.5), so not there (notes/quant_recipes.md "Session 41")
+        self.pad_warp = bool(row_groups and swizzle and not columnwise)
         # per token, and for stochastic rounding without the enc table: the blocks' enc from
         # the reciprocal without its slow-path branch, whose branch region splits ptxas'
         # scheduling of the tile, and per token the tile's outer scales from the division and
@@ -222,7 +235,7 @@ class CastKernel:
         # the RHT twin: per warp and output column of a lane (2), an exchange buffer
         self.xch_words = self.consumer_warps * 2 * self.XCH_COL_BYTES // 4 if rht else 4
         self.stage_bytes = self.tile_m * self.tile_bytes
-        self.threads = 32 * (self.consumer_warps + 1)
+        self.threads = 32 * (self.consumer_warps + 1 + int(self.pad_warp))
         # rows of a tile per consumer warp (both passes); per token the warp's lanes compute
         # the outer scales of these rows and of the warp's columns (_lane_amax): 16 / esize
         # in the column pass, 16 with the RHT (_col_pass_rht)
@@ -563,25 +576,29 @@ class CastKernel:
             first_tm = first // span * self.band + first % self.band
             first_uk = first % span // self.band
 
-        if warp == self.consumer_warps:
-            # ---------------- producer: TMA loads into the ring
-            gx = cute.local_tile(tma_x, (self.tile_m, self.tile_k), (None, None))
-            tsx, tgx = cpasync.tma_partition(
-                tma_atom, 0, cute.make_layout(1), cute.group_modes(sx, 0, 2), cute.group_modes(gx, 0, 2)
-            )
-            pstate = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
-            tm, uk = first_tm, first_uk
-            for t in cutlass.range(bidx, n_units, gdim, unroll=1):
-                # (the pipeline states advance in the loop bodies themselves: the DSL carries
-                # them through its loops only where they are seen changing)
-                if cutlass.const_expr(self.run == 1):
-                    self._produce(pipe, pstate, tma_atom, tgx, tsx, tm, uk)
-                    pstate.advance()
+        # pad_warp: a warp after the producer zeroes the swizzled padding (_zero_padding) as
+        # soon as the consumers' prologue filled the group tables it reads, off their path
+        is_producer = warp == self.consumer_warps
+        if cutlass.const_expr(self.pad_warp):
+            is_producer = warp >= self.consumer_warps
+        if is_producer:
+            if cutlass.const_expr(self.pad_warp):
+                if warp == self.consumer_warps:
+                    self._producer_loop(tma_atom, tma_x, sx, pipe, bidx, gdim, n_units, n_uk,
+                                        steps, first_tm, first_uk)
                 else:
-                    for i in cutlass.range(self.run, unroll=1):
-                        self._produce(pipe, pstate, tma_atom, tgx, tsx, tm, uk * self.run + i)
-                        pstate.advance()
-                tm, uk = self._next_tile(tm, uk, steps, n_uk)
+                    cute.arch.barrier(barrier_id=TABLES_BARRIER,
+                                      number_of_threads=self.consumer_threads + 32)
+                    nsc_r = Int64(K) // 16
+                    nsc_c = Int64(M) // 16
+                    self._zero_padding(tidx % 32, 32, bidx, gdim, M, K, n_tk, nsc_r,
+                                       (nsc_r + 3) // 4 * 4, (nsc_c + 3) // 4 * 4,
+                                       s.iterator.toint(), st.iterator.toint(),
+                                       self._group_tables(storage.enc_tab.data_ptr().toint()),
+                                       starts.shape[0] // self.group_tables - 1)
+            else:
+                self._producer_loop(tma_atom, tma_x, sx, pipe, bidx, gdim, n_units, n_uk, steps,
+                                    first_tm, first_uk)
         else:
             # ---------------- consumers
             Kl = Int64(K)
@@ -601,6 +618,9 @@ class CastKernel:
             if cutlass.const_expr(self.row_groups):  # ac_base: the groups' tables in smem
                 ac_base = self._fill_group_tables(storage.enc_tab.data_ptr().toint(), tidx,
                                                   bidx, amax_r, starts)
+                if cutlass.const_expr(self.pad_warp):  # the tables are filled
+                    cute.arch.barrier_arrive(barrier_id=TABLES_BARRIER,
+                                             number_of_threads=self.consumer_threads + 32)
 
             # per tensor: the outer scale (S_enc / 6, 1 / S_enc) and with enc_table the enc of
             # each scale byte; per token: the outer scale of the lane's row or column
@@ -717,12 +737,34 @@ class CastKernel:
                         run_off = self.tile_m * RUN_SCALE_BYTES - run_off
                 tm, uk = tm_n, uk_n
 
-            if cutlass.const_expr(self.swizzle):
+            if cutlass.const_expr(self.swizzle and not self.pad_warp):
                 n_groups = 0
                 if cutlass.const_expr(self.row_groups):
                     n_groups = starts.shape[0] // self.group_tables - 1
-                self._zero_padding(tidx, bidx, gdim, M, K, n_tk, nsc_r, pad_c_r, pad_c_c,
-                                   s_base, st_base, ac_base, n_groups)
+                self._zero_padding(tidx, self.consumer_threads, bidx, gdim, M, K, n_tk, nsc_r,
+                                   pad_c_r, pad_c_c, s_base, st_base, ac_base, n_groups)
+
+    @cute.jit
+    def _producer_loop(self, tma_atom, tma_x, sx, pipe, bidx, gdim, n_units, n_uk, steps,
+                       first_tm, first_uk):
+        """The producer warp: TMA loads of the CTA's walk into the ring."""
+        gx = cute.local_tile(tma_x, (self.tile_m, self.tile_k), (None, None))
+        tsx, tgx = cpasync.tma_partition(
+            tma_atom, 0, cute.make_layout(1), cute.group_modes(sx, 0, 2), cute.group_modes(gx, 0, 2)
+        )
+        pstate = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
+        tm, uk = first_tm, first_uk
+        for t in cutlass.range(bidx, n_units, gdim, unroll=1):
+            # (the pipeline states advance in the loop bodies themselves: the DSL carries
+            # them through its loops only where they are seen changing)
+            if cutlass.const_expr(self.run == 1):
+                self._produce(pipe, pstate, tma_atom, tgx, tsx, tm, uk)
+                pstate.advance()
+            else:
+                for i in cutlass.range(self.run, unroll=1):
+                    self._produce(pipe, pstate, tma_atom, tgx, tsx, tm, uk * self.run + i)
+                    pstate.advance()
+            tm, uk = self._next_tile(tm, uk, steps, n_uk)
 
     @cute.jit
     def _produce(self, pipe, pstate, tma_atom, tgx, tsx, tm, tk):
@@ -910,6 +952,11 @@ class CastKernel:
             amax = E.ld_global_f32(addr)
         return amax
 
+    def _group_tables(self, enc_tab):
+        """row_groups: the smem address of the GROUP_* tables (after the enc tables and the
+        groups' outer scales, _fill_group_tables)."""
+        return enc_tab + self.row_groups * (ENC_CODES * 4 + 8)
+
     def _group_entry(self, starts, table, g):
         """Entry g of row_groups table `table` (GROUP_*) in smem (_fill_group_tables)."""
         return Int32(E.ld_shared_u32(starts + (table * (self.row_groups + 1) + g) * 4))
@@ -981,24 +1028,46 @@ class CastKernel:
         n_partials = amax.shape[0] - n_groups
         ar_base = amax.iterator.toint()
         outer = enc_tab + self.row_groups * ENC_CODES * 4
-        first = outer + self.row_groups * 8
+        first = self._group_tables(enc_tab)
         if tidx < self.row_groups:  # the group amaxes' accumulators
             E.st_shared_v2(outer + tidx * 8, Uint32(0), Uint32(0))
         if tidx <= self.row_groups:
             for t in cutlass.range_constexpr(self.group_tables):
                 E.st_shared_u32(first + (t * (self.row_groups + 1) + tidx) * 4,
                                 starts[t * (n_groups + 1) + cutlass.min(tidx, n_groups)])
-        # every partial load of a thread issued before the reduction (indices past the last
-        # re-read it); at most max_tensor_partials + row_groups partials (group_chunks)
+        # a thread's partials are `loads` consecutive ones (every load issued before the
+        # reduction; indices past the last re-read it), at most max_tensor_partials +
+        # row_groups in all (group_chunks); in group order, so mostly of one group
         loads = -(-(max_tensor_partials(self.num_sms) + self.row_groups)
                   // self.consumer_threads)
-        parts = [cutlass.min(tidx + u * self.consumer_threads, n_partials - 1)
-                 for u in range(loads)]
-        bits = [E.f32_bits(E.ld_global_f32(ar_base + Int64(n_groups + p) * 4)) for p in parts]
+        parts = [cutlass.min(tidx * loads + u, n_partials - 1) for u in range(loads)]
+        bits = [Uint32(E.f32_bits(E.ld_global_f32(ar_base + Int64(n_groups + p) * 4)))
+                for p in parts]
         cute.arch.barrier(barrier_id=1, number_of_threads=self.consumer_threads)
-        for p, b in zip(parts, bits):
-            g, _ = self._find_group(first, GROUP_PARTIALS, p)
-            E.red_shared_max_u32(outer + g * 8, b)
+        # the thread's maximum per group (a shared atomic when its partials pass into a later
+        # group), then the warp's per group: a segmented reduction over the lanes (a group's
+        # lanes are consecutive) towards the group's first lane, whose shared atomic is the
+        # only one of the group in the warp. Measured against a search and an atomic per
+        # partial, the partials strided (H200, bf16, N = 8, 1064 partials, rowwise compact
+        # cast kernel times): 4096x2048 10.05 -> 8.69 us, 8192x2048 14.80 -> 13.44, 4096x8192
+        # 23.48 -> 22.31, 8192^2 42.71 -> 41.41 (notes/quant_recipes.md "Session 41")
+        g, _ = self._find_group(first, GROUP_PARTIALS, parts[0])
+        nxt = self._group_entry(first, GROUP_PARTIALS, g + 1)
+        acc = Uint32(0)
+        for u in cutlass.range_constexpr(loads):
+            if parts[u] >= nxt:
+                E.red_shared_max_u32(outer + g * 8, acc)
+                g, _ = self._find_group(first, GROUP_PARTIALS, parts[u])
+                nxt = self._group_entry(first, GROUP_PARTIALS, g + 1)
+                acc = Uint32(0)
+            acc = Uint32(cutlass.select_(bits[u] > acc, bits[u], acc))
+        lane = tidx % 32
+        for off in (1, 2, 4, 8, 16):
+            acc_up = cute.arch.shuffle_sync_down(acc, off)
+            g_up = cute.arch.shuffle_sync_down(g, off)
+            acc = cutlass.select_((lane + off < 32) & (g_up == g) & (acc_up > acc), acc_up, acc)
+        if (lane == 0) | (cute.arch.shuffle_sync_up(g, 1) != g):
+            E.red_shared_max_u32(outer + g * 8, acc)
         cute.arch.barrier(barrier_id=1, number_of_threads=self.consumer_threads)
         if tidx < n_groups:
             amax_g = E.ld_shared_u32(outer + tidx * 8)
@@ -1469,14 +1538,15 @@ class CastKernel:
 
     # ------------------------------------------------------------------ swizzle padding
     @cute.jit
-    def _zero_padding(self, tidx, bidx, gdim, M, K, n_tk, nsc_r, pad_c_r, pad_c_c, s_base,
-                      st_base, starts, n_groups):
-        """Zero the parts of the padded swizzled scale buffers that no tile covers; with
-        row_groups (starts: _fill_group_tables' smem tables of the n_groups groups) those of
-        every group: the rowwise padding rows and the twin's padding columns and rows (the
-        tiles store the groups' scales only)."""
-        nthr = gdim * self.consumer_threads
-        me = bidx * self.consumer_threads + tidx
+    def _zero_padding(self, tidx, threads, bidx, gdim, M, K, n_tk, nsc_r, pad_c_r, pad_c_c,
+                      s_base, st_base, starts, n_groups):
+        """Zero the parts of the padded swizzled scale buffers that no tile covers, by the
+        `threads` threads of every CTA (tidx: the thread's index among them); with row_groups
+        (starts: _fill_group_tables' smem tables of the n_groups groups) those of every group:
+        the rowwise padding rows and the twin's padding columns and rows (the tiles store the
+        groups' scales only)."""
+        nthr = gdim * threads
+        me = bidx * threads + tidx
         zero = Uint32(0)
         if cutlass.const_expr(self.rowwise):
             # scale columns beyond the last K tile (only when a tile holds < 4 scale columns)
@@ -1494,22 +1564,33 @@ class CastKernel:
             self._zero_twin_rows(st_base, n_tk * self.tile_k, K, M // 16, Int32(pad_c_c), me,
                                  nthr)
         if cutlass.const_expr(self.row_groups):
+            # work items (group, slice): each warp takes one where the grid's warps are
+            # enough, its lanes a slice of the group's padding (a loop over all groups per
+            # thread took up to 1.2 us a cast, measured at 4096x2048: notes/quant_recipes.md
+            # "Session 41")
+            warps = nthr // 32
+            gw = me // 32
+            lane = me % 32
+            slices = cutlass.max(warps // n_groups, 1)
             tpr = Int32(pad_c_r) // 4  # 4-byte words of a rowwise scale row
-            for g in cutlass.range(n_groups, unroll=1):
+            for item in cutlass.range(gw, n_groups * slices, warps, unroll=1):
+                g = item % n_groups
+                me_g = item // n_groups * 32 + lane
+                nthr_g = slices * 32
                 blk0 = self._group_entry(starts, GROUP_FIRST, g)
                 nblk = self._group_entry(starts, GROUP_FIRST, g + 1) - blk0
                 if cutlass.const_expr(self.rowwise):  # rows M_g .. the group's 128-row padding
                     v0 = (self._group_entry(starts, GROUP_ROW_SW, g) + nblk) * 16
                     v1 = self._group_entry(starts, GROUP_ROW_SW, g + 1) * 16
-                    for i in cutlass.range(me, (v1 - v0) * tpr, nthr, unroll=1):
+                    for i in cutlass.range(me_g, (v1 - v0) * tpr, nthr_g, unroll=1):
                         off = swizzled_scale_offset(v0 + i // tpr, i % tpr * 4, Int32(nsc_r))
                         E.st_global_u32(s_base + Int64(off), zero)
                 if cutlass.const_expr(self.columnwise):  # rows K .., columns nblk ..
                     base = st_base + Int64(self._group_entry(starts, GROUP_TWIN_SW, g)) * 512
                     pcc = (nblk + 3) // 4 * 4
-                    self._zero_twin_rows(base, K, K, nblk, pcc, me, nthr)
+                    self._zero_twin_rows(base, K, K, nblk, pcc, me_g, nthr_g)
                     tail = pcc - nblk
-                    for i in cutlass.range(me, K * tail, nthr, unroll=1):
+                    for i in cutlass.range(me_g, K * tail, nthr_g, unroll=1):
                         off = swizzled_scale_offset(i // tail, nblk + i % tail, nblk)
                         E.st_global_u8(base + Int64(off), zero)
 
