@@ -84,9 +84,9 @@ recipes_dispatch.row_group_run) lane l finds block row l / 4's group by a binary
 those (_lane_row_group), whose s6 and table the rowwise pass's warp w takes from lane 4 w and
 the columnwise pass's lane uses itself, with the twin addresses of its group; the twin's
 stores are predicated, and swizzled the rowwise scale stores. Each thread reduces consecutive
-partials, so that a warp's lanes of one group meet in one shuffle reduction. Swizzled, each
-group's padding is one work item of a warp (_zero_padding): of a padding warp after the
-producer for rowwise outputs only (pad_warp), else of the consumers after their walk.
+partials, so that a warp's lanes of one group meet in one shuffle reduction. Swizzled, the
+groups' padding is zeroed (_zero_padding) by a padding warp after the producer for rowwise
+outputs only (pad_warp), else by the consumers after their walk.
 
 `block2d` (per tensor, no RHT): 16x16 blocks (SPEC section 1, the recipe's block=(16, 16)): one
 scale per 16x16 tile, shared by its 16 rowwise blocks and its 16 twin blocks (with stochastic
@@ -198,11 +198,11 @@ class CastKernel:
                              "enc table and none of rht, block2d, stochastic")
         self.row_groups = row_groups
         # row groups of rowwise outputs only, swizzled: a padding warp (kernel) zeroes the
-        # groups' padding. Measured (H200, bf16, N = 8, cast kernel times) against the
-        # consumers after their walk: rowwise 4096x2048 9.45 -> 8.50 us, 8192x2048 14.42 ->
-        # 13.11, 4096x8192 23.99 -> 21.99, 8192^2 43.79 -> 43.08; with the twin 15.19 ->
-        # 14.20 at 4096x2048 but 78.0 -> 80.1 at 8192^2 (the producer warp after its loads:
-        # 82.5), so not there (notes/quant_recipes.md "Session 41")
+        # groups' padding. Measured (H200, bf16, N = 8, cast kernel times, the consumers'
+        # epilogue and the padding warp in separate runs): rowwise 4096x2048 9.64 -> 8.50 us,
+        # 8192x2048 14.52 -> 13.11, 4096x8192 23.87 -> 21.99, 8192^2 44.27 -> 43.08; with the
+        # twin 14.7 -> 14.2 at 4096x2048 but 77.4 -> 80.1 at 8192^2 (the producer warp after
+        # its loads: 82.5), so not there (notes/quant_recipes.md "Session 41")
         self.pad_warp = bool(row_groups and swizzle and not columnwise)
         # per token, and for stochastic rounding without the enc table: the blocks' enc from
         # the reciprocal without its slow-path branch, whose branch region splits ptxas'
@@ -1564,33 +1564,24 @@ class CastKernel:
             self._zero_twin_rows(st_base, n_tk * self.tile_k, K, M // 16, Int32(pad_c_c), me,
                                  nthr)
         if cutlass.const_expr(self.row_groups):
-            # work items (group, slice): each warp takes one where the grid's warps are
-            # enough, its lanes a slice of the group's padding (a loop over all groups per
-            # thread took up to 1.2 us a cast, measured at 4096x2048: notes/quant_recipes.md
-            # "Session 41")
-            warps = nthr // 32
-            gw = me // 32
-            lane = me % 32
-            slices = cutlass.max(warps // n_groups, 1)
+            # (measured: one work item of a warp per group instead, the twin's casts took 1-3%
+            # longer from 8192^2 in graphs; notes/quant_recipes.md "Session 41")
             tpr = Int32(pad_c_r) // 4  # 4-byte words of a rowwise scale row
-            for item in cutlass.range(gw, n_groups * slices, warps, unroll=1):
-                g = item % n_groups
-                me_g = item // n_groups * 32 + lane
-                nthr_g = slices * 32
+            for g in cutlass.range(n_groups, unroll=1):
                 blk0 = self._group_entry(starts, GROUP_FIRST, g)
                 nblk = self._group_entry(starts, GROUP_FIRST, g + 1) - blk0
                 if cutlass.const_expr(self.rowwise):  # rows M_g .. the group's 128-row padding
                     v0 = (self._group_entry(starts, GROUP_ROW_SW, g) + nblk) * 16
                     v1 = self._group_entry(starts, GROUP_ROW_SW, g + 1) * 16
-                    for i in cutlass.range(me_g, (v1 - v0) * tpr, nthr_g, unroll=1):
+                    for i in cutlass.range(me, (v1 - v0) * tpr, nthr, unroll=1):
                         off = swizzled_scale_offset(v0 + i // tpr, i % tpr * 4, Int32(nsc_r))
                         E.st_global_u32(s_base + Int64(off), zero)
                 if cutlass.const_expr(self.columnwise):  # rows K .., columns nblk ..
                     base = st_base + Int64(self._group_entry(starts, GROUP_TWIN_SW, g)) * 512
                     pcc = (nblk + 3) // 4 * 4
-                    self._zero_twin_rows(base, K, K, nblk, pcc, me_g, nthr_g)
+                    self._zero_twin_rows(base, K, K, nblk, pcc, me, nthr)
                     tail = pcc - nblk
-                    for i in cutlass.range(me_g, K * tail, nthr_g, unroll=1):
+                    for i in cutlass.range(me, K * tail, nthr, unroll=1):
                         off = swizzled_scale_offset(i // tail, nblk + i % tail, nblk)
                         E.st_global_u8(base + Int64(off), zero)
 
