@@ -11,6 +11,7 @@ takes the signs of bf16 / fp16 inputs from sign words (common.encode.sign_word, 
 cast's stochastic encoder where every block has enc >= 2^-14)."""
 
 import os
+import re
 
 import numpy as np
 import pytest
@@ -501,8 +502,16 @@ def test_row_group_cast_ptx(arch, dtype, row, col, swz, tables):
     assert "ld.global.nc.v4" not in ptx
     assert ("@p st.global.v2.b32" in ptx) == col
     assert ("@p st.global.b8" in ptx) == (col or (row and swz))
-    # the prologue's group amaxes: the chunked AmaxTensor's partials by shared atomics
-    assert "red.relaxed.cta.shared.max.u32" in ptx
+    # the prologue's group amaxes: each thread's consecutive partials, then a segmented
+    # shuffle reduction per warp and shared atomics
+    assert missing_instructions(ptx, [r"red\.relaxed\.cta\.shared\.max\.u32",
+                                      r"shfl\.sync\.down", r"shfl\.sync\.up"]) == []
+    # rowwise only with swizzled scales: a padding warp (after the producer) waits at the
+    # named barrier the consumers arrive at after the prologue
+    pad_warp = row and swz and not col
+    assert (re.search(r"bar\.arrive\s+2,", ptx) is not None) == pad_warp
+    assert (re.search(r"bar\.sync\s+2,", ptx) is not None) == pad_warp
+    assert f".reqntid {32 * (8 + 1 + pad_warp)}, 1, 1" in ptx
     with pytest.raises(ValueError, match="row_groups"):
         cast_kernel(dtype, row, col, swz, True, walk=walk[:5] + (False, False),
                     row_groups=tables)
