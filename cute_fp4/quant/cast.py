@@ -590,10 +590,9 @@ class CastKernel:
                     cute.arch.barrier(barrier_id=TABLES_BARRIER,
                                       number_of_threads=self.consumer_threads + 32)
                     nsc_r = Int64(K) // 16
-                    nsc_c = Int64(M) // 16
+                    # (rowwise only: no twin scales)
                     self._zero_padding(tidx % 32, 32, bidx, gdim, M, K, n_tk, nsc_r,
-                                       (nsc_r + 3) // 4 * 4, (nsc_c + 3) // 4 * 4,
-                                       s.iterator.toint(), st.iterator.toint(),
+                                       (nsc_r + 3) // 4 * 4, None, s.iterator.toint(), None,
                                        self._group_tables(storage.enc_tab.data_ptr().toint()),
                                        starts.shape[0] // self.group_tables - 1)
             else:
