@@ -594,7 +594,7 @@ class CastKernel:
                     self._zero_padding(tidx % 32, 32, bidx, gdim, M, K, n_tk, nsc_r,
                                        (nsc_r + 3) // 4 * 4, None, s.iterator.toint(), None,
                                        self._group_tables(storage.enc_tab.data_ptr().toint()),
-                                       starts.shape[0] // self.group_tables - 1)
+                                       self._n_groups(starts))
             else:
                 self._producer_loop(tma_atom, tma_x, sx, pipe, bidx, gdim, n_units, n_uk, steps,
                                     first_tm, first_uk)
@@ -739,7 +739,7 @@ class CastKernel:
             if cutlass.const_expr(self.swizzle and not self.pad_warp):
                 n_groups = 0
                 if cutlass.const_expr(self.row_groups):
-                    n_groups = starts.shape[0] // self.group_tables - 1
+                    n_groups = self._n_groups(starts)
                 self._zero_padding(tidx, self.consumer_threads, bidx, gdim, M, K, n_tk, nsc_r,
                                    pad_c_r, pad_c_c, s_base, st_base, ac_base, n_groups)
 
@@ -951,6 +951,11 @@ class CastKernel:
             amax = E.ld_global_f32(addr)
         return amax
 
+    def _n_groups(self, starts):
+        """row_groups: the number G of groups of the `starts` tables (group_tables of G + 1
+        entries)."""
+        return starts.shape[0] // self.group_tables - 1
+
     def _group_tables(self, enc_tab):
         """row_groups: the smem address of the GROUP_* tables (after the enc tables and the
         groups' outer scales, _fill_group_tables)."""
@@ -1023,7 +1028,7 @@ class CastKernel:
         sdec) after row_groups enc tables, then those tables (_fill_enc_tables per group);
         a lane then finds its block row's group, table and s6 (_lane_row_group,
         _cast_tile). Returns the smem tables."""
-        n_groups = starts.shape[0] // self.group_tables - 1
+        n_groups = self._n_groups(starts)
         n_partials = amax.shape[0] - n_groups
         ar_base = amax.iterator.toint()
         outer = enc_tab + self.row_groups * ENC_CODES * 4
@@ -1170,9 +1175,8 @@ class CastKernel:
         None: each step reads its own. run_scales: the compact scales go to the run's smem
         buffer at run_sc (this tile's column there) instead of global memory. tile_scale
         (block2d): the (scale byte, enc) of every step's block. sr: stochastic rounding
-        (_sr_state);
-        row_sw: row groups with swizzled scales, the warp's block row's (_lane_row_group),
-        else None; fast: the passes' fast copy (_passes)."""
+        (_sr_state); row_sw: row groups with swizzled scales, the warp's block row's
+        (_lane_row_group), else None; fast: the passes' fast copy (_passes)."""
         bpr = self.bpr
         lane = tidx % 32
         b = lane % bpr
