@@ -1057,8 +1057,8 @@ class CastKernel:
         # 23.48 -> 22.31, 8192^2 42.71 -> 41.41 (notes/quant_recipes.md "Session 41")
         g, _ = self._find_group(first, GROUP_PARTIALS, parts[0])
         nxt = self._group_entry(first, GROUP_PARTIALS, g + 1)
-        acc = Uint32(0)
-        for u in cutlass.range_constexpr(loads):
+        acc = bits[0]  # (the search began at parts[0]: it lies in group g)
+        for u in cutlass.range_constexpr(1, loads):
             if parts[u] >= nxt:
                 E.red_shared_max_u32(outer + g * 8, acc)
                 g, _ = self._find_group(first, GROUP_PARTIALS, parts[u])
