@@ -302,7 +302,7 @@ def test_block16_sr_plain_cast(shape, kind, dtype, gen):
     run_all(x, recipe, seed=seed, offset=offset)
     plan = rd._plan((shape[0],), shape[1], recipe.replace(columnwise=True),
                     rd._DTYPE_NAMES[dtype], x.device, seed, offset, False)
-    assert plan.plain and plan.tensor_amax is not None
+    assert plan.plain and plan.tensor_amax is not None and plan.tt is None
 
 
 @pytest.mark.parametrize("per_cta", [8, 4, 2, 1])
@@ -656,6 +656,7 @@ def test_grouped_row_group_cast(swizzle, outputs, dtype, kind, gen):
     assert plan.row_groups and plan.starts.tolist() == starts
     assert plan.chunks.tolist() == [list(c) for c in chunks]
     assert plan.tensor_amax is not None and plan.amax_fn is None
+    assert plan.tt is None and plan.at is None  # no recipe kernel, none of its tables
 
 
 @pytest.mark.parametrize("n_groups", [9, 40, rd.ROW_GROUPS_MAX])

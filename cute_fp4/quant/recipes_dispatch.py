@@ -344,16 +344,21 @@ class _Plan:
         self.launch = bool(ttab) and k > 0
         self.tensor_amax = self.token_amax = None  # AmaxTensor / AmaxToken (see below)
         self.token_rows = self.amax_fn = None  # TokenRowCast / RecipeAmax (see below)
+        self.tt = self.gt = self.at = None  # the recipe kernels' tables (recipe_tables)
         if not self.launch:
             return
         # device copies made here, once: repeated calls make no host-to-device copy, so they
         # can be captured in a CUDA graph once warmed up
-        self.tt = torch.tensor(ttab, dtype=torch.int32, device=dev)
-        self.gt = torch.tensor(gtab, dtype=torch.int64, device=dev)
         self.rng = torch.tensor([seed_i64, offset], dtype=torch.int64, device=dev)
-        self.at = torch.tensor(atab if atab else ((0, 0),), dtype=torch.int32, device=dev)
         self.dummy = torch.empty(1, dtype=torch.uint8, device=dev)  # for absent outputs
-        self.n_kt = 2 * _ceil(k, 128) if swz and col else _ceil(k, TILE)
+
+        def recipe_tables():
+            """The recipe kernels' tables (RecipeAmax, RecipeCastKernel): tiles, groups,
+            amax CTAs (the plain and row-group casts take none of them)."""
+            self.tt = torch.tensor(ttab, dtype=torch.int32, device=dev)
+            self.gt = torch.tensor(gtab, dtype=torch.int64, device=dev)
+            self.at = torch.tensor(atab if atab else ((0, 0),), dtype=torch.int32, device=dev)
+
         arch = device_arch(dev)
         self.plain = on_plain_cast(recipe, len(sizes), name)
         self.row_groups = on_row_group_cast(recipe, sizes)
@@ -405,6 +410,7 @@ class _Plan:
             self.token_amax = token_amax_fn(name, keep, arch, recipe.twin_rht,
                                             scaling == "tensor")
         elif scaling != "window64" and atab:
+            recipe_tables()
             do_row, do_col = row or self.alias, col and not self.alias
             akey = ("amax_recipe", name, scaling == "token", recipe.twin_rht, do_row, do_col,
                     col_sum, keep, arch)
@@ -425,6 +431,9 @@ class _Plan:
                                      (self.scale_shapes[1][0],
                                       st_len // self.scale_shapes[1][0]))
             return
+        if self.amax_fn is None:
+            recipe_tables()
+        self.n_kt = 2 * _ceil(k, 128) if swz and col else _ceil(k, TILE)
         ckey = ("cast_recipe",) + _cast_config(name, recipe) + (arch,)
         self.cast_fn = KERNELS.get(ckey, lambda: compile_kernel(
             *cast_recipe_kernel(name, recipe), arch=arch))
