@@ -24,7 +24,7 @@ from cute_fp4.quant.cast_recipes import DIV_CONST, DIV_CONST_MIN_HEX
 from cute_fp4.ref.formats import e2m1_encode_stochastic
 from cute_fp4.quant.dispatch import (L2_WARM_MAX_BYTES, cast_kernel, cast_walk, row_group_run,
                                      walk_run)
-from cute_fp4.quant.amax import max_tensor_partials
+from cute_fp4.quant.amax import THREADS as AMAX_THREADS, max_tensor_partials
 from cute_fp4.quant.recipes_dispatch import (amax_recipe_kernel, amax_tiles_per_cta,
                                              cast_recipe_kernel, group_chunks, on_plain_cast,
                                              on_row_group_cast, plain_cast_walk,
@@ -457,8 +457,9 @@ def test_row_group_cast_routing():
         (4096, 8192), (4096, 2048), (8192, 2048), (2048, 2048), (4096, 1040), (32768, 1024)]] \
         == [8, 2, 4, 1, 1, 8]
     assert row_group_run(4096, 8192, 4, 132) == 16 and row_group_run(4096, 2048, 4, 132) == 4
-    # the chunked amax pass: chunks inside the groups covering them, at most
-    # max_tensor_partials + G of them
+    # the chunked amax pass: each group's chunks (its grid-stride shares of AMAX_THREADS
+    # threads) load every vector of the group once, each chunk at least one; at most
+    # max_tensor_partials + G chunks, of about equal loads
     sizes = [272, 0, 64, 704, 16, 128, 48]
     for k, esize, sms in [(1040, 2, 132), (8192, 2, 132), (16, 4, 132), (64, 2, 1)]:
         chunks, pfirst = group_chunks(sizes, k, esize, sms)
@@ -467,10 +468,12 @@ def test_row_group_cast_routing():
         assert len(chunks) <= max_tensor_partials(sms) + len(sizes)
         row0 = 0
         for g, mg in enumerate(sizes):
-            mine = chunks[pfirst[g]:pfirst[g + 1]]
-            assert sum(n for _, n in mine) == mg * per_row and all(n > 0 for _, n in mine)
-            assert [f for f, _ in mine] == [row0 * per_row + sum(n for _, n in mine[:i])
-                                            for i in range(len(mine))]
+            loads = [[v for t in range(AMAX_THREADS) for v in range(first + t, end, step)]
+                     for first, end, step in chunks[pfirst[g]:pfirst[g + 1]]]
+            assert sorted(v for mine in loads for v in mine) == list(
+                range(row0 * per_row, (row0 + mg) * per_row))
+            counts = [len(mine) for mine in loads]
+            assert all(counts) and max(counts, default=0) - min(counts, default=0) <= AMAX_THREADS
             row0 += mg
     short = (1, True, False, 1, 4, True, False)
     cast_kernel("bf16", True, True, True, False, walk=short, row_groups=8)

@@ -89,8 +89,9 @@ def keep_load(base, off: Int64, policies):
 
 class AmaxTensor:
     """amax[1 + cta] = max |x| over the grid-stride share of CTA ``cta`` (see the module doc);
-    ``chunked``: over chunk ``cta`` of ``chunks`` (int32 [P, 2]: first 16-byte vector, vectors;
-    the row groups' chunks of recipes_dispatch, each inside one group), one CTA per chunk."""
+    ``chunked``: over chunk ``cta`` of ``chunks`` (int32 [P, 3]: the 16-byte vectors first,
+    first + step, ... below end of each thread's first one; the row groups' chunks of
+    recipes_dispatch.group_chunks, each one group's grid-stride share), one CTA per chunk."""
 
     def __init__(self, dtype: str, num_sms: int, l2_keep: int = 0, chunked: bool = False):
         if dtype not in DTYPES:
@@ -125,8 +126,8 @@ class AmaxTensor:
         step = gdim * THREADS
         if cutlass.const_expr(self.chunked):
             start = chunks[bidx, 0] + tidx
-            end = chunks[bidx, 0] + chunks[bidx, 1]
-            step = THREADS
+            end = chunks[bidx, 1]
+            step = chunks[bidx, 2]
         policies = keep_policies(self.l2_keep, Int64(nvec) * 16)
         for i in cutlass.range(start, end, step, unroll=2):
             acc = vec_abs_max(acc, keep_load(base, Int64(i) * 16, policies), self.dtype_name)

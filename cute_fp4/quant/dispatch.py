@@ -104,13 +104,13 @@ def token_rows_fn(name: str, swizzle: bool, split: tuple, num_sms: int, arch: st
 
 def amax_tensor_kernel(dtype: str, num_sms: int = 132, l2_keep: int = 0,
                        chunked: bool = False):
-    """chunked: the function then takes the int32 [P, 2] chunks after the amax words (the row
-    groups' partials, recipes_dispatch), else None."""
+    """chunked: the function then takes the int32 [P, 3] chunks after the amax words (the row
+    groups' partials, recipes_dispatch.group_chunks), else None."""
     esize = _CUTLASS[dtype].width // 8
     return (AmaxTensor(dtype, num_sms, l2_keep, chunked),
             fake_tensor(_CUTLASS[dtype], (dyn(), dyn(16 // esize))),
             fake_tensor(cutlass.Float32, (None,), align=4),
-            fake_tensor(cutlass.Int32, (None, 2), align=4) if chunked else None, env_stream())
+            fake_tensor(cutlass.Int32, (None, 3), align=4) if chunked else None, env_stream())
 
 
 def amax_token_kernel(dtype: str, l2_keep: int = 0, rht: bool = False,
