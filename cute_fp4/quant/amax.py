@@ -89,9 +89,10 @@ def keep_load(base, off: Int64, policies):
 
 class AmaxTensor:
     """amax[1 + cta] = max |x| over the grid-stride share of CTA ``cta`` (see the module doc);
-    ``chunked``: over chunk ``cta`` of ``chunks`` (int32 [P, 3]: the 16-byte vectors first,
-    first + step, ... below end of each thread's first one; the row groups' chunks of
-    recipes_dispatch.group_chunks, each one group's grid-stride share), one CTA per chunk."""
+    ``chunked``: over chunk ``cta`` of ``chunks``, one CTA per chunk (int32 [P, 3] rows
+    (first, end, step): thread t loads the 16-byte vectors first + t, first + t + step, ...
+    below end; the row groups' chunks of recipes_dispatch.group_chunks, each a CTA's
+    grid-stride share of one group)."""
 
     def __init__(self, dtype: str, num_sms: int, l2_keep: int = 0, chunked: bool = False):
         if dtype not in DTYPES:

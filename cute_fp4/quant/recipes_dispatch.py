@@ -161,11 +161,10 @@ def group_chunks(sizes, k: int, esize: int, num_sms: int) -> tuple:
     group and then their count). A group of n 16-byte vectors gets c = ceil(n / size) chunks,
     size the whole input's vectors over max_tensor_partials (at least one CTA's loads), so
     that there are at most max_tensor_partials + G (CastKernel._fill_group_tables reduces
-    them per group); chunk i of a group is the group's grid-stride share of a CTA i of c:
-    (first vector + i * AMAX_THREADS, the group's end, c * AMAX_THREADS), its thread t
-    loading vectors first + t, first + t + step, ... (AmaxTensor chunked), so that each
-    group's CTAs read a window of the group together, as the plain AmaxTensor's grid does the
-    whole input. Measured against contiguous chunks (H200, bf16, N = 8, the amax kernel
+    them per group). Chunk i of the c is CTA i's grid-stride share of the group: (the group's
+    first vector + i * AMAX_THREADS, the group's end, c * AMAX_THREADS) (AmaxTensor chunked),
+    so that the group's CTAs read one window of it together, as the plain AmaxTensor's grid
+    reads the whole input. Measured against contiguous chunks (H200, bf16, N = 8, the amax kernel
     alone, rowwise / row+col): 8192x2048 7.31 -> 7.05 / 8.50 -> 8.40 us, 4096x8192 17.91 ->
     17.17 / 17.72 -> 17.18, 8192^2 33.82 -> 33.33 / 34.51 -> 33.45, 16384x8192 69.58 ->
     68.10 / 71.07 -> 70.51, 4096x2048 +-0.15 (notes/quant_recipes.md "Session 42")."""
