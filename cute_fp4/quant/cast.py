@@ -202,7 +202,8 @@ class CastKernel:
         # epilogue and the padding warp in separate runs): rowwise 4096x2048 9.64 -> 8.50 us,
         # 8192x2048 14.52 -> 13.11, 4096x8192 23.87 -> 21.99, 8192^2 44.27 -> 43.08; with the
         # twin 14.7 -> 14.2 at 4096x2048 but 77.4 -> 80.1 at 8192^2 (the producer warp after
-        # its loads: 82.5), so not there (notes/quant_recipes.md "Session 41")
+        # its loads: 82.5), so not there (notes/quant_recipes.md "Session 41"); below 2^25
+        # elements only, it equalled the consumers' loop in graphs (session 42)
         self.pad_warp = bool(row_groups and swizzle and not columnwise)
         # per token, and for stochastic rounding without the enc table: the blocks' enc from
         # the reciprocal without its slow-path branch, whose branch region splits ptxas'
