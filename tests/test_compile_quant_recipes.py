@@ -27,8 +27,8 @@ from cute_fp4.quant.dispatch import (L2_WARM_MAX_BYTES, cast_kernel, cast_walk, 
 from cute_fp4.quant.amax import THREADS as AMAX_THREADS, max_tensor_partials
 from cute_fp4.quant.recipes_dispatch import (amax_recipe_kernel, amax_tiles_per_cta,
                                              cast_recipe_kernel, group_chunks, on_plain_cast,
-                                             on_row_group_cast, plain_cast_walk,
-                                             ROW_GROUPS_MAX, row_group_tables, row_group_walk,
+                                             on_row_group_cast, on_token_rows,
+                                             plain_cast_walk, ROW_GROUPS_MAX, row_group_tables, row_group_walk,
                                              token_amax_k1)
 
 ARCHS = ["sm_90a", "sm_100a"]
@@ -481,6 +481,30 @@ def test_row_group_cast_routing():
         with pytest.raises(ValueError, match="run"):
             cast_kernel("bf16", True, True, bad[0], False, walk=short[:4] + (bad[1],) + short[5:],
                         row_groups=bad[2])
+
+
+def test_token_rows_routing():
+    """TokenRowCast takes per-token rowwise-only 1x16 recipes without 4over6 or column sums:
+    single tensors, grouped inputs rounding to nearest (any sizes; swizzled every group but
+    the last a multiple of 128 rows); grouped stochastic rounding (the groups' own Philox
+    streams) and everything else stays off it."""
+    token = Recipe(scaling="token")
+    sr = token.replace(stochastic_rounding=True)
+    for recipe, sizes in [(sr, [48]), (sr.replace(swizzle=True), [48]), (token, [48]),
+                          (token.replace(swizzle=True), [5]), (token, [5, 0, 100]),
+                          (token, [16, 16]), (token.replace(rht=True), [5, 7]),
+                          (token.replace(swizzle=True), [128, 0, 256, 5]),
+                          (token.replace(swizzle=True), [0, 7])]:
+        assert on_token_rows(recipe, sizes, False), (recipe, sizes)
+    for recipe, sizes, col_sum in [
+            (token, [48], True), (sr, [48], True), (sr, [16, 16], False),
+            (token.replace(swizzle=True), [64, 64], False),
+            (token.replace(swizzle=True), [128, 0, 5, 128], False),
+            (token.replace(columnwise=True), [16, 16], False),
+            (sr.replace(columnwise=True), [48], False), (Recipe(), [16, 16], False),
+            (token.replace(four_over_six="mae"), [16, 16], False),
+            (Recipe(scaling="window64"), [64, 64], False)]:
+        assert not on_token_rows(recipe, sizes, col_sum), (recipe, sizes, col_sum)
 
 
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])

@@ -708,6 +708,26 @@ def test_grouped_row_group_walks(walk, dtype, gen, monkeypatch):
         rd._plan.cache_clear()
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("kind", KINDS)
+def test_grouped_token_rows(kind, dtype, gen):
+    """Grouped per-token rowwise-only RN runs one TokenRowCast over the whole tensor
+    (rd.on_token_rows): byte-equal to ref.quantize_grouped (row amaxes included; the third
+    group all zero) with compact scales for any group sizes and swizzled scales for groups
+    of multiples of 128 rows but the last (each group's padding zero, outputs poisoned); a
+    swizzled group off the 128-row grid keeps the recipe kernel."""
+    k = 1040
+    for splits, swizzle in [([5, 0, 100, 151, 16], False), ([384, 0, 128, 256, 77], True),
+                            ([128, 0, 128, 64, 48], True)]:
+        x = grouped_scaled(splits, k, kind, dtype, gen)
+        recipe = Recipe(scaling="token", swizzle=swizzle)
+        plan = rd._plan(tuple(splits), k, recipe, rd._DTYPE_NAMES[dtype], x.device, 0, 0, False)
+        on_rows = not swizzle or all(mg % 128 == 0 for mg in splits[:-1])
+        assert (plan.token_rows is not None) == on_rows
+        assert (plan.tt is None) == on_rows  # no recipe kernel tables
+        check_grouped(x, splits, recipe)
+
+
 def test_grouped_sr_streams_and_rng_state(gen):
     """Stochastic rounding of groups: each group draws its own Philox streams (2g, 2g + 1), so
     equal groups round differently (the kernel once gave every group streams 0 and 1, which

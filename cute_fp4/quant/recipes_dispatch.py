@@ -11,8 +11,9 @@ and / or stochastic rounding (`on_plain_cast`) the plain cast (CastKernel with r
 stochastic) instead of RecipeCastKernel, after the plain cast's own amax passes without column
 sums (AmaxTensor per tensor without the RHT; AmaxToken per token with both outputs, with the RHT
 its transformed column amaxes, and per tensor with the RHT its maxima over all rows and
-columns). Per-token stochastic rounding of the rowwise output alone (rows up to 16384
-elements, no column sums) is one launch of TokenRowCast (stochastic), which reads each row once.
+columns). Per-token rowwise-only recipes (rows up to 16384 elements, no column sums,
+`on_token_rows`) are one launch of TokenRowCast, which reads each row once: single tensors,
+and grouped inputs rounding to nearest (the whole tensor's rows).
 Grouped inputs of 2 .. ROW_GROUPS_MAX groups with per-tensor 1x16 RN recipes, compact or
 swizzled scales, groups of multiples of 16 rows (`on_row_group_cast`), run AmaxTensor over
 chunks inside the groups (`group_chunks`: per-CTA partials, which the cast reduces per group)
@@ -137,6 +138,23 @@ def on_row_group_cast(recipe: Recipe, sizes) -> bool:
             and recipe.block == (1, 16)
             and not (recipe.stochastic_rounding or recipe.twin_rht)
             and recipe.four_over_six is None and all(mg % 16 == 0 for mg in sizes))
+
+
+def on_token_rows(recipe: Recipe, sizes, col_sum: bool) -> bool:
+    """Whether TokenRowCast (each row's amax and its cast in one read of the input) runs a
+    per-token rowwise-only recipe with 1x16 blocks, no 4over6 and no column sums: a single
+    tensor, or a grouped input rounding to nearest. A row's outer scale does not depend on its
+    group, so the groups' outputs are the whole tensor's rows; swizzled, every group but the
+    last must be a multiple of 128 rows, so that the groups' padded scales lie where the whole
+    tensor's do. Grouped stochastic rounding draws each group's own Philox stream (2g) and
+    runs the recipe kernel. Measured (H200, bf16, N = 8 groups of multiples of 128 rows,
+    graphs): 1.91-2.30x one plain per-token quantize on the recipe kernel, 0.98-1.05x here
+    (notes/quant_recipes.md "Session 43")."""
+    if not (recipe.scaling == "token" and recipe.rowwise and not recipe.columnwise
+            and recipe.block == (1, 16) and recipe.four_over_six is None and not col_sum):
+        return False
+    return len(sizes) == 1 or not (recipe.stochastic_rounding or (
+        recipe.swizzle and any(mg % 128 for mg in sizes[:-1])))
 
 
 def row_group_walk(m: int, k: int, esize: int, columnwise: bool, rowwise: bool,
@@ -370,13 +388,13 @@ class _Plan:
         self.plain = on_plain_cast(recipe, len(sizes), name)
         self.row_groups = on_row_group_cast(recipe, sizes)
         self.starts = self.chunks = None  # row_groups: the groups' tables, the amax chunks
-        # per-token SR, rowwise only, without column sums: TokenRowCast stochastic (one read;
-        # K1 + the plain SR cast read the input twice)
+        # TokenRowCast (on_token_rows): one read, where K1 + the plain SR cast or RecipeAmax +
+        # the recipe kernel read the input twice
         split = token_rows_config(k, esize, swz)
-        if (self.plain and scaling == "token" and row and not col and not col_sum
-                and split is not None):
-            self.token_rows = token_rows_fn(name, swz, split, sms, arch, stochastic=True)
-            self.scale_shapes = (scale_shape(sizes[0], nsc, swz), None)
+        if split is not None and on_token_rows(recipe, sizes, col_sum):
+            self.token_rows = token_rows_fn(name, swz, split, sms, arch,
+                                            stochastic=recipe.stochastic_rounding)
+            self.scale_shapes = (scale_shape(row0, nsc, swz), None)
             return
         keep = 0
         plain_cast = self.plain or self.row_groups  # CastKernel casts (the row groups' too)
@@ -524,7 +542,7 @@ def _run(x2: torch.Tensor, sizes: List[int], recipe: Recipe, seed: int, offset: 
         column_sum.zero_()
     if amax_reduce is not None and plan.tensor_amax is None:
         _reduce_amaxes(amax_reduce, recipe, amax_r, amax_c, plan.alias)
-    if plan.launch and (plan.plain or plan.row_groups):
+    if plan.launch and (plan.plain or plan.row_groups or plan.token_rows is not None):
         if arg_r is None:
             arg_r, arg_c = amax_r, amax_c
         m = x2.shape[0]
