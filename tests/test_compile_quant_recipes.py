@@ -417,23 +417,27 @@ def test_plain_cast_routing():
 
 def test_row_group_cast_routing():
     """Grouped inputs of 2 .. ROW_GROUPS_MAX groups run the plain cast with row groups for
-    per-tensor 1x16 RN recipes, compact or swizzled scales, whose groups are multiples of 16
-    rows (rowwise-only RHT included: it changes nothing), with enc tables for the next power
-    of two of groups from 8; its walk is the per-tensor cast's with the enc tables at every
-    size, no preload, no prefetch (the lanes' groups come from smem once per unit), rowwise
-    only two CTAs per SM; the rest stays on the recipe kernel."""
+    per-tensor and per-token 1x16 RN recipes, compact or swizzled scales, whose groups are
+    multiples of 16 rows (rowwise-only RHT included: it changes nothing), with tables for
+    the next power of two of groups from 8; per tensor its walk is the per-tensor cast's with
+    the enc tables at every size, no preload, no prefetch (the lanes' groups come from smem
+    once per unit), rowwise only two CTAs per SM; per token the per-token cast's with the
+    row-group run, no preload; the rest stays on the recipe kernel."""
     sizes = [272, 0, 64, 48]
     for recipe in (Recipe(columnwise=True), Recipe(), Recipe(rowwise=False, columnwise=True),
                    Recipe(rht=True), Recipe(columnwise=True, swizzle=True),
-                   Recipe(swizzle=True)):
+                   Recipe(swizzle=True), Recipe(scaling="token", columnwise=True),
+                   Recipe(scaling="token", rowwise=False, columnwise=True, swizzle=True),
+                   Recipe(scaling="token", swizzle=True)):
         assert on_row_group_cast(recipe, sizes), recipe
     base = Recipe(columnwise=True)
     assert on_row_group_cast(base, [16] * ROW_GROUPS_MAX)
     for recipe, groups in [(base, [384]), (base, [16, 40, 8]), (Recipe(), [5, 11]),
                            (base, [16] * (ROW_GROUPS_MAX + 1)),
                            (base.replace(swizzle=True), [16, 40, 8]),
-                           (base.replace(scaling="token"), sizes),
                            (base.replace(rht=True), sizes),
+                           (base.replace(scaling="token", rht=True), sizes),
+                           (base.replace(scaling="token", stochastic_rounding=True), sizes),
                            (base.replace(stochastic_rounding=True), sizes),
                            (base.replace(block=(16, 16)), sizes),
                            (base.replace(four_over_six="mae"), sizes),
@@ -451,6 +455,10 @@ def test_row_group_cast_routing():
                 assert not swz or walk[3] == 1  # no bands
                 if row and not swz:  # the full run stages the compact rowwise scales
                     assert walk[4] == plain[4] or plain[4] == 1
+                token = cast_walk(m, 8192, esize, True, False, col and not swz,
+                                  row and not swz, 132)
+                assert row_group_walk(m, 8192, esize, col, row, swz, 132, True) == (
+                    token[:4] + (row_group_run(m, 8192, esize, 132), False, False))
     # the longest power-of-two run up to the full one that divides the tile row and leaves
     # RUN_MIN_UNITS_PER_SM runs per SM
     assert [row_group_run(m, k, 2, 132) for m, k in [
@@ -539,9 +547,37 @@ def test_row_group_cast_ptx(arch, dtype, row, col, swz, tables):
     assert (re.search(r"bar\.arrive\s+2,", ptx) is not None) == pad_warp
     assert (re.search(r"bar\.sync\s+2,", ptx) is not None) == pad_warp
     assert f".reqntid {32 * (8 + 1 + pad_warp)}, 1, 1" in ptx
-    with pytest.raises(ValueError, match="row_groups"):
-        cast_kernel(dtype, row, col, swz, True, walk=walk[:5] + (False, False),
+    with pytest.raises(ValueError, match="row_groups"):  # per tensor the enc tables
+        cast_kernel(dtype, row, col, swz, False, walk=walk[:5] + (False, False),
                     row_groups=tables)
+    with pytest.raises(ValueError, match="enc_table"):  # per token none
+        cast_kernel(dtype, row, col, swz, True, walk=walk, row_groups=tables)
+
+
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
+@pytest.mark.parametrize("dtype,row,col,swz,groups", [
+    ("bf16", True, True, False, 2), ("bf16", True, True, True, 1),
+    ("fp32", True, True, False, 1), ("fp16", False, True, True, 1),
+    ("bf16", True, False, True, 1)])
+def test_row_group_token_cast_ptx(arch, dtype, row, col, swz, groups):
+    """The per-token row-group cast: no prologue reduction (RecipeAmax wrote the rows' amaxes
+    and each group's column amaxes) and no enc tables; the fast copy and the IEEE one of the
+    passes behind a warp vote; with the twin each thread loads its columns' amaxes in its
+    block row's group (one more global f32 load than the rowwise pass's row amax) and the
+    twin's stores are predicated; the padding warp for swizzled rowwise-only outputs."""
+    walk = row_group_walk(4096, 8192, 4 if dtype == "fp32" else 2, col, row, swz, 132, True)
+    ptx = compile_ptx(*cast_kernel(dtype, row, col, swz, True, walk=walk, groups=groups,
+                                   row_groups=8), arch=arch)
+    assert missing_instructions(ptx, [r"cp\.async\.bulk\.tensor", r"div\.rn\.f32",
+                                      r"rcp\.rn\.f32", r"vote\.sync\.all"]) == []
+    assert ("cvt.rn.satfinite.e2m1x2.f32" in ptx) == (arch == "sm_100a")
+    assert "red.relaxed.cta.shared.max" not in ptx and "shfl.sync.down" not in ptx
+    # the rows' amaxes one tile ahead (the first before the walk), the columns' per tile
+    cols = 1 if dtype == "fp32" else 2  # input columns per 4-byte word
+    assert len(re.findall(r"ld\.global\.f32", ptx)) == 2 * row + cols * col
+    assert ("@p st.global.v2.b32" in ptx) == col
+    pad_warp = row and swz and not col
+    assert (re.search(r"bar\.arrive\s+2,", ptx) is not None) == pad_warp
 
 
 def test_rowwise_rht_runs_without_it():

@@ -626,21 +626,25 @@ def grouped_scaled(splits, k, kind, dtype, gen):
     return x.to(dtype)
 
 
+@pytest.mark.parametrize("scaling", ["tensor", "token"])
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize("outputs", OUTPUTS)
 @pytest.mark.parametrize("swizzle", [False, True])
-def test_grouped_row_group_cast(swizzle, outputs, dtype, kind, gen):
-    """Grouped per-tensor casts on the plain cast with row groups (on_row_group_cast: the
-    group amaxes reduced in the cast from the chunked AmaxTensor's partials, each lane's
-    block-row group amax, the twins at their groups' offsets) are byte-equal to
+def test_grouped_row_group_cast(swizzle, outputs, dtype, kind, scaling, gen):
+    """Grouped casts on the plain cast with row groups (on_row_group_cast) are byte-equal to
     ref.quantize_grouped (amaxes included; the third group all zero, special values), K with
-    a tail tile; swizzled, every group's padding is zero (rows
-    to 128, 65 -> 68 rowwise scale columns, twin scale rows 1040 -> 1152 and columns 17 ->
-    20, 1 -> 4, 3 -> 4; the outputs are poisoned); single groups and 16x16 blocks stay on
-    the recipe kernel."""
+    a tail tile: per tensor the group amaxes reduced in the cast from the chunked
+    AmaxTensor's partials, each lane's block-row group amax; per token the rows' amaxes and
+    each group's column amaxes from RecipeAmax, each twin block's in its group (groups
+    inside tiles); the twins at their groups' offsets. Swizzled, every group's padding is
+    zero (rows to 128, 65 -> 68 rowwise scale columns, twin scale rows 1040 -> 1152 and
+    columns 17 -> 20, 1 -> 4, 3 -> 4; the outputs are poisoned); single groups and 16x16
+    blocks stay on the recipe kernel, per-token rowwise-only compact groups go to
+    TokenRowCast (on_token_rows)."""
     x = grouped_scaled(ROW_GROUP_SPLITS, 1040, kind, dtype, gen)
-    recipe = Recipe(rowwise=outputs[0], columnwise=outputs[1], swizzle=swizzle)
+    recipe = Recipe(scaling=scaling, rowwise=outputs[0], columnwise=outputs[1],
+                    swizzle=swizzle)
     assert rd.on_row_group_cast(recipe, ROW_GROUP_SPLITS)
     assert not rd.on_row_group_cast(recipe, [1232])
     check_grouped(x, ROW_GROUP_SPLITS, recipe)
@@ -648,15 +652,23 @@ def test_grouped_row_group_cast(swizzle, outputs, dtype, kind, gen):
                     0, 0, False)
     # the groups' first block rows, first amax partials, swizzled their padded rowwise block
     # rows and their twin scales' 512-byte units
+    if scaling == "token" and not outputs[1] and not swizzle:
+        assert plan.token_rows is not None and not plan.row_groups
+        return
     chunks, pfirst = rd.group_chunks(ROW_GROUP_SPLITS, 1040, x.element_size(),
                                      torch.cuda.get_device_properties(0).multi_processor_count)
+    if scaling == "token":  # no partials: RecipeAmax's amaxes
+        chunks, pfirst = None, [0] * 8
     starts = [0, 17, 17, 21, 65, 66, 74, 77] + pfirst
     if swizzle:
         starts += [0, 24, 24, 32, 80, 88, 96, 104] + [0, 45, 45, 54, 153, 162, 180, 189]
     assert plan.row_groups and plan.starts.tolist() == starts
-    assert plan.chunks.tolist() == [list(c) for c in chunks]
-    assert plan.tensor_amax is not None and plan.amax_fn is None
-    assert plan.tt is None and plan.at is None  # no recipe kernel, none of its tables
+    if scaling == "tensor":
+        assert plan.chunks.tolist() == [list(c) for c in chunks]
+        assert plan.tensor_amax is not None and plan.amax_fn is None
+        assert plan.tt is None and plan.at is None  # no recipe kernel, none of its tables
+    else:
+        assert plan.chunks is None and plan.tensor_amax is None and plan.amax_fn is not None
 
 
 @pytest.mark.parametrize("n_groups", [9, 40, rd.ROW_GROUPS_MAX])
@@ -673,14 +685,16 @@ def test_grouped_row_group_cast_many(n_groups, gen):
             check_grouped(x, splits, recipe)
 
 
+@pytest.mark.parametrize("scaling", ["tensor", "token"])
 @pytest.mark.parametrize("walk", ["forwards", "run", "run_short", "run_shorter", "one_group",
                                   "preload"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_grouped_row_group_walks(walk, dtype, gen, monkeypatch):
-    """The row-group cast's other walks: forwards (inputs past L2_WARM_MAX_BYTES), the full
-    run (K = 1024: two runs per tile row; compact rowwise scales staged), shorter runs (the
-    group lookup once per 4 / 2 tiles with bf16, 8 / 4 with fp32: row_group_run), one consumer
-    group, the preload; all but the preload with swizzled scales too."""
+def test_grouped_row_group_walks(walk, dtype, scaling, gen, monkeypatch):
+    """The row-group cast's other walks: forwards (inputs past L2_WARM_MAX_BYTES; per token
+    one CTA per SM, row+col compact of two consumer groups), the full run (K = 1024: two runs
+    per tile row; compact rowwise scales staged), shorter runs (the group lookup once per 4 /
+    2 tiles with bf16, 8 / 4 with fp32: row_group_run), one consumer group, the preload; all
+    but the preload with swizzled scales too; per tensor and per token."""
     units = {"run": 0, "run_short": 0.25, "run_shorter": 0.5}  # runs per SM: 20 / 40 / 80
     if walk == "forwards":
         monkeypatch.setattr(dispatch, "L2_WARM_MAX_BYTES", 0)
@@ -697,7 +711,8 @@ def test_grouped_row_group_walks(walk, dtype, gen, monkeypatch):
         layouts = (False,) if walk == "preload" else (False, True)
         for outputs in OUTPUTS:
             for swizzle in layouts:
-                recipe = Recipe(rowwise=outputs[0], columnwise=outputs[1], swizzle=swizzle)
+                recipe = Recipe(scaling=scaling, rowwise=outputs[0], columnwise=outputs[1],
+                                swizzle=swizzle)
                 check_grouped(x, ROW_GROUP_SPLITS, recipe)
         full = 8 if dtype == torch.bfloat16 else 16
         want = {"run": full, "run_short": full // 2, "run_shorter": full // 4}.get(walk, 1)

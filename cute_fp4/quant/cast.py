@@ -192,10 +192,10 @@ class CastKernel:
         if stochastic and fused_amax:
             raise ValueError("CastKernel: stochastic rounding needs an amax pass (not fused_amax)")
         self.stochastic = stochastic
-        if row_groups and (per_token or fused_amax or not enc_table or rht or block2d
+        if row_groups and (fused_amax or not (enc_table or per_token) or rht or block2d
                            or stochastic):
-            raise ValueError("CastKernel: row_groups needs per-tensor scaling, an amax pass, the "
-                             "enc table and none of rht, block2d, stochastic")
+            raise ValueError("CastKernel: row_groups needs an amax pass, per tensor the enc "
+                             "table and none of rht, block2d, stochastic")
         self.row_groups = row_groups
         # row groups of rowwise outputs only, swizzled: a padding warp (kernel) zeroes the
         # groups' padding. Measured (H200, bf16, N = 8, cast kernel times, the consumers'
@@ -259,9 +259,9 @@ class CastKernel:
         self.enc_tab_words = ENC_CODES * (1 + int(rht)) if enc_table else 1
         # row_groups: the int32 tables of G + 1 entries of the groups (GROUP_*)
         self.group_tables = 4 if swizzle else 2
-        if row_groups:  # an enc table and (s6, sdec) per group, then the groups' tables
-            self.enc_tab_words = ((ENC_CODES + 2) * row_groups
-                                  + self.group_tables * (row_groups + 1))
+        if row_groups:  # per tensor an enc table and (s6, sdec) per group; the groups' tables
+            self.enc_tab_words = (self.group_tables * (row_groups + 1)
+                                  + (0 if per_token else (ENC_CODES + 2) * row_groups))
         self.red_words = self.consumer_warps * (1 + int(rht))
         # block2d with the twin: (scale byte, enc) words of each 16x16 tile of a stage, one
         # buffer per ring stage (a warp rewrites one only after the barrier of a later tile)
@@ -491,10 +491,11 @@ class CastKernel:
             return E.encode16(xs, enc, self.hw)
         return E.sr_encode16(xs, enc, rnd)
 
-    def _fast_blocks_ok(self, sdec, col_outer, amax):
+    def _fast_blocks_ok(self, sdec, col_outer, amax, col_amax=None):
         """Whether every block quantized with outer scale sdec (per token: every lane's of
-        the warp, from its amax; per tensor with the RHT also the twin's, col_outer) allows the
-        passes' fast copy (_passes with fast):
+        the warp, from its amax, with row_groups also each thread's column amaxes col_amax and
+        their outer scales col_outer; per tensor with the RHT also the twin's, col_outer)
+        allows the passes' fast copy (_passes with fast):
         - per token with fast_rcp: amax 0 or in [OUTER_FAST_MIN, OUTER_FAST_MAX], where
           outer_block_scales(fast=True) gave the IEEE outer scales;
         - the outer scale's bounds for the fast encoders (E.fast_outer_ok: _bulk_signs,
@@ -505,6 +506,11 @@ class CastKernel:
                                                  & (amax <= Float32(OUTER_FAST_MAX))))
         if cutlass.const_expr(self.rht and not self.per_token):
             ok = ok & self._fast_outer_ok(col_outer[1])
+        if cutlass.const_expr(col_amax is not None):
+            for a, outer in zip(col_amax, col_outer):
+                ok = ok & self._fast_outer_ok(outer[1]) & (
+                    (a == Float32(0.0)) | ((a >= Float32(OUTER_FAST_MIN))
+                                           & (a <= Float32(OUTER_FAST_MAX))))
         if cutlass.const_expr(self.per_token):
             ok = cute.arch.vote_all_sync(ok)
         return ok
@@ -615,9 +621,10 @@ class CastKernel:
             st_base = st.iterator.toint()
             ar_base = amax_r.iterator.toint()
             ac_base = amax_c.iterator.toint()
-            if cutlass.const_expr(self.row_groups):  # ac_base: the groups' tables in smem
-                ac_base = self._fill_group_tables(storage.enc_tab.data_ptr().toint(), tidx,
-                                                  bidx, amax_r, starts)
+            tables = None  # row_groups: the groups' tables in smem
+            if cutlass.const_expr(self.row_groups):
+                tables = self._fill_group_tables(storage.enc_tab.data_ptr().toint(), tidx,
+                                                 bidx, amax_r, starts)
                 if cutlass.const_expr(self.pad_warp):  # the tables are filled
                     cute.arch.barrier_arrive(barrier_id=TABLES_BARRIER,
                                              number_of_threads=self.consumer_threads + 32)
@@ -708,7 +715,7 @@ class CastKernel:
                 # their tile row)
                 lane_grp = None
                 if cutlass.const_expr(self.row_groups):
-                    lane_grp = self._lane_row_group(tm, M, K, gtid, ac_base, enc_tab)
+                    lane_grp = self._lane_row_group(tm, M, K, gtid, tables, enc_tab)
                 if cutlass.const_expr(self.run == 1):
                     amax_next, s6, sdec = self._cast_tile(
                         pipe, cstate, sbase, gtid, tm, uk, tm_n, uk_n, M, K, half_k, half_m,
@@ -742,7 +749,7 @@ class CastKernel:
                 if cutlass.const_expr(self.row_groups):
                     n_groups = self._n_groups(starts)
                 self._zero_padding(tidx, self.consumer_threads, bidx, gdim, M, K, n_tk, nsc_r,
-                                   pad_c_r, pad_c_c, s_base, st_base, ac_base, n_groups)
+                                   pad_c_r, pad_c_c, s_base, st_base, tables, n_groups)
 
     @cute.jit
     def _producer_loop(self, tma_atom, tma_x, sx, pipe, bidx, gdim, n_units, n_uk, steps,
@@ -782,15 +789,20 @@ class CastKernel:
         """Consumers: both passes over tile (tm, tk) in stage cstate of the ring; (tm_n,
         tk_n) is the CTA's next tile. Returns (amax_next, s6, sdec): per token the lane's
         _lane_amax of the next tile (prefetch_amax) and this tile's outer scale. col_outer,
-        rht_b: see _col_pass_rht; tile_sc: the block2d tile scales' smem buffers; sr:
-        _sr_state; lane_grp: row_groups' _lane_row_group (the lane's s6 and enc table then
-        take s6's and enc_tab's place), else None."""
+        rht_b: see _col_pass_rht (per token with row_groups col_outer is the (s6, sdec) of
+        each column of the thread's word in the column pass); tile_sc: the block2d tile
+        scales' smem buffers; sr: _sr_state; lane_grp: row_groups' _lane_row_group (per
+        tensor the lane's s6 and enc table then take s6's and enc_tab's place), else None."""
         if cutlass.const_expr(self.prefetch_amax):
             amax_cur = amax_next
             amax_next = self._lane_amax(tm_n, tk_n, M, K, tidx, ar_base, ac_base)
         else:
             amax_cur = self._lane_amax(tm, tk, M, K, tidx, ar_base, ac_base)
-        if cutlass.const_expr(self.row_groups):
+        col_amax = None  # per token with row_groups: the thread's columns' in its group
+        if cutlass.const_expr(self.row_groups and self.per_token and self.columnwise):
+            col_amax = self._group_col_amaxes(tk, K, col_thr, ac_base, lane_grp[0])
+            col_outer = [outer_block_scales(a, E.E4M3_MAX, True) for a in col_amax]
+        elif cutlass.const_expr(self.row_groups):
             s6, enc_tab = lane_grp[0], lane_grp[1]
         if cutlass.const_expr(self.per_token and self.fast_rcp):
             # the fast copy's (exact there: _fast_blocks_ok); the other copy takes the IEEE ones
@@ -819,13 +831,16 @@ class CastKernel:
                 nsc_c, pad_c_c, row_thr, col_thr, offs, q_base, s_base, qt_base, st_base)
         tail = (enc_tab, run_sc, col_outer, rht_b, tile_scale, sc_buf, sr, lane_grp)
         if cutlass.const_expr(self.input_signs or self.fast_rcp):
-            if self._fast_blocks_ok(sdec, col_outer, amax_cur):
+            if self._fast_blocks_ok(sdec, col_outer, amax_cur, col_amax):
                 self._passes(*head, s6, sdec, *tail, True)
             else:
-                s6_i, sdec_i = s6, sdec
+                s6_i, sdec_i, tail_i = s6, sdec, tail
                 if cutlass.const_expr(self.per_token and self.fast_rcp):  # the IEEE ones
                     s6_i, sdec_i = outer_block_scales(amax_cur, E.E4M3_MAX)
-                self._passes(*head, s6_i, sdec_i, *tail, False)
+                if cutlass.const_expr(col_amax is not None):
+                    tail_i = (tail[:2] + ([outer_block_scales(a, E.E4M3_MAX) for a in col_amax],)
+                              + tail[3:])
+                self._passes(*head, s6_i, sdec_i, *tail_i, False)
         else:
             self._passes(*head, s6, sdec, *tail, False)
 
@@ -849,7 +864,8 @@ class CastKernel:
         if cutlass.const_expr(self.rowwise):
             s6_r, enc_tab_r, row_sw = s6, enc_tab, None
             if cutlass.const_expr(self.row_groups):  # the warp's rows' (block row `warp`)
-                s6_r, enc_tab_r = lane_grp[4], lane_grp[5]
+                if cutlass.const_expr(not self.per_token):
+                    s6_r, enc_tab_r = lane_grp[4], lane_grp[5]
                 if cutlass.const_expr(self.swizzle):
                     row_sw = lane_grp[6]
             self._row_pass(stage_addr, row_words, tidx, tm, tk, M, K, half_k, nsc_r, row_thr,
@@ -869,7 +885,8 @@ class CastKernel:
                 cute.arch.barrier(barrier_id=1, number_of_threads=self.consumer_threads)
                 tile_scale = self._col_tile_scale(tidx, sc_buf)
             self._col_pass(col_words, tidx, tm, tk, M, K, half_m, nsc_c, pad_c_c, col_thr,
-                           qt_base, st_base, s6, sdec, enc_tab, tile_scale, sr, lane_grp, fast)
+                           qt_base, st_base, s6, sdec, enc_tab, tile_scale, sr, lane_grp,
+                           col_outer, fast)
 
     @cute.jit
     def _flush_run_scales(self, buf, tidx, tm, uk, M, nsc_r, s_base):
@@ -932,9 +949,11 @@ class CastKernel:
         (tm, tk), once per tile instead of once per thread and block: lanes 0 .. warp_rows - 1
         take the warp's rows (the rowwise pass's lanes of row r read lane r % warp_rows), the
         next warp_cols lanes its columns (the columnwise pass's); indices clamped into the
-        tensor (tail rows / columns, spare lanes). Per tensor (row_groups too): 0, unused."""
+        tensor (tail rows / columns, spare lanes); with row_groups every lane a row's (the
+        columns' are each thread's own, _group_col_amaxes), or 0 without the rowwise output.
+        Per tensor (row_groups too): 0, unused."""
         amax = Float32(0.0)
-        if cutlass.const_expr(self.per_token):
+        if cutlass.const_expr(self.per_token and (self.rowwise or not self.row_groups)):
             warp = tidx // 32
             lane = tidx % 32
             ncols = self.warp_cols
@@ -943,7 +962,7 @@ class CastKernel:
             col = cutlass.min(tk * self.tile_k + self._warp_col0(warp)
                               + cutlass.min(cutlass.max(lane - wr, 0), ncols - 1), K - 1)
             addr = ar_base + Int64(row) * 4
-            if cutlass.const_expr(self.columnwise):
+            if cutlass.const_expr(self.columnwise and not self.row_groups):
                 col_addr = ac_base + Int64(col) * 4
                 if cutlass.const_expr(self.rowwise):
                     addr = cutlass.select_(lane < wr, addr, col_addr)
@@ -952,14 +971,27 @@ class CastKernel:
             amax = E.ld_global_f32(addr)
         return amax
 
+    @cute.jit
+    def _group_col_amaxes(self, tk, K, col_thr, ac_base, g):
+        """Per token with row_groups: the column amaxes in group g (amax_c: the groups' K
+        column amaxes one after another) of the thread's columns in the column pass of tile
+        column tk (col_thr; clamped into the tensor). A block row's group can change within
+        a tile, so each thread computes its own columns' outer scales (_cast_tile) instead
+        of one lane per column (_lane_amax)."""
+        base = ac_base + Int64(g) * Int64(K) * 4
+        return [E.ld_global_f32(base + Int64(cutlass.min(tk * self.tile_k + c[0], K - 1)) * 4)
+                for c in col_thr]
+
     def _n_groups(self, starts):
         """row_groups: the number G of groups of the `starts` tables (group_tables of G + 1
         entries)."""
         return starts.shape[0] // self.group_tables - 1
 
     def _group_tables(self, enc_tab):
-        """row_groups: the smem address of the GROUP_* tables (after the enc tables and the
-        groups' outer scales, _fill_group_tables)."""
+        """row_groups: the smem address of the GROUP_* tables (per tensor after the enc tables
+        and the groups' outer scales, _fill_group_tables)."""
+        if self.per_token:
+            return enc_tab
         return enc_tab + self.row_groups * (ENC_CODES * 4 + 8)
 
     def _group_entry(self, starts, table, g):
@@ -987,7 +1019,7 @@ class CastKernel:
         its group g (_find_group in the first block rows, those past the G groups M / 16).
         Returns (g's s6, g's enc table, the twin unit of the block in input column 0, g's
         block rows, and the s6 and enc table of block row `warp`, the rowwise pass's (lane
-        4 warp's)); a twin unit is 8 data bytes and 1 scale byte (compact). Swizzled, three
+        4 warp's); per token g itself and None for the outer scales); a twin unit is 8 data bytes and 1 scale byte (compact). Swizzled, three
         more: the swizzled offset of row 0 column 0 of block row `warp`'s rowwise scales,
         that of the block's twin scale in input column 0, and the twin scales' bytes per 128
         input columns. Called once per unit of the walk. Measured against a [M / 16, 4]
@@ -1001,11 +1033,16 @@ class CastKernel:
         g, blk0 = self._find_group(starts, GROUP_FIRST, blk)
         nblk = self._group_entry(starts, GROUP_FIRST, g + 1) - blk0
         unit = Int64(K) * Int64(blk0) + Int64(blk - blk0)
-        s6 = E.bits_f32(E.ld_shared_u32(enc_tab + (self.row_groups * ENC_CODES + 2 * g) * 4))
-        tab = enc_tab + g * (ENC_CODES * 4)
         src = tidx // 32 * 4
-        out = (s6, tab, unit, Int64(nblk), cute.arch.shuffle_sync(s6, src),
-               cute.arch.shuffle_sync(tab, src))
+        if cutlass.const_expr(self.per_token):
+            # the lanes' outer scales are their rows' and their columns' in group g
+            # (_group_col_amaxes)
+            out = (g, None, unit, Int64(nblk), None, None)
+        else:
+            s6 = E.bits_f32(E.ld_shared_u32(enc_tab + (self.row_groups * ENC_CODES + 2 * g) * 4))
+            tab = enc_tab + g * (ENC_CODES * 4)
+            out = (s6, tab, unit, Int64(nblk), cute.arch.shuffle_sync(s6, src),
+                   cute.arch.shuffle_sync(tab, src))
         if cutlass.const_expr(self.swizzle):
             # the rowwise scales: block row vb of the groups' padded rows (that of block row
             # `warp`); the twin's: its scale column blk - blk0 of the group's [K, nblk] scales
@@ -1028,64 +1065,68 @@ class CastKernel:
         max.NaN's for amaxes; CTA 0 writes them to amax[:G]), each group's outer scales (s6,
         sdec) after row_groups enc tables, then those tables (_fill_enc_tables per group);
         a lane then finds its block row's group, table and s6 (_lane_row_group,
-        _cast_tile). Returns the smem tables."""
+        _cast_tile). Per token only the tables (amax unused). Returns the smem tables."""
         n_groups = self._n_groups(starts)
-        n_partials = amax.shape[0] - n_groups
-        ar_base = amax.iterator.toint()
         outer = enc_tab + self.row_groups * ENC_CODES * 4
         first = self._group_tables(enc_tab)
-        if tidx < self.row_groups:  # the group amaxes' accumulators
-            E.st_shared_v2(outer + tidx * 8, Uint32(0), Uint32(0))
+        if cutlass.const_expr(not self.per_token):
+            if tidx < self.row_groups:  # the group amaxes' accumulators
+                E.st_shared_v2(outer + tidx * 8, Uint32(0), Uint32(0))
         if tidx <= self.row_groups:
             for t in cutlass.range_constexpr(self.group_tables):
                 E.st_shared_u32(first + (t * (self.row_groups + 1) + tidx) * 4,
                                 starts[t * (n_groups + 1) + cutlass.min(tidx, n_groups)])
-        # a thread's partials are `loads` consecutive ones (every load issued before the
-        # reduction; indices past the last re-read it), at most max_tensor_partials +
-        # row_groups in all (group_chunks); in group order, so mostly of one group
-        loads = -(-(max_tensor_partials(self.num_sms) + self.row_groups)
-                  // self.consumer_threads)
-        parts = [cutlass.min(tidx * loads + u, n_partials - 1) for u in range(loads)]
-        bits = [Uint32(E.f32_bits(E.ld_global_f32(ar_base + Int64(n_groups + p) * 4)))
-                for p in parts]
-        cute.arch.barrier(barrier_id=1, number_of_threads=self.consumer_threads)
-        # the thread's maximum per group (a shared atomic when its partials pass into a later
-        # group), then the warp's per group: a segmented reduction over the lanes (a group's
-        # lanes are consecutive) towards the group's first lane, whose shared atomic is the
-        # only one of the group in the warp. Measured against a search and an atomic per
-        # partial, the partials strided (H200, bf16, N = 8, 1064 partials, rowwise compact
-        # cast kernel times): 4096x2048 10.05 -> 8.69 us, 8192x2048 14.80 -> 13.44, 4096x8192
-        # 23.48 -> 22.31, 8192^2 42.71 -> 41.41 (notes/quant_recipes.md "Session 41")
-        g, _ = self._find_group(first, GROUP_PARTIALS, parts[0])
-        nxt = self._group_entry(first, GROUP_PARTIALS, g + 1)
-        acc = bits[0]  # (the search began at parts[0]: it lies in group g)
-        for u in cutlass.range_constexpr(1, loads):
-            if parts[u] >= nxt:
+        if cutlass.const_expr(self.per_token):
+            cute.arch.barrier(barrier_id=1, number_of_threads=self.consumer_threads)
+        else:
+            n_partials = amax.shape[0] - n_groups
+            ar_base = amax.iterator.toint()
+            # a thread's partials are `loads` consecutive ones (every load issued before the
+            # reduction; indices past the last re-read it), at most max_tensor_partials +
+            # row_groups in all (group_chunks); in group order, so mostly of one group
+            loads = -(-(max_tensor_partials(self.num_sms) + self.row_groups)
+                      // self.consumer_threads)
+            parts = [cutlass.min(tidx * loads + u, n_partials - 1) for u in range(loads)]
+            bits = [Uint32(E.f32_bits(E.ld_global_f32(ar_base + Int64(n_groups + p) * 4)))
+                    for p in parts]
+            cute.arch.barrier(barrier_id=1, number_of_threads=self.consumer_threads)
+            # the thread's maximum per group (a shared atomic when its partials pass into a later
+            # group), then the warp's per group: a segmented reduction over the lanes (a group's
+            # lanes are consecutive) towards the group's first lane, whose shared atomic is the
+            # only one of the group in the warp. Measured against a search and an atomic per
+            # partial, the partials strided (H200, bf16, N = 8, 1064 partials, rowwise compact
+            # cast kernel times): 4096x2048 10.05 -> 8.69 us, 8192x2048 14.80 -> 13.44, 4096x8192
+            # 23.48 -> 22.31, 8192^2 42.71 -> 41.41 (notes/quant_recipes.md "Session 41")
+            g, _ = self._find_group(first, GROUP_PARTIALS, parts[0])
+            nxt = self._group_entry(first, GROUP_PARTIALS, g + 1)
+            acc = bits[0]  # (the search began at parts[0]: it lies in group g)
+            for u in cutlass.range_constexpr(1, loads):
+                if parts[u] >= nxt:
+                    E.red_shared_max_u32(outer + g * 8, acc)
+                    g, _ = self._find_group(first, GROUP_PARTIALS, parts[u])
+                    nxt = self._group_entry(first, GROUP_PARTIALS, g + 1)
+                    acc = Uint32(0)
+                acc = Uint32(cutlass.select_(bits[u] > acc, bits[u], acc))
+            lane = tidx % 32
+            for off in (1, 2, 4, 8, 16):
+                acc_up = cute.arch.shuffle_sync_down(acc, off)
+                g_up = cute.arch.shuffle_sync_down(g, off)
+                acc = cutlass.select_((lane + off < 32) & (g_up == g) & (acc_up > acc), acc_up, acc)
+            if (lane == 0) | (cute.arch.shuffle_sync_up(g, 1) != g):
                 E.red_shared_max_u32(outer + g * 8, acc)
-                g, _ = self._find_group(first, GROUP_PARTIALS, parts[u])
-                nxt = self._group_entry(first, GROUP_PARTIALS, g + 1)
-                acc = Uint32(0)
-            acc = Uint32(cutlass.select_(bits[u] > acc, bits[u], acc))
-        lane = tidx % 32
-        for off in (1, 2, 4, 8, 16):
-            acc_up = cute.arch.shuffle_sync_down(acc, off)
-            g_up = cute.arch.shuffle_sync_down(g, off)
-            acc = cutlass.select_((lane + off < 32) & (g_up == g) & (acc_up > acc), acc_up, acc)
-        if (lane == 0) | (cute.arch.shuffle_sync_up(g, 1) != g):
-            E.red_shared_max_u32(outer + g * 8, acc)
-        cute.arch.barrier(barrier_id=1, number_of_threads=self.consumer_threads)
-        if tidx < n_groups:
-            amax_g = E.ld_shared_u32(outer + tidx * 8)
-            if bidx == 0:
-                E.st_global_u32(ar_base + Int64(tidx) * 4, amax_g)
-            s6, sdec = outer_block_scales(E.bits_f32(amax_g), E.E4M3_MAX)
-            E.st_shared_v2(outer + tidx * 8, E.f32_bits(s6), E.f32_bits(sdec))
-        cute.arch.barrier(barrier_id=1, number_of_threads=self.consumer_threads)
-        for i in cutlass.range(tidx, n_groups * ENC_CODES, self.consumer_threads, unroll=1):
-            sdec = E.bits_f32(E.ld_shared_v2(outer + i // ENC_CODES * 8)[1])
-            E.st_shared_u32(enc_tab + i * 4,
-                            E.f32_bits(E.enc_from_code(Uint32(i % ENC_CODES), sdec)))
-        cute.arch.barrier(barrier_id=1, number_of_threads=self.consumer_threads)
+            cute.arch.barrier(barrier_id=1, number_of_threads=self.consumer_threads)
+            if tidx < n_groups:
+                amax_g = E.ld_shared_u32(outer + tidx * 8)
+                if bidx == 0:
+                    E.st_global_u32(ar_base + Int64(tidx) * 4, amax_g)
+                s6, sdec = outer_block_scales(E.bits_f32(amax_g), E.E4M3_MAX)
+                E.st_shared_v2(outer + tidx * 8, E.f32_bits(s6), E.f32_bits(sdec))
+            cute.arch.barrier(barrier_id=1, number_of_threads=self.consumer_threads)
+            for i in cutlass.range(tidx, n_groups * ENC_CODES, self.consumer_threads, unroll=1):
+                sdec = E.bits_f32(E.ld_shared_v2(outer + i // ENC_CODES * 8)[1])
+                E.st_shared_u32(enc_tab + i * 4,
+                                E.f32_bits(E.enc_from_code(Uint32(i % ENC_CODES), sdec)))
+            cute.arch.barrier(barrier_id=1, number_of_threads=self.consumer_threads)
         return first
 
     def _warp_col0(self, warp):
@@ -1291,11 +1332,12 @@ class CastKernel:
 
     @cute.jit
     def _col_pass(self, words, tidx, tm, tk, M, K, half_m, nsc_c, pad_c_c, col_thr,
-                  qt_base, st_base, s6, sdec, enc_tab, tile_scale, sr, lane_grp,
+                  qt_base, st_base, s6, sdec, enc_tab, tile_scale, sr, lane_grp, col_outer,
                   fast: cutlass.Constexpr = False):
         """Lanes with consecutive block rows store consecutive 8-byte pieces of one output row
         (64 bytes per input column and tile) from the thread's 16 words (_col_words). Per
-        token, s6 / sdec are the lane's (_lane_amax); with row_groups s6 / enc_tab those of the
+        token, s6 / sdec are the lane's (_lane_amax), with row_groups those of each column cc
+        col_outer[cc] (_cast_tile); per tensor with row_groups s6 / enc_tab those of the
         lane's block row, lane_grp _lane_row_group's (the twin unit in input column 0 and the
         group's block rows). tile_scale (block2d): the (scale byte, enc) of the thread's
         blocks (one 16x16 tile). sr: stochastic rounding (_sr_state); fast: the passes' fast copy
@@ -1330,7 +1372,9 @@ class CastKernel:
             c, q_off, s_off, sw_off = col_thr[cc]
             gk = col0 + c
             s6_c, sdec_c = s6, sdec
-            if cutlass.const_expr(self.per_token):
+            if cutlass.const_expr(self.per_token and self.row_groups):
+                s6_c, sdec_c = col_outer[cc]
+            elif cutlass.const_expr(self.per_token):
                 src = self.warp_rows + (lane % 4) * cols + cc  # column c - warp * 16 / esize
                 s6_c = cute.arch.shuffle_sync(s6, src)
                 sdec_c = cute.arch.shuffle_sync(sdec, src)

@@ -129,12 +129,14 @@ def row_group_tables(n_groups: int) -> int:
 
 def on_row_group_cast(recipe: Recipe, sizes) -> bool:
     """Whether a grouped input of 2 .. ROW_GROUPS_MAX groups runs the plain cast with row
-    groups (CastKernel row_groups: each 16-row block row's group's outer scale and enc table,
-    the twins and swizzled scales at their groups' offsets) after the chunked AmaxTensor:
-    per-tensor scaling, 1x16 blocks, rounding to nearest, no RHT of a twin, no 4over6, every
-    group's rows a multiple of 16 (a block row lies in one group). The recipe kernel runs the
-    rest."""
-    return (1 < len(sizes) <= ROW_GROUPS_MAX and recipe.scaling == "tensor"
+    groups (CastKernel row_groups: per tensor each 16-row block row's group's outer scale and
+    enc table, per token each twin block's column amax in its group; the twins and swizzled
+    scales at their groups' offsets) after the chunked AmaxTensor (per tensor) or RecipeAmax
+    (per token: the rows' amaxes and each group's column amaxes): scaling tensor or token,
+    1x16 blocks, rounding to nearest, no RHT of a twin, no 4over6, every group's rows a
+    multiple of 16 (a block row lies in one group). The recipe kernel runs the rest
+    (per-token rowwise-only inputs TokenRowCast where on_token_rows says so: _Plan)."""
+    return (1 < len(sizes) <= ROW_GROUPS_MAX and recipe.scaling in ("tensor", "token")
             and recipe.block == (1, 16)
             and not (recipe.stochastic_rounding or recipe.twin_rht)
             and recipe.four_over_six is None and all(mg % 16 == 0 for mg in sizes))
@@ -158,9 +160,11 @@ def on_token_rows(recipe: Recipe, sizes, col_sum: bool) -> bool:
 
 
 def row_group_walk(m: int, k: int, esize: int, columnwise: bool, rowwise: bool,
-                   swizzle: bool, num_sms: int) -> tuple:
-    """The tile walk of the row-group cast (on_row_group_cast): the per-tensor cast's
-    (dispatch.cast_walk) with the enc tables at every size (their groups' outer scales), the
+                   swizzle: bool, num_sms: int, per_token: bool = False) -> tuple:
+    """The tile walk of the row-group cast (on_row_group_cast). Per token the plain per-token
+    cast's (dispatch.cast_walk: its CTAs, reverse walk, amax prefetch and bands) with the run
+    of row_group_run and no preload. Per tensor the per-tensor cast's (dispatch.cast_walk)
+    with the enc tables at every size (their groups' outer scales), the
     run of row_group_run (the group lookup once per run; measured: swizzled row+col 1.11-1.28x
     -> 1.03-1.22x one plain quantize, notes/quant_recipes.md "Session 40") and no preload;
     rowwise only two CTAs per SM. Measured (H200, bf16, N = 8 groups, compact
@@ -168,8 +172,10 @@ def row_group_walk(m: int, k: int, esize: int, columnwise: bool, rowwise: bool,
     two CTAs per SM instead of one of two consumer groups 16384x8192 177 -> 161 us,
     32768x8192 338 -> 308 (before the enc tables; with them 1-3% at 2^24-2^26); preload
     within +-1.5%."""
-    walk = cast_walk(m, k, esize, False, False, columnwise and not swizzle,
+    walk = cast_walk(m, k, esize, per_token, False, columnwise and not swizzle,
                      rowwise and not swizzle, num_sms)
+    if per_token:
+        return walk[:4] + (row_group_run(m, k, esize, num_sms), False, False)
     ctas = walk[0] if columnwise else 2
     return (ctas, walk[1], False, walk[3], row_group_run(m, k, esize, num_sms), True, False)
 
@@ -392,6 +398,7 @@ class _Plan:
         # the recipe kernel read the input twice
         split = token_rows_config(k, esize, swz)
         if split is not None and on_token_rows(recipe, sizes, col_sum):
+            self.row_groups = False  # (on_row_group_cast takes per-token rowwise groups too)
             self.token_rows = token_rows_fn(name, swz, split, sms, arch,
                                             stochastic=recipe.stochastic_rounding)
             self.scale_shapes = (scale_shape(row0, nsc, swz), None)
@@ -404,19 +411,21 @@ class _Plan:
             block2d = recipe.block == (16, 16)
             tables = 0
             if self.row_groups:
-                walk = row_group_walk(m, k, esize, col, row, swz, sms)
+                walk = row_group_walk(m, k, esize, col, row, swz, sms, per_token)
                 tables = row_group_tables(len(sizes))
-                chunks, pfirst = group_chunks(sizes, k, esize, sms)
                 # the CastKernel GROUP_* tables: the groups' first block rows, first amax
-                # partials, swizzled the first block rows of their padded rowwise scales and
-                # the first bytes / 512 of their twins' scales
+                # partials (per token none: zeros), swizzled the first block rows of their
+                # padded rowwise scales and the first bytes / 512 of their twins' scales
+                pfirst = [0] * (len(sizes) + 1)
+                if not per_token:
+                    chunks, pfirst = group_chunks(sizes, k, esize, sms)
+                    self.chunks = torch.tensor(chunks, dtype=torch.int32, device=dev)
                 starts = [t[0] // 16 for t in gtab] + [m // 16] + pfirst
                 if swz:
                     starts += itertools.accumulate((_ceil(mg, 128) * 8 for mg in sizes),
                                                    initial=0)
                     starts += [t[5] // 512 for t in gtab] + [st_len // 512]
                 self.starts = torch.tensor(starts, dtype=torch.int32, device=dev)
-                self.chunks = torch.tensor(chunks, dtype=torch.int32, device=dev)
             else:
                 walk = plain_cast_walk(m, k, esize, per_token, col and not swz, row and not swz,
                                        sms, rht, sr)
@@ -429,7 +438,8 @@ class _Plan:
         if self.plain and scaling == "tensor" and not recipe.twin_rht and not col_sum:
             self.tensor_amax = tensor_amax_fn(name, sms, keep, arch)
             self.amax_dims = (m, k, esize, sms)
-        elif self.row_groups:  # the same per group: chunks inside the groups (group_chunks)
+        elif self.row_groups and scaling == "tensor":  # the same per group: chunks inside
+            # the groups (group_chunks)
             self.tensor_amax = tensor_amax_fn(name, sms, keep, arch, chunked=True)
         elif self.plain and token_amax_k1(recipe, col_sum):
             self.token_amax = token_amax_fn(name, keep, arch, recipe.twin_rht,
@@ -498,7 +508,8 @@ def _run(x2: torch.Tensor, sizes: List[int], recipe: Recipe, seed: int, offset: 
         st = _alloc(max(st_len, 1), dev) if col else None
     ar_len, ac_len = max(plan.ar_len, 1), max(plan.ac_len, 1)
     arg_r = arg_c = None  # per tensor on the plain cast: its [amax, partial] words per side
-    if plan.launch and plan.row_groups:  # [the group amaxes, the chunks' partials]
+    if plan.launch and plan.row_groups and scaling == "tensor":
+        # [the group amaxes, the chunks' partials]
         g = len(sizes)
         words = torch.empty(g + plan.chunks.shape[0], dtype=torch.float32, device=dev)
         plan.tensor_amax(x2, words[g - 1:], plan.chunks)  # partial c to words[g + c]
