@@ -28,8 +28,8 @@ from cute_fp4.quant.amax import THREADS as AMAX_THREADS, max_tensor_partials
 from cute_fp4.quant.recipes_dispatch import (amax_recipe_kernel, amax_tiles_per_cta,
                                              cast_recipe_kernel, group_chunks, on_plain_cast,
                                              on_row_group_cast, on_token_rows,
-                                             plain_cast_walk, ROW_GROUPS_MAX, row_group_tables, row_group_walk,
-                                             token_amax_k1)
+                                             plain_cast_walk, ROW_GROUPS_MAX, row_group_tables,
+                                             row_group_walk, token_amax_k1)
 
 ARCHS = ["sm_90a", "sm_100a"]
 RECIPES = [

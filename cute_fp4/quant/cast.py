@@ -72,9 +72,10 @@ reciprocal without its slow-path branch
 outer scales from the division and reciprocal without theirs (outer_block_scales fast, exact
 for amaxes 0 and in [2^-100, 2^100]); the other copy is the general one.
 
-`row_groups` (per tensor, no RHT / SR / 16x16): the row groups of a grouped input
-(recipes_dispatch.on_row_group_cast), each with its own outer amax (amax_r = amax_c = the G
-group amaxes, then the chunked AmaxTensor's partials, each inside one group), the twins one
+`row_groups` (no RHT / SR / 16x16): the row groups of a grouped input
+(recipes_dispatch.on_row_group_cast), per tensor each with its own outer amax (amax_r = amax_c
+= the G group amaxes, then the chunked AmaxTensor's partials, each inside one group), per token
+with the rows' amaxes (amax_r [M]) and each group's column amaxes (amax_c [G, K]); the twins one
 group after another (group g's [K, M_g / 2] data and [K, M_g / 16] scales; the rowwise data
 is the single tensor's; swizzled, every group's scales padded on their own). Groups are
 multiples of 16 rows, so a 16-row block row lies in one group: the prologue reduces each
@@ -84,7 +85,10 @@ recipes_dispatch.row_group_run) lane l finds block row l / 4's group by a binary
 those (_lane_row_group), whose s6 and table the rowwise pass's warp w takes from lane 4 w and
 the columnwise pass's lane uses itself, with the twin addresses of its group; the twin's
 stores are predicated, and swizzled the rowwise scale stores. Each thread reduces consecutive
-partials, so that a warp's lanes of one group meet in one shuffle reduction. Swizzled, the
+partials, so that a warp's lanes of one group meet in one shuffle reduction. Per token the
+prologue only fills the groups' tables; the rowwise pass takes its rows' outer scales as the
+plain per-token cast does, and each twin thread loads its columns' amaxes in its block row's
+group and computes their outer scales itself (_group_col_amaxes). Swizzled, the
 groups' padding is zeroed (_zero_padding) by a padding warp after the producer for rowwise
 outputs only (pad_warp), else by the consumers after their walk.
 
@@ -284,9 +288,10 @@ class CastKernel:
     def __call__(self, x: cute.Tensor, amax_r: cute.Tensor, amax_c: cute.Tensor,
                  q: cute.Tensor, s: cute.Tensor, qt: cute.Tensor, st: cute.Tensor,
                  rng: Optional[cute.Tensor], starts: Optional[cute.Tensor], stream):
-        """rng: int64 [seed, offset] of stochastic rounding (None without it). row_groups: amax_r
-        = amax_c = the G <= row_groups group amaxes (written by CTA 0), then the P <=
-        max_tensor_partials + row_groups partials of the chunked AmaxTensor; starts int32
+        """rng: int64 [seed, offset] of stochastic rounding (None without it). row_groups: per
+        tensor amax_r = amax_c = the G <= row_groups group amaxes (written by CTA 0), then the
+        P <= max_tensor_partials + row_groups partials of the chunked AmaxTensor, per token
+        amax_r the M row amaxes and amax_c the G groups' K column amaxes; starts int32
         [group_tables (G + 1)]: the GROUP_* tables (each with the value past the last group:
         M / 16, P, ...), qt / st the groups' twins one after another (group g's [K, M_g / 2]
         data and [K, M_g / 16] scales from K * its first row / 2 and / 16); swizzled, the
@@ -1015,19 +1020,19 @@ class CastKernel:
 
     @cute.jit
     def _lane_row_group(self, tm, M, K, tidx, starts, enc_tab):
-        """row_groups: lane l's block row l / 4 of tile row tm (clamped into the tensor) and
-        its group g (_find_group in the first block rows, those past the G groups M / 16).
-        Returns (g's s6, g's enc table, the twin unit of the block in input column 0, g's
-        block rows, and the s6 and enc table of block row `warp`, the rowwise pass's (lane
-        4 warp's); per token g itself and None for the outer scales); a twin unit is 8 data bytes and 1 scale byte (compact). Swizzled, three
-        more: the swizzled offset of row 0 column 0 of block row `warp`'s rowwise scales,
-        that of the block's twin scale in input column 0, and the twin scales' bytes per 128
-        input columns. Called once per unit of the walk. Measured against a [M / 16, 4]
-        global table read per tile (one tile ahead where the walk prefetches), both with
-        predicated twin stores (H200, bf16, N = 8, quantize_grouped in graphs): row+col
-        4096x8192 63.8 -> 61.4 us, 16384x2048 64.8 -> 61.8, 8192^2 117.0 -> 111.8; below 2^25
-        elements, where units were single tiles, 0.1-1 us slower (4096x2048 22.1 -> 23.0,
-        rowwise 17.2 -> 18.1; notes/quant_recipes.md "Session 39")."""
+        """row_groups: lane l's block row l / 4 of tile row tm (clamped into the tensor) and its
+        group g (_find_group in the first block rows, those past the G groups M / 16). Returns (g's
+        s6, g's enc table, the twin unit of the block in input column 0, g's block rows, and the s6
+        and enc table of block row `warp`, the rowwise pass's (lane 4 warp's); per token g itself
+        and None for the outer scales); a twin unit is 8 data bytes and 1 scale byte (compact).
+        Swizzled, three more: the swizzled offset of row 0 column 0 of block row `warp`'s rowwise
+        scales, that of the block's twin scale in input column 0, and the twin scales' bytes per 128
+        input columns. Called once per unit of the walk. Measured against a [M / 16, 4] global table
+        read per tile (one tile ahead where the walk prefetches), both with predicated twin stores
+        (H200, bf16, N = 8, quantize_grouped in graphs): row+col 4096x8192 63.8 -> 61.4 us,
+        16384x2048 64.8 -> 61.8, 8192^2 117.0 -> 111.8; below 2^25 elements, where units were single
+        tiles, 0.1-1 us slower (4096x2048 22.1 -> 23.0, rowwise 17.2 -> 18.1; notes/quant_recipes.md
+        "Session 39")."""
         blk = cutlass.min(cutlass.max(tm, 0) * (self.tile_m // 16) + tidx % 32 // 4,
                           M // 16 - 1)
         g, blk0 = self._find_group(starts, GROUP_FIRST, blk)

@@ -14,10 +14,11 @@ its transformed column amaxes, and per tensor with the RHT its maxima over all r
 columns). Per-token rowwise-only recipes (rows up to 16384 elements, no column sums,
 `on_token_rows`) are one launch of TokenRowCast, which reads each row once: single tensors,
 and grouped inputs rounding to nearest (the whole tensor's rows).
-Grouped inputs of 2 .. ROW_GROUPS_MAX groups with per-tensor 1x16 RN recipes, compact or
-swizzled scales, groups of multiples of 16 rows (`on_row_group_cast`), run AmaxTensor over
-chunks inside the groups (`group_chunks`: per-CTA partials, which the cast reduces per group)
-and the plain cast with row groups (CastKernel row_groups).
+Grouped inputs of 2 .. ROW_GROUPS_MAX groups with per-tensor or per-token 1x16 RN recipes,
+compact or swizzled scales, groups of multiples of 16 rows (`on_row_group_cast`), run the
+plain cast with row groups (CastKernel row_groups) after AmaxTensor over chunks inside the
+groups per tensor (`group_chunks`: per-CTA partials, which the cast reduces per group) or
+RecipeAmax per token (the rows' amaxes, each group's column amaxes).
 
 Tensor parallelism (input sharded along M, sequence parallel): `amax_reduce(t)` reduces a
 float32 CUDA amax tensor in place across ranks (e.g. an all-reduce MAX). It is called between
