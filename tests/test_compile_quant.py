@@ -591,6 +591,24 @@ def test_amax_ptx(arch, dtype):
 
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+def test_amax_token_groups_ptx(arch, dtype):
+    """K1 with row groups (the per-token row-group cast's amax pass): the same 16 loads per
+    lane, plus the groups of the CTA's 8 strips (int32 loads); the column fold over the warps
+    restarts at each new group: one red.max per row pair and up to 8 per column (a predicated
+    one at each group change, the last one always); no RHT or per-tensor variant."""
+    ptx = compile_ptx(*amax_token_kernel(dtype, 0, groups=True), arch=arch)
+    assert len(re.findall(r"ld\.global\.nc\.v4", ptx)) == 16
+    assert len(re.findall(r"ld\.global\.[bsu]32", ptx)) == 8
+    assert len(re.findall(r"red\.\S*global\.max\.u32", ptx)) == 1 + 8
+    plain = compile_ptx(*amax_token_kernel(dtype), arch=arch)
+    assert len(re.findall(r"red\.\S*global\.max\.u32", plain)) == 2
+    for kw in ({"rht": True}, {"per_tensor": True}):
+        with pytest.raises(ValueError, match="groups"):
+            amax_token_kernel(dtype, 0, groups=True, **kw)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
 @pytest.mark.parametrize("per_tensor", [False, True])
 def test_amax_token_rht_ptx(arch, dtype, per_tensor):
     """K1 with the RHT's column amaxes: the same 16 loads and row maxima; per column of the

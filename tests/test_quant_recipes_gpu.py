@@ -636,7 +636,8 @@ def test_grouped_row_group_cast(swizzle, outputs, dtype, kind, scaling, gen):
     ref.quantize_grouped (amaxes included; the third group all zero, special values), K with
     a tail tile: per tensor the group amaxes reduced in the cast from the chunked
     AmaxTensor's partials, each lane's block-row group amax; per token the rows' amaxes and
-    each group's column amaxes from RecipeAmax, each twin block's in its group (groups
+    each group's column amaxes from K1 with row groups (row+col: up to 3 groups in one K1
+    CTA's 8 strips) or RecipeAmax (one output), each twin block's in its group (groups
     inside tiles); the twins at their groups' offsets. Swizzled, every group's padding is
     zero (rows to 128, 65 -> 68 rowwise scale columns, twin scale rows 1040 -> 1152 and
     columns 17 -> 20, 1 -> 4, 3 -> 4; the outputs are poisoned); single groups and 16x16
@@ -667,20 +668,27 @@ def test_grouped_row_group_cast(swizzle, outputs, dtype, kind, scaling, gen):
         assert plan.chunks.tolist() == [list(c) for c in chunks]
         assert plan.tensor_amax is not None and plan.amax_fn is None
         assert plan.tt is None and plan.at is None  # no recipe kernel, none of its tables
-    else:
-        assert plan.chunks is None and plan.tensor_amax is None and plan.amax_fn is not None
+    elif outputs == (True, True):  # K1 with the groups' column amaxes
+        assert plan.chunks is None and plan.tensor_amax is None and plan.amax_fn is None
+        assert plan.token_amax is not None and plan.tt is None
+        assert plan.strips.tolist() == [g for g, mg in enumerate(ROW_GROUP_SPLITS)
+                                        for _ in range(mg // 16)]
+    else:  # one side only: RecipeAmax
+        assert plan.strips is None and plan.amax_fn is not None
 
 
 @pytest.mark.parametrize("n_groups", [9, 40, rd.ROW_GROUPS_MAX])
 def test_grouped_row_group_cast_many(n_groups, gen):
     """The row-group cast with 16 to 64 enc tables (rd.row_group_tables: 9 groups -> 16, 40
     and 64 -> 64, the most shared memory: two CTAs per SM rowwise only), groups of 0 to 48
-    rows, row+col and rowwise only."""
+    rows, row+col and rowwise only; per token row+col (K1's CTAs then span up to 5 groups)."""
     splits = [16 * (g % 4) for g in range(n_groups)]
     x = grouped_scaled(splits, 272, "outliers", torch.bfloat16, gen)
-    for outputs in OUTPUTS[:2]:
+    for scaling, outputs in [("tensor", OUTPUTS[0]), ("tensor", OUTPUTS[1]),
+                             ("token", OUTPUTS[0])]:
         for swizzle in (False, True):
-            recipe = Recipe(rowwise=outputs[0], columnwise=outputs[1], swizzle=swizzle)
+            recipe = Recipe(scaling=scaling, rowwise=outputs[0], columnwise=outputs[1],
+                            swizzle=swizzle)
             assert rd.on_row_group_cast(recipe, splits)
             check_grouped(x, splits, recipe)
 

@@ -158,12 +158,15 @@ def vec_amax(words, dtype_name):
 
 
 @cute.jit
-def fold_slab_columns(buf, vals, warps: cutlass.Constexpr, warp, lane, tidx, c0, K, fold, store):
+def fold_slab_columns(buf, vals, warps: cutlass.Constexpr, warp, lane, tidx, c0, K, fold, store,
+                      groups=None):
     """Fold each lane's column values `vals` (its len(vals) consecutive columns of a slab of
     32 * len(vals) columns starting at column c0) over the CTA's warps through the shared
     [warps, slab] buffer `buf`, in warp order (`fold(acc, next)`); then thread c of the slab
-    calls `store(c0 + c, value)` for the columns inside K. (Column maxima fold amaxes, >= 0 or
-    NaN, so starting from warp 0's value is max(0, ...).)"""
+    calls `store(c0 + c, value)` for the columns inside K. groups: a group id per warp (equal
+    ids consecutive), the fold restarting at each new id and `store(c0 + c, value, id)` called
+    once per id. (Column maxima fold amaxes, >= 0 or NaN, so starting from warp 0's value is
+    max(0, ...).)"""
     epv = len(vals)
     for j in cutlass.range_constexpr(epv):
         buf[warp, lane * epv + j] = vals[j]
@@ -171,9 +174,19 @@ def fold_slab_columns(buf, vals, warps: cutlass.Constexpr, warp, lane, tidx, c0,
     c = c0 + tidx
     if (tidx < 32 * epv) & (c < K):
         v = buf[0, tidx]
-        for w in cutlass.range_constexpr(1, warps):
-            v = fold(v, buf[w, tidx])
-        store(c, v)
+        if cutlass.const_expr(groups is None):
+            for w in cutlass.range_constexpr(1, warps):
+                v = fold(v, buf[w, tidx])
+            store(c, v)
+        else:
+            g = groups[0]
+            for w in cutlass.range_constexpr(1, warps):
+                new = groups[w] != g
+                if new:
+                    store(c, v, g)
+                v = cutlass.select_(new, buf[w, tidx], fold(v, buf[w, tidx]))
+                g = groups[w]
+            store(c, v, g)
 
 
 @cute.jit
@@ -248,6 +261,12 @@ class AmaxToken:
     atomics) gained at most 0.5 us (bf16, 2^24 to 2^26), lost up to 4 us on fp32 and at
     4096x2048 and 16384x8192 (notes/quant.md "Session 29").
 
+    `groups` (per-token row groups of a grouped input, recipes_dispatch.on_row_group_cast):
+    amax_c holds each group's K column amaxes one after another; `strip_groups` (int32, one
+    entry per 16-row strip: groups are multiples of 16 rows, so a warp's strip lies in one)
+    gives each strip's group, and the CTA's fold over its warps restarts at each new group
+    (fold_slab_columns groups: one atomic per (column, group) of the CTA).
+
     `rht`: amax_c[k] is the column amax of the 16-point RHT of x's 16-row column blocks (the
     twin's outer amax, SPEC section 2; M a multiple of 16): each lane's strip is one block
     row of its columns, transformed in FP32 as ref.quantize.rht does (_rht_column_maxima);
@@ -260,9 +279,12 @@ class AmaxToken:
     ROWS = STRIP * warps
 
     def __init__(self, dtype: str, l2_keep: int = 0, rht: bool = False,
-                 per_tensor: bool = False):
+                 per_tensor: bool = False, groups: bool = False):
         if dtype not in DTYPES:
             raise TypeError(f"AmaxToken: unsupported input dtype {dtype!r}")
+        if groups and (rht or per_tensor):
+            raise ValueError("AmaxToken: groups takes neither rht nor per_tensor")
+        self.groups = groups
         self.dtype_name = dtype
         self.esize = DTYPES[dtype].width // 8
         self.l2_keep = l2_keep
@@ -272,11 +294,14 @@ class AmaxToken:
         self.cols_per_cta = 32 * self.vec
 
     @cute.jit
-    def __call__(self, x: cute.Tensor, amax_r: cute.Tensor, amax_c: cute.Tensor, stream):
+    def __call__(self, x: cute.Tensor, amax_r: cute.Tensor, amax_c: cute.Tensor,
+                 strip_groups: Optional[cute.Tensor], stream):
+        """strip_groups: with groups the int32 group of each 16-row strip, else None."""
         M = x.shape[0]
         K = x.shape[1]
         grid = ((K + self.cols_per_cta - 1) // self.cols_per_cta, (M + self.ROWS - 1) // self.ROWS, 1)
-        self.kernel(x, amax_r, amax_c, M, K).launch(grid=grid, block=(32 * self.warps, 1, 1), stream=stream)
+        self.kernel(x, amax_r, amax_c, strip_groups, M, K).launch(
+            grid=grid, block=(32 * self.warps, 1, 1), stream=stream)
 
     def _column_maxima(self, rows):
         """The lane's vec column maxima (FP32) over its strip's row vectors: packed bf16x2 /
@@ -308,7 +333,8 @@ class AmaxToken:
         return [E.mul_rn(acc[j], Float32(0.25)) for j in range(self.vec)]
 
     @cute.kernel
-    def kernel(self, x: cute.Tensor, amax_r: cute.Tensor, amax_c: cute.Tensor, M: Int32, K: Int32):
+    def kernel(self, x: cute.Tensor, amax_r: cute.Tensor, amax_c: cute.Tensor,
+               strip_groups: Optional[cute.Tensor], M: Int32, K: Int32):
         tidx, _, _ = cute.arch.thread_idx()
         bx, by, _ = cute.arch.block_idx()
         lane = tidx % 32
@@ -340,6 +366,17 @@ class AmaxToken:
             (self.warps, self.cols_per_cta), stride=(self.cols_per_cta, 1)), 16)
         if cutlass.const_expr(self.per_tensor):
             fold_cta_maxima(red, rm, E.block_amax(cols), self.warps, warp, lane, tidx, ar, ac)
+        elif cutlass.const_expr(self.groups):
+            # the groups of the CTA's strips (those past M: the last strip's, whose rows the
+            # clamped reads repeat)
+            last = strip_groups.shape[0] - 1
+            groups = [strip_groups[cutlass.min(by * self.warps + w, last)]
+                      for w in range(self.warps)]
+
+            def store_group_max(c, v, g):
+                E.red_max_u32(ac + (Int64(g) * Int64(K) + Int64(c)) * 4, E.canonical_nan_bits(v))
+            fold_slab_columns(red, cols, self.warps, warp, lane, tidx, c0, K, E.fmax_nan,
+                              store_group_max, groups)
         else:
             def store_max(c, v):
                 E.red_max_u32(ac + Int64(c) * 4, E.canonical_nan_bits(v))

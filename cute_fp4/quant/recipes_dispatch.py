@@ -285,8 +285,9 @@ def amax_tiles_per_cta(tiles: int, k: int, esize: int, num_sms: int) -> int:
 
 
 def token_amax_k1(recipe: Recipe, col_sum: bool) -> bool:
-    """Whether a single-tensor recipe on the plain cast takes the plain per-token amax pass
-    (AmaxToken, K1) instead of RecipeAmax: per token with both outputs, without column sums;
+    """Whether a single-tensor recipe on the plain cast (a grouped one on the row-group cast:
+    AmaxToken groups) takes the plain per-token amax pass (AmaxToken, K1) instead of
+    RecipeAmax: per token with both outputs, without column sums;
     with the RHT, K1 takes the twin's column amaxes after the transform (AmaxToken rht); per
     tensor with the RHT, K1's maxima over all rows and columns (AmaxToken per_tensor). K1
     alone against RecipeAmax (H200, graphs): bf16 4096x8192 19.3 vs 21.1 us, 8192^2 34.7 vs
@@ -394,7 +395,9 @@ class _Plan:
         arch = device_arch(dev)
         self.plain = on_plain_cast(recipe, len(sizes), name)
         self.row_groups = on_row_group_cast(recipe, sizes)
-        self.starts = self.chunks = None  # row_groups: the groups' tables, the amax chunks
+        # row_groups: the groups' tables, the amax chunks (per tensor), the strips' groups
+        # (per token, K1)
+        self.starts = self.chunks = self.strips = None
         # TokenRowCast (on_token_rows): one read, where K1 + the plain SR cast or RecipeAmax +
         # the recipe kernel read the input twice
         split = token_rows_config(k, esize, swz)
@@ -445,6 +448,13 @@ class _Plan:
         elif self.plain and token_amax_k1(recipe, col_sum):
             self.token_amax = token_amax_fn(name, keep, arch, recipe.twin_rht,
                                             scaling == "tensor")
+        elif self.row_groups and token_amax_k1(recipe, col_sum):
+            # per token with both outputs: K1 with each group's column amaxes (AmaxToken
+            # groups), the group of each 16-row strip in a table
+            self.token_amax = token_amax_fn(name, keep, arch, groups=True)
+            self.strips = torch.tensor([g for g, mg in enumerate(sizes)
+                                        for _ in range(mg // 16)], dtype=torch.int32,
+                                       device=dev)
         elif scaling != "window64" and atab:
             recipe_tables()
             do_row, do_col = row or self.alias, col and not self.alias
@@ -549,7 +559,7 @@ def _run(x2: torch.Tensor, sizes: List[int], recipe: Recipe, seed: int, offset: 
             if psum is not None:
                 torch.sum(psum, 0, out=column_sum)
         elif plan.token_amax is not None:
-            plan.token_amax(x2, amax_r, amax_c)
+            plan.token_amax(x2, amax_r, amax_c, plan.strips)
     if column_sum is not None and plan.amax_fn is None:  # nothing to sum (no rows or columns)
         column_sum.zero_()
     if amax_reduce is not None and plan.tensor_amax is None:
