@@ -1020,18 +1020,19 @@ class CastKernel:
 
     @cute.jit
     def _lane_row_group(self, tm, M, K, tidx, starts, enc_tab):
-        """row_groups: lane l's block row l / 4 of tile row tm (clamped into the tensor) and its
-        group g (_find_group in the first block rows, those past the G groups M / 16). Returns (g's
-        s6, g's enc table, the twin unit of the block in input column 0, g's block rows, and the s6
-        and enc table of block row `warp`, the rowwise pass's (lane 4 warp's); per token g itself
-        and None for the outer scales); a twin unit is 8 data bytes and 1 scale byte (compact).
-        Swizzled, three more: the swizzled offset of row 0 column 0 of block row `warp`'s rowwise
-        scales, that of the block's twin scale in input column 0, and the twin scales' bytes per 128
-        input columns. Called once per unit of the walk. Measured against a [M / 16, 4] global table
-        read per tile (one tile ahead where the walk prefetches), both with predicated twin stores
-        (H200, bf16, N = 8, quantize_grouped in graphs): row+col 4096x8192 63.8 -> 61.4 us,
-        16384x2048 64.8 -> 61.8, 8192^2 117.0 -> 111.8; below 2^25 elements, where units were single
-        tiles, 0.1-1 us slower (4096x2048 22.1 -> 23.0, rowwise 17.2 -> 18.1; notes/quant_recipes.md
+        """row_groups: lane l's block row l / 4 of tile row tm (clamped into the tensor) and
+        its group g (_find_group in the first block rows, those past the G groups M / 16).
+        Returns (g's s6, g's enc table, the twin unit of the block in input column 0, g's
+        block rows, and the s6 and enc table of block row `warp`, the rowwise pass's (lane
+        4 warp's); per token g itself and None for the outer scales); a twin unit is 8 data
+        bytes and 1 scale byte (compact). Swizzled, three more: the swizzled offset of row 0
+        column 0 of block row `warp`'s rowwise scales, that of the block's twin scale in input
+        column 0, and the twin scales' bytes per 128 input columns. Called once per unit of
+        the walk. Measured against a [M / 16, 4] global table read per tile (one tile ahead
+        where the walk prefetches), both with predicated twin stores (H200, bf16, N = 8,
+        quantize_grouped in graphs): row+col 4096x8192 63.8 -> 61.4 us, 16384x2048 64.8 ->
+        61.8, 8192^2 117.0 -> 111.8; below 2^25 elements, where units were single tiles, 0.1-1
+        us slower (4096x2048 22.1 -> 23.0, rowwise 17.2 -> 18.1; notes/quant_recipes.md
         "Session 39")."""
         blk = cutlass.min(cutlass.max(tm, 0) * (self.tile_m // 16) + tidx % 32 // 4,
                           M // 16 - 1)

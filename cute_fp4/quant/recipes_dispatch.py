@@ -154,7 +154,7 @@ def on_token_rows(recipe: Recipe, sizes, col_sum: bool) -> bool:
     last must be a multiple of 128 rows, so that the groups' padded scales lie where the whole
     tensor's do. Grouped stochastic rounding draws each group's own Philox stream (2g) and
     runs the recipe kernel. Measured (H200, bf16, N = 8 groups of multiples of 128 rows,
-    graphs): 1.91-2.30x one plain per-token quantize on the recipe kernel, 0.98-1.05x here
+    graphs): 1.91-2.30x one plain per-token quantize on the recipe kernel, 0.95-1.03x here
     (notes/quant_recipes.md "Session 43")."""
     if not (recipe.scaling == "token" and recipe.rowwise and not recipe.columnwise
             and recipe.block == (1, 16) and recipe.four_over_six is None and not col_sum):
@@ -168,9 +168,9 @@ def row_group_walk(m: int, k: int, esize: int, columnwise: bool, rowwise: bool,
     """The tile walk of the row-group cast (on_row_group_cast). Per token the plain per-token
     cast's (dispatch.cast_walk: its CTAs, reverse walk, amax prefetch and bands) with the run
     of row_group_run and no preload. Per tensor the per-tensor cast's (dispatch.cast_walk)
-    with the enc tables at every size (their groups' outer scales), the
-    run of row_group_run (the group lookup once per run; measured: swizzled row+col 1.11-1.28x
-    -> 1.03-1.22x one plain quantize, notes/quant_recipes.md "Session 40") and no preload;
+    with the enc tables at every size (their groups' outer scales), the run of row_group_run
+    (the group lookup once per run; measured: swizzled row+col 1.11-1.28x -> 1.03-1.22x one
+    plain quantize, notes/quant_recipes.md "Session 40") and no preload;
     rowwise only two CTAs per SM. Measured (H200, bf16, N = 8 groups, compact
     scales, quantize_grouped in graphs; notes/quant_recipes.md "Session 38"): rowwise only,
     two CTAs per SM instead of one of two consumer groups 16384x8192 177 -> 161 us,
@@ -290,9 +290,9 @@ def amax_tiles_per_cta(tiles: int, k: int, esize: int, num_sms: int) -> int:
 def token_amax_k1(recipe: Recipe, col_sum: bool) -> bool:
     """Whether a single-tensor recipe on the plain cast (a grouped one on the row-group cast:
     AmaxToken groups) takes the plain per-token amax pass (AmaxToken, K1) instead of
-    RecipeAmax: per token with both outputs, without column sums;
-    with the RHT, K1 takes the twin's column amaxes after the transform (AmaxToken rht); per
-    tensor with the RHT, K1's maxima over all rows and columns (AmaxToken per_tensor). K1
+    RecipeAmax: per token with both outputs, without column sums; with the RHT, K1 takes the
+    twin's column amaxes after the transform (AmaxToken rht); per tensor with the RHT, K1's
+    maxima over all rows and columns (AmaxToken per_tensor). K1
     alone against RecipeAmax (H200, graphs): bf16 4096x8192 19.3 vs 21.1 us, 8192^2 34.7 vs
     37.6, 16384x8192 63.9 vs 63.5; fp32 4096x8192 34.6 vs 35.8, 8192^2 63.8 vs 65.8
     (notes/quant.md "Session 29"); with the RHT (session 33, torch profiler) 4096x8192 20.5
