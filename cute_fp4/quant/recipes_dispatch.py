@@ -397,15 +397,16 @@ class _Plan:
 
         arch = device_arch(dev)
         self.plain = on_plain_cast(recipe, len(sizes), name)
-        self.row_groups = on_row_group_cast(recipe, sizes)
+        # TokenRowCast (on_token_rows): one read, where K1 + the plain SR cast or RecipeAmax +
+        # the recipe kernel read the input twice; it takes precedence over the row-group cast
+        # (on_row_group_cast takes per-token rowwise groups too)
+        split = token_rows_config(k, esize, swz)
+        token_rows = split is not None and on_token_rows(recipe, sizes, col_sum)
+        self.row_groups = not token_rows and on_row_group_cast(recipe, sizes)
         # row_groups: the groups' tables, the amax chunks (per tensor), the strips' groups
         # (per token, K1)
         self.starts = self.chunks = self.strips = None
-        # TokenRowCast (on_token_rows): one read, where K1 + the plain SR cast or RecipeAmax +
-        # the recipe kernel read the input twice
-        split = token_rows_config(k, esize, swz)
-        if split is not None and on_token_rows(recipe, sizes, col_sum):
-            self.row_groups = False  # (on_row_group_cast takes per-token rowwise groups too)
+        if token_rows:
             self.token_rows = token_rows_fn(name, swz, split, sms, arch,
                                             stochastic=recipe.stochastic_rounding)
             self.scale_shapes = (scale_shape(row0, nsc, swz), None)
