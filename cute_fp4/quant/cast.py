@@ -496,10 +496,10 @@ class CastKernel:
             return E.encode16(xs, enc, self.hw)
         return E.sr_encode16(xs, enc, rnd)
 
-    def _fast_blocks_ok(self, sdec, col_outer, amax, col_amax=None):
+    def _fast_blocks_ok(self, sdec, col_outer, amax, own=None):
         """Whether every block quantized with outer scale sdec (per token: every lane's of
-        the warp, from its amax, with row_groups also each thread's column amaxes col_amax and
-        their outer scales col_outer; per tensor with the RHT also the twin's, col_outer)
+        the warp, from its amax, with row_groups in tiles spanning groups also each thread's
+        columns', own: _own_col_scales; per tensor with the RHT also the twin's, col_outer)
         allows the passes' fast copy (_passes with fast):
         - per token with fast_rcp: amax 0 or in [OUTER_FAST_MIN, OUTER_FAST_MAX], where
           outer_block_scales(fast=True) gave the IEEE outer scales;
@@ -511,11 +511,8 @@ class CastKernel:
                                                  & (amax <= Float32(OUTER_FAST_MAX))))
         if cutlass.const_expr(self.rht and not self.per_token):
             ok = ok & self._fast_outer_ok(col_outer[1])
-        if cutlass.const_expr(col_amax is not None):
-            for a, outer in zip(col_amax, col_outer):
-                ok = ok & self._fast_outer_ok(outer[1]) & (
-                    (a == Float32(0.0)) | ((a >= Float32(OUTER_FAST_MIN))
-                                           & (a <= Float32(OUTER_FAST_MAX))))
+        if cutlass.const_expr(own is not None):  # (uni: the lanes' columns, checked above)
+            ok = ok & (col_outer[0] | (own[own.shape[0] - 1] != Float32(0.0)))
         if cutlass.const_expr(self.per_token):
             ok = cute.arch.vote_all_sync(ok)
         return ok
@@ -794,8 +791,8 @@ class CastKernel:
         """Consumers: both passes over tile (tm, tk) in stage cstate of the ring; (tm_n,
         tk_n) is the CTA's next tile. Returns (amax_next, s6, sdec): per token the lane's
         _lane_amax of the next tile (prefetch_amax) and this tile's outer scale. col_outer,
-        rht_b: see _col_pass_rht (per token with row_groups col_outer is the (s6, sdec) of
-        each column of the thread's word in the column pass); tile_sc: the block2d tile
+        rht_b: see _col_pass_rht (per token with row_groups col_outer is (uni, span,
+        _own_col_amaxes), _col_pass); tile_sc: the block2d tile
         scales' smem buffers; sr: _sr_state; lane_grp: row_groups' _lane_row_group (per
         tensor the lane's s6 and enc table then take s6's and enc_tab's place), else None."""
         if cutlass.const_expr(self.prefetch_amax):
@@ -803,10 +800,23 @@ class CastKernel:
             amax_next = self._lane_amax(tm_n, tk_n, M, K, tidx, ar_base, ac_base)
         else:
             amax_cur = self._lane_amax(tm, tk, M, K, tidx, ar_base, ac_base)
-        col_amax = None  # per token with row_groups: the thread's columns' in its group
+        own = None  # per token with row_groups: _own_col_scales
         if cutlass.const_expr(self.row_groups and self.per_token and self.columnwise):
-            col_amax = self._group_col_amaxes(tk, K, col_thr, ac_base, lane_grp[0])
-            col_outer = [outer_block_scales(a, E.E4M3_MAX, True) for a in col_amax]
+            # a tile inside one group (uni): the plain per-token cast's lane per column, its
+            # column's amax in the group; else each thread's own columns' (measured, H200,
+            # bf16, N = 8, cast kernel, per-thread scales in every tile -> lanes in every
+            # tile: compact 4096x8192 42.7 -> 40.0 us, 8192^2 82.5 -> 78.1, swizzled 52.6 ->
+            # 45.3, 100.9 -> 86.4; notes/quant_recipes.md "Session 43")
+            g, (uni, span) = lane_grp[0], lane_grp[1]
+            lane = tidx % 32
+            col = self._lane_col(tk, K, tidx // 32, lane)
+            lane_col = E.ld_global_f32(ac_base + (Int64(g) * Int64(K) + Int64(col)) * 4)
+            if cutlass.const_expr(self.rowwise):
+                amax_cur = cutlass.select_(lane < self.warp_rows, amax_cur, lane_col)
+            else:
+                amax_cur = lane_col
+            own = self._own_col_amaxes(tk, K, col_thr, ac_base, g, span)
+            col_outer = (uni, span, own)
         elif cutlass.const_expr(self.row_groups):
             s6, enc_tab = lane_grp[0], lane_grp[1]
         if cutlass.const_expr(self.per_token and self.fast_rcp):
@@ -836,16 +846,13 @@ class CastKernel:
                 nsc_c, pad_c_c, row_thr, col_thr, offs, q_base, s_base, qt_base, st_base)
         tail = (enc_tab, run_sc, col_outer, rht_b, tile_scale, sc_buf, sr, lane_grp)
         if cutlass.const_expr(self.input_signs or self.fast_rcp):
-            if self._fast_blocks_ok(sdec, col_outer, amax_cur, col_amax):
+            if self._fast_blocks_ok(sdec, col_outer, amax_cur, own):
                 self._passes(*head, s6, sdec, *tail, True)
             else:
-                s6_i, sdec_i, tail_i = s6, sdec, tail
+                s6_i, sdec_i = s6, sdec
                 if cutlass.const_expr(self.per_token and self.fast_rcp):  # the IEEE ones
                     s6_i, sdec_i = outer_block_scales(amax_cur, E.E4M3_MAX)
-                if cutlass.const_expr(col_amax is not None):
-                    tail_i = (tail[:2] + ([outer_block_scales(a, E.E4M3_MAX) for a in col_amax],)
-                              + tail[3:])
-                self._passes(*head, s6_i, sdec_i, *tail_i, False)
+                self._passes(*head, s6_i, sdec_i, *tail, False)
         else:
             self._passes(*head, s6, sdec, *tail, False)
 
@@ -884,6 +891,10 @@ class CastKernel:
             self._col_pass_rht(tidx, tm, tk, M, K, half_m, nsc_c, pad_c_c, qt_base, st_base,
                                s6, sdec, col_outer, enc_tab, rht_b, sr, fast)
         elif cutlass.const_expr(self.columnwise):
+            if cutlass.const_expr(self.row_groups and self.per_token):
+                # before the column words: fewer values live (in the column pass ptxas took
+                # 118 registers against 96; two CTAs per SM fit 113)
+                col_outer = self._own_col_scales(col_outer, fast)
             if cutlass.const_expr(not self.preload):
                 col_words = self._col_words(stage_addr, offs)
             if cutlass.const_expr(self.block2d):  # the tile scales of the column blocks
@@ -955,17 +966,15 @@ class CastKernel:
         take the warp's rows (the rowwise pass's lanes of row r read lane r % warp_rows), the
         next warp_cols lanes its columns (the columnwise pass's); indices clamped into the
         tensor (tail rows / columns, spare lanes); with row_groups every lane a row's (the
-        columns' are each thread's own, _group_col_amaxes), or 0 without the rowwise output.
+        columns' come from the tile's group: _cast_tile), or 0 without the rowwise output.
         Per tensor (row_groups too): 0, unused."""
         amax = Float32(0.0)
         if cutlass.const_expr(self.per_token and (self.rowwise or not self.row_groups)):
             warp = tidx // 32
             lane = tidx % 32
-            ncols = self.warp_cols
             wr = self.warp_rows
             row = cutlass.min(cutlass.max(tm, 0) * self.tile_m + warp * wr + lane, M - 1)
-            col = cutlass.min(tk * self.tile_k + self._warp_col0(warp)
-                              + cutlass.min(cutlass.max(lane - wr, 0), ncols - 1), K - 1)
+            col = self._lane_col(tk, K, warp, lane)
             addr = ar_base + Int64(row) * 4
             if cutlass.const_expr(self.columnwise and not self.row_groups):
                 col_addr = ac_base + Int64(col) * 4
@@ -976,16 +985,56 @@ class CastKernel:
             amax = E.ld_global_f32(addr)
         return amax
 
+    def _lane_col(self, tk, K, warp, lane):
+        """Per token: the column of tile column tk whose outer scale lane (warp_rows ..
+        warp_rows + warp_cols - 1) computes for its warp's column pass (_lane_amax; clamped
+        into the tensor, the other lanes' one of them)."""
+        wr = self.warp_rows
+        return cutlass.min(tk * self.tile_k + self._warp_col0(warp)
+                           + cutlass.min(cutlass.max(lane - wr, 0), self.warp_cols - 1), K - 1)
+
     @cute.jit
     def _group_col_amaxes(self, tk, K, col_thr, ac_base, g):
         """Per token with row_groups: the column amaxes in group g (amax_c: the groups' K
         column amaxes one after another) of the thread's columns in the column pass of tile
-        column tk (col_thr; clamped into the tensor). A block row's group can change within
-        a tile, so each thread computes its own columns' outer scales (_cast_tile) instead
-        of one lane per column (_lane_amax)."""
+        column tk (col_thr; clamped into the tensor): in tiles whose block rows span groups
+        each thread computes its own columns' outer scales (_cast_tile)."""
         base = ac_base + Int64(g) * Int64(K) * 4
         return [E.ld_global_f32(base + Int64(cutlass.min(tk * self.tile_k + c[0], K - 1)) * 4)
                 for c in col_thr]
+
+    @cute.jit
+    def _own_col_amaxes(self, tk, K, col_thr, ac_base, g, span):
+        """Per token with row_groups, where the tile's block rows span groups (span; else
+        unset): a register tensor of the amaxes of the thread's columns in the column pass in
+        its block row's group g (_group_col_amaxes), then 1 where all allow the fast copy
+        (_fast_blocks_ok's per-token rule for their fast outer scales), else 0; their outer
+        scales come after the rowwise pass (_own_col_scales): kept from here, they made
+        ptxas take 116 registers against 96 (two CTAs per SM fit 113)."""
+        cols = len(col_thr)
+        own = cute.make_rmem_tensor((cols + 1,), Float32)
+        if span:
+            ok = cutlass.Boolean(True)
+            for cc, a in enumerate(self._group_col_amaxes(tk, K, col_thr, ac_base, g)):
+                own[cc] = a
+                ok = ok & self._fast_outer_ok(outer_block_scales(a, E.E4M3_MAX, True)[1]) & (
+                    (a == Float32(0.0)) | ((a >= Float32(OUTER_FAST_MIN))
+                                           & (a <= Float32(OUTER_FAST_MAX))))
+            own[cols] = cutlass.select_(ok, Float32(1.0), Float32(0.0))
+        return own
+
+    @cute.jit
+    def _own_col_scales(self, col_outer, fast: cutlass.Constexpr):
+        """Per token with row_groups: (uni, the outer scales (s6, sdec) of the thread's own
+        column amaxes, fast ones in the fast copy, where the tile spans groups, else unset)
+        from _cast_tile's (uni, span, _own_col_amaxes)."""
+        uni, span, own = col_outer
+        cols = own.shape[0] - 1
+        sc = cute.make_rmem_tensor((2 * cols,), Float32)
+        if span:
+            for cc in cutlass.range_constexpr(cols):
+                sc[2 * cc], sc[2 * cc + 1] = outer_block_scales(own[cc], E.E4M3_MAX, fast)
+        return uni, sc
 
     def _n_groups(self, starts):
         """row_groups: the number G of groups of the `starts` tables (group_tables of G + 1
@@ -1024,7 +1073,7 @@ class CastKernel:
         its group g (_find_group in the first block rows, those past the G groups M / 16).
         Returns (g's s6, g's enc table, the twin unit of the block in input column 0, g's
         block rows, and the s6 and enc table of block row `warp`, the rowwise pass's (lane
-        4 warp's); per token g itself and None for the outer scales); a twin unit is 8 data
+        4 warp's); per token g, (uni, span) and None for the outer scales); a twin unit is 8 data
         bytes and 1 scale byte (compact). Swizzled, three more: the swizzled offset of row 0
         column 0 of block row `warp`'s rowwise scales, that of the block's twin scale in input
         column 0, and the twin scales' bytes per 128 input columns. Called once per unit of
@@ -1041,9 +1090,14 @@ class CastKernel:
         unit = Int64(K) * Int64(blk0) + Int64(blk - blk0)
         src = tidx // 32 * 4
         if cutlass.const_expr(self.per_token):
-            # the lanes' outer scales are their rows' and their columns' in group g
-            # (_group_col_amaxes)
-            out = (g, None, unit, Int64(nblk), None, None)
+            # the lanes' outer scales are their rows' and their columns' in group g; (uni,
+            # span): whether the tile row's block rows (the warp's lanes hold all 8) lie in
+            # one group or span several (_cast_tile)
+            spans = None
+            if cutlass.const_expr(self.columnwise):
+                g0 = cute.arch.shuffle_sync(g, 0)
+                spans = (cute.arch.vote_all_sync(g == g0), cute.arch.vote_any_sync(g != g0))
+            out = (g, spans, unit, Int64(nblk), None, None)
         else:
             s6 = E.bits_f32(E.ld_shared_u32(enc_tab + (self.row_groups * ENC_CODES + 2 * g) * 4))
             tab = enc_tab + g * (ENC_CODES * 4)
@@ -1342,8 +1396,9 @@ class CastKernel:
                   fast: cutlass.Constexpr = False):
         """Lanes with consecutive block rows store consecutive 8-byte pieces of one output row
         (64 bytes per input column and tile) from the thread's 16 words (_col_words). Per
-        token, s6 / sdec are the lane's (_lane_amax), with row_groups those of each column cc
-        col_outer[cc] (_cast_tile); per tensor with row_groups s6 / enc_tab those of the
+        token, s6 / sdec are the lane's (_lane_amax; with row_groups col_outer =
+        _own_col_scales', used where the tile spans groups: _cast_tile); per tensor with
+        row_groups s6 / enc_tab those of the
         lane's block row, lane_grp _lane_row_group's (the twin unit in input column 0 and the
         group's block rows). tile_scale (block2d): the (scale byte, enc) of the thread's
         blocks (one 16x16 tile). sr: stochastic rounding (_sr_state); fast: the passes' fast copy
@@ -1378,12 +1433,14 @@ class CastKernel:
             c, q_off, s_off, sw_off = col_thr[cc]
             gk = col0 + c
             s6_c, sdec_c = s6, sdec
-            if cutlass.const_expr(self.per_token and self.row_groups):
-                s6_c, sdec_c = col_outer[cc]
-            elif cutlass.const_expr(self.per_token):
+            if cutlass.const_expr(self.per_token):
                 src = self.warp_rows + (lane % 4) * cols + cc  # column c - warp * 16 / esize
                 s6_c = cute.arch.shuffle_sync(s6, src)
                 sdec_c = cute.arch.shuffle_sync(sdec, src)
+                if cutlass.const_expr(self.row_groups):  # tiles spanning groups: the own ones
+                    uni, own = col_outer
+                    s6_c = cutlass.select_(uni, s6_c, own[2 * cc])
+                    sdec_c = cutlass.select_(uni, sdec_c, own[2 * cc + 1])
             xs = []
             for i in cutlass.range_constexpr(16):
                 if cutlass.const_expr(self.esize == 4):
