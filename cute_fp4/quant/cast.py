@@ -893,7 +893,7 @@ class CastKernel:
         elif cutlass.const_expr(self.columnwise):
             if cutlass.const_expr(self.row_groups and self.per_token):
                 # before the column words: fewer values live (in the column pass ptxas took
-                # 118 registers against 96; two CTAs per SM fit 113)
+                # 118 registers against 96; two CTAs of 9 warps per SM need <= 96)
                 col_outer = self._own_col_scales(col_outer, fast)
             if cutlass.const_expr(not self.preload):
                 col_words = self._col_words(stage_addr, offs)
@@ -1010,7 +1010,7 @@ class CastKernel:
         its block row's group g (_group_col_amaxes), then 1 where all allow the fast copy
         (_fast_blocks_ok's per-token rule for their fast outer scales), else 0; their outer
         scales come after the rowwise pass (_own_col_scales): kept from here, they made
-        ptxas take 116 registers against 96 (two CTAs per SM fit 113)."""
+        ptxas take 116 registers against 96 (two CTAs of 9 warps per SM need <= 96)."""
         cols = len(col_thr)
         own = cute.make_rmem_tensor((cols + 1,), Float32)
         if span:
