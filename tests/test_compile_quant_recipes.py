@@ -563,9 +563,10 @@ def test_row_group_token_cast_ptx(arch, dtype, row, col, swz, groups):
     """The per-token row-group cast: no prologue reduction (the amax pass wrote the rows'
     amaxes and each group's column amaxes) and no enc tables; the fast copy and the IEEE one
     of the passes behind a warp vote; with the twin one lane per column loads its column's
-    amax in the tile's group and, in tiles whose block rows span groups, each thread its own
-    columns' in its block row's group; the twin's stores are predicated; the padding warp for
-    swizzled rowwise-only outputs."""
+    amax in its block row's group (used where the tile's block rows lie in one group: a second
+    warp vote) and, in the IEEE copy's column pass for tiles spanning groups, each thread its
+    own columns' in its block row's group; the twin's stores are predicated; the padding warp
+    for swizzled rowwise-only outputs."""
     walk = row_group_walk(4096, 8192, 4 if dtype == "fp32" else 2, col, row, swz, 132, True)
     ptx = compile_ptx(*cast_kernel(dtype, row, col, swz, True, walk=walk, groups=groups,
                                    row_groups=8), arch=arch)
@@ -573,12 +574,11 @@ def test_row_group_token_cast_ptx(arch, dtype, row, col, swz, groups):
                                       r"rcp\.rn\.f32", r"vote\.sync\.all"]) == []
     assert ("cvt.rn.satfinite.e2m1x2.f32" in ptx) == (arch == "sm_100a")
     assert "red.relaxed.cta.shared.max" not in ptx and "shfl.sync.down" not in ptx
-    # the rows' amaxes one tile ahead (the first before the walk); per tile the lanes'
-    # columns' in the tile's group and, in tiles spanning groups (a warp vote), each
-    # thread's own columns'
+    # the lanes' row or column amaxes one tile ahead (the first before the walk); the
+    # spanning tiles' own columns'
     cols = 1 if dtype == "fp32" else 2  # input columns per 4-byte word
-    assert len(re.findall(r"ld\.global\.f32", ptx)) == 2 * row + (1 + cols) * col
-    assert ("vote.sync.any" in ptx) == col
+    assert len(re.findall(r"ld\.global\.f32", ptx)) == 2 + cols * col
+    assert len(re.findall(r"vote\.sync\.all", ptx)) == 1 + col
     assert ("@p st.global.v2.b32" in ptx) == col
     pad_warp = row and swz and not col
     assert (re.search(r"bar\.arrive\s+2,", ptx) is not None) == pad_warp

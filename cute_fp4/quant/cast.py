@@ -496,11 +496,11 @@ class CastKernel:
             return E.encode16(xs, enc, self.hw)
         return E.sr_encode16(xs, enc, rnd)
 
-    def _fast_blocks_ok(self, sdec, col_outer, amax, own=None):
+    def _fast_blocks_ok(self, sdec, col_outer, amax):
         """Whether every block quantized with outer scale sdec (per token: every lane's of
-        the warp, from its amax, with row_groups in tiles spanning groups also each thread's
-        columns', own: _own_col_scales; per tensor with the RHT also the twin's, col_outer)
-        allows the passes' fast copy (_passes with fast):
+        the warp, from its amax; per tensor with the RHT also the twin's, col_outer) allows
+        the passes' fast copy (_passes with fast); per token with row_groups and the twin not
+        in tiles whose block rows span groups (col_outer: uni, _cast_tile):
         - per token with fast_rcp: amax 0 or in [OUTER_FAST_MIN, OUTER_FAST_MAX], where
           outer_block_scales(fast=True) gave the IEEE outer scales;
         - the outer scale's bounds for the fast encoders (E.fast_outer_ok: _bulk_signs,
@@ -511,8 +511,8 @@ class CastKernel:
                                                  & (amax <= Float32(OUTER_FAST_MAX))))
         if cutlass.const_expr(self.rht and not self.per_token):
             ok = ok & self._fast_outer_ok(col_outer[1])
-        if cutlass.const_expr(own is not None):  # (uni: the lanes' columns, checked above)
-            ok = ok & (col_outer[0] | (own[own.shape[0] - 1] != Float32(0.0)))
+        if cutlass.const_expr(self.row_groups and self.per_token and self.columnwise):
+            ok = ok & col_outer[0]
         if cutlass.const_expr(self.per_token):
             ok = cute.arch.vote_all_sync(ok)
         return ok
@@ -704,7 +704,10 @@ class CastKernel:
             # ahead, its latency hides behind a tile's work), else of the current one
             amax_next = Float32(0.0)
             if cutlass.const_expr(self.prefetch_amax):
-                amax_next = self._lane_amax(tm, first_tk, M, K, gtid, ar_base, ac_base)
+                g = None  # per token with row_groups and the twin: the lane's block row's group
+                if cutlass.const_expr(self.row_groups and self.per_token and self.columnwise):
+                    g = self._lane_block_group(tm, M, gtid, tables)[1]
+                amax_next = self._lane_amax(tm, first_tk, M, K, gtid, ar_base, ac_base, g)
             runsc = storage.runsc.data_ptr().toint()
             tile_sc = storage.tile_sc.data_ptr().toint()
             # the run's buffer: runs alternate between the two (two groups: a group reaches
@@ -717,7 +720,7 @@ class CastKernel:
                 # their tile row)
                 lane_grp = None
                 if cutlass.const_expr(self.row_groups):
-                    lane_grp = self._lane_row_group(tm, M, K, gtid, tables, enc_tab)
+                    lane_grp = self._lane_row_group(tm, tm_n, M, K, gtid, tables, enc_tab)
                 if cutlass.const_expr(self.run == 1):
                     amax_next, s6, sdec = self._cast_tile(
                         pipe, cstate, sbase, gtid, tm, uk, tm_n, uk_n, M, K, half_k, half_m,
@@ -795,29 +798,23 @@ class CastKernel:
         _own_col_amaxes), _col_pass); tile_sc: the block2d tile
         scales' smem buffers; sr: _sr_state; lane_grp: row_groups' _lane_row_group (per
         tensor the lane's s6 and enc table then take s6's and enc_tab's place), else None."""
+        g, g_n = None, None  # per token with row_groups and the twin: the lane's block row's
+        if cutlass.const_expr(self.row_groups and self.per_token and self.columnwise):
+            # group in tile rows tm and tm_n. A tile inside one group (uni): the plain
+            # per-token cast's lane per column, its column's amax in the group; else each
+            # thread loads its own columns' in the IEEE copy's column pass (_passes)
+            # (measured, H200, bf16, N = 8, cast kernel, per-thread scales in every tile ->
+            # lanes in every tile: compact 4096x8192 42.7 -> 40.0 us, 8192^2 82.5 -> 78.1,
+            # swizzled 52.6 -> 45.3, 100.9 -> 86.4; notes/quant_recipes.md "Session 43")
+            g = lane_grp[0]
+            g_n = cutlass.select_(tm_n == tm, g, lane_grp[4])
+            col_outer = (lane_grp[1], ac_base)
         if cutlass.const_expr(self.prefetch_amax):
             amax_cur = amax_next
-            amax_next = self._lane_amax(tm_n, tk_n, M, K, tidx, ar_base, ac_base)
+            amax_next = self._lane_amax(tm_n, tk_n, M, K, tidx, ar_base, ac_base, g_n)
         else:
-            amax_cur = self._lane_amax(tm, tk, M, K, tidx, ar_base, ac_base)
-        own = None  # per token with row_groups: _own_col_scales
-        if cutlass.const_expr(self.row_groups and self.per_token and self.columnwise):
-            # a tile inside one group (uni): the plain per-token cast's lane per column, its
-            # column's amax in the group; else each thread's own columns' (measured, H200,
-            # bf16, N = 8, cast kernel, per-thread scales in every tile -> lanes in every
-            # tile: compact 4096x8192 42.7 -> 40.0 us, 8192^2 82.5 -> 78.1, swizzled 52.6 ->
-            # 45.3, 100.9 -> 86.4; notes/quant_recipes.md "Session 43")
-            g, (uni, span) = lane_grp[0], lane_grp[1]
-            lane = tidx % 32
-            col = self._lane_col(tk, K, tidx // 32, lane)
-            lane_col = E.ld_global_f32(ac_base + (Int64(g) * Int64(K) + Int64(col)) * 4)
-            if cutlass.const_expr(self.rowwise):
-                amax_cur = cutlass.select_(lane < self.warp_rows, amax_cur, lane_col)
-            else:
-                amax_cur = lane_col
-            own = self._own_col_amaxes(tk, K, col_thr, ac_base, g, span)
-            col_outer = (uni, span, own)
-        elif cutlass.const_expr(self.row_groups):
+            amax_cur = self._lane_amax(tm, tk, M, K, tidx, ar_base, ac_base, g)
+        if cutlass.const_expr(self.row_groups and not (self.per_token and self.columnwise)):
             s6, enc_tab = lane_grp[0], lane_grp[1]
         if cutlass.const_expr(self.per_token and self.fast_rcp):
             # the fast copy's (exact there: _fast_blocks_ok); the other copy takes the IEEE ones
@@ -846,7 +843,7 @@ class CastKernel:
                 nsc_c, pad_c_c, row_thr, col_thr, offs, q_base, s_base, qt_base, st_base)
         tail = (enc_tab, run_sc, col_outer, rht_b, tile_scale, sc_buf, sr, lane_grp)
         if cutlass.const_expr(self.input_signs or self.fast_rcp):
-            if self._fast_blocks_ok(sdec, col_outer, amax_cur, own):
+            if self._fast_blocks_ok(sdec, col_outer, amax_cur):
                 self._passes(*head, s6, sdec, *tail, True)
             else:
                 s6_i, sdec_i = s6, sdec
@@ -891,18 +888,23 @@ class CastKernel:
             self._col_pass_rht(tidx, tm, tk, M, K, half_m, nsc_c, pad_c_c, qt_base, st_base,
                                s6, sdec, col_outer, enc_tab, rht_b, sr, fast)
         elif cutlass.const_expr(self.columnwise):
-            if cutlass.const_expr(self.row_groups and self.per_token):
-                # before the column words: fewer values live (in the column pass ptxas took
-                # 118 registers against 96; two CTAs of 9 warps per SM need <= 96)
-                col_outer = self._own_col_scales(col_outer, fast)
             if cutlass.const_expr(not self.preload):
                 col_words = self._col_words(stage_addr, offs)
             if cutlass.const_expr(self.block2d):  # the tile scales of the column blocks
                 cute.arch.barrier(barrier_id=1, number_of_threads=self.consumer_threads)
                 tile_scale = self._col_tile_scale(tidx, sc_buf)
-            self._col_pass(col_words, tidx, tm, tk, M, K, half_m, nsc_c, pad_c_c, col_thr,
-                           qt_base, st_base, s6, sdec, enc_tab, tile_scale, sr, lane_grp,
-                           col_outer, fast)
+            head = (col_words, tidx, tm, tk, M, K, half_m, nsc_c, pad_c_c, col_thr, qt_base,
+                    st_base, s6, sdec, enc_tab, tile_scale, sr, lane_grp)
+            if cutlass.const_expr(self.row_groups and self.per_token and not fast):
+                # a copy of the pass for tiles spanning groups (a warp-uniform branch): there
+                # each thread its own columns' outer scales (selects between the two in one
+                # pass: 112 registers at 4096x2048 against 96 for two CTAs of 9 warps per SM)
+                if col_outer[0]:
+                    self._col_pass(*head, None, fast)
+                else:
+                    self._col_pass(*head, col_outer[1], fast)
+            else:
+                self._col_pass(*head, None, fast)
 
     @cute.jit
     def _flush_run_scales(self, buf, tidx, tm, uk, M, nsc_r, s_base):
@@ -960,24 +962,27 @@ class CastKernel:
                 cutlass.select_(wrap, tk - n_tk, tk))
 
     @cute.jit
-    def _lane_amax(self, tm, tk, M, K, tidx, ar_base, ac_base):
+    def _lane_amax(self, tm, tk, M, K, tidx, ar_base, ac_base, g=None):
         """Per token: the amax whose outer scale this lane computes for its warp in tile
         (tm, tk), once per tile instead of once per thread and block: lanes 0 .. warp_rows - 1
         take the warp's rows (the rowwise pass's lanes of row r read lane r % warp_rows), the
-        next warp_cols lanes its columns (the columnwise pass's); indices clamped into the
-        tensor (tail rows / columns, spare lanes); with row_groups every lane a row's (the
-        columns' come from the tile's group: _cast_tile), or 0 without the rowwise output.
-        Per tensor (row_groups too): 0, unused."""
+        next warp_cols lanes its columns (the columnwise pass's; with row_groups in group g,
+        the lane's block row's, used where the tile's block rows lie in one group:
+        _cast_tile); indices clamped into the tensor (tail rows / columns, spare lanes). Per
+        tensor (row_groups too): 0, unused."""
         amax = Float32(0.0)
-        if cutlass.const_expr(self.per_token and (self.rowwise or not self.row_groups)):
+        if cutlass.const_expr(self.per_token):
             warp = tidx // 32
             lane = tidx % 32
             wr = self.warp_rows
             row = cutlass.min(cutlass.max(tm, 0) * self.tile_m + warp * wr + lane, M - 1)
             col = self._lane_col(tk, K, warp, lane)
             addr = ar_base + Int64(row) * 4
-            if cutlass.const_expr(self.columnwise and not self.row_groups):
-                col_addr = ac_base + Int64(col) * 4
+            if cutlass.const_expr(self.columnwise):
+                col_off = Int64(col)
+                if cutlass.const_expr(g is not None):
+                    col_off = Int64(g) * Int64(K) + col_off
+                col_addr = ac_base + col_off * 4
                 if cutlass.const_expr(self.rowwise):
                     addr = cutlass.select_(lane < wr, addr, col_addr)
                 else:
@@ -1002,39 +1007,6 @@ class CastKernel:
         base = ac_base + Int64(g) * Int64(K) * 4
         return [E.ld_global_f32(base + Int64(cutlass.min(tk * self.tile_k + c[0], K - 1)) * 4)
                 for c in col_thr]
-
-    @cute.jit
-    def _own_col_amaxes(self, tk, K, col_thr, ac_base, g, span):
-        """Per token with row_groups, where the tile's block rows span groups (span; else
-        unset): a register tensor of the amaxes of the thread's columns in the column pass in
-        its block row's group g (_group_col_amaxes), then 1 where all allow the fast copy
-        (_fast_blocks_ok's per-token rule for their fast outer scales), else 0; their outer
-        scales come after the rowwise pass (_own_col_scales): kept from here, they made
-        ptxas take 116 registers against 96 (two CTAs of 9 warps per SM need <= 96)."""
-        cols = len(col_thr)
-        own = cute.make_rmem_tensor((cols + 1,), Float32)
-        if span:
-            ok = cutlass.Boolean(True)
-            for cc, a in enumerate(self._group_col_amaxes(tk, K, col_thr, ac_base, g)):
-                own[cc] = a
-                ok = ok & self._fast_outer_ok(outer_block_scales(a, E.E4M3_MAX, True)[1]) & (
-                    (a == Float32(0.0)) | ((a >= Float32(OUTER_FAST_MIN))
-                                           & (a <= Float32(OUTER_FAST_MAX))))
-            own[cols] = cutlass.select_(ok, Float32(1.0), Float32(0.0))
-        return own
-
-    @cute.jit
-    def _own_col_scales(self, col_outer, fast: cutlass.Constexpr):
-        """Per token with row_groups: (uni, the outer scales (s6, sdec) of the thread's own
-        column amaxes, fast ones in the fast copy, where the tile spans groups, else unset)
-        from _cast_tile's (uni, span, _own_col_amaxes)."""
-        uni, span, own = col_outer
-        cols = own.shape[0] - 1
-        sc = cute.make_rmem_tensor((2 * cols,), Float32)
-        if span:
-            for cc in cutlass.range_constexpr(cols):
-                sc[2 * cc], sc[2 * cc + 1] = outer_block_scales(own[cc], E.E4M3_MAX, fast)
-        return uni, sc
 
     def _n_groups(self, starts):
         """row_groups: the number G of groups of the `starts` tables (group_tables of G + 1
@@ -1068,12 +1040,21 @@ class CastKernel:
         return g, start
 
     @cute.jit
-    def _lane_row_group(self, tm, M, K, tidx, starts, enc_tab):
+    def _lane_block_group(self, tm, M, tidx, starts):
+        """row_groups: (lane l's block row l / 4 of tile row tm, clamped into the tensor, its
+        group g and g's first block row: _find_group)."""
+        blk = cutlass.min(cutlass.max(tm, 0) * (self.tile_m // 16) + tidx % 32 // 4,
+                          M // 16 - 1)
+        return (blk,) + self._find_group(starts, GROUP_FIRST, blk)
+
+    @cute.jit
+    def _lane_row_group(self, tm, tm_n, M, K, tidx, starts, enc_tab):
         """row_groups: lane l's block row l / 4 of tile row tm (clamped into the tensor) and
         its group g (_find_group in the first block rows, those past the G groups M / 16).
         Returns (g's s6, g's enc table, the twin unit of the block in input column 0, g's
         block rows, and the s6 and enc table of block row `warp`, the rowwise pass's (lane
-        4 warp's); per token g, (uni, span) and None for the outer scales); a twin unit is 8 data
+        4 warp's); per token g, uni, the lane's group in tile row tm_n (the walk's next unit's)
+        and None); a twin unit is 8 data
         bytes and 1 scale byte (compact). Swizzled, three more: the swizzled offset of row 0
         column 0 of block row `warp`'s rowwise scales, that of the block's twin scale in input
         column 0, and the twin scales' bytes per 128 input columns. Called once per unit of
@@ -1083,21 +1064,19 @@ class CastKernel:
         61.8, 8192^2 117.0 -> 111.8; below 2^25 elements, where units were single tiles, 0.1-1
         us slower (4096x2048 22.1 -> 23.0, rowwise 17.2 -> 18.1; notes/quant_recipes.md
         "Session 39")."""
-        blk = cutlass.min(cutlass.max(tm, 0) * (self.tile_m // 16) + tidx % 32 // 4,
-                          M // 16 - 1)
-        g, blk0 = self._find_group(starts, GROUP_FIRST, blk)
+        blk, g, blk0 = self._lane_block_group(tm, M, tidx, starts)
         nblk = self._group_entry(starts, GROUP_FIRST, g + 1) - blk0
         unit = Int64(K) * Int64(blk0) + Int64(blk - blk0)
         src = tidx // 32 * 4
         if cutlass.const_expr(self.per_token):
-            # the lanes' outer scales are their rows' and their columns' in group g; (uni,
-            # span): whether the tile row's block rows (the warp's lanes hold all 8) lie in
-            # one group or span several (_cast_tile)
-            spans = None
+            # the lanes' outer scales are their rows' and their columns' in group g; uni:
+            # whether the tile row's block rows (the warp's lanes hold all 8) lie in one
+            # group (_cast_tile)
+            uni = g_n = None
             if cutlass.const_expr(self.columnwise):
-                g0 = cute.arch.shuffle_sync(g, 0)
-                spans = (cute.arch.vote_all_sync(g == g0), cute.arch.vote_any_sync(g != g0))
-            out = (g, spans, unit, Int64(nblk), None, None)
+                uni = cute.arch.vote_all_sync(g == cute.arch.shuffle_sync(g, 0))
+                g_n = self._lane_block_group(tm_n, M, tidx, starts)[1]
+            out = (g, uni, unit, Int64(nblk), g_n, None)
         else:
             s6 = E.bits_f32(E.ld_shared_u32(enc_tab + (self.row_groups * ENC_CODES + 2 * g) * 4))
             tab = enc_tab + g * (ENC_CODES * 4)
@@ -1392,14 +1371,13 @@ class CastKernel:
 
     @cute.jit
     def _col_pass(self, words, tidx, tm, tk, M, K, half_m, nsc_c, pad_c_c, col_thr,
-                  qt_base, st_base, s6, sdec, enc_tab, tile_scale, sr, lane_grp, col_outer,
-                  fast: cutlass.Constexpr = False):
+                  qt_base, st_base, s6, sdec, enc_tab, tile_scale, sr, lane_grp,
+                  own=None, fast: cutlass.Constexpr = False):
         """Lanes with consecutive block rows store consecutive 8-byte pieces of one output row
         (64 bytes per input column and tile) from the thread's 16 words (_col_words). Per
-        token, s6 / sdec are the lane's (_lane_amax; with row_groups col_outer =
-        _own_col_scales', used where the tile spans groups: _cast_tile); per tensor with
-        row_groups s6 / enc_tab those of the
-        lane's block row, lane_grp _lane_row_group's (the twin unit in input column 0 and the
+        token, s6 / sdec are the lane's (_lane_amax); with row_groups in tiles whose block rows
+        span groups (_passes) those of each thread's own columns' amaxes in its block row's
+        group instead (own: the groups' column amaxes, amax_c's address); per tensor with row_groups s6 / enc_tab those of the lane's block row, lane_grp _lane_row_group's (the twin unit in input column 0 and the
         group's block rows). tile_scale (block2d): the (scale byte, enc) of the thread's
         blocks (one 16x16 tile). sr: stochastic rounding (_sr_state); fast: the passes' fast copy
         (_passes)."""
@@ -1433,14 +1411,14 @@ class CastKernel:
             c, q_off, s_off, sw_off = col_thr[cc]
             gk = col0 + c
             s6_c, sdec_c = s6, sdec
-            if cutlass.const_expr(self.per_token):
+            if cutlass.const_expr(own is not None):
+                s6_c, sdec_c = outer_block_scales(
+                    self._group_col_amaxes(tk, K, col_thr[cc:cc + 1], own, lane_grp[0])[0],
+                    E.E4M3_MAX)
+            elif cutlass.const_expr(self.per_token):
                 src = self.warp_rows + (lane % 4) * cols + cc  # column c - warp * 16 / esize
                 s6_c = cute.arch.shuffle_sync(s6, src)
                 sdec_c = cute.arch.shuffle_sync(sdec, src)
-                if cutlass.const_expr(self.row_groups):  # tiles spanning groups: the own ones
-                    uni, own = col_outer
-                    s6_c = cutlass.select_(uni, s6_c, own[2 * cc])
-                    sdec_c = cutlass.select_(uni, sdec_c, own[2 * cc + 1])
             xs = []
             for i in cutlass.range_constexpr(16):
                 if cutlass.const_expr(self.esize == 4):
