@@ -330,6 +330,10 @@ class CastKernel:
 
         self.storage = Storage
         launch = {}
+        if cutlass.const_expr(self.row_groups and self.per_token and self.columnwise):
+            # ptxas otherwise took up to 126 registers per thread in two-CTA walks (two CTAs of
+            # 9 warps per SM need <= 96: 5 warps on one of the 4 register partitions)
+            launch = {"min_blocks_per_mp": self.ctas_per_sm, "preferred_smem_carveout": 100}
         if cutlass.const_expr(self.stochastic):
             # ptxas otherwise spends registers on the round keys beyond what ctas_per_sm CTAs
             # per SM leave (116 per thread per token with the RHT: one CTA per SM)
@@ -794,18 +798,21 @@ class CastKernel:
         """Consumers: both passes over tile (tm, tk) in stage cstate of the ring; (tm_n,
         tk_n) is the CTA's next tile. Returns (amax_next, s6, sdec): per token the lane's
         _lane_amax of the next tile (prefetch_amax) and this tile's outer scale. col_outer,
-        rht_b: see _col_pass_rht (per token with row_groups col_outer is (uni, span,
-        _own_col_amaxes), _col_pass); tile_sc: the block2d tile
-        scales' smem buffers; sr: _sr_state; lane_grp: row_groups' _lane_row_group (per
-        tensor the lane's s6 and enc table then take s6's and enc_tab's place), else None."""
+        rht_b: see _col_pass_rht (per token with row_groups and the twin col_outer is (uni:
+        the tile's block rows lie in one group, the groups' column amaxes), _passes);
+        tile_sc: the block2d tile scales' smem buffers; sr: _sr_state; lane_grp: row_groups'
+        _lane_row_group (per tensor the lane's s6 and enc table then take s6's and enc_tab's
+        place), else None."""
         g, g_n = None, None  # per token with row_groups and the twin: the lane's block row's
         if cutlass.const_expr(self.row_groups and self.per_token and self.columnwise):
             # group in tile rows tm and tm_n. A tile inside one group (uni): the plain
-            # per-token cast's lane per column, its column's amax in the group; else each
-            # thread loads its own columns' in the IEEE copy's column pass (_passes)
-            # (measured, H200, bf16, N = 8, cast kernel, per-thread scales in every tile ->
-            # lanes in every tile: compact 4096x8192 42.7 -> 40.0 us, 8192^2 82.5 -> 78.1,
-            # swizzled 52.6 -> 45.3, 100.9 -> 86.4; notes/quant_recipes.md "Session 43")
+            # per-token cast's lane per column, its column's amax in the group loaded one
+            # tile ahead with the rows'; else the IEEE copy (_fast_blocks_ok), whose column
+            # pass takes each thread's own columns' (measured against each thread's own
+            # columns in every tile, H200, bf16, N = 8, the cast kernel, compact / swizzled:
+            # 4096x2048 14.3 -> 13.2 / 16.1 -> 16.0 us, 4096x8192 42.4 -> 40.4 / 52.3 ->
+            # 48.1, 8192^2 82.1 -> 78.8 / 100.6 -> 91.7, 16384x8192 171.1 -> 158.8 / 179.8
+            # -> 183.0; notes/quant_recipes.md "Session 44")
             g = lane_grp[0]
             g_n = cutlass.select_(tm_n == tm, g, lane_grp[4])
             col_outer = (lane_grp[1], ac_base)
@@ -893,18 +900,13 @@ class CastKernel:
             if cutlass.const_expr(self.block2d):  # the tile scales of the column blocks
                 cute.arch.barrier(barrier_id=1, number_of_threads=self.consumer_threads)
                 tile_scale = self._col_tile_scale(tidx, sc_buf)
-            head = (col_words, tidx, tm, tk, M, K, half_m, nsc_c, pad_c_c, col_thr, qt_base,
-                    st_base, s6, sdec, enc_tab, tile_scale, sr, lane_grp)
+            own = None  # per token with row_groups the IEEE copy: each thread's own columns'
+            # outer scales (tiles spanning groups: _cast_tile)
             if cutlass.const_expr(self.row_groups and self.per_token and not fast):
-                # a copy of the pass for tiles spanning groups (a warp-uniform branch): there
-                # each thread its own columns' outer scales (selects between the two in one
-                # pass: 112 registers at 4096x2048 against 96 for two CTAs of 9 warps per SM)
-                if col_outer[0]:
-                    self._col_pass(*head, None, fast)
-                else:
-                    self._col_pass(*head, col_outer[1], fast)
-            else:
-                self._col_pass(*head, None, fast)
+                own = col_outer[1]
+            self._col_pass(col_words, tidx, tm, tk, M, K, half_m, nsc_c, pad_c_c, col_thr,
+                           qt_base, st_base, s6, sdec, enc_tab, tile_scale, sr, lane_grp, own,
+                           fast)
 
     @cute.jit
     def _flush_run_scales(self, buf, tidx, tm, uk, M, nsc_r, s_base):
@@ -998,15 +1000,6 @@ class CastKernel:
         return cutlass.min(tk * self.tile_k + self._warp_col0(warp)
                            + cutlass.min(cutlass.max(lane - wr, 0), self.warp_cols - 1), K - 1)
 
-    @cute.jit
-    def _group_col_amaxes(self, tk, K, col_thr, ac_base, g):
-        """Per token with row_groups: the column amaxes in group g (amax_c: the groups' K
-        column amaxes one after another) of the thread's columns in the column pass of tile
-        column tk (col_thr; clamped into the tensor): in tiles whose block rows span groups
-        each thread computes its own columns' outer scales (_cast_tile)."""
-        base = ac_base + Int64(g) * Int64(K) * 4
-        return [E.ld_global_f32(base + Int64(cutlass.min(tk * self.tile_k + c[0], K - 1)) * 4)
-                for c in col_thr]
 
     def _n_groups(self, starts):
         """row_groups: the number G of groups of the `starts` tables (group_tables of G + 1
@@ -1053,9 +1046,10 @@ class CastKernel:
         its group g (_find_group in the first block rows, those past the G groups M / 16).
         Returns (g's s6, g's enc table, the twin unit of the block in input column 0, g's
         block rows, and the s6 and enc table of block row `warp`, the rowwise pass's (lane
-        4 warp's); per token g, uni, the lane's group in tile row tm_n (the walk's next unit's)
-        and None); a twin unit is 8 data
-        bytes and 1 scale byte (compact). Swizzled, three more: the swizzled offset of row 0
+        4 warp's); per token g, with the twin uni (whether the warp's lanes' block rows, all
+        8 of the tile row, lie in one group) and the lane's group in tile row tm_n (the
+        walk's next unit's), and None); a twin unit is 8 data bytes and 1 scale byte
+        (compact). Swizzled, three more: the swizzled offset of row 0
         column 0 of block row `warp`'s rowwise scales, that of the block's twin scale in input
         column 0, and the twin scales' bytes per 128 input columns. Called once per unit of
         the walk. Measured against a [M / 16, 4] global table read per tile (one tile ahead
@@ -1069,9 +1063,7 @@ class CastKernel:
         unit = Int64(K) * Int64(blk0) + Int64(blk - blk0)
         src = tidx // 32 * 4
         if cutlass.const_expr(self.per_token):
-            # the lanes' outer scales are their rows' and their columns' in group g; uni:
-            # whether the tile row's block rows (the warp's lanes hold all 8) lie in one
-            # group (_cast_tile)
+            # the lanes' outer scales are their rows' and their columns' in group g
             uni = g_n = None
             if cutlass.const_expr(self.columnwise):
                 uni = cute.arch.vote_all_sync(g == cute.arch.shuffle_sync(g, 0))
@@ -1375,9 +1367,10 @@ class CastKernel:
                   own=None, fast: cutlass.Constexpr = False):
         """Lanes with consecutive block rows store consecutive 8-byte pieces of one output row
         (64 bytes per input column and tile) from the thread's 16 words (_col_words). Per
-        token, s6 / sdec are the lane's (_lane_amax); with row_groups in tiles whose block rows
-        span groups (_passes) those of each thread's own columns' amaxes in its block row's
-        group instead (own: the groups' column amaxes, amax_c's address); per tensor with row_groups s6 / enc_tab those of the lane's block row, lane_grp _lane_row_group's (the twin unit in input column 0 and the
+        token, s6 / sdec are the lane's (_lane_amax), or with own (row_groups: the groups' K
+        column amaxes one after another, amax_c) those of the thread's own column's amax in
+        its block row's group; per tensor with row_groups s6 / enc_tab those of the lane's
+        block row, lane_grp _lane_row_group's (the twin unit in input column 0 and the
         group's block rows). tile_scale (block2d): the (scale byte, enc) of the thread's
         blocks (one 16x16 tile). sr: stochastic rounding (_sr_state); fast: the passes' fast copy
         (_passes)."""
@@ -1412,9 +1405,8 @@ class CastKernel:
             gk = col0 + c
             s6_c, sdec_c = s6, sdec
             if cutlass.const_expr(own is not None):
-                s6_c, sdec_c = outer_block_scales(
-                    self._group_col_amaxes(tk, K, col_thr[cc:cc + 1], own, lane_grp[0])[0],
-                    E.E4M3_MAX)
+                col = Int64(lane_grp[0]) * Int64(K) + Int64(cutlass.min(gk, K - 1))
+                s6_c, sdec_c = outer_block_scales(E.ld_global_f32(own + col * 4), E.E4M3_MAX)
             elif cutlass.const_expr(self.per_token):
                 src = self.warp_rows + (lane % 4) * cols + cc  # column c - warp * 16 / esize
                 s6_c = cute.arch.shuffle_sync(s6, src)
