@@ -560,11 +560,13 @@ def test_row_group_cast_ptx(arch, dtype, row, col, swz, tables):
     ("fp32", True, True, False, 1), ("fp16", False, True, True, 1),
     ("bf16", True, False, True, 1)])
 def test_row_group_token_cast_ptx(arch, dtype, row, col, swz, groups):
-    """The per-token row-group cast: no prologue reduction (RecipeAmax wrote the rows' amaxes
-    and each group's column amaxes) and no enc tables; the fast copy and the IEEE one of the
-    passes behind a warp vote; with the twin each thread loads its columns' amaxes in its
-    block row's group (one more global f32 load than the rowwise pass's row amax) and the
-    twin's stores are predicated; the padding warp for swizzled rowwise-only outputs."""
+    """The per-token row-group cast: no prologue reduction (the amax pass wrote the rows'
+    amaxes and each group's column amaxes) and no enc tables; the fast copy and the IEEE one
+    of the passes behind a warp vote; with the twin one lane per column loads its column's
+    amax in its block row's group (used where the tile's block rows lie in one group: a second
+    warp vote) and, in the IEEE copy's column pass for tiles spanning groups, each thread its
+    own columns' in its block row's group; the twin's stores are predicated; the padding warp
+    for swizzled rowwise-only outputs."""
     walk = row_group_walk(4096, 8192, 4 if dtype == "fp32" else 2, col, row, swz, 132, True)
     ptx = compile_ptx(*cast_kernel(dtype, row, col, swz, True, walk=walk, groups=groups,
                                    row_groups=8), arch=arch)
@@ -572,9 +574,11 @@ def test_row_group_token_cast_ptx(arch, dtype, row, col, swz, groups):
                                       r"rcp\.rn\.f32", r"vote\.sync\.all"]) == []
     assert ("cvt.rn.satfinite.e2m1x2.f32" in ptx) == (arch == "sm_100a")
     assert "red.relaxed.cta.shared.max" not in ptx and "shfl.sync.down" not in ptx
-    # the rows' amaxes one tile ahead (the first before the walk), the columns' per tile
+    # the lanes' row or column amaxes one tile ahead (the first before the walk); the
+    # spanning tiles' own columns'
     cols = 1 if dtype == "fp32" else 2  # input columns per 4-byte word
-    assert len(re.findall(r"ld\.global\.f32", ptx)) == 2 * row + cols * col
+    assert len(re.findall(r"ld\.global\.f32", ptx)) == 2 + cols * col
+    assert len(re.findall(r"vote\.sync\.all", ptx)) == 1 + col
     assert ("@p st.global.v2.b32" in ptx) == col
     pad_warp = row and swz and not col
     assert (re.search(r"bar\.arrive\s+2,", ptx) is not None) == pad_warp

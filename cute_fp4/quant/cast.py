@@ -330,6 +330,10 @@ class CastKernel:
 
         self.storage = Storage
         launch = {}
+        if cutlass.const_expr(self.row_groups and self.per_token and self.columnwise):
+            # ptxas otherwise took up to 126 registers per thread in two-CTA walks (two CTAs of
+            # 9 warps per SM need <= 96: 5 warps on one of the 4 register partitions)
+            launch = {"min_blocks_per_mp": self.ctas_per_sm, "preferred_smem_carveout": 100}
         if cutlass.const_expr(self.stochastic):
             # ptxas otherwise spends registers on the round keys beyond what ctas_per_sm CTAs
             # per SM leave (116 per thread per token with the RHT: one CTA per SM)
@@ -496,11 +500,11 @@ class CastKernel:
             return E.encode16(xs, enc, self.hw)
         return E.sr_encode16(xs, enc, rnd)
 
-    def _fast_blocks_ok(self, sdec, col_outer, amax, col_amax=None):
+    def _fast_blocks_ok(self, sdec, col_outer, amax):
         """Whether every block quantized with outer scale sdec (per token: every lane's of
-        the warp, from its amax, with row_groups also each thread's column amaxes col_amax and
-        their outer scales col_outer; per tensor with the RHT also the twin's, col_outer)
-        allows the passes' fast copy (_passes with fast):
+        the warp, from its amax; per tensor with the RHT also the twin's, col_outer) allows
+        the passes' fast copy (_passes with fast); per token with row_groups and the twin not
+        in tiles whose block rows span groups (col_outer: uni, _cast_tile):
         - per token with fast_rcp: amax 0 or in [OUTER_FAST_MIN, OUTER_FAST_MAX], where
           outer_block_scales(fast=True) gave the IEEE outer scales;
         - the outer scale's bounds for the fast encoders (E.fast_outer_ok: _bulk_signs,
@@ -511,11 +515,8 @@ class CastKernel:
                                                  & (amax <= Float32(OUTER_FAST_MAX))))
         if cutlass.const_expr(self.rht and not self.per_token):
             ok = ok & self._fast_outer_ok(col_outer[1])
-        if cutlass.const_expr(col_amax is not None):
-            for a, outer in zip(col_amax, col_outer):
-                ok = ok & self._fast_outer_ok(outer[1]) & (
-                    (a == Float32(0.0)) | ((a >= Float32(OUTER_FAST_MIN))
-                                           & (a <= Float32(OUTER_FAST_MAX))))
+        if cutlass.const_expr(self.row_groups and self.per_token and self.columnwise):
+            ok = ok & col_outer[0]
         if cutlass.const_expr(self.per_token):
             ok = cute.arch.vote_all_sync(ok)
         return ok
@@ -707,7 +708,10 @@ class CastKernel:
             # ahead, its latency hides behind a tile's work), else of the current one
             amax_next = Float32(0.0)
             if cutlass.const_expr(self.prefetch_amax):
-                amax_next = self._lane_amax(tm, first_tk, M, K, gtid, ar_base, ac_base)
+                g = None  # per token with row_groups and the twin: the lane's block row's group
+                if cutlass.const_expr(self.row_groups and self.per_token and self.columnwise):
+                    g = self._lane_block_group(tm, M, gtid, tables)[1]
+                amax_next = self._lane_amax(tm, first_tk, M, K, gtid, ar_base, ac_base, g)
             runsc = storage.runsc.data_ptr().toint()
             tile_sc = storage.tile_sc.data_ptr().toint()
             # the run's buffer: runs alternate between the two (two groups: a group reaches
@@ -720,7 +724,7 @@ class CastKernel:
                 # their tile row)
                 lane_grp = None
                 if cutlass.const_expr(self.row_groups):
-                    lane_grp = self._lane_row_group(tm, M, K, gtid, tables, enc_tab)
+                    lane_grp = self._lane_row_group(tm, tm_n, M, K, gtid, tables, enc_tab)
                 if cutlass.const_expr(self.run == 1):
                     amax_next, s6, sdec = self._cast_tile(
                         pipe, cstate, sbase, gtid, tm, uk, tm_n, uk_n, M, K, half_k, half_m,
@@ -794,20 +798,30 @@ class CastKernel:
         """Consumers: both passes over tile (tm, tk) in stage cstate of the ring; (tm_n,
         tk_n) is the CTA's next tile. Returns (amax_next, s6, sdec): per token the lane's
         _lane_amax of the next tile (prefetch_amax) and this tile's outer scale. col_outer,
-        rht_b: see _col_pass_rht (per token with row_groups col_outer is the (s6, sdec) of
-        each column of the thread's word in the column pass); tile_sc: the block2d tile
-        scales' smem buffers; sr: _sr_state; lane_grp: row_groups' _lane_row_group (per
-        tensor the lane's s6 and enc table then take s6's and enc_tab's place), else None."""
+        rht_b: see _col_pass_rht (per token with row_groups and the twin col_outer is (uni:
+        the tile's block rows lie in one group, the groups' column amaxes), _passes);
+        tile_sc: the block2d tile scales' smem buffers; sr: _sr_state; lane_grp: row_groups'
+        _lane_row_group (per tensor the lane's s6 and enc table then take s6's and enc_tab's
+        place), else None."""
+        g, g_n = None, None  # per token with row_groups and the twin: the lane's block row's
+        if cutlass.const_expr(self.row_groups and self.per_token and self.columnwise):
+            # group in tile rows tm and tm_n. A tile inside one group (uni): the plain
+            # per-token cast's lane per column, its column's amax in the group loaded one
+            # tile ahead with the rows'; else the IEEE copy (_fast_blocks_ok), whose column
+            # pass takes each thread's own columns' (measured against each thread's own
+            # columns in every tile, H200, bf16, N = 8, the cast kernel, compact / swizzled:
+            # 4096x2048 14.3 -> 13.2 / 16.1 -> 16.0 us, 4096x8192 42.4 -> 40.4 / 52.3 ->
+            # 48.1, 8192^2 82.1 -> 78.8 / 100.6 -> 91.7, 16384x8192 171.1 -> 158.8 / 179.8
+            # -> 183.0; notes/quant_recipes.md "Session 44")
+            g = lane_grp[0]
+            g_n = cutlass.select_(tm_n == tm, g, lane_grp[4])
+            col_outer = (lane_grp[1], ac_base)
         if cutlass.const_expr(self.prefetch_amax):
             amax_cur = amax_next
-            amax_next = self._lane_amax(tm_n, tk_n, M, K, tidx, ar_base, ac_base)
+            amax_next = self._lane_amax(tm_n, tk_n, M, K, tidx, ar_base, ac_base, g_n)
         else:
-            amax_cur = self._lane_amax(tm, tk, M, K, tidx, ar_base, ac_base)
-        col_amax = None  # per token with row_groups: the thread's columns' in its group
-        if cutlass.const_expr(self.row_groups and self.per_token and self.columnwise):
-            col_amax = self._group_col_amaxes(tk, K, col_thr, ac_base, lane_grp[0])
-            col_outer = [outer_block_scales(a, E.E4M3_MAX, True) for a in col_amax]
-        elif cutlass.const_expr(self.row_groups):
+            amax_cur = self._lane_amax(tm, tk, M, K, tidx, ar_base, ac_base, g)
+        if cutlass.const_expr(self.row_groups and not (self.per_token and self.columnwise)):
             s6, enc_tab = lane_grp[0], lane_grp[1]
         if cutlass.const_expr(self.per_token and self.fast_rcp):
             # the fast copy's (exact there: _fast_blocks_ok); the other copy takes the IEEE ones
@@ -836,16 +850,13 @@ class CastKernel:
                 nsc_c, pad_c_c, row_thr, col_thr, offs, q_base, s_base, qt_base, st_base)
         tail = (enc_tab, run_sc, col_outer, rht_b, tile_scale, sc_buf, sr, lane_grp)
         if cutlass.const_expr(self.input_signs or self.fast_rcp):
-            if self._fast_blocks_ok(sdec, col_outer, amax_cur, col_amax):
+            if self._fast_blocks_ok(sdec, col_outer, amax_cur):
                 self._passes(*head, s6, sdec, *tail, True)
             else:
-                s6_i, sdec_i, tail_i = s6, sdec, tail
+                s6_i, sdec_i = s6, sdec
                 if cutlass.const_expr(self.per_token and self.fast_rcp):  # the IEEE ones
                     s6_i, sdec_i = outer_block_scales(amax_cur, E.E4M3_MAX)
-                if cutlass.const_expr(col_amax is not None):
-                    tail_i = (tail[:2] + ([outer_block_scales(a, E.E4M3_MAX) for a in col_amax],)
-                              + tail[3:])
-                self._passes(*head, s6_i, sdec_i, *tail_i, False)
+                self._passes(*head, s6_i, sdec_i, *tail, False)
         else:
             self._passes(*head, s6, sdec, *tail, False)
 
@@ -889,9 +900,13 @@ class CastKernel:
             if cutlass.const_expr(self.block2d):  # the tile scales of the column blocks
                 cute.arch.barrier(barrier_id=1, number_of_threads=self.consumer_threads)
                 tile_scale = self._col_tile_scale(tidx, sc_buf)
+            own = None  # per token with row_groups the IEEE copy: each thread's own columns'
+            # outer scales (tiles spanning groups: _cast_tile)
+            if cutlass.const_expr(self.row_groups and self.per_token and not fast):
+                own = col_outer[1]
             self._col_pass(col_words, tidx, tm, tk, M, K, half_m, nsc_c, pad_c_c, col_thr,
-                           qt_base, st_base, s6, sdec, enc_tab, tile_scale, sr, lane_grp,
-                           col_outer, fast)
+                           qt_base, st_base, s6, sdec, enc_tab, tile_scale, sr, lane_grp, own,
+                           fast)
 
     @cute.jit
     def _flush_run_scales(self, buf, tidx, tm, uk, M, nsc_r, s_base):
@@ -949,26 +964,27 @@ class CastKernel:
                 cutlass.select_(wrap, tk - n_tk, tk))
 
     @cute.jit
-    def _lane_amax(self, tm, tk, M, K, tidx, ar_base, ac_base):
+    def _lane_amax(self, tm, tk, M, K, tidx, ar_base, ac_base, g=None):
         """Per token: the amax whose outer scale this lane computes for its warp in tile
         (tm, tk), once per tile instead of once per thread and block: lanes 0 .. warp_rows - 1
         take the warp's rows (the rowwise pass's lanes of row r read lane r % warp_rows), the
-        next warp_cols lanes its columns (the columnwise pass's); indices clamped into the
-        tensor (tail rows / columns, spare lanes); with row_groups every lane a row's (the
-        columns' are each thread's own, _group_col_amaxes), or 0 without the rowwise output.
-        Per tensor (row_groups too): 0, unused."""
+        next warp_cols lanes its columns (the columnwise pass's; with row_groups in group g,
+        the lane's block row's, used where the tile's block rows lie in one group:
+        _cast_tile); indices clamped into the tensor (tail rows / columns, spare lanes). Per
+        tensor (row_groups too): 0, unused."""
         amax = Float32(0.0)
-        if cutlass.const_expr(self.per_token and (self.rowwise or not self.row_groups)):
+        if cutlass.const_expr(self.per_token):
             warp = tidx // 32
             lane = tidx % 32
-            ncols = self.warp_cols
             wr = self.warp_rows
             row = cutlass.min(cutlass.max(tm, 0) * self.tile_m + warp * wr + lane, M - 1)
-            col = cutlass.min(tk * self.tile_k + self._warp_col0(warp)
-                              + cutlass.min(cutlass.max(lane - wr, 0), ncols - 1), K - 1)
+            col = self._lane_col(tk, K, warp, lane)
             addr = ar_base + Int64(row) * 4
-            if cutlass.const_expr(self.columnwise and not self.row_groups):
-                col_addr = ac_base + Int64(col) * 4
+            if cutlass.const_expr(self.columnwise):
+                col_off = Int64(col)
+                if cutlass.const_expr(g is not None):
+                    col_off = Int64(g) * Int64(K) + col_off
+                col_addr = ac_base + col_off * 4
                 if cutlass.const_expr(self.rowwise):
                     addr = cutlass.select_(lane < wr, addr, col_addr)
                 else:
@@ -976,16 +992,14 @@ class CastKernel:
             amax = E.ld_global_f32(addr)
         return amax
 
-    @cute.jit
-    def _group_col_amaxes(self, tk, K, col_thr, ac_base, g):
-        """Per token with row_groups: the column amaxes in group g (amax_c: the groups' K
-        column amaxes one after another) of the thread's columns in the column pass of tile
-        column tk (col_thr; clamped into the tensor). A block row's group can change within
-        a tile, so each thread computes its own columns' outer scales (_cast_tile) instead
-        of one lane per column (_lane_amax)."""
-        base = ac_base + Int64(g) * Int64(K) * 4
-        return [E.ld_global_f32(base + Int64(cutlass.min(tk * self.tile_k + c[0], K - 1)) * 4)
-                for c in col_thr]
+    def _lane_col(self, tk, K, warp, lane):
+        """Per token: the column of tile column tk whose outer scale lane (warp_rows ..
+        warp_rows + warp_cols - 1) computes for its warp's column pass (_lane_amax; clamped
+        into the tensor, the other lanes' one of them)."""
+        wr = self.warp_rows
+        return cutlass.min(tk * self.tile_k + self._warp_col0(warp)
+                           + cutlass.min(cutlass.max(lane - wr, 0), self.warp_cols - 1), K - 1)
+
 
     def _n_groups(self, starts):
         """row_groups: the number G of groups of the `starts` tables (group_tables of G + 1
@@ -1019,13 +1033,23 @@ class CastKernel:
         return g, start
 
     @cute.jit
-    def _lane_row_group(self, tm, M, K, tidx, starts, enc_tab):
+    def _lane_block_group(self, tm, M, tidx, starts):
+        """row_groups: (lane l's block row l / 4 of tile row tm, clamped into the tensor, its
+        group g and g's first block row: _find_group)."""
+        blk = cutlass.min(cutlass.max(tm, 0) * (self.tile_m // 16) + tidx % 32 // 4,
+                          M // 16 - 1)
+        return (blk,) + self._find_group(starts, GROUP_FIRST, blk)
+
+    @cute.jit
+    def _lane_row_group(self, tm, tm_n, M, K, tidx, starts, enc_tab):
         """row_groups: lane l's block row l / 4 of tile row tm (clamped into the tensor) and
         its group g (_find_group in the first block rows, those past the G groups M / 16).
         Returns (g's s6, g's enc table, the twin unit of the block in input column 0, g's
         block rows, and the s6 and enc table of block row `warp`, the rowwise pass's (lane
-        4 warp's); per token g itself and None for the outer scales); a twin unit is 8 data
-        bytes and 1 scale byte (compact). Swizzled, three more: the swizzled offset of row 0
+        4 warp's); per token g, with the twin uni (whether the warp's lanes' block rows, all
+        8 of the tile row, lie in one group) and the lane's group in tile row tm_n (the
+        walk's next unit's), and None); a twin unit is 8 data bytes and 1 scale byte
+        (compact). Swizzled, three more: the swizzled offset of row 0
         column 0 of block row `warp`'s rowwise scales, that of the block's twin scale in input
         column 0, and the twin scales' bytes per 128 input columns. Called once per unit of
         the walk. Measured against a [M / 16, 4] global table read per tile (one tile ahead
@@ -1034,16 +1058,17 @@ class CastKernel:
         61.8, 8192^2 117.0 -> 111.8; below 2^25 elements, where units were single tiles, 0.1-1
         us slower (4096x2048 22.1 -> 23.0, rowwise 17.2 -> 18.1; notes/quant_recipes.md
         "Session 39")."""
-        blk = cutlass.min(cutlass.max(tm, 0) * (self.tile_m // 16) + tidx % 32 // 4,
-                          M // 16 - 1)
-        g, blk0 = self._find_group(starts, GROUP_FIRST, blk)
+        blk, g, blk0 = self._lane_block_group(tm, M, tidx, starts)
         nblk = self._group_entry(starts, GROUP_FIRST, g + 1) - blk0
         unit = Int64(K) * Int64(blk0) + Int64(blk - blk0)
         src = tidx // 32 * 4
         if cutlass.const_expr(self.per_token):
             # the lanes' outer scales are their rows' and their columns' in group g
-            # (_group_col_amaxes)
-            out = (g, None, unit, Int64(nblk), None, None)
+            uni = g_n = None
+            if cutlass.const_expr(self.columnwise):
+                uni = cute.arch.vote_all_sync(g == cute.arch.shuffle_sync(g, 0))
+                g_n = self._lane_block_group(tm_n, M, tidx, starts)[1]
+            out = (g, uni, unit, Int64(nblk), g_n, None)
         else:
             s6 = E.bits_f32(E.ld_shared_u32(enc_tab + (self.row_groups * ENC_CODES + 2 * g) * 4))
             tab = enc_tab + g * (ENC_CODES * 4)
@@ -1338,13 +1363,14 @@ class CastKernel:
 
     @cute.jit
     def _col_pass(self, words, tidx, tm, tk, M, K, half_m, nsc_c, pad_c_c, col_thr,
-                  qt_base, st_base, s6, sdec, enc_tab, tile_scale, sr, lane_grp, col_outer,
-                  fast: cutlass.Constexpr = False):
+                  qt_base, st_base, s6, sdec, enc_tab, tile_scale, sr, lane_grp,
+                  own=None, fast: cutlass.Constexpr = False):
         """Lanes with consecutive block rows store consecutive 8-byte pieces of one output row
         (64 bytes per input column and tile) from the thread's 16 words (_col_words). Per
-        token, s6 / sdec are the lane's (_lane_amax), with row_groups those of each column cc
-        col_outer[cc] (_cast_tile); per tensor with row_groups s6 / enc_tab those of the
-        lane's block row, lane_grp _lane_row_group's (the twin unit in input column 0 and the
+        token, s6 / sdec are the lane's (_lane_amax), or with own (row_groups: the groups' K
+        column amaxes one after another, amax_c) those of the thread's own column's amax in
+        its block row's group; per tensor with row_groups s6 / enc_tab those of the lane's
+        block row, lane_grp _lane_row_group's (the twin unit in input column 0 and the
         group's block rows). tile_scale (block2d): the (scale byte, enc) of the thread's
         blocks (one 16x16 tile). sr: stochastic rounding (_sr_state); fast: the passes' fast copy
         (_passes)."""
@@ -1378,8 +1404,9 @@ class CastKernel:
             c, q_off, s_off, sw_off = col_thr[cc]
             gk = col0 + c
             s6_c, sdec_c = s6, sdec
-            if cutlass.const_expr(self.per_token and self.row_groups):
-                s6_c, sdec_c = col_outer[cc]
+            if cutlass.const_expr(own is not None):
+                col = Int64(lane_grp[0]) * Int64(K) + Int64(cutlass.min(gk, K - 1))
+                s6_c, sdec_c = outer_block_scales(E.ld_global_f32(own + col * 4), E.E4M3_MAX)
             elif cutlass.const_expr(self.per_token):
                 src = self.warp_rows + (lane % 4) * cols + cc  # column c - warp * 16 / esize
                 s6_c = cute.arch.shuffle_sync(s6, src)
