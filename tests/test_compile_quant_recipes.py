@@ -566,7 +566,7 @@ def test_row_group_token_cast_ptx(arch, dtype, row, col, swz, groups):
     amax in its block row's group (used where the tile's block rows lie in one group: a second
     warp vote) and, in the IEEE copy's column pass for tiles spanning groups, each thread its
     own columns' in its block row's group; the twin's stores are predicated; the padding warp
-    for swizzled rowwise-only outputs."""
+    for swizzled scales."""
     walk = row_group_walk(4096, 8192, 4 if dtype == "fp32" else 2, col, row, swz, 132, True)
     ptx = compile_ptx(*cast_kernel(dtype, row, col, swz, True, walk=walk, groups=groups,
                                    row_groups=8), arch=arch)
@@ -580,8 +580,9 @@ def test_row_group_token_cast_ptx(arch, dtype, row, col, swz, groups):
     assert len(re.findall(r"ld\.global\.f32", ptx)) == 2 + cols * col
     assert len(re.findall(r"vote\.sync\.all", ptx)) == 1 + col
     assert ("@p st.global.v2.b32" in ptx) == col
-    pad_warp = row and swz and not col
+    pad_warp = swz  # (per tensor only without the twin)
     assert (re.search(r"bar\.arrive\s+2,", ptx) is not None) == pad_warp
+    assert f".reqntid {32 * (8 * groups + 1 + pad_warp)}, 1, 1" in ptx
 
 
 def test_rowwise_rht_runs_without_it():

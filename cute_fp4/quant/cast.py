@@ -87,10 +87,11 @@ the columnwise pass's lane uses itself, with the twin addresses of its group; th
 stores are predicated, and swizzled the rowwise scale stores. Each thread reduces consecutive
 partials, so that a warp's lanes of one group meet in one shuffle reduction. Per token the
 prologue only fills the groups' tables; the rowwise pass takes its rows' outer scales as the
-plain per-token cast does, and each twin thread loads its columns' amaxes in its block row's
-group and computes their outer scales itself (_group_col_amaxes). Swizzled, the
-groups' padding is zeroed (_zero_padding) by a padding warp after the producer for rowwise
-outputs only (pad_warp), else by the consumers after their walk.
+plain per-token cast does, and the twin one lane per column as well where the tile's block
+rows lie in one group (its column's amax in that group), else each thread its own columns'
+(_cast_tile). Swizzled, the groups' padding is zeroed (_zero_padding) by a padding warp after
+the producer per token and per tensor for rowwise outputs only (pad_warp), else by the
+consumers after their walk.
 
 `block2d` (per tensor, no RHT): 16x16 blocks (SPEC section 1, the recipe's block=(16, 16)): one
 scale per 16x16 tile, shared by its 16 rowwise blocks and its 16 twin blocks (with stochastic
@@ -201,14 +202,18 @@ class CastKernel:
             raise ValueError("CastKernel: row_groups needs an amax pass, per tensor the enc "
                              "table and none of rht, block2d, stochastic")
         self.row_groups = row_groups
-        # row groups of rowwise outputs only, swizzled: a padding warp (kernel) zeroes the
-        # groups' padding. Measured (H200, bf16, N = 8, cast kernel times, the consumers'
-        # epilogue and the padding warp in separate runs): rowwise 4096x2048 9.64 -> 8.50 us,
-        # 8192x2048 14.52 -> 13.11, 4096x8192 23.87 -> 21.99, 8192^2 44.27 -> 43.08; with the
-        # twin 14.7 -> 14.2 at 4096x2048 but 77.4 -> 80.1 at 8192^2 (the producer warp after
-        # its loads: 82.5), so not there (notes/quant_recipes.md "Session 41"); below 2^25
-        # elements only, it equalled the consumers' loop in graphs (session 42)
-        self.pad_warp = bool(row_groups and swizzle and not columnwise)
+        # row groups with swizzled scales, per tensor of rowwise outputs only: a padding warp
+        # (kernel) zeroes the groups' padding. Measured (H200, bf16, N = 8, cast kernel
+        # times, the consumers' epilogue and the padding warp in separate runs): rowwise
+        # 4096x2048 9.64 -> 8.50 us, 8192x2048 14.52 -> 13.11, 4096x8192 23.87 -> 21.99,
+        # 8192^2 44.27 -> 43.08; per tensor with the twin 14.7 -> 14.2 at 4096x2048 but 77.4
+        # -> 80.1 at 8192^2 (the producer warp after its loads: 82.5), so not there
+        # (notes/quant_recipes.md "Session 41"; below 2^25 elements only, it equalled the
+        # consumers' loop in graphs, session 42); per token with the twin 16.1 -> 14.5,
+        # 4096x8192 48.2 -> 45.4, 8192^2 92.6 -> 88.1, 16384x8192 183.6 -> 172.9 (the
+        # consumers' epilogue cost its loop 3-5 us: without any padding code 13.3 / 42.7;
+        # session 44)
+        self.pad_warp = bool(row_groups and swizzle and (per_token or not columnwise))
         # per token, and for stochastic rounding without the enc table: the blocks' enc from
         # the reciprocal without its slow-path branch, whose branch region splits ptxas'
         # scheduling of the tile, and per token the tile's outer scales from the division and
@@ -603,9 +608,9 @@ class CastKernel:
                     cute.arch.barrier(barrier_id=TABLES_BARRIER,
                                       number_of_threads=self.consumer_threads + 32)
                     nsc_r = Int64(K) // 16
-                    # (rowwise only: no twin scales)
                     self._zero_padding(tidx % 32, 32, bidx, gdim, M, K, n_tk, nsc_r,
-                                       (nsc_r + 3) // 4 * 4, None, s.iterator.toint(), None,
+                                       (nsc_r + 3) // 4 * 4, (Int64(M) // 16 + 3) // 4 * 4,
+                                       s.iterator.toint(), st.iterator.toint(),
                                        self._group_tables(storage.enc_tab.data_ptr().toint()),
                                        self._n_groups(starts))
             else:
