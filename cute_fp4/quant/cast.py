@@ -202,17 +202,17 @@ class CastKernel:
             raise ValueError("CastKernel: row_groups needs an amax pass, per tensor the enc "
                              "table and none of rht, block2d, stochastic")
         self.row_groups = row_groups
-        # row groups with swizzled scales, per tensor of rowwise outputs only: a padding warp
-        # (kernel) zeroes the groups' padding. Measured (H200, bf16, N = 8, cast kernel
-        # times, the consumers' epilogue and the padding warp in separate runs): rowwise
-        # 4096x2048 9.64 -> 8.50 us, 8192x2048 14.52 -> 13.11, 4096x8192 23.87 -> 21.99,
-        # 8192^2 44.27 -> 43.08; per tensor with the twin 14.7 -> 14.2 at 4096x2048 but 77.4
-        # -> 80.1 at 8192^2 (the producer warp after its loads: 82.5), so not there
-        # (notes/quant_recipes.md "Session 41"; below 2^25 elements only, it equalled the
-        # consumers' loop in graphs, session 42); per token with the twin 16.1 -> 14.5,
-        # 4096x8192 48.2 -> 45.4, 8192^2 92.6 -> 88.1, 16384x8192 183.6 -> 172.9 (the
-        # consumers' epilogue cost its loop 3-5 us: without any padding code 13.3 / 42.7;
-        # session 44)
+        # row groups with swizzled scales (per tensor of rowwise outputs only, per token of
+        # every output set): a padding warp (kernel) zeroes the groups' padding. Measured
+        # (H200, bf16, N = 8, cast kernel times, the consumers' epilogue and the padding warp
+        # in separate runs): rowwise 4096x2048 9.64 -> 8.50 us, 8192x2048 14.52 -> 13.11,
+        # 4096x8192 23.87 -> 21.99, 8192^2 44.27 -> 43.08; per tensor with the twin 14.7 ->
+        # 14.2 at 4096x2048 but 77.4 -> 80.1 at 8192^2 (the producer warp after its loads:
+        # 82.5), so not there (notes/quant_recipes.md "Session 41"; below 2^25 elements only,
+        # it equalled the consumers' loop in graphs, session 42); per token with the twin
+        # 4096x2048 16.1 -> 14.5, 4096x8192 48.2 -> 45.4, 8192^2 92.6 -> 88.1, 16384x8192
+        # 183.6 -> 172.9 (the consumers' epilogue cost their walk 3-5 us: without any padding
+        # code 13.3 / 42.7; session 44)
         self.pad_warp = bool(row_groups and swizzle and (per_token or not columnwise))
         # per token, and for stochastic rounding without the enc table: the blocks' enc from
         # the reciprocal without its slow-path branch, whose branch region splits ptxas'
