@@ -337,7 +337,8 @@ class CastKernel:
         launch = {}
         if cutlass.const_expr(self.row_groups and self.per_token and self.columnwise):
             # ptxas otherwise took up to 126 registers per thread in two-CTA walks (two CTAs of
-            # 9 warps per SM need <= 96: 5 warps on one of the 4 register partitions)
+            # 9 warps per SM need <= 96: 5 warps on one of the 4 register partitions); with
+            # min_blocks_per_mp alone the DSL asks the driver for the device at compile time
             launch = {"min_blocks_per_mp": self.ctas_per_sm, "preferred_smem_carveout": 100}
         if cutlass.const_expr(self.stochastic):
             # ptxas otherwise spends registers on the round keys beyond what ctas_per_sm CTAs
@@ -1005,7 +1006,6 @@ class CastKernel:
         return cutlass.min(tk * self.tile_k + self._warp_col0(warp)
                            + cutlass.min(cutlass.max(lane - wr, 0), self.warp_cols - 1), K - 1)
 
-
     def _n_groups(self, starts):
         """row_groups: the number G of groups of the `starts` tables (group_tables of G + 1
         entries)."""
@@ -1054,9 +1054,9 @@ class CastKernel:
         4 warp's); per token g, with the twin uni (whether the warp's lanes' block rows, all
         8 of the tile row, lie in one group) and the lane's group in tile row tm_n (the
         walk's next unit's), and None); a twin unit is 8 data bytes and 1 scale byte
-        (compact). Swizzled, three more: the swizzled offset of row 0
-        column 0 of block row `warp`'s rowwise scales, that of the block's twin scale in input
-        column 0, and the twin scales' bytes per 128 input columns. Called once per unit of
+        (compact). Swizzled, three more: the swizzled offset of row 0 column 0 of block row
+        `warp`'s rowwise scales, that of the block's twin scale in input column 0, and the
+        twin scales' bytes per 128 input columns. Called once per unit of
         the walk. Measured against a [M / 16, 4] global table read per tile (one tile ahead
         where the walk prefetches), both with predicated twin stores (H200, bf16, N = 8,
         quantize_grouped in graphs): row+col 4096x8192 63.8 -> 61.4 us, 16384x2048 64.8 ->
