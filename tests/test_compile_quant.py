@@ -136,6 +136,28 @@ def test_token_rows_sr_ptx(arch, dtype, k, swizzle):
         assert ptx.count(op) == rn.count(op), op
 
 
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("dtype,k,swizzle", [("bf16", 8192, False), ("fp16", 272, True),
+                                             ("fp32", 2048, True)])
+def test_token_rows_grouped_sr_ptx(arch, dtype, k, swizzle):
+    """TokenRowCast of a grouped input with stochastic rounding, against the single tensor's:
+    each pass of each copy of the strip's cast loads its row's (Philox stream, group's first
+    row) once (ld.global.nc.v2); the same Philox calls, loads, stores, reductions and register
+    cap. Rounding to nearest ignores the groups and has no grouped kernel."""
+    esize = {"bf16": 2, "fp16": 2, "fp32": 4}[dtype]
+    split = token_rows_config(k, esize, swizzle)
+    ptx = compile_ptx(*token_rows_kernel(dtype, swizzle, split, stochastic=True, grouped=True),
+                      arch=arch)
+    one = compile_ptx(*token_rows_kernel(dtype, swizzle, split, stochastic=True), arch=arch)
+    assert ptx.count("ld.global.nc.v2.b32") == 2 * split[2]
+    assert "ld.global.nc.v2" not in one
+    for op in (f"mul.wide.u32 p0, c0, {PHILOX_M0:#010x}", "ld.global.nc.v4", "st.global.v2.b32",
+               "redux.sync.max.u32", "vote.sync.all", "mul.rz.f32", ".minnctapersm"):
+        assert ptx.count(op) == one.count(op), op
+    with pytest.raises(ValueError, match="grouped needs stochastic"):
+        token_rows_kernel(dtype, swizzle, split, grouped=True)
+
+
 def test_token_rows_config():
     """Work splits: one 16-element block per unit; threads per row a power of two covering
     the row's units (one unit each) up to 256, then up to 4 units per thread; 32 input words

@@ -493,19 +493,20 @@ def test_row_group_cast_routing():
 
 def test_token_rows_routing():
     """TokenRowCast takes per-token rowwise-only 1x16 recipes without 4over6 or column sums:
-    single tensors, grouped inputs rounding to nearest (any sizes; swizzled every group but
-    the last a multiple of 128 rows); grouped stochastic rounding (the groups' own Philox
-    streams) and everything else stays off it."""
+    single tensors and grouped inputs, rounding to nearest or stochastic (any sizes; swizzled
+    every group but the last a multiple of 128 rows); everything else stays off it."""
     token = Recipe(scaling="token")
     sr = token.replace(stochastic_rounding=True)
     for recipe, sizes in [(sr, [48]), (sr.replace(swizzle=True), [48]), (token, [48]),
                           (token.replace(swizzle=True), [5]), (token, [5, 0, 100]),
                           (token, [16, 16]), (token.replace(rht=True), [5, 7]),
                           (token.replace(swizzle=True), [128, 0, 256, 5]),
-                          (token.replace(swizzle=True), [0, 7])]:
+                          (token.replace(swizzle=True), [0, 7]), (sr, [16, 16]),
+                          (sr, [5, 0, 100]), (sr.replace(swizzle=True), [128, 0, 5])]:
         assert on_token_rows(recipe, sizes, False), (recipe, sizes)
     for recipe, sizes, col_sum in [
-            (token, [48], True), (sr, [48], True), (sr, [16, 16], False),
+            (token, [48], True), (sr, [48], True), (sr, [16, 16], True),
+            (sr.replace(swizzle=True), [64, 64], False),
             (token.replace(swizzle=True), [64, 64], False),
             (token.replace(swizzle=True), [128, 0, 5, 128], False),
             (token.replace(columnwise=True), [16, 16], False),

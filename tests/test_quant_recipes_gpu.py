@@ -733,22 +733,45 @@ def test_grouped_row_group_walks(walk, dtype, scaling, gen, monkeypatch):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize("kind", KINDS)
-def test_grouped_token_rows(kind, dtype, gen):
-    """Grouped per-token rowwise-only RN runs one TokenRowCast over the whole tensor
+@pytest.mark.parametrize("sr", [False, True])
+def test_grouped_token_rows(sr, kind, dtype, gen):
+    """Grouped per-token rowwise-only recipes run one TokenRowCast over the whole tensor
     (rd.on_token_rows): byte-equal to ref.quantize_grouped (row amaxes included; the third
     group all zero) with compact scales for any group sizes and swizzled scales for groups
     of multiples of 128 rows but the last (each group's padding zero, outputs poisoned); a
-    swizzled group off the 128-row grid keeps the recipe kernel."""
+    swizzled group off the 128-row grid keeps the recipe kernel. Stochastic rounding: group g
+    draws Philox stream 2g, its blocks indexed from its first row (the per-row table)."""
     k = 1040
     for splits, swizzle in [([5, 0, 100, 151, 16], False), ([384, 0, 128, 256, 77], True),
                             ([128, 0, 128, 64, 48], True)]:
         x = grouped_scaled(splits, k, kind, dtype, gen)
-        recipe = Recipe(scaling="token", swizzle=swizzle)
+        recipe = Recipe(scaling="token", swizzle=swizzle, stochastic_rounding=sr)
         plan = rd._plan(tuple(splits), k, recipe, rd._DTYPE_NAMES[dtype], x.device, 0, 0, False)
         on_rows = not swizzle or all(mg % 128 == 0 for mg in splits[:-1])
         assert (plan.token_rows is not None) == on_rows
         assert (plan.tt is None) == on_rows  # no recipe kernel tables
-        check_grouped(x, splits, recipe)
+        assert (plan.row_streams is not None) == (on_rows and sr)
+        check_grouped(x, splits, recipe, seed=11, offset=5)
+
+
+def test_grouped_token_rows_sr_streams(gen):
+    """On TokenRowCast too, equal groups round differently under stochastic rounding (their
+    own Philox streams), and a CUDA graph replays with the rng_state the tensor holds then."""
+    part = make_input((48, 96), "normal", torch.bfloat16, gen)
+    x = torch.cat([part, part])
+    recipe = Recipe(scaling="token", stochastic_rounding=True)
+    assert rd._plan((48, 48), 96, recipe, "bf16", x.device, 0, 0, False).token_rows is not None
+    a, b = rd.quantize_grouped(x, [48, 48], recipe, seed=9, offset=2)
+    assert torch.equal(a.scales, b.scales) and not torch.equal(a.data, b.data)
+    rng = torch.tensor([9, 2], dtype=torch.int64, device="cuda")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = rd.quantize_grouped(x, [48, 48], recipe, rng_state=rng)
+    rng[1] = 7
+    graph.replay()
+    torch.cuda.synchronize()
+    for g, w in zip(outs, ref.quantize_grouped(x, [48, 48], recipe, seed=9, offset=7)):
+        check(g, w, recipe)
 
 
 def test_grouped_sr_streams_and_rng_state(gen):

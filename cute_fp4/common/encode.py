@@ -22,7 +22,7 @@ arch (``CUTE_DSL_ARCH`` or the current GPU).
 import functools
 
 import cutlass
-from cutlass import Float32, Uint32
+from cutlass import Float32, Int32, Uint32
 from cutlass.base_dsl import BaseDSL
 import cutlass.cute as cute
 
@@ -692,6 +692,11 @@ def ld_global_nc_v4(addr):
 
 def ld_global_f32(addr):
     return ld_global(addr, ty="f32", volatile=True)
+
+
+def ld_global_v2_s32(addr):
+    """8-byte read-only global load: 2 x Int32."""
+    return ld_global(addr, 2, nc=True, volatile=True, dtype=Int32)
 
 
 def redux_max_u32(v):

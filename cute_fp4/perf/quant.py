@@ -135,7 +135,7 @@ def host_overhead_rows(dtype, scalings):
         amax_r, amax_c = (amax[:16], amax[16:]) if scaling == "token" else (amax, amax)
         if plan.token_rows is not None:
             path = "rows (1 launch)"
-            kernel = lambda: plan.token_rows(x, amax_r, t.data, t.scales, None)  # noqa: E731
+            kernel = lambda: plan.token_rows(x, amax_r, t.data, t.scales, None, None)  # noqa: E731
         else:
             path = "fused (1 launch)" if plan.fused else "amax + cast"
             kernel = lambda: plan.cast(x, amax_r, amax_c, t.data, t.scales,  # noqa: E731

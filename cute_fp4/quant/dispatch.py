@@ -81,25 +81,28 @@ def cast_kernel(dtype: str, rowwise: bool, columnwise: bool, swizzle: bool, per_
 
 
 def token_rows_kernel(dtype: str, swizzle: bool, split: tuple, num_sms: int = 132,
-                      ctas_per_sm: int = 0, stochastic: bool = False):
+                      ctas_per_sm: int = 0, stochastic: bool = False, grouped: bool = False):
     """(kernel, *fake compile arguments) of the per-token rowwise cast in the amax pass;
-    split = token_rows_config(k, esize, swizzle)."""
+    split = token_rows_config(k, esize, swizzle); grouped (stochastic rounding): the function
+    then takes the int32 per-row (Philox stream, group's first row) table after rng, else
+    None."""
     esize = _CUTLASS[dtype].width // 8
-    return (TokenRowCast(dtype, swizzle, *split, num_sms, ctas_per_sm, stochastic),
+    return (TokenRowCast(dtype, swizzle, *split, num_sms, ctas_per_sm, stochastic, grouped),
             fake_tensor(_CUTLASS[dtype], (dyn(), dyn(16 // esize))),
             fake_tensor(cutlass.Float32, (None,), align=4), _u8_2d(), _f8_2d(),
-            fake_tensor(cutlass.Int64, (2,), align=8) if stochastic else None, env_stream())
+            fake_tensor(cutlass.Int64, (2,), align=8) if stochastic else None,
+            fake_tensor(cutlass.Int32, (None,), align=8) if grouped else None, env_stream())
 
 
 def token_rows_fn(name: str, swizzle: bool, split: tuple, num_sms: int, arch: str,
-                  stochastic: bool = False):
+                  stochastic: bool = False, grouped: bool = False):
     """The compiled TokenRowCast of a configuration (TVM-FFI function, cached), called as
-    (x, amax_r, data, scales, rng or None)."""
+    (x, amax_r, data, scales, rng or None, row_streams or None)."""
     ctas = TOKEN_ROWS_CTAS_PER_SM
     return ffi_function(KERNELS.get(
-        ("token_rows", name, swizzle, split, num_sms, ctas, stochastic, arch),
+        ("token_rows", name, swizzle, split, num_sms, ctas, stochastic, grouped, arch),
         lambda: compile_kernel(*token_rows_kernel(name, swizzle, split, num_sms, ctas,
-                                                  stochastic), arch=arch)))
+                                                  stochastic, grouped), arch=arch)))
 
 
 def amax_tensor_kernel(dtype: str, num_sms: int = 132, l2_keep: int = 0,
@@ -579,7 +582,7 @@ class _Plan:
         elif self.token_rows is not None:
             amax_r = out.amax if out is not None else words[:m]
             amax_c = None
-            self.token_rows(x, amax_r, data, scales, None)
+            self.token_rows(x, amax_r, data, scales, None, None)
         elif self.per_token:
             amax_all = words[:m + k]
             amax_r = arg_r = amax_all[:m]

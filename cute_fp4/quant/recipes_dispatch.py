@@ -13,7 +13,8 @@ sums (AmaxTensor per tensor without the RHT; AmaxToken per token with both outpu
 its transformed column amaxes, and per tensor with the RHT its maxima over all rows and
 columns). Per-token rowwise-only recipes (rows up to 16384 elements, no column sums,
 `on_token_rows`) are one launch of TokenRowCast, which reads each row once: single tensors,
-and grouped inputs rounding to nearest (the whole tensor's rows).
+and grouped inputs (the whole tensor's rows; stochastic rounding draws each row's group's
+Philox stream from a per-row table).
 Grouped inputs of 2 .. ROW_GROUPS_MAX groups with per-tensor or per-token 1x16 RN recipes,
 compact or swizzled scales, groups of multiples of 16 rows (`on_row_group_cast`), run the
 plain cast with row groups (CastKernel row_groups) after AmaxTensor over chunks inside the
@@ -149,18 +150,18 @@ def on_row_group_cast(recipe: Recipe, sizes) -> bool:
 def on_token_rows(recipe: Recipe, sizes, col_sum: bool) -> bool:
     """Whether TokenRowCast (each row's amax and its cast in one read of the input) runs a
     per-token rowwise-only recipe with 1x16 blocks, no 4over6 and no column sums: a single
-    tensor, or a grouped input rounding to nearest. A row's outer scale does not depend on its
-    group, so the groups' outputs are the whole tensor's rows; swizzled, every group but the
-    last must be a multiple of 128 rows, so that the groups' padded scales lie where the whole
-    tensor's do. Grouped stochastic rounding draws each group's own Philox stream (2g) and
-    runs the recipe kernel. Measured (H200, bf16, N = 8 groups of multiples of 128 rows,
-    graphs): 1.91-2.30x one plain per-token quantize on the recipe kernel, 0.95-1.03x here
-    (notes/quant_recipes.md "Session 43")."""
+    tensor or a grouped input. A row's outer scale does not depend on its group, so the
+    groups' outputs are the whole tensor's rows; swizzled, every group but the last must be a
+    multiple of 128 rows, so that the groups' padded scales lie where the whole tensor's do.
+    Grouped stochastic rounding draws group g's Philox stream 2g with its blocks indexed from
+    the group's first row (TokenRowCast grouped: a per-row table, _Plan.row_streams).
+    Measured (H200, bf16, N = 8 groups of multiples of 128 rows, graphs, RN): 1.91-2.30x one
+    plain per-token quantize on the recipe kernel, 0.95-1.03x here (notes/quant_recipes.md
+    "Session 43")."""
     if not (recipe.scaling == "token" and recipe.rowwise and not recipe.columnwise
             and recipe.block == (1, 16) and recipe.four_over_six is None and not col_sum):
         return False
-    return len(sizes) == 1 or not (recipe.stochastic_rounding or (
-        recipe.swizzle and any(mg % 128 for mg in sizes[:-1])))
+    return len(sizes) == 1 or not (recipe.swizzle and any(mg % 128 for mg in sizes[:-1]))
 
 
 def row_group_walk(m: int, k: int, esize: int, columnwise: bool, rowwise: bool,
@@ -406,9 +407,16 @@ class _Plan:
         # row_groups: the groups' tables, the amax chunks (per tensor), the strips' groups
         # (per token, K1)
         self.starts = self.chunks = self.strips = None
+        self.row_streams = None  # grouped SR on TokenRowCast: each row's (stream, first row)
         if token_rows:
+            grouped_sr = recipe.stochastic_rounding and len(sizes) > 1
             self.token_rows = token_rows_fn(name, swz, split, sms, arch,
-                                            stochastic=recipe.stochastic_rounding)
+                                            stochastic=recipe.stochastic_rounding,
+                                            grouped=grouped_sr)
+            if grouped_sr:
+                self.row_streams = torch.tensor(
+                    [v for g, (t, mg) in enumerate(zip(gtab, sizes)) for _ in range(mg)
+                     for v in (2 * g, t[0])], dtype=torch.int32, device=dev)
             self.scale_shapes = (scale_shape(row0, nsc, swz), None)
             return
         keep = 0
@@ -579,7 +587,8 @@ def _run(x2: torch.Tensor, sizes: List[int], recipe: Recipe, seed: int, offset: 
         if recipe.stochastic_rounding:
             rng = plan.rng if rng_state is None else rng_state.contiguous()
         if plan.token_rows is not None:
-            plan.token_rows(x2, amax_r, q.view(m, k // 2), s.view(s_shape).view(f8), rng)
+            plan.token_rows(x2, amax_r, q.view(m, k // 2), s.view(s_shape).view(f8), rng,
+                            plan.row_streams)
         else:
             plan.cast_fn(x2, arg_r, arg_c, q.view(m, k // 2) if row else d2,
                          s.view(s_shape).view(f8) if row else d2.view(f8),

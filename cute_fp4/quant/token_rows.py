@@ -27,7 +27,9 @@ products' sign bits; other strips take the IEEE copy.
 (stream 0, call = the block's row-major index), encoded by E.sr_encode16; in the fast copy of
 16-bit inputs with the signs from the inputs (E.sr_encode16_signed, the same enc >= 2^-14
 guarantee). A per-token rowwise-only SR cast (e.g. dy without a weight gradient) otherwise reads
-its input twice (K1 + the plain SR cast).
+its input twice (K1 + the plain SR cast). ``grouped`` (with stochastic rounding): a grouped
+input's rows (ref.quantize_grouped: group g draws stream 2g, its blocks indexed from the group's
+first row) from an int32 table of (stream, group's first row) per row.
 """
 
 from typing import Optional
@@ -80,7 +82,8 @@ class TokenRowCast:
     launches one CTA per strip."""
 
     def __init__(self, dtype: str, swizzle: bool, tpr: int, units: int, passes: int,
-                 num_sms: int, ctas_per_sm: int = 0, stochastic: bool = False):
+                 num_sms: int, ctas_per_sm: int = 0, stochastic: bool = False,
+                 grouped: bool = False):
         if dtype not in DTYPES:
             raise TypeError(f"TokenRowCast: unsupported input dtype {dtype!r} (bf16, fp16, fp32)")
         if tpr not in (32, 64, 128, 256) or not 1 <= units <= MAX_UNITS or passes < 1:
@@ -99,6 +102,10 @@ class TokenRowCast:
         self.num_sms = num_sms
         self.ctas_per_sm = ctas_per_sm
         self.stochastic = stochastic
+        if grouped and not stochastic:
+            raise ValueError("TokenRowCast: grouped needs stochastic rounding (the groups' "
+                             "Philox streams; rounding to nearest ignores the groups)")
+        self.grouped = grouped
         self.words = UNIT * self.esize // 4  # input words per unit
         # registers for MIN_CTAS_PER_SM CTAs per SM where a thread holds at most STRIP_WORDS
         # input words (the fp32 rows of 3-4 units per thread would spill)
@@ -107,8 +114,10 @@ class TokenRowCast:
 
     @cute.jit
     def __call__(self, x: cute.Tensor, amax_r: cute.Tensor, q: cute.Tensor, s: cute.Tensor,
-                 rng: Optional[cute.Tensor], stream):
-        """rng: int64 [seed, offset] of stochastic rounding (None without it)."""
+                 rng: Optional[cute.Tensor], row_streams: Optional[cute.Tensor], stream):
+        """rng: int64 [seed, offset] of stochastic rounding (None without it); row_streams
+        (grouped): int32 [M * 2], row r's Philox stream and its group's first row at 2r, 2r + 1
+        (None without grouped)."""
         self.hw = E.has_hw_e2m1()
         # the fast copy's signs in bulk (16-bit inputs): from the inputs for stochastic
         # rounding (software on every arch), else from the products' sign bits with the
@@ -126,12 +135,13 @@ class TokenRowCast:
         launch = {}
         if cutlass.const_expr(self.min_ctas > 0):
             launch = {"min_blocks_per_mp": self.min_ctas, "preferred_smem_carveout": 100}
-        self.kernel(x, amax_r, q, s, rng, M, K, n_strips).launch(
+        self.kernel(x, amax_r, q, s, rng, row_streams, M, K, n_strips).launch(
             grid=(grid, 1, 1), block=(THREADS, 1, 1), stream=stream, **launch)
 
     @cute.kernel
     def kernel(self, x: cute.Tensor, amax_r: cute.Tensor, q: cute.Tensor, s: cute.Tensor,
-               rng: Optional[cute.Tensor], M: Int32, K: Int32, n_strips: Int32):
+               rng: Optional[cute.Tensor], row_streams: Optional[cute.Tensor], M: Int32,
+               K: Int32, n_strips: Int32):
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         gdim, _, _ = cute.arch.grid_dim()
@@ -159,9 +169,11 @@ class TokenRowCast:
         # per strip parity, pass and warp: the warp's max of its row in that pass
         red = smem.allocate_tensor(Uint32, cute.make_layout(2 * self.passes * (THREADS // 32)))
         red_base = red.iterator.toint()
-        sr = None  # stochastic rounding: (round keys, offset)
+        sr = None  # stochastic rounding: (round keys, offset, grouped: row_streams' address)
         if cutlass.const_expr(self.stochastic):
             sr = rng_round_keys(rng)
+            if cutlass.const_expr(self.grouped):
+                sr = sr + (row_streams.iterator.toint(),)
 
         parity = Int32(0)
         for strip in cutlass.range(bidx, n_strips, gdim, unroll=1):
@@ -211,7 +223,7 @@ class TokenRowCast:
                 E.st_global_u32(ar_base + Int64(row0 + lane) * 4, E.f32_bits(amax_row))
             s6_l, sdec_l = outer_block_scales(amax_row, E.E4M3_MAX)
             # the strip's rows (every warp holds all of them) decide the copy for the CTA
-            strip = (data, uamax, s6_l, sdec_l, row0 + prow, tu, warp, rows_cover,
+            strip = (data, uamax, s6_l, sdec_l, row0 + prow, tu, warp, M, rows_cover,
                      units_cover, q_base, half_k, s_base, n_units, sr)
             if cute.arch.vote_all_sync(E.fast_outer_ok(sdec_l, self.bulk_signs, True)):
                 self._cast_strip(*strip, fast=True)
@@ -220,7 +232,7 @@ class TokenRowCast:
             parity = 1 - parity
 
     @cute.jit
-    def _cast_strip(self, data, uamax, s6_l, sdec_l, row_p, tu, warp, rows_cover,
+    def _cast_strip(self, data, uamax, s6_l, sdec_l, row_p, tu, warp, M, rows_cover,
                     units_cover, q_base, half_k, s_base, nsc, sr, fast: cutlass.Constexpr):
         """The rowwise data and scales of the strip's loaded units (data: [pass][unit] ->
         (words, in range), uamax their amaxes) with the outer scales of lane r's row r (s6_l,
@@ -229,7 +241,8 @@ class TokenRowCast:
         branch (whose branch region around every unit kept ptxas from interleaving them) and,
         with bulk_signs, the codes' signs from the products' sign bits, 8 at a time; no enc is
         NaN there (a NaN row amax fails the check; an infinite one has S_enc = 1). sr:
-        stochastic rounding's (round keys, offset), or None."""
+        stochastic rounding's (round keys, offset; grouped the row_streams address), or
+        None."""
         tpr = self.tpr
         P = self.rows_per_pass
         for p in cutlass.range_constexpr(self.passes):
@@ -237,13 +250,17 @@ class TokenRowCast:
             s6 = cute.arch.shuffle_sync(s6_l, src)
             sdec = cute.arch.shuffle_sync(sdec_l, src)
             row = row_p + p * P
+            stream, brow = 0, row  # the row's Philox stream, its blocks' row index
+            if cutlass.const_expr(self.grouped):  # (rows past M: the last row's, unused)
+                stream, first = E.ld_global_v2_s32(sr[2] + Int64(cutlass.min(row, M - 1)) * 8)
+                brow = row - first
             for v in cutlass.range_constexpr(self.units):
                 words, ok = data[p][v]
                 u = tu + tpr * v
                 code, enc = E.block_scale(uamax[p][v], s6, sdec, fast)
                 xs = vec_values(words, self.dtype_name)
                 if cutlass.const_expr(sr is not None):
-                    rnd = philox_call(Int64(row) * nsc + Int64(u), sr[1], 0, sr[0])
+                    rnd = philox_call(Int64(brow) * nsc + Int64(u), sr[1], stream, sr[0])
                     if cutlass.const_expr(fast and self.bulk_signs):
                         w0, w1 = E.sr_encode16_signed(xs, enc, rnd,
                                                       *E.input_signs16(words, self.dtype_name))
