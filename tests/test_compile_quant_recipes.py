@@ -29,7 +29,7 @@ from cute_fp4.quant.recipes_dispatch import (amax_recipe_kernel, amax_tiles_per_
                                              cast_recipe_kernel, group_chunks, on_plain_cast,
                                              on_row_group_cast, on_token_rows,
                                              plain_cast_walk, ROW_GROUPS_MAX, row_group_tables,
-                                             row_group_walk, token_amax_k1)
+                                             row_group_walk, token_amax_k1, token_row_streams)
 
 ARCHS = ["sm_90a", "sm_100a"]
 RECIPES = [
@@ -514,6 +514,18 @@ def test_token_rows_routing():
             (token.replace(four_over_six="mae"), [16, 16], False),
             (Recipe(scaling="window64"), [64, 64], False)]:
         assert not on_token_rows(recipe, sizes, col_sum), (recipe, sizes, col_sum)
+
+
+def test_token_row_streams():
+    """TokenRowCast grouped's per-row table: each row's Philox stream 2g and its group's first
+    row (empty groups take no rows)."""
+    sizes = [3, 0, 2, 1]
+    want = [v for g, mg in enumerate(sizes) for _ in range(mg)
+            for v in (2 * g, sum(sizes[:g]))]
+    got = token_row_streams(sizes)
+    assert got.dtype == torch.int32 and got.tolist() == want
+    assert want == [0, 0, 0, 0, 0, 0, 4, 3, 4, 3, 6, 5]
+    assert token_row_streams([0, 0]).numel() == 0
 
 
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])

@@ -164,6 +164,15 @@ def on_token_rows(recipe: Recipe, sizes, col_sum: bool) -> bool:
     return len(sizes) == 1 or not (recipe.swizzle and any(mg % 128 for mg in sizes[:-1]))
 
 
+def token_row_streams(sizes) -> torch.Tensor:
+    """TokenRowCast grouped's table (on_token_rows): int32 [M * 2], row r's Philox stream
+    (2g for group g, ref.quantize_grouped) at 2r and its group's first row at 2r + 1."""
+    counts = torch.tensor(sizes, dtype=torch.int64)
+    first = torch.cumsum(counts, 0) - counts
+    rows = torch.stack([2 * torch.arange(len(sizes)), first], 1)
+    return torch.repeat_interleave(rows, counts, 0).flatten().to(torch.int32)
+
+
 def row_group_walk(m: int, k: int, esize: int, columnwise: bool, rowwise: bool,
                    swizzle: bool, num_sms: int, per_token: bool = False) -> tuple:
     """The tile walk of the row-group cast (on_row_group_cast). Per token the plain per-token
@@ -414,9 +423,7 @@ class _Plan:
                                             stochastic=recipe.stochastic_rounding,
                                             grouped=grouped_sr)
             if grouped_sr:
-                self.row_streams = torch.tensor(
-                    [v for g, (t, mg) in enumerate(zip(gtab, sizes)) for _ in range(mg)
-                     for v in (2 * g, t[0])], dtype=torch.int32, device=dev)
+                self.row_streams = token_row_streams(sizes).to(dev)
             self.scale_shapes = (scale_shape(row0, nsc, swz), None)
             return
         keep = 0
