@@ -754,36 +754,23 @@ def test_grouped_token_rows(sr, kind, dtype, gen):
         check_grouped(x, splits, recipe, seed=11, offset=5)
 
 
-def test_grouped_token_rows_sr_streams(gen):
-    """On TokenRowCast too, equal groups round differently under stochastic rounding (their
-    own Philox streams), and a CUDA graph replays with the rng_state the tensor holds then."""
-    part = make_input((48, 96), "normal", torch.bfloat16, gen)
-    x = torch.cat([part, part])
-    recipe = Recipe(scaling="token", stochastic_rounding=True)
-    assert rd._plan((48, 48), 96, recipe, "bf16", x.device, 0, 0, False).token_rows is not None
-    a, b = rd.quantize_grouped(x, [48, 48], recipe, seed=9, offset=2)
-    assert torch.equal(a.scales, b.scales) and not torch.equal(a.data, b.data)
-    rng = torch.tensor([9, 2], dtype=torch.int64, device="cuda")
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        outs = rd.quantize_grouped(x, [48, 48], recipe, rng_state=rng)
-    rng[1] = 7
-    graph.replay()
-    torch.cuda.synchronize()
-    for g, w in zip(outs, ref.quantize_grouped(x, [48, 48], recipe, seed=9, offset=7)):
-        check(g, w, recipe)
-
-
-def test_grouped_sr_streams_and_rng_state(gen):
+@pytest.mark.parametrize("recipe", [Recipe(stochastic_rounding=True, columnwise=True),
+                                    Recipe(scaling="token", stochastic_rounding=True)],
+                         ids=["recipe_kernel", "token_rows"])
+def test_grouped_sr_streams_and_rng_state(recipe, gen):
     """Stochastic rounding of groups: each group draws its own Philox streams (2g, 2g + 1), so
     equal groups round differently (the kernel once gave every group streams 0 and 1, which
     ref.quantize_grouped does not); rng_state on the device replaces seed / offset, read by
-    the kernel: a CUDA graph replays with the state the tensor holds then."""
+    the kernel: a CUDA graph replays with the state the tensor holds then. Per-token rowwise
+    only on TokenRowCast (its per-row table of streams), the rest on the recipe kernel."""
     part = make_input((64, 96), "normal", torch.bfloat16, gen)
     x = torch.cat([part, part])
-    recipe = Recipe(stochastic_rounding=True, columnwise=True)
+    plan = rd._plan((64, 64), 96, recipe, "bf16", x.device, 0, 0, False)
+    assert (plan.token_rows is not None) == (recipe.scaling == "token")
     a, b = rd.quantize_grouped(x, [64, 64], recipe, seed=9, offset=2)
-    assert not torch.equal(a.data, b.data) and not torch.equal(a.data_t, b.data_t)
+    assert not torch.equal(a.data, b.data)
+    assert recipe.scaling != "token" or torch.equal(a.scales, b.scales)  # (per row)
+    assert not recipe.columnwise or not torch.equal(a.data_t, b.data_t)
     check_grouped(x, [64, 64], recipe, seed=9, offset=2)
     rng = torch.tensor([9, 2], dtype=torch.int64, device="cuda")
     for g, w in zip(cute_fp4.quantize_grouped(x, [64, 64], recipe, rng_state=rng),
