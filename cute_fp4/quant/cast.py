@@ -827,7 +827,7 @@ class CastKernel:
             amax_next = self._lane_amax(tm_n, tk_n, M, K, tidx, ar_base, ac_base, g_n)
         else:
             amax_cur = self._lane_amax(tm, tk, M, K, tidx, ar_base, ac_base, g)
-        if cutlass.const_expr(self.row_groups and not (self.per_token and self.columnwise)):
+        if cutlass.const_expr(self.row_groups and not self.per_token):
             s6, enc_tab = lane_grp[0], lane_grp[1]
         if cutlass.const_expr(self.per_token and self.fast_rcp):
             # the fast copy's (exact there: _fast_blocks_ok); the other copy takes the IEEE ones
@@ -1103,9 +1103,9 @@ class CastKernel:
         a lane then finds its block row's group, table and s6 (_lane_row_group,
         _cast_tile). Per token only the tables (amax unused). Returns the smem tables."""
         n_groups = self._n_groups(starts)
-        outer = enc_tab + self.row_groups * ENC_CODES * 4
         first = self._group_tables(enc_tab)
         if cutlass.const_expr(not self.per_token):
+            outer = enc_tab + self.row_groups * ENC_CODES * 4  # the groups' (s6, sdec)
             if tidx < self.row_groups:  # the group amaxes' accumulators
                 E.st_shared_v2(outer + tidx * 8, Uint32(0), Uint32(0))
         if tidx <= self.row_groups:
