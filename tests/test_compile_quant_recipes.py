@@ -29,7 +29,8 @@ from cute_fp4.quant.recipes_dispatch import (amax_recipe_kernel, amax_tiles_per_
                                              cast_recipe_kernel, group_chunks, on_plain_cast,
                                              on_row_group_cast, on_token_rows,
                                              plain_cast_walk, ROW_GROUPS_MAX, row_group_tables,
-                                             row_group_walk, token_amax_k1, token_row_streams)
+                                             row_group_walk, strip_groups, token_amax_k1,
+                                             token_row_streams)
 
 ARCHS = ["sm_90a", "sm_100a"]
 RECIPES = [
@@ -526,6 +527,15 @@ def test_token_row_streams():
     assert got.dtype == torch.int32 and got.tolist() == want
     assert want == [0, 0, 0, 0, 0, 0, 4, 3, 4, 3, 6, 5]
     assert token_row_streams([0, 0]).numel() == 0
+
+
+def test_strip_groups():
+    """K1 with row groups' table: the group of each 16-row strip (empty groups take none)."""
+    sizes = [32, 0, 16, 48]
+    got = strip_groups(sizes)
+    assert got.dtype == torch.int32
+    assert got.tolist() == [g for g, mg in enumerate(sizes) for _ in range(mg // 16)]
+    assert got.tolist() == [0, 0, 2, 3, 3, 3]
 
 
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])

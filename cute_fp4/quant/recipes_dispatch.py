@@ -173,6 +173,13 @@ def token_row_streams(sizes) -> torch.Tensor:
     return torch.repeat_interleave(rows, counts, 0).flatten().to(torch.int32)
 
 
+def strip_groups(sizes) -> torch.Tensor:
+    """K1 with row groups' table (AmaxToken groups; groups of multiples of 16 rows): int32,
+    the group of each 16-row strip."""
+    return torch.repeat_interleave(torch.arange(len(sizes), dtype=torch.int32),
+                                   torch.tensor(sizes, dtype=torch.int64) // 16)
+
+
 def row_group_walk(m: int, k: int, esize: int, columnwise: bool, rowwise: bool,
                    swizzle: bool, num_sms: int, per_token: bool = False) -> tuple:
     """The tile walk of the row-group cast (on_row_group_cast). Per token the plain per-token
@@ -471,9 +478,7 @@ class _Plan:
             # per token with both outputs: K1 with each group's column amaxes (AmaxToken
             # groups), the group of each 16-row strip in a table
             self.token_amax = token_amax_fn(name, keep, arch, groups=True)
-            self.strips = torch.tensor([g for g, mg in enumerate(sizes)
-                                        for _ in range(mg // 16)], dtype=torch.int32,
-                                       device=dev)
+            self.strips = strip_groups(sizes).to(dev)
         elif scaling != "window64" and atab:
             recipe_tables()
             do_row, do_col = row or self.alias, col and not self.alias
