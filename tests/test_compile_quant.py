@@ -141,19 +141,23 @@ def test_token_rows_sr_ptx(arch, dtype, k, swizzle):
                                              ("fp32", 2048, True)])
 def test_token_rows_grouped_sr_ptx(arch, dtype, k, swizzle):
     """TokenRowCast of a grouped input with stochastic rounding, against the single tensor's:
-    each pass of each copy of the strip's cast loads its row's (Philox stream, group's first
-    row) once (ld.global.nc.v2); the same Philox calls, loads, stores, reductions and register
-    cap. Rounding to nearest ignores the groups and has no grouped kernel."""
+    lane r loads strip row r's (Philox stream, group's first row) once per strip
+    (ld.global.nc.v2), shuffled to each pass of each copy (two more shfl per pass and copy);
+    the same Philox calls, loads, stores and reductions; 3 CTAs per SM instead of 4 (these
+    strips fit in the registers). Rounding to nearest ignores the groups and has no grouped
+    kernel."""
     esize = {"bf16": 2, "fp16": 2, "fp32": 4}[dtype]
     split = token_rows_config(k, esize, swizzle)
     ptx = compile_ptx(*token_rows_kernel(dtype, swizzle, split, stochastic=True, grouped=True),
                       arch=arch)
     one = compile_ptx(*token_rows_kernel(dtype, swizzle, split, stochastic=True), arch=arch)
-    assert ptx.count("ld.global.nc.v2.b32") == 2 * split[2]
+    assert ptx.count("ld.global.nc.v2.b32") == 1
     assert "ld.global.nc.v2" not in one
+    assert ptx.count("shfl.sync") == one.count("shfl.sync") + 2 * 2 * split[2]
     for op in (f"mul.wide.u32 p0, c0, {PHILOX_M0:#010x}", "ld.global.nc.v4", "st.global.v2.b32",
-               "redux.sync.max.u32", "vote.sync.all", "mul.rz.f32", ".minnctapersm"):
+               "redux.sync.max.u32", "vote.sync.all", "mul.rz.f32"):
         assert ptx.count(op) == one.count(op), op
+    assert [re.findall(r"\.minnctapersm (\d+)", p) for p in (ptx, one)] == [["3"], ["4"]]
     with pytest.raises(ValueError, match="grouped needs stochastic"):
         token_rows_kernel(dtype, swizzle, split, grouped=True)
 

@@ -54,6 +54,11 @@ MAX_STRIP_ROWS = 32  # lanes r < strip rows compute the rows' outer scales
 # 4096x8192 29.3 -> 26.7 / 26.0 us, 16384x8192 103.2 -> 92.4 / 89.6, 32768x2048 57.6 -> 51.7
 # / 48.8 (notes/quant.md "Session 35").
 MIN_CTAS_PER_SM = 4
+# The grouped SR kernel's cap (80 registers): 4 CTAs' 64 spilled 40 bytes at K = 2048 and
+# 8192. Measured (H200, bf16 grouped N=8 vs one single-tensor SR cast, graphs; 4 / 3 CTAs):
+# 4096x2048 1.07 / 0.96x, 8192x2048 1.05 / 1.00, 16384x8192 1.08 / 1.05, 32768x8192 1.04 /
+# 1.05 (perf/results/logs/quant_session45_h200.md section 1).
+GROUPED_MIN_CTAS_PER_SM = 3
 
 
 def token_rows_config(k: int, esize: int, swizzle: bool):
@@ -107,10 +112,11 @@ class TokenRowCast:
                              "Philox streams; rounding to nearest ignores the groups)")
         self.grouped = grouped
         self.words = UNIT * self.esize // 4  # input words per unit
-        # registers for MIN_CTAS_PER_SM CTAs per SM where a thread holds at most STRIP_WORDS
-        # input words (the fp32 rows of 3-4 units per thread would spill)
+        # registers for MIN_CTAS_PER_SM (grouped GROUPED_MIN_CTAS_PER_SM) CTAs per SM where a
+        # thread holds at most STRIP_WORDS input words (the fp32 rows of 3-4 units per thread
+        # would spill)
         fits = units * passes * self.words <= STRIP_WORDS
-        self.min_ctas = MIN_CTAS_PER_SM if fits else 0
+        self.min_ctas = (GROUPED_MIN_CTAS_PER_SM if grouped else MIN_CTAS_PER_SM) if fits else 0
 
     @cute.jit
     def __call__(self, x: cute.Tensor, amax_r: cute.Tensor, q: cute.Tensor, s: cute.Tensor,
@@ -195,6 +201,14 @@ class TokenRowCast:
                     per_unit.append((words, ok))
                 data.append(per_unit)
 
+            # grouped: lane l < R loads row l's (Philox stream, group's first row) with the
+            # strip's data (its latency hidden by the amax barrier), shuffled per pass like
+            # the rows' outer scales (rows past M: the last row's, unused)
+            streams_l = None
+            if cutlass.const_expr(self.grouped):
+                l_rc = cutlass.min(row0 + cutlass.min(lane, R - 1), M - 1)
+                streams_l = E.ld_global_v2_s32(sr[2] + Int64(l_rc) * 8)
+
             # unit amaxes and the passes' row partials
             uamax = []
             for p in cutlass.range_constexpr(self.passes):
@@ -224,7 +238,7 @@ class TokenRowCast:
             s6_l, sdec_l = outer_block_scales(amax_row, E.E4M3_MAX)
             # the strip's rows (every warp holds all of them) decide the copy for the CTA
             strip = (data, uamax, s6_l, sdec_l, row0 + prow, tu, warp, M, rows_cover,
-                     units_cover, q_base, half_k, s_base, n_units, sr)
+                     units_cover, q_base, half_k, s_base, n_units, sr, streams_l)
             if cute.arch.vote_all_sync(E.fast_outer_ok(sdec_l, self.bulk_signs, True)):
                 self._cast_strip(*strip, fast=True)
             else:
@@ -233,7 +247,8 @@ class TokenRowCast:
 
     @cute.jit
     def _cast_strip(self, data, uamax, s6_l, sdec_l, row_p, tu, warp, M, rows_cover,
-                    units_cover, q_base, half_k, s_base, nsc, sr, fast: cutlass.Constexpr):
+                    units_cover, q_base, half_k, s_base, nsc, sr, streams_l,
+                    fast: cutlass.Constexpr):
         """The rowwise data and scales of the strip's loaded units (data: [pass][unit] ->
         (words, in range), uamax their amaxes) with the outer scales of lane r's row r (s6_l,
         sdec_l); row_p: the thread's row in pass 0. fast: every row's sdec passed
@@ -242,7 +257,7 @@ class TokenRowCast:
         with bulk_signs, the codes' signs from the products' sign bits, 8 at a time; no enc is
         NaN there (a NaN row amax fails the check; an infinite one has S_enc = 1). sr:
         stochastic rounding's (round keys, offset; grouped the row_streams address), or
-        None."""
+        None; streams_l (grouped): lane r's row r's (Philox stream, group's first row)."""
         tpr = self.tpr
         P = self.rows_per_pass
         for p in cutlass.range_constexpr(self.passes):
@@ -251,9 +266,9 @@ class TokenRowCast:
             sdec = cute.arch.shuffle_sync(sdec_l, src)
             row = row_p + p * P
             stream, brow = 0, row  # the row's Philox stream, its blocks' row index
-            if cutlass.const_expr(self.grouped):  # (rows past M: the last row's, unused)
-                stream, first = E.ld_global_v2_s32(sr[2] + Int64(cutlass.min(row, M - 1)) * 8)
-                brow = row - first
+            if cutlass.const_expr(self.grouped):
+                stream = cute.arch.shuffle_sync(streams_l[0], src)
+                brow = row - cute.arch.shuffle_sync(streams_l[1], src)
             for v in cutlass.range_constexpr(self.units):
                 words, ok = data[p][v]
                 u = tu + tpr * v
