@@ -635,15 +635,14 @@ def test_row_group_padding():
 
 
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
-@pytest.mark.parametrize("per_token,row,col", [(False, True, True), (False, True, False),
-                                               (True, True, True), (True, False, True)])
-def test_row_group_cast_without_padding_ptx(arch, per_token, row, col):
-    """padding=False (row groups with swizzled scales and none to zero): no padding warp
-    (per token and per tensor rowwise only: 9 warps instead of 10, no named barrier) and no
-    padding code: fewer byte and word stores of zeros than with padding, the tiles' scale
-    stores unchanged (predicated); refused without row groups or swizzled scales."""
-    walk = row_group_walk(4096, 8192, 2, col, row, True, 132, per_token)
-    ptx = {pad: compile_ptx(*cast_kernel("bf16", row, col, True, per_token, walk=walk,
+@pytest.mark.parametrize("row,col", [(True, True), (False, True)])
+def test_row_group_cast_without_padding_ptx(arch, row, col):
+    """padding=False (per-token row groups with swizzled scales and none to zero): no
+    padding warp (9 warps instead of 10, no named barrier) and no padding code: fewer byte and
+    word stores of zeros than with padding, the tiles' scale stores unchanged (predicated);
+    refused without row groups, swizzled scales or per-token scaling."""
+    walk = row_group_walk(4096, 8192, 2, col, row, True, 132, True)
+    ptx = {pad: compile_ptx(*cast_kernel("bf16", row, col, True, True, walk=walk,
                                          row_groups=8, padding=pad), arch=arch)
            for pad in (True, False)}
     assert re.search(r"bar\.(sync|arrive)\s+2,", ptx[False]) is None
@@ -652,8 +651,10 @@ def test_row_group_cast_without_padding_ptx(arch, per_token, row, col):
               for pad, p in ptx.items()}
     assert stores[False][0] + stores[False][1] < stores[True][0] + stores[True][1]
     assert ptx[False].count("@p st.global.b8") == ptx[True].count("@p st.global.b8") > 0
-    compact = row_group_walk(4096, 8192, 2, col, row, False, 132, per_token)
-    for swz, walk, groups in ((False, compact, 8), (True, None, 0)):
+    compact = row_group_walk(4096, 8192, 2, col, row, False, 132, True)
+    tensor = row_group_walk(4096, 8192, 2, col, row, True, 132)
+    for swz, per_token, walk, groups in ((False, True, compact, 8), (True, True, None, 0),
+                                         (True, False, tensor, 8)):
         with pytest.raises(ValueError, match="padding=False"):
             cast_kernel("bf16", row, col, swz, per_token, walk=walk, row_groups=groups,
                         padding=False)

@@ -680,8 +680,8 @@ def test_grouped_row_group_cast(swizzle, outputs, dtype, kind, scaling, gen):
 @pytest.mark.parametrize("scaling", ["tensor", "token"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_grouped_row_group_cast_unpadded(scaling, dtype, gen):
-    """Swizzled scales without padding (rd.row_group_padding False: the row-group cast
-    without its padding code, CastKernel padding=False): groups of multiples of 128 rows
+    """Swizzled scales without padding (rd.row_group_padding False: per token the row-group
+    cast without its padding code, CastKernel padding=False): groups of multiples of 128 rows
     (an empty one too) and K a multiple of 128, every output set; groups of multiples of 64
     rows, the twin alone (its scale columns a multiple of 4; rowwise they pad). Outputs
     poisoned."""

@@ -132,11 +132,11 @@ def row_group_tables(n_groups: int) -> int:
 
 def row_group_padding(sizes, k: int, rowwise: bool, columnwise: bool) -> bool:
     """Whether the swizzled scales of a grouped input's row groups have padding to zero
-    (CastKernel padding): rowwise, a group of rows not a multiple of 128 or, with any rows,
+    (per token CastKernel padding): rowwise, a group of rows not a multiple of 128 or, with any rows,
     scale columns (k / 16) not a multiple of 4; the twin (group g's [k, M_g / 16] scales), a
     group with rows and k not a multiple of 128 or scale columns not a multiple of 4."""
-    return ((rowwise and any(mg % 128 or (mg and k % 64) for mg in sizes))
-            or (columnwise and any(mg and (mg % 64 or k % 128) for mg in sizes)))
+    return bool((rowwise and any(mg % 128 or (mg and k % 64) for mg in sizes))
+                or (columnwise and any(mg and (mg % 64 or k % 128) for mg in sizes)))
 
 
 def on_row_group_cast(recipe: Recipe, sizes) -> bool:
@@ -461,7 +461,7 @@ class _Plan:
                     self.chunks = torch.tensor(chunks, dtype=torch.int32, device=dev)
                 starts = [t[0] // 16 for t in gtab] + [m // 16] + pfirst
                 if swz:
-                    padding = row_group_padding(sizes, k, row, col)
+                    padding = not per_token or row_group_padding(sizes, k, row, col)
                     starts += itertools.accumulate((_ceil(mg, 128) * 8 for mg in sizes),
                                                    initial=0)
                     starts += [t[5] // 512 for t in gtab] + [st_len // 512]
