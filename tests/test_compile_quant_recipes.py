@@ -10,6 +10,7 @@ ref.formats.e2m1_encode_stochastic by a numpy emulation of its PTX for every ran
 takes the signs of bf16 / fp16 inputs from sign words (common.encode.sign_word, the plain
 cast's stochastic encoder where every block has enc >= 2^-14)."""
 
+import math
 import os
 import re
 
@@ -28,7 +29,8 @@ from cute_fp4.quant.amax import THREADS as AMAX_THREADS, max_tensor_partials
 from cute_fp4.quant.recipes_dispatch import (amax_recipe_kernel, amax_tiles_per_cta,
                                              cast_recipe_kernel, group_chunks, on_plain_cast,
                                              on_row_group_cast, on_token_rows,
-                                             plain_cast_walk, ROW_GROUPS_MAX, row_group_tables,
+                                             plain_cast_walk, ROW_GROUPS_MAX,
+                                             row_group_padding, row_group_tables,
                                              row_group_walk, strip_groups, token_amax_k1,
                                              token_row_streams)
 
@@ -606,6 +608,56 @@ def test_row_group_token_cast_ptx(arch, dtype, row, col, swz, groups):
     pad_warp = swz  # (per tensor only without the twin)
     assert (re.search(r"bar\.arrive\s+2,", ptx) is not None) == pad_warp
     assert f".reqntid {32 * (8 * groups + 1 + pad_warp)}, 1, 1" in ptx
+
+
+def test_row_group_padding():
+    """Whether a grouped input's swizzled scales have padding (CastKernel padding): their
+    padded buffers (ref.swizzle.swizzled_shape, one per group) hold more bytes than the
+    groups' scales, rowwise ([M_g, k / 16]) or of the twin ([k, M_g / 16])."""
+    gen = np.random.default_rng(5)
+    for _ in range(300):
+        sizes = [16 * int(v) for v in gen.choice([0, 1, 3, 4, 8, 16, 24], gen.integers(1, 6))]
+        k = 16 * int(gen.choice([1, 4, 8, 12, 64, 65, 128]))
+
+        def padded(shapes):
+            return any(math.prod(ref.swizzle.swizzled_shape(r, c)) > r * c for r, c in shapes)
+
+        pad_row = padded([(mg, k // 16) for mg in sizes])
+        pad_col = padded([(k, mg // 16) for mg in sizes])
+        for row, col in ((True, True), (True, False), (False, True)):
+            assert row_group_padding(sizes, k, row, col) == ((row and pad_row)
+                                                             or (col and pad_col)), (sizes, k)
+    assert not row_group_padding([128, 0, 256], 1024, True, True)
+    assert not row_group_padding([0, 0], 1040, True, True)  # empty groups have no scales
+    assert row_group_padding([128, 64], 1024, True, False)
+    assert not row_group_padding([128, 64], 1024, False, True)
+    assert row_group_padding([128, 256], 1040, False, True)
+
+
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
+@pytest.mark.parametrize("row,col", [(True, True), (False, True)])
+def test_row_group_cast_without_padding_ptx(arch, row, col):
+    """padding=False (per-token row groups with swizzled scales and none to zero): no
+    padding warp (9 warps instead of 10, no named barrier) and no padding code: fewer byte and
+    word stores of zeros than with padding, the tiles' scale stores unchanged (predicated);
+    refused without row groups, swizzled scales or per-token scaling."""
+    walk = row_group_walk(4096, 8192, 2, col, row, True, 132, True)
+    ptx = {pad: compile_ptx(*cast_kernel("bf16", row, col, True, True, walk=walk,
+                                         row_groups=8, padding=pad), arch=arch)
+           for pad in (True, False)}
+    assert re.search(r"bar\.(sync|arrive)\s+2,", ptx[False]) is None
+    assert ".reqntid 288, 1, 1" in ptx[False]
+    stores = {pad: [len(re.findall(rf"^\s*st\.global\.{w}\b", p, re.M)) for w in ("b8", "b32")]
+              for pad, p in ptx.items()}
+    assert stores[False][0] + stores[False][1] < stores[True][0] + stores[True][1]
+    assert ptx[False].count("@p st.global.b8") == ptx[True].count("@p st.global.b8") > 0
+    compact = row_group_walk(4096, 8192, 2, col, row, False, 132, True)
+    tensor = row_group_walk(4096, 8192, 2, col, row, True, 132)
+    for swz, per_token, walk, groups in ((False, True, compact, 8), (True, True, None, 0),
+                                         (True, False, tensor, 8)):
+        with pytest.raises(ValueError, match="padding=False"):
+            cast_kernel("bf16", row, col, swz, per_token, walk=walk, row_groups=groups,
+                        padding=False)
 
 
 def test_rowwise_rht_runs_without_it():

@@ -677,6 +677,23 @@ def test_grouped_row_group_cast(swizzle, outputs, dtype, kind, scaling, gen):
         assert plan.strips is None and plan.amax_fn is not None
 
 
+@pytest.mark.parametrize("scaling", ["tensor", "token"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_grouped_row_group_cast_unpadded(scaling, dtype, gen):
+    """Swizzled scales without padding (rd.row_group_padding False: per token the row-group
+    cast without its padding code, CastKernel padding=False): groups of multiples of 128 rows
+    (an empty one too) and K a multiple of 128, every output set; groups of multiples of 64
+    rows, the twin alone (its scale columns a multiple of 4; rowwise they pad). Outputs
+    poisoned."""
+    for splits, outputs in (([256, 0, 128, 384], OUTPUTS), ([64, 192, 0, 128], OUTPUTS[2:])):
+        x = grouped_scaled(splits, 1024, "outliers", dtype, gen)
+        for row, col in outputs:
+            recipe = Recipe(scaling=scaling, rowwise=row, columnwise=col, swizzle=True)
+            assert not rd.row_group_padding(splits, 1024, row, col)
+            check_grouped(x, splits, recipe)
+        assert rd.row_group_padding(splits, 1024, True, True) == (splits[0] == 64)
+
+
 @pytest.mark.parametrize("n_groups", [9, 40, rd.ROW_GROUPS_MAX])
 def test_grouped_row_group_cast_many(n_groups, gen):
     """The row-group cast with 16 to 64 enc tables (rd.row_group_tables: 9 groups -> 16, 40

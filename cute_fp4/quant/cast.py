@@ -148,7 +148,7 @@ class CastKernel:
                  fused_amax: bool = False, reverse: bool = False, prefetch_amax: bool = False,
                  band: int = 1, run: int = 1, enc_table: bool = False, preload: bool = False,
                  rht: bool = False, block2d: bool = False, stochastic: bool = False,
-                 groups: int = 1, row_groups: int = 0):
+                 groups: int = 1, row_groups: int = 0, padding: bool = True):
         if dtype not in DTYPES:
             raise TypeError(f"CastKernel: unsupported input dtype {dtype!r} (bf16, fp16, fp32)")
         if not (rowwise or columnwise):
@@ -213,7 +213,21 @@ class CastKernel:
         # 4096x2048 16.1 -> 14.5, 4096x8192 48.2 -> 45.4, 8192^2 92.6 -> 88.1, 16384x8192
         # 183.6 -> 172.9 (the consumers' epilogue cost their walk 3-5 us: without any padding
         # code 13.3 / 42.7; session 44)
-        self.pad_warp = bool(row_groups and swizzle and (per_token or not columnwise))
+        self.pad_warp = bool(row_groups and swizzle and padding
+                             and (per_token or not columnwise))
+        # padding (swizzled): whether the kernel zeroes the padding no tile covers; False only
+        # for per-token row groups whose groups have none (recipes_dispatch.row_group_padding).
+        # The padding code alone, never run, cost the walk (ptxas allocates the kernel as a
+        # whole): per token row+col with the padding warp 4096x2048 14.4 -> 13.3 us, 4096x8192
+        # 45.3 -> 42.7, 8192^2 88.2 -> 83.6, 16384x8192 172.8 -> 165.0 (H200, bf16, N = 8
+        # groups of multiples of 128 rows, cast kernel times). Per tensor it did not pay
+        # (grouped quantize row+col 16384x8192 216 -> 221 us, 32768x8192 421 -> 432; rowwise
+        # +-0.4), nor for single tensors (without their padding epilogue's code the plain casts
+        # moved -2.6% to +3.2%); perf/results/logs/quant_session45_h200.md section 2.
+        if not padding and not (row_groups and swizzle and per_token):
+            raise ValueError("CastKernel: padding=False is for per-token row groups with "
+                             "swizzled scales")
+        self.padding = padding
         # per token, and for stochastic rounding without the enc table: the blocks' enc from
         # the reciprocal without its slow-path branch, whose branch region splits ptxas'
         # scheduling of the tile, and per token the tile's outer scales from the division and
@@ -759,7 +773,7 @@ class CastKernel:
                         run_off = self.tile_m * RUN_SCALE_BYTES - run_off
                 tm, uk = tm_n, uk_n
 
-            if cutlass.const_expr(self.swizzle and not self.pad_warp):
+            if cutlass.const_expr(self.swizzle and self.padding and not self.pad_warp):
                 n_groups = 0
                 if cutlass.const_expr(self.row_groups):
                     n_groups = self._n_groups(starts)

@@ -49,7 +49,8 @@ def _f8_2d():
 def cast_kernel(dtype: str, rowwise: bool, columnwise: bool, swizzle: bool, per_token: bool,
                 num_sms: int = 132, fused_amax: bool = False,
                 walk: tuple = None, rht: bool = False, block2d: bool = False,
-                stochastic: bool = False, groups: int = 1, row_groups: int = 0):
+                stochastic: bool = False, groups: int = 1, row_groups: int = 0,
+                padding: bool = True):
     """(kernel, *fake compile arguments) of the K2 cast for a configuration; walk =
     (CTAs per SM, reverse tile walk, per-token amax prefetch, band, run, enc table, preload),
     see cast_walk (default: plain_walk); groups: consumer groups (cast_groups), 2 making the
@@ -58,7 +59,8 @@ def cast_kernel(dtype: str, rowwise: bool, columnwise: bool, swizzle: bool, per_
     (both from recipes_dispatch; the compiled function then takes the int64 [seed, offset]
     tensor after the outputs, else None); block2d: 16x16 blocks; row_groups: the enc tables
     of a grouped input's row groups (recipes_dispatch; the function then takes the groups'
-    int32 tables after rng, CastKernel GROUP_*, else None)."""
+    int32 tables after rng, CastKernel GROUP_*, else None); padding: False where row groups'
+    swizzled scales have none to zero (recipes_dispatch.row_group_padding)."""
     if walk is None:
         walk = plain_walk(per_token)
     walk = grouped_walk(walk, groups, per_token)
@@ -69,7 +71,8 @@ def cast_kernel(dtype: str, rowwise: bool, columnwise: bool, swizzle: bool, per_
                     stages=4 * groups, ctas_per_sm=ctas_per_sm, fused_amax=fused_amax,
                     reverse=reverse, prefetch_amax=prefetch_amax, band=band, run=run,
                     enc_table=enc_table, preload=preload, rht=rht, block2d=block2d,
-                    stochastic=stochastic, groups=groups, row_groups=row_groups)
+                    stochastic=stochastic, groups=groups, row_groups=row_groups,
+                    padding=padding)
     esize = _CUTLASS[dtype].width // 8
     m, k = dyn(), dyn(16 // esize)
     return (op, fake_tensor(_CUTLASS[dtype], (m, k)),

@@ -130,6 +130,15 @@ def row_group_tables(n_groups: int) -> int:
     return max(8, 1 << (n_groups - 1).bit_length())
 
 
+def row_group_padding(sizes, k: int, rowwise: bool, columnwise: bool) -> bool:
+    """Whether the swizzled scales of a grouped input's row groups have padding to zero
+    (per token CastKernel padding): rowwise, a group of rows not a multiple of 128 or, with any rows,
+    scale columns (k / 16) not a multiple of 4; the twin (group g's [k, M_g / 16] scales), a
+    group with rows and k not a multiple of 128 or scale columns not a multiple of 4."""
+    return bool((rowwise and any(mg % 128 or (mg and k % 64) for mg in sizes))
+                or (columnwise and any(mg and (mg % 64 or k % 128) for mg in sizes)))
+
+
 def on_row_group_cast(recipe: Recipe, sizes) -> bool:
     """Whether a grouped input of 2 .. ROW_GROUPS_MAX groups runs the plain cast with row
     groups (CastKernel row_groups: per tensor each 16-row block row's group's outer scale and
@@ -439,7 +448,7 @@ class _Plan:
             m, per_token = row0, scaling == "token"
             rht, sr = recipe.twin_rht, recipe.stochastic_rounding
             block2d = recipe.block == (16, 16)
-            tables = 0
+            tables, padding = 0, True
             if self.row_groups:
                 walk = row_group_walk(m, k, esize, col, row, swz, sms, per_token)
                 tables = row_group_tables(len(sizes))
@@ -452,6 +461,7 @@ class _Plan:
                     self.chunks = torch.tensor(chunks, dtype=torch.int32, device=dev)
                 starts = [t[0] // 16 for t in gtab] + [m // 16] + pfirst
                 if swz:
+                    padding = not per_token or row_group_padding(sizes, k, row, col)
                     starts += itertools.accumulate((_ceil(mg, 128) * 8 for mg in sizes),
                                                    initial=0)
                     starts += [t[5] // 512 for t in gtab] + [st_len // 512]
@@ -489,10 +499,11 @@ class _Plan:
                                     col_sum, keep), arch=arch))
         if plain_cast:
             ckey = ("cast", name, row, col, swz, per_token, sms, False, walk, "recipe", rht, sr,
-                    groups, block2d, tables, arch)
+                    groups, block2d, tables, padding, arch)
             self.cast_fn = KERNELS.get(ckey, lambda: compile_kernel(
                 *cast_kernel(name, row, col, swz, per_token, sms, False, walk, rht=rht,
-                             block2d=block2d, stochastic=sr, groups=groups, row_groups=tables),
+                             block2d=block2d, stochastic=sr, groups=groups, row_groups=tables,
+                             padding=padding),
                 arch=arch))
             self.scale_shapes = (scale_shape(m, nsc, swz), scale_shape(k, m // 16, swz))
             if self.row_groups and swz:  # the groups' padded scales, one after another
