@@ -621,7 +621,8 @@ def test_amax_token_groups_ptx(arch, dtype):
     """K1 with row groups (the per-token row-group cast's amax pass): the same 16 loads per
     lane, plus the groups of the CTA's 8 strips (int32 loads); the column fold over the warps
     restarts at each new group: one red.max per row pair and up to 8 per column (a predicated
-    one at each group change, the last one always); no RHT or per-tensor variant."""
+    one at each group change, the last one always); no RHT or per-tensor variant; with
+    padding the groups' swizzled padding zeroed after the fold."""
     ptx = compile_ptx(*amax_token_kernel(dtype, 0, groups=True), arch=arch)
     assert len(re.findall(r"ld\.global\.nc\.v4", ptx)) == 16
     assert len(re.findall(r"ld\.global\.[bsu]32", ptx)) == 8
@@ -631,6 +632,18 @@ def test_amax_token_groups_ptx(arch, dtype):
     for kw in ({"rht": True}, {"per_tensor": True}):
         with pytest.raises(ValueError, match="groups"):
             amax_token_kernel(dtype, 0, groups=True, **kw)
+    # padding: after the fold the CTAs zero the groups' swizzled padding (byte stores of the
+    # scale columns past K / 16, of the twin's padding rows and columns; word stores of the
+    # padding rows), reading the GROUP_* tables; the same loads and reductions before, at the
+    # plain K1's 3 CTAs per SM
+    pad = compile_ptx(*amax_token_kernel(dtype, 0, groups=True, padding=True), arch=arch)
+    assert len(re.findall(r"ld\.global\.nc\.v4", pad)) == 16
+    assert len(re.findall(r"red\.\S*global\.max\.u32", pad)) == 1 + 8
+    assert [len(re.findall(rf"st\.global\.{w}\b", p)) for p in (ptx, pad)
+            for w in ("b8", "b32")] == [0, 0, 3, 1]
+    assert re.findall(r"\.minnctapersm (\d+)", ptx + pad) == ["3"]
+    with pytest.raises(ValueError, match="padding"):
+        amax_token_kernel(dtype, 0, padding=True)
 
 
 @pytest.mark.parametrize("arch", ARCHS)

@@ -27,6 +27,7 @@ from cutlass import Float32, Int32, Int64, Uint32
 from cute_fp4.common import encode as E
 from cute_fp4.common.encode import add_rn, block_amax, sub_rn
 from cute_fp4.common.ptx import l2_policy, ld_global
+from cute_fp4.quant.padding import GROUP_ROW_SW, zero_group_padding, zero_scale_columns
 from cute_fp4.ref.quantize import RHT_SIGNS
 
 DTYPES = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16, "fp32": cutlass.Float32}
@@ -245,6 +246,11 @@ def rht16_amax_fast(xs):
     return block_amax([add_rn(E.fabs(ys[j]), E.fabs(ys[j + 8])) for j in range(8)])
 
 
+# K1 with the groups' padding (AmaxToken padding): the CTAs per SM its registers are capped
+# for, the plain K1's (80 registers: 3 CTAs of 8 warps; the padding code took it to 90, 2)
+PADDING_CTAS_PER_SM = 3
+
+
 class AmaxToken:
     """K1: amax_r[m] = max_k |x[m, k]| and amax_c[k] = max_m |x[m, k]| in one pass.
 
@@ -265,7 +271,10 @@ class AmaxToken:
     amax_c holds each group's K column amaxes one after another; `strip_groups` (int32, one
     entry per 16-row strip: groups are multiples of 16 rows, so a warp's strip lies in one)
     gives each strip's group, and the CTA's fold over its warps restarts at each new group
-    (fold_slab_columns groups: one atomic per (column, group) of the CTA).
+    (fold_slab_columns groups: one atomic per (column, group) of the CTA). `padding` (with
+    groups, swizzled scales): the CTAs then also zero the padding of the groups' rowwise and
+    twin scales (the flat buffers `s`, `st` and the row-group cast's GROUP_* tables
+    `starts`), so that the row-group cast after this pass compiles none (CastKernel padding).
 
     `rht`: amax_c[k] is the column amax of the 16-point RHT of x's 16-row column blocks (the
     twin's outer amax, SPEC section 2; M a multiple of 16): each lane's strip is one block
@@ -279,12 +288,15 @@ class AmaxToken:
     ROWS = STRIP * warps
 
     def __init__(self, dtype: str, l2_keep: int = 0, rht: bool = False,
-                 per_tensor: bool = False, groups: bool = False):
+                 per_tensor: bool = False, groups: bool = False, padding: bool = False):
         if dtype not in DTYPES:
             raise TypeError(f"AmaxToken: unsupported input dtype {dtype!r}")
         if groups and (rht or per_tensor):
             raise ValueError("AmaxToken: groups takes neither rht nor per_tensor")
+        if padding and not groups:
+            raise ValueError("AmaxToken: padding (the row groups' swizzled scales) needs groups")
         self.groups = groups
+        self.padding = padding
         self.dtype_name = dtype
         self.esize = DTYPES[dtype].width // 8
         self.l2_keep = l2_keep
@@ -295,13 +307,19 @@ class AmaxToken:
 
     @cute.jit
     def __call__(self, x: cute.Tensor, amax_r: cute.Tensor, amax_c: cute.Tensor,
-                 strip_groups: Optional[cute.Tensor], stream):
-        """strip_groups: with groups the int32 group of each 16-row strip, else None."""
+                 strip_groups: Optional[cute.Tensor], s: Optional[cute.Tensor],
+                 st: Optional[cute.Tensor], starts: Optional[cute.Tensor], stream):
+        """strip_groups: with groups the int32 group of each 16-row strip, else None; s, st,
+        starts: with padding the flat uint8 rowwise and twin scales and the int32 GROUP_*
+        tables (four of G + 1 entries), else None."""
         M = x.shape[0]
         K = x.shape[1]
         grid = ((K + self.cols_per_cta - 1) // self.cols_per_cta, (M + self.ROWS - 1) // self.ROWS, 1)
-        self.kernel(x, amax_r, amax_c, strip_groups, M, K).launch(
-            grid=grid, block=(32 * self.warps, 1, 1), stream=stream)
+        launch = {}
+        if cutlass.const_expr(self.padding):  # the plain K1's 3 CTAs per SM (<= 80 registers)
+            launch = {"min_blocks_per_mp": PADDING_CTAS_PER_SM, "preferred_smem_carveout": 100}
+        self.kernel(x, amax_r, amax_c, strip_groups, s, st, starts, M, K).launch(
+            grid=grid, block=(32 * self.warps, 1, 1), stream=stream, **launch)
 
     def _column_maxima(self, rows):
         """The lane's vec column maxima (FP32) over its strip's row vectors: packed bf16x2 /
@@ -332,9 +350,26 @@ class AmaxToken:
                                           scale=False))
         return [E.mul_rn(acc[j], Float32(0.25)) for j in range(self.vec)]
 
+    @cute.jit
+    def _zero_padding(self, s, st, starts, K, me, nthr):
+        """Zero the groups' swizzled padding (padding): every padded rowwise row's scale
+        columns past K / 16, then each group's padding rows and twin padding."""
+        n = starts.shape[0] // 4  # G + 1 entries per table
+
+        def entry(table, g):
+            return Int32(starts[table * n + g])
+        nsc_r = Int64(K) // 16
+        pad_c_r = (nsc_r + 3) // 4 * 4
+        s_base = s.iterator.toint()
+        zero_scale_columns(s_base, entry(GROUP_ROW_SW, n - 1) * 16, Int32(nsc_r), pad_c_r,
+                           nsc_r, me, nthr)
+        zero_group_padding(entry, n - 1, K, nsc_r, pad_c_r, s_base, st.iterator.toint(), me,
+                           nthr, True, True)
+
     @cute.kernel
     def kernel(self, x: cute.Tensor, amax_r: cute.Tensor, amax_c: cute.Tensor,
-               strip_groups: Optional[cute.Tensor], M: Int32, K: Int32):
+               strip_groups: Optional[cute.Tensor], s: Optional[cute.Tensor],
+               st: Optional[cute.Tensor], starts: Optional[cute.Tensor], M: Int32, K: Int32):
         tidx, _, _ = cute.arch.thread_idx()
         bx, by, _ = cute.arch.block_idx()
         lane = tidx % 32
@@ -377,6 +412,11 @@ class AmaxToken:
                 E.red_max_u32(ac + (Int64(g) * Int64(K) + Int64(c)) * 4, E.canonical_nan_bits(v))
             fold_slab_columns(red, cols, self.warps, warp, lane, tidx, c0, K, E.fmax_nan,
                               store_group_max, groups)
+            if cutlass.const_expr(self.padding):
+                gx, gy, _ = cute.arch.grid_dim()
+                threads = 32 * self.warps
+                self._zero_padding(s, st, starts, K, (by * gx + bx) * threads + tidx,
+                                   gx * gy * threads)
         else:
             def store_max(c, v):
                 E.red_max_u32(ac + Int64(c) * 4, E.canonical_nan_bits(v))
