@@ -122,12 +122,13 @@ def amax_tensor_kernel(dtype: str, num_sms: int = 132, l2_keep: int = 0,
 def amax_token_kernel(dtype: str, l2_keep: int = 0, rht: bool = False,
                       per_tensor: bool = False, groups: bool = False, padding: bool = False):
     esize = _CUTLASS[dtype].width // 8
-    u8 = fake_tensor(cutlass.Uint8, (None,), align=4) if padding else None
+    scales = [fake_tensor(cutlass.Uint8, (None,), align=4) if padding else None
+              for _ in range(2)]  # two fakes: one would tie the two lengths
     return (AmaxToken(dtype, l2_keep, rht, per_tensor, groups, padding),
             fake_tensor(_CUTLASS[dtype], (dyn(), dyn(16 // esize))),
             fake_tensor(cutlass.Float32, (None,), align=4),
             fake_tensor(cutlass.Float32, (None,), align=4),
-            fake_tensor(cutlass.Int32, (None,), align=4) if groups else None, u8, u8,
+            fake_tensor(cutlass.Int32, (None,), align=4) if groups else None, *scales,
             fake_tensor(cutlass.Int32, (None,), align=4) if padding else None, env_stream())
 
 
