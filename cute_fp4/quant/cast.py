@@ -91,7 +91,8 @@ plain per-token cast does, and the twin one lane per column as well where the ti
 rows lie in one group (its column's amax in that group), else each thread its own columns'
 (_cast_tile). Swizzled, the groups' padding is zeroed (_zero_padding) by a padding warp after
 the producer per token and per tensor for rowwise outputs only (pad_warp), else by the
-consumers after their walk.
+consumers after their walk; per token without any padding code where the groups have none
+(padding=False).
 
 `block2d` (per tensor, no RHT): 16x16 blocks (SPEC section 1, the recipe's block=(16, 16)): one
 scale per 16x16 tile, shared by its 16 rowwise blocks and its 16 twin blocks (with stochastic

@@ -237,7 +237,7 @@ class TokenRowCast:
                 E.st_global_u32(ar_base + Int64(row0 + lane) * 4, E.f32_bits(amax_row))
             s6_l, sdec_l = outer_block_scales(amax_row, E.E4M3_MAX)
             # the strip's rows (every warp holds all of them) decide the copy for the CTA
-            strip = (data, uamax, s6_l, sdec_l, row0 + prow, tu, warp, M, rows_cover,
+            strip = (data, uamax, s6_l, sdec_l, row0 + prow, tu, warp, rows_cover,
                      units_cover, q_base, half_k, s_base, n_units, sr, streams_l)
             if cute.arch.vote_all_sync(E.fast_outer_ok(sdec_l, self.bulk_signs, True)):
                 self._cast_strip(*strip, fast=True)
@@ -246,7 +246,7 @@ class TokenRowCast:
             parity = 1 - parity
 
     @cute.jit
-    def _cast_strip(self, data, uamax, s6_l, sdec_l, row_p, tu, warp, M, rows_cover,
+    def _cast_strip(self, data, uamax, s6_l, sdec_l, row_p, tu, warp, rows_cover,
                     units_cover, q_base, half_k, s_base, nsc, sr, streams_l,
                     fast: cutlass.Constexpr):
         """The rowwise data and scales of the strip's loaded units (data: [pass][unit] ->
