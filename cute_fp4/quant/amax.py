@@ -27,7 +27,8 @@ from cutlass import Float32, Int32, Int64, Uint32
 from cute_fp4.common import encode as E
 from cute_fp4.common.encode import add_rn, block_amax, sub_rn
 from cute_fp4.common.ptx import l2_policy, ld_global
-from cute_fp4.quant.padding import GROUP_ROW_SW, zero_group_padding, zero_scale_columns
+from cute_fp4.common.scales import swizzled_scale_offset
+from cute_fp4.quant.padding import GROUP_FIRST, GROUP_ROW_SW, GROUP_TWIN_SW
 from cute_fp4.ref.quantize import RHT_SIGNS
 
 DTYPES = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16, "fp32": cutlass.Float32}
@@ -247,7 +248,8 @@ def rht16_amax_fast(xs):
 
 
 # K1 with the groups' padding (AmaxToken padding): the CTAs per SM its registers are capped
-# for, the plain K1's (80 registers: 3 CTAs of 8 warps; the padding code took it to 90, 2)
+# for, the plain K1's (80 registers: 3 CTAs of 8 warps; the first version's padding code took
+# it to 90, 2 CTAs)
 PADDING_CTAS_PER_SM = 3
 
 
@@ -272,9 +274,13 @@ class AmaxToken:
     entry per 16-row strip: groups are multiples of 16 rows, so a warp's strip lies in one)
     gives each strip's group, and the CTA's fold over its warps restarts at each new group
     (fold_slab_columns groups: one atomic per (column, group) of the CTA). `padding` (with
-    groups, swizzled scales): the CTAs then also zero the padding of the groups' rowwise and
-    twin scales (the flat buffers `s`, `st` and the row-group cast's GROUP_* tables
-    `starts`), so that the row-group cast after this pass compiles none (CastKernel padding).
+    groups, swizzled scales): after the fold the warps near the padding also zero it, in the
+    flat rowwise and twin scale buffers `s`, `st` with the row-group cast's GROUP_* tables
+    `starts` (_zero_padding: the warp whose strip ends a group, per column slab; in the last
+    slab every warp for its strip), so that the row-group cast after this pass compiles none
+    (CastKernel padding). A first version, in which every thread took grid-stride shares of
+    all the groups' padding reading their tables from global memory, cost K1 5.5-10 us
+    (perf/results/logs/quant_session45_h200.md section 4).
 
     `rht`: amax_c[k] is the column amax of the 16-point RHT of x's 16-row column blocks (the
     twin's outer amax, SPEC section 2; M a multiple of 16): each lane's strip is one block
@@ -351,20 +357,54 @@ class AmaxToken:
         return [E.mul_rn(acc[j], Float32(0.25)) for j in range(self.vec)]
 
     @cute.jit
-    def _zero_padding(self, s, st, starts, K, me, nthr):
-        """Zero the groups' swizzled padding (padding): every padded rowwise row's scale
-        columns past K / 16, then each group's padding rows and twin padding."""
-        n = starts.shape[0] // 4  # G + 1 entries per table
-
-        def entry(table, g):
-            return Int32(starts[table * n + g])
-        nsc_r = Int64(K) // 16
+    def _zero_padding(self, s, st, starts, K, strip, last, g, ends, bx, gx, lane):
+        """The warp's share of the groups' swizzled padding (padding), near the strips: the
+        warp whose strip (its group g's) ends the group zeroes, in the CTA's column slab, the
+        group's rowwise padding rows and its twin's padding columns (in the last slab also
+        the twin's padding rows past K); in the last slab every warp zeroes its strip rows'
+        scale columns past K / 16 and its strip's twin column in the rows past K. Only those
+        warps read the group's tables (GROUP_*: first block row, first padded block row, its
+        twin's 512-byte unit), four loads at once."""
+        nsc_r = K // 16
         pad_c_r = (nsc_r + 3) // 4 * 4
-        s_base = s.iterator.toint()
-        zero_scale_columns(s_base, entry(GROUP_ROW_SW, n - 1) * 16, Int32(nsc_r), pad_c_r,
-                           nsc_r, me, nthr)
-        zero_group_padding(entry, n - 1, K, nsc_r, pad_c_r, s_base, st.iterator.toint(), me,
-                           nthr, True, True)
+        k_pad = (K + 127) // 128 * 128
+        tail = bx == gx - 1
+        if (strip <= last) & (ends | (tail & ((pad_c_r != nsc_r) | (k_pad != K)))):
+            n = starts.shape[0] // 4  # G + 1 entries per table
+            first = Int32(starts[GROUP_FIRST * n + g])
+            nblk = Int32(starts[GROUP_FIRST * n + g + 1]) - first  # the group's block rows
+            rsw = Int32(starts[GROUP_ROW_SW * n + g])
+            tw = st.iterator.toint() + Int64(starts[GROUP_TWIN_SW * n + g]) * 512
+            s_base = s.iterator.toint()
+            zero = Uint32(0)
+            pcc = (nblk + 3) // 4 * 4  # the twin's scale columns, padded
+            if ends:
+                # rowwise: padding rows (rsw + nblk) * 16 .. of the group's 128-row padding, the
+                # slab's 4-byte words (lane: word lane % 4 of rows lane // 4, + 8, ...)
+                w = bx * 4 + lane % 4
+                if w < pad_c_r // 4:
+                    for r in cutlass.range((rsw + nblk) * 16 + lane // 4,
+                                           (rsw + (nblk + 7) // 8 * 8) * 16, 8, unroll=1):
+                        E.st_global_u32(s_base + Int64(swizzled_scale_offset(r, w * 4, nsc_r)),
+                                        zero)
+                # the twin: padding columns nblk .. pcc of the slab's rows (past K: the last
+                # slab's)
+                r1 = cutlass.min(bx * self.cols_per_cta + self.cols_per_cta, K)
+                if tail:
+                    r1 = k_pad
+                for r in cutlass.range(bx * self.cols_per_cta + lane, r1, 32, unroll=1):
+                    for c in cutlass.range(nblk, pcc, unroll=1):
+                        E.st_global_u8(tw + Int64(swizzled_scale_offset(r, c, nblk)), zero)
+            if tail:
+                j = strip - first  # the strip's block row in its group: its twin column
+                # rowwise: the strip rows' scale columns nsc_r .. pad_c_r (lane: row lane % 16,
+                # columns from lane // 16, step 2)
+                row = (rsw + j) * 16 + lane % 16
+                for c in cutlass.range(nsc_r + lane // 16, pad_c_r, 2, unroll=1):
+                    E.st_global_u8(s_base + Int64(swizzled_scale_offset(row, c, nsc_r)), zero)
+                # the twin: column j in the rows past K
+                for r in cutlass.range(K + lane, k_pad, 32, unroll=1):
+                    E.st_global_u8(tw + Int64(swizzled_scale_offset(r, j, nblk)), zero)
 
     @cute.kernel
     def kernel(self, x: cute.Tensor, amax_r: cute.Tensor, amax_c: cute.Tensor,
@@ -406,17 +446,23 @@ class AmaxToken:
             # clamped reads repeat)
             last = strip_groups.shape[0] - 1
             groups = [strip_groups[cutlass.min(by * self.warps + w, last)]
-                      for w in range(self.warps)]
+                      for w in range(self.warps + int(self.padding))]
 
             def store_group_max(c, v, g):
                 E.red_max_u32(ac + (Int64(g) * Int64(K) + Int64(c)) * 4, E.canonical_nan_bits(v))
             fold_slab_columns(red, cols, self.warps, warp, lane, tidx, c0, K, E.fmax_nan,
-                              store_group_max, groups)
+                              store_group_max, groups[:self.warps])
             if cutlass.const_expr(self.padding):
-                gx, gy, _ = cute.arch.grid_dim()
-                threads = 32 * self.warps
-                self._zero_padding(s, st, starts, K, (by * gx + bx) * threads + tidx,
-                                   gx * gy * threads)
+                # the warp's strip's group, and whether the strip ends it (the next strip,
+                # the next CTA's first for warp 7, is another group's, or it is the last)
+                g, g_next = groups[0], groups[1]
+                for w in cutlass.range_constexpr(1, self.warps):
+                    g = cutlass.select_(warp == w, groups[w], g)
+                    g_next = cutlass.select_(warp == w, groups[w + 1], g_next)
+                strip = by * self.warps + warp
+                gx, _, _ = cute.arch.grid_dim()
+                self._zero_padding(s, st, starts, K, strip, last, g,
+                                   (strip == last) | (g_next != g), bx, gx, lane)
         else:
             def store_max(c, v):
                 E.red_max_u32(ac + Int64(c) * 4, E.canonical_nan_bits(v))
