@@ -175,11 +175,9 @@ class TokenRowCast:
         # per strip parity, pass and warp: the warp's max of its row in that pass
         red = smem.allocate_tensor(Uint32, cute.make_layout(2 * self.passes * (THREADS // 32)))
         red_base = red.iterator.toint()
-        sr = None  # stochastic rounding: (round keys, offset, grouped: row_streams' address)
+        sr = None  # stochastic rounding: (round keys, offset)
         if cutlass.const_expr(self.stochastic):
             sr = rng_round_keys(rng)
-            if cutlass.const_expr(self.grouped):
-                sr = sr + (row_streams.iterator.toint(),)
 
         parity = Int32(0)
         for strip in cutlass.range(bidx, n_strips, gdim, unroll=1):
@@ -207,7 +205,7 @@ class TokenRowCast:
             streams_l = None
             if cutlass.const_expr(self.grouped):
                 l_rc = cutlass.min(row0 + cutlass.min(lane, R - 1), M - 1)
-                streams_l = E.ld_global_v2_s32(sr[2] + Int64(l_rc) * 8)
+                streams_l = E.ld_global_v2_s32(row_streams.iterator.toint() + Int64(l_rc) * 8)
 
             # unit amaxes and the passes' row partials
             uamax = []
@@ -256,8 +254,8 @@ class TokenRowCast:
         branch (whose branch region around every unit kept ptxas from interleaving them) and,
         with bulk_signs, the codes' signs from the products' sign bits, 8 at a time; no enc is
         NaN there (a NaN row amax fails the check; an infinite one has S_enc = 1). sr:
-        stochastic rounding's (round keys, offset; grouped the row_streams address), or
-        None; streams_l (grouped): lane r's row r's (Philox stream, group's first row)."""
+        stochastic rounding's (round keys, offset), or None; streams_l (grouped): lane r's
+        row r's (Philox stream, group's first row)."""
         tpr = self.tpr
         P = self.rows_per_pass
         for p in cutlass.range_constexpr(self.passes):
