@@ -28,7 +28,7 @@ from cute_fp4.common import encode as E
 from cute_fp4.common.encode import add_rn, block_amax, sub_rn
 from cute_fp4.common.ptx import l2_policy, ld_global
 from cute_fp4.common.scales import swizzled_scale_offset
-from cute_fp4.quant.padding import GROUP_FIRST, GROUP_ROW_SW, GROUP_TWIN_SW
+from cute_fp4.quant.padding import GROUP_FIRST, GROUP_ROW_SW, GROUP_TWIN_SW, zero_tile
 from cute_fp4.ref.quantize import RHT_SIGNS
 
 DTYPES = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16, "fp32": cutlass.Float32}
@@ -357,54 +357,43 @@ class AmaxToken:
         return [E.mul_rn(acc[j], Float32(0.25)) for j in range(self.vec)]
 
     @cute.jit
-    def _zero_padding(self, s, st, starts, K, strip, last, g, ends, bx, gx, lane):
-        """The warp's share of the groups' swizzled padding (padding), near the strips: the
-        warp whose strip (its group g's) ends the group zeroes, in the CTA's column slab, the
-        group's rowwise padding rows and its twin's padding columns (in the last slab also
-        the twin's padding rows past K); in the last slab every warp zeroes its strip rows'
-        scale columns past K / 16 and its strip's twin column in the rows past K. Only those
-        warps read the group's tables (GROUP_*: first block row, first padded block row, its
-        twin's 512-byte unit), four loads at once."""
+    def _zero_padding(self, s, st, table, K, strip, last, ends, bx, gx, lane):
+        """The warp's share of the groups' swizzled padding (padding), near the strips. It
+        zeroes whole 512-byte tiles and 4-byte words holding padding, real scales included:
+        the row-group cast writes those after this pass. The warp whose strip ends a group
+        zeroes, in the CTA's column slab, the group's last rowwise row tile (rows past the
+        group) and its twin's last column tile (columns past M_g / 16); in the last slab every
+        warp zeroes its strip rows' words of the last rowwise column tile (columns past
+        K / 16), and the strip that starts a twin column tile that tile in the twin's last row
+        tile (rows past K). table: the group's first block row, block rows, first block row
+        of its padded rowwise scales and its twin's first 512-byte unit."""
+        first, nblk, rsw, twin_unit = table
         nsc_r = K // 16
-        pad_c_r = (nsc_r + 3) // 4 * 4
-        k_pad = (K + 127) // 128 * 128
+        row_tiles = (nsc_r + 3) // 4  # tiles per 128-row tile row of the rowwise scales
+        twin_tiles = (nblk + 3) // 4  # tiles per 128-row tile row of the group's twin
+        k_tiles = (K + 127) // 128
+        s_base = s.iterator.toint() + Int64(lane * 4)
+        tw = st.iterator.toint() + Int64(twin_unit) * 512 + Int64(lane * 4)
         tail = bx == gx - 1
-        if (strip <= last) & (ends | (tail & ((pad_c_r != nsc_r) | (k_pad != K)))):
-            n = starts.shape[0] // 4  # G + 1 entries per table
-            first = Int32(starts[GROUP_FIRST * n + g])
-            nblk = Int32(starts[GROUP_FIRST * n + g + 1]) - first  # the group's block rows
-            rsw = Int32(starts[GROUP_ROW_SW * n + g])
-            tw = st.iterator.toint() + Int64(starts[GROUP_TWIN_SW * n + g]) * 512
-            s_base = s.iterator.toint()
-            zero = Uint32(0)
-            pcc = (nblk + 3) // 4 * 4  # the twin's scale columns, padded
-            if ends:
-                # rowwise: padding rows (rsw + nblk) * 16 .. of the group's 128-row padding, the
-                # slab's 4-byte words (lane: word lane % 4 of rows lane // 4, + 8, ...)
-                w = bx * 4 + lane % 4
-                if w < pad_c_r // 4:
-                    for r in cutlass.range((rsw + nblk) * 16 + lane // 4,
-                                           (rsw + (nblk + 7) // 8 * 8) * 16, 8, unroll=1):
-                        E.st_global_u32(s_base + Int64(swizzled_scale_offset(r, w * 4, nsc_r)),
-                                        zero)
-                # the twin: padding columns nblk .. pcc of the slab's rows (past K: the last
-                # slab's)
-                r1 = cutlass.min(bx * self.cols_per_cta + self.cols_per_cta, K)
-                if tail:
-                    r1 = k_pad
-                for r in cutlass.range(bx * self.cols_per_cta + lane, r1, 32, unroll=1):
-                    for c in cutlass.range(nblk, pcc, unroll=1):
-                        E.st_global_u8(tw + Int64(swizzled_scale_offset(r, c, nblk)), zero)
-            if tail:
-                j = strip - first  # the strip's block row in its group: its twin column
-                # rowwise: the strip rows' scale columns nsc_r .. pad_c_r (lane: row lane % 16,
-                # columns from lane // 16, step 2)
-                row = (rsw + j) * 16 + lane % 16
-                for c in cutlass.range(nsc_r + lane // 16, pad_c_r, 2, unroll=1):
-                    E.st_global_u8(s_base + Int64(swizzled_scale_offset(row, c, nsc_r)), zero)
-                # the twin: column j in the rows past K
-                for r in cutlass.range(K + lane, k_pad, 32, unroll=1):
-                    E.st_global_u8(tw + Int64(swizzled_scale_offset(r, j, nblk)), zero)
+        if (strip <= last) & ends:
+            if nblk % 8 != 0:
+                t = (rsw + nblk - 1) // 8
+                for i in cutlass.range_constexpr(self.cols_per_cta // 64):
+                    c = bx * (self.cols_per_cta // 64) + i
+                    if c < row_tiles:
+                        zero_tile(s_base + Int64(t * row_tiles + c) * 512)
+            if nblk % 4 != 0:
+                for i in cutlass.range_constexpr(self.cols_per_cta // 128):
+                    r = bx * (self.cols_per_cta // 128) + i
+                    if r < k_tiles:
+                        zero_tile(tw + Int64(r * twin_tiles + twin_tiles - 1) * 512)
+        if (strip <= last) & tail:
+            j = strip - first  # the strip's block row in its group: its twin column
+            if (nsc_r % 4 != 0) & (lane < 16):
+                off = swizzled_scale_offset((rsw + j) * 16 + lane, row_tiles * 4 - 4, nsc_r)
+                E.st_global_u32(s_base - Int64(lane * 4) + Int64(off), Uint32(0))
+            if (K % 128 != 0) & (j % 4 == 0):
+                zero_tile(tw + Int64((k_tiles - 1) * twin_tiles + j // 4) * 512)
 
     @cute.kernel
     def kernel(self, x: cute.Tensor, amax_r: cute.Tensor, amax_c: cute.Tensor,
@@ -446,23 +435,26 @@ class AmaxToken:
             # clamped reads repeat)
             last = strip_groups.shape[0] - 1
             groups = [strip_groups[cutlass.min(by * self.warps + w, last)]
-                      for w in range(self.warps + int(self.padding))]
+                      for w in range(self.warps)]
+            if cutlass.const_expr(self.padding):
+                # the warp's strip's group, whether the strip ends it (the next strip is
+                # another group's, or it is the last) and the group's table entries, loaded
+                # before the fold so that their latency overlaps it
+                strip = by * self.warps + warp
+                g = strip_groups[cutlass.min(strip, last)]
+                ends = (strip == last) | (strip_groups[cutlass.min(strip + 1, last)] != g)
+                n = starts.shape[0] // 4  # G + 1 entries per table
+                first = Int32(starts[GROUP_FIRST * n + g])
+                table = (first, Int32(starts[GROUP_FIRST * n + g + 1]) - first,
+                         Int32(starts[GROUP_ROW_SW * n + g]), Int32(starts[GROUP_TWIN_SW * n + g]))
 
             def store_group_max(c, v, g):
                 E.red_max_u32(ac + (Int64(g) * Int64(K) + Int64(c)) * 4, E.canonical_nan_bits(v))
             fold_slab_columns(red, cols, self.warps, warp, lane, tidx, c0, K, E.fmax_nan,
-                              store_group_max, groups[:self.warps])
+                              store_group_max, groups)
             if cutlass.const_expr(self.padding):
-                # the warp's strip's group, and whether the strip ends it (the next strip,
-                # the next CTA's first for warp 7, is another group's, or it is the last)
-                g, g_next = groups[0], groups[1]
-                for w in cutlass.range_constexpr(1, self.warps):
-                    g = cutlass.select_(warp == w, groups[w], g)
-                    g_next = cutlass.select_(warp == w, groups[w + 1], g_next)
-                strip = by * self.warps + warp
                 gx, _, _ = cute.arch.grid_dim()
-                self._zero_padding(s, st, starts, K, strip, last, g,
-                                   (strip == last) | (g_next != g), bx, gx, lane)
+                self._zero_padding(s, st, table, K, strip, last, ends, bx, gx, lane)
         else:
             def store_max(c, v):
                 E.red_max_u32(ac + Int64(c) * 4, E.canonical_nan_bits(v))

@@ -19,6 +19,13 @@ from cute_fp4.common.scales import swizzled_scale_offset
 GROUP_FIRST, GROUP_PARTIALS, GROUP_ROW_SW, GROUP_TWIN_SW = range(4)
 
 
+def zero_tile(addr):
+    """A warp zeroes one 512-byte tile of swizzled scales (addr: the tile's address plus
+    4 * lane): four coalesced 128-byte stores."""
+    for i in range(4):
+        E.st_global_u32(addr + Int64(128 * i), Uint32(0))
+
+
 @cute.jit
 def zero_scale_columns(s_base, rows, c0, pad_c, cols, me, nthr):
     """Zero columns c0 .. pad_c of rows 0 .. rows of the swizzled scales at s_base (a matrix of
