@@ -278,9 +278,12 @@ class AmaxToken:
     flat rowwise and twin scale buffers `s`, `st` with the row-group cast's GROUP_* tables
     `starts` (_zero_padding: the warp whose strip ends a group, per column slab; in the last
     slab every warp for its strip), so that the row-group cast after this pass compiles none
-    (CastKernel padding). A first version, in which every thread took grid-stride shares of
-    all the groups' padding reading their tables from global memory, cost K1 5.5-10 us
-    (perf/results/logs/quant_session45_h200.md section 4).
+    (CastKernel padding). The warps zero whole tiles and words around the padding, real
+    scales included, which the cast writes after this pass. Two earlier versions zeroed
+    exactly the padding bytes: every thread taking grid-stride shares of all the groups'
+    padding, then the warps near it with byte and word loops; they cost K1 5.5-10 us and
+    2.5-5.7 us (perf/results/logs/quant_session45_h200.md section 4,
+    quant_session46_h200.md).
 
     `rht`: amax_c[k] is the column amax of the 16-point RHT of x's 16-row column blocks (the
     twin's outer amax, SPEC section 2; M a multiple of 16): each lane's strip is one block

@@ -2,8 +2,9 @@
 the padding is zero). CastKernel runs these in its epilogue or padding warp; for per-token row
 groups K1 (AmaxToken padding) runs them before the cast instead, so that the row-group cast
 compiles no padding code, whose code alone cost the cast's walk 1-8 us at its register cap
-(notes/quant_recipes.md "Session 45"). Work item i of a pass goes to thread me = i mod nthr
-(i = me, me + nthr, ...) of the nthr threads of the launch."""
+(notes/quant_recipes.md "Session 45"); it zeroes whole tiles (zero_tile) and words holding
+padding, real scales included, which the cast overwrites. Work item i of a pass goes to thread
+me = i mod nthr (i = me, me + nthr, ...) of the nthr threads of the launch."""
 
 import cutlass
 import cutlass.cute as cute
