@@ -94,3 +94,15 @@ def test_perf_compile_cpu(tmp_path, capsys):
         assert 0 < r["from disk s"] < r["cold s"]
         assert 0 < r["in-memory hit us"] < 1e4
     assert "JIT compile time per kernel" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("m", [4096, 32768])
+def test_perf_grouped_splits(m):
+    """The benchmark's grouped splits: 8 uneven groups summing to M, multiples of 128 rows (no
+    swizzled padding) or, ragged, multiples of 16 rows none of which is one of 128."""
+    from cute_fp4.perf.quant_recipes import _splits
+    even, ragged = _splits(m, 8, 16), _splits(m, 8, 16, ragged=True)
+    assert sum(even) == sum(ragged) == m
+    assert len(set(even)) == 3 and all(s % 128 == 0 for s in even)
+    assert all(s % 16 == 0 and s % 128 != 0 for s in ragged)
+    assert max(ragged) - min(ragged) < m // 4

@@ -621,7 +621,8 @@ def test_amax_token_groups_ptx(arch, dtype):
     """K1 with row groups (the per-token row-group cast's amax pass): the same 16 loads per
     lane, plus the groups of the CTA's 8 strips (int32 loads); the column fold over the warps
     restarts at each new group: one red.max per row pair and up to 8 per column (a predicated
-    one at each group change, the last one always); no RHT or per-tensor variant."""
+    one at each group change, the last one always); no RHT or per-tensor variant; with
+    padding the groups' swizzled padding zeroed after the fold."""
     ptx = compile_ptx(*amax_token_kernel(dtype, 0, groups=True), arch=arch)
     assert len(re.findall(r"ld\.global\.nc\.v4", ptx)) == 16
     assert len(re.findall(r"ld\.global\.[bsu]32", ptx)) == 8
@@ -631,6 +632,22 @@ def test_amax_token_groups_ptx(arch, dtype):
     for kw in ({"rht": True}, {"per_tensor": True}):
         with pytest.raises(ValueError, match="groups"):
             amax_token_kernel(dtype, 0, groups=True, **kw)
+    # padding: after the fold the warps near the padding zero it, whole 512-byte tiles of four
+    # coalesced word stores (the group's last rowwise row tile in the slab's column tiles
+    # (256 / 128 columns: 4 / 2), its twin's last column tile in the slab's row tiles (2 / 1),
+    # the last slab's twin tile past K) and a word per strip row past K / 16; each warp reads
+    # its strip's and the next strip's groups and four GROUP_* entries; the same loads and
+    # reductions before, at the plain K1's 3 CTAs per SM
+    pad = compile_ptx(*amax_token_kernel(dtype, 0, groups=True, padding=True), arch=arch)
+    assert len(re.findall(r"ld\.global\.nc\.v4", pad)) == 16
+    assert len(re.findall(r"ld\.global\.[bsu]32", pad)) == 8 + 2 + 4
+    assert len(re.findall(r"red\.\S*global\.max\.u32", pad)) == 1 + 8
+    tiles = {"bf16": 4 + 2 + 1, "fp32": 2 + 1 + 1}[dtype]
+    assert [len(re.findall(rf"st\.global\.{w}\b", p)) for p in (ptx, pad)
+            for w in ("b8", "b32")] == [0, 0, 0, 4 * tiles + 1]
+    assert re.findall(r"\.minnctapersm (\d+)", ptx + pad) == ["3"]
+    with pytest.raises(ValueError, match="padding"):
+        amax_token_kernel(dtype, 0, padding=True)
 
 
 @pytest.mark.parametrize("arch", ARCHS)

@@ -671,10 +671,11 @@ def test_grouped_row_group_cast(swizzle, outputs, dtype, kind, scaling, gen):
     elif outputs == (True, True):  # K1 with the groups' column amaxes
         assert plan.chunks is None and plan.tensor_amax is None and plan.amax_fn is None
         assert plan.token_amax is not None and plan.tt is None
+        assert plan.k1_padding == swizzle  # these groups pad: K1 zeroes it, not the cast
         assert plan.strips.tolist() == [g for g, mg in enumerate(ROW_GROUP_SPLITS)
                                         for _ in range(mg // 16)]
-    else:  # one side only: RecipeAmax
-        assert plan.strips is None and plan.amax_fn is not None
+    else:  # one side only: RecipeAmax (the cast zeroes the padding)
+        assert plan.strips is None and plan.amax_fn is not None and not plan.k1_padding
 
 
 @pytest.mark.parametrize("scaling", ["tensor", "token"])

@@ -3,7 +3,7 @@ bandwidth of the recipe quantize kernels (cast_recipes) against the plain cast
 (quant.dispatch) measured in the same run.
 
 One recipe from the flags (--rht, --sr, --2d, --window64, --four-over-six {mae,mse}
-[--fast-math], --scaling token, --grouped N, --swizzle), or --suite: every recipe of issues 4
+[--fast-math], --scaling token, --grouped N [--ragged], --swizzle), or --suite: every recipe of issues 4
 and 5 in one table. Columns: time, % of the HBM floor (unavoidable bytes / copy bandwidth of
 this run: the input read twice when an outer amax pass is needed, once for window64 and per
 token rowwise only; every output written once), the ratio to the plain cast of the same shape,
@@ -39,10 +39,16 @@ def floor_bytes(m: int, k: int, elem: int, recipe: Recipe) -> int:
     return passes * m * k * elem + out
 
 
-def _splits(total: int, n: int, unit: int):
-    """n uneven group sizes (multiples of `unit`) summing to total."""
+RAGGED = (3, -2, 1, -3, 2, -1, 5)  # --ragged: odd multiples of `unit` added to the groups
+
+
+def _splits(total: int, n: int, unit: int, ragged: bool = False):
+    """n uneven group sizes (multiples of `unit`) summing to total; for the benchmark's M
+    multiples of 128 rows, or with `ragged` off them by odd multiples of `unit` (the groups'
+    swizzled scales then have padding)."""
     base = total // n // unit
-    sizes = [unit * max(base + (i % 3 - 1) * max(base // 4, 1), 0) for i in range(n - 1)]
+    sizes = [unit * max(base + (i % 3 - 1) * max(base // 4, 1)
+                        + (RAGGED[i % len(RAGGED)] if ragged else 0), 0) for i in range(n - 1)]
     return sizes + [total - sum(sizes)]
 
 
@@ -56,7 +62,8 @@ def _plain_recipe(recipe: Recipe) -> Recipe:
 
 def cases(args):
     """[(label, recipe, groups)]: groups 0 = one single-tensor call of cute_fp4.quantize's
-    CUDA path, -1 = one call of the recipe kernels (quantize_recipe), N > 0 = N groups."""
+    CUDA path, -1 = one call of the recipe kernels (quantize_recipe), N > 0 = N groups,
+    (N, True) = N ragged groups (_splits)."""
     cw = not args.rowwise_only
 
     def rec(**kw):
@@ -83,6 +90,8 @@ def cases(args):
     out = [("recipe", recipe, 0)]
     if args.grouped:
         out.append((f"grouped N={args.grouped} (uneven)", recipe, args.grouped))
+        if args.ragged:
+            out.append((f"grouped N={args.grouped} (ragged)", recipe, (args.grouped, True)))
     return out
 
 
@@ -99,6 +108,8 @@ def main(argv=None):
     p.add_argument("--four-over-six", choices=["mae", "mse"], default=None)
     p.add_argument("--fast-math", action="store_true")
     p.add_argument("--grouped", type=int, default=0, help="N groups (uneven) vs one launch")
+    p.add_argument("--ragged", action="store_true",
+                   help="with --grouped: also groups off multiples of 128 rows (by 16-row steps)")
     p.add_argument("--suite", action="store_true", help="every recipe of issues 4 and 5")
     p.add_argument("--rowwise-only", action="store_true")
     p.add_argument("--swizzle", action="store_true", help="scales in the 128x4 layout")
@@ -140,10 +151,11 @@ def main(argv=None):
                 if base not in plain_ms:
                     plain_ms[base] = bench(lambda xi: plain(xi, base))
                     row(f"plain cast ({base.scaling})", base, plain_ms[base], 1.0, float("nan"))
+                groups, ragged = groups if isinstance(groups, tuple) else (groups, False)
                 if groups > 0:
                     if recipe not in single_ms:
                         single_ms[recipe] = bench(lambda xi: quantize_recipe(xi, recipe, seed=1))
-                    sizes = _splits(m, groups, 64 if recipe.scaling == "window64" else 16)
+                    sizes = _splits(m, groups, 64 if recipe.scaling == "window64" else 16, ragged)
                     ms = bench(lambda xi: quantize_grouped(xi, sizes, recipe, seed=1))
                     row(label, recipe, ms, ms / plain_ms[base], ms / single_ms[recipe])
                 elif groups < 0:

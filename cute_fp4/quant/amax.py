@@ -27,6 +27,8 @@ from cutlass import Float32, Int32, Int64, Uint32
 from cute_fp4.common import encode as E
 from cute_fp4.common.encode import add_rn, block_amax, sub_rn
 from cute_fp4.common.ptx import l2_policy, ld_global
+from cute_fp4.common.scales import swizzled_scale_offset
+from cute_fp4.quant.padding import GROUP_FIRST, GROUP_ROW_SW, GROUP_TWIN_SW, zero_tile
 from cute_fp4.ref.quantize import RHT_SIGNS
 
 DTYPES = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16, "fp32": cutlass.Float32}
@@ -245,6 +247,12 @@ def rht16_amax_fast(xs):
     return block_amax([add_rn(E.fabs(ys[j]), E.fabs(ys[j + 8])) for j in range(8)])
 
 
+# K1 with the groups' padding (AmaxToken padding): the CTAs per SM its registers are capped
+# for, the plain K1's (80 registers: 3 CTAs of 8 warps; the first version's padding code took
+# it to 90, 2 CTAs)
+PADDING_CTAS_PER_SM = 3
+
+
 class AmaxToken:
     """K1: amax_r[m] = max_k |x[m, k]| and amax_c[k] = max_m |x[m, k]| in one pass.
 
@@ -265,7 +273,17 @@ class AmaxToken:
     amax_c holds each group's K column amaxes one after another; `strip_groups` (int32, one
     entry per 16-row strip: groups are multiples of 16 rows, so a warp's strip lies in one)
     gives each strip's group, and the CTA's fold over its warps restarts at each new group
-    (fold_slab_columns groups: one atomic per (column, group) of the CTA).
+    (fold_slab_columns groups: one atomic per (column, group) of the CTA). `padding` (with
+    groups, swizzled scales): after the fold the warps near the padding also zero it, in the
+    flat rowwise and twin scale buffers `s`, `st` with the row-group cast's GROUP_* tables
+    `starts` (_zero_padding: the warp whose strip ends a group, per column slab; in the last
+    slab every warp for its strip), so that the row-group cast after this pass compiles none
+    (CastKernel padding). The warps zero whole tiles and words around the padding, real
+    scales included, which the cast writes after this pass. Two earlier versions zeroed
+    exactly the padding bytes: every thread taking grid-stride shares of all the groups'
+    padding, then the warps near it with byte and word loops; they cost K1 5.5-10 us and
+    2.5-5.7 us (perf/results/logs/quant_session45_h200.md section 4,
+    quant_session46_h200.md).
 
     `rht`: amax_c[k] is the column amax of the 16-point RHT of x's 16-row column blocks (the
     twin's outer amax, SPEC section 2; M a multiple of 16): each lane's strip is one block
@@ -279,12 +297,15 @@ class AmaxToken:
     ROWS = STRIP * warps
 
     def __init__(self, dtype: str, l2_keep: int = 0, rht: bool = False,
-                 per_tensor: bool = False, groups: bool = False):
+                 per_tensor: bool = False, groups: bool = False, padding: bool = False):
         if dtype not in DTYPES:
             raise TypeError(f"AmaxToken: unsupported input dtype {dtype!r}")
         if groups and (rht or per_tensor):
             raise ValueError("AmaxToken: groups takes neither rht nor per_tensor")
+        if padding and not groups:
+            raise ValueError("AmaxToken: padding (the row groups' swizzled scales) needs groups")
         self.groups = groups
+        self.padding = padding
         self.dtype_name = dtype
         self.esize = DTYPES[dtype].width // 8
         self.l2_keep = l2_keep
@@ -295,13 +316,19 @@ class AmaxToken:
 
     @cute.jit
     def __call__(self, x: cute.Tensor, amax_r: cute.Tensor, amax_c: cute.Tensor,
-                 strip_groups: Optional[cute.Tensor], stream):
-        """strip_groups: with groups the int32 group of each 16-row strip, else None."""
+                 strip_groups: Optional[cute.Tensor], s: Optional[cute.Tensor],
+                 st: Optional[cute.Tensor], starts: Optional[cute.Tensor], stream):
+        """strip_groups: with groups the int32 group of each 16-row strip, else None; s, st,
+        starts: with padding the flat uint8 rowwise and twin scales and the int32 GROUP_*
+        tables (four of G + 1 entries), else None."""
         M = x.shape[0]
         K = x.shape[1]
         grid = ((K + self.cols_per_cta - 1) // self.cols_per_cta, (M + self.ROWS - 1) // self.ROWS, 1)
-        self.kernel(x, amax_r, amax_c, strip_groups, M, K).launch(
-            grid=grid, block=(32 * self.warps, 1, 1), stream=stream)
+        launch = {}
+        if cutlass.const_expr(self.padding):  # the plain K1's 3 CTAs per SM (<= 80 registers)
+            launch = {"min_blocks_per_mp": PADDING_CTAS_PER_SM, "preferred_smem_carveout": 100}
+        self.kernel(x, amax_r, amax_c, strip_groups, s, st, starts, M, K).launch(
+            grid=grid, block=(32 * self.warps, 1, 1), stream=stream, **launch)
 
     def _column_maxima(self, rows):
         """The lane's vec column maxima (FP32) over its strip's row vectors: packed bf16x2 /
@@ -332,9 +359,49 @@ class AmaxToken:
                                           scale=False))
         return [E.mul_rn(acc[j], Float32(0.25)) for j in range(self.vec)]
 
+    @cute.jit
+    def _zero_padding(self, s, st, table, K, strip, last, ends, bx, gx, lane):
+        """The warp's share of the groups' swizzled padding (padding), near the strips. It
+        zeroes whole 512-byte tiles and 4-byte words holding padding, real scales included:
+        the row-group cast writes those after this pass. The warp whose strip ends a group
+        zeroes, in the CTA's column slab, the group's last rowwise row tile (rows past the
+        group) and its twin's last column tile (columns past M_g / 16); in the last slab every
+        warp zeroes its strip rows' words of the last rowwise column tile (columns past
+        K / 16), and the strip that starts a twin column tile that tile in the twin's last row
+        tile (rows past K). table: the group's first block row, block rows, first block row
+        of its padded rowwise scales and its twin's first 512-byte unit."""
+        first, nblk, rsw, twin_unit = table
+        nsc_r = K // 16
+        row_tiles = (nsc_r + 3) // 4  # tiles per 128-row tile row of the rowwise scales
+        twin_tiles = (nblk + 3) // 4  # tiles per 128-row tile row of the group's twin
+        k_tiles = (K + 127) // 128
+        s_base = s.iterator.toint() + Int64(lane * 4)
+        tw = st.iterator.toint() + Int64(twin_unit) * 512 + Int64(lane * 4)
+        tail = bx == gx - 1
+        if (strip <= last) & ends:
+            if nblk % 8 != 0:
+                t = (rsw + nblk - 1) // 8
+                for i in cutlass.range_constexpr(self.cols_per_cta // 64):
+                    c = bx * (self.cols_per_cta // 64) + i
+                    if c < row_tiles:
+                        zero_tile(s_base + Int64(t * row_tiles + c) * 512)
+            if nblk % 4 != 0:
+                for i in cutlass.range_constexpr(self.cols_per_cta // 128):
+                    r = bx * (self.cols_per_cta // 128) + i
+                    if r < k_tiles:
+                        zero_tile(tw + Int64(r * twin_tiles + twin_tiles - 1) * 512)
+        if (strip <= last) & tail:
+            j = strip - first  # the strip's block row in its group: its twin column
+            if (nsc_r % 4 != 0) & (lane < 16):
+                off = swizzled_scale_offset((rsw + j) * 16 + lane, row_tiles * 4 - 4, nsc_r)
+                E.st_global_u32(s_base - Int64(lane * 4) + Int64(off), Uint32(0))
+            if (K % 128 != 0) & (j % 4 == 0):
+                zero_tile(tw + Int64((k_tiles - 1) * twin_tiles + j // 4) * 512)
+
     @cute.kernel
     def kernel(self, x: cute.Tensor, amax_r: cute.Tensor, amax_c: cute.Tensor,
-               strip_groups: Optional[cute.Tensor], M: Int32, K: Int32):
+               strip_groups: Optional[cute.Tensor], s: Optional[cute.Tensor],
+               st: Optional[cute.Tensor], starts: Optional[cute.Tensor], M: Int32, K: Int32):
         tidx, _, _ = cute.arch.thread_idx()
         bx, by, _ = cute.arch.block_idx()
         lane = tidx % 32
@@ -372,11 +439,25 @@ class AmaxToken:
             last = strip_groups.shape[0] - 1
             groups = [strip_groups[cutlass.min(by * self.warps + w, last)]
                       for w in range(self.warps)]
+            if cutlass.const_expr(self.padding):
+                # the warp's strip's group, whether the strip ends it (the next strip is
+                # another group's, or it is the last) and the group's table entries, loaded
+                # before the fold so that their latency overlaps it
+                strip = by * self.warps + warp
+                g = strip_groups[cutlass.min(strip, last)]
+                ends = (strip == last) | (strip_groups[cutlass.min(strip + 1, last)] != g)
+                n = starts.shape[0] // 4  # G + 1 entries per table
+                first = Int32(starts[GROUP_FIRST * n + g])
+                table = (first, Int32(starts[GROUP_FIRST * n + g + 1]) - first,
+                         Int32(starts[GROUP_ROW_SW * n + g]), Int32(starts[GROUP_TWIN_SW * n + g]))
 
             def store_group_max(c, v, g):
                 E.red_max_u32(ac + (Int64(g) * Int64(K) + Int64(c)) * 4, E.canonical_nan_bits(v))
             fold_slab_columns(red, cols, self.warps, warp, lane, tidx, c0, K, E.fmax_nan,
                               store_group_max, groups)
+            if cutlass.const_expr(self.padding):
+                gx, _, _ = cute.arch.grid_dim()
+                self._zero_padding(s, st, table, K, strip, last, ends, bx, gx, lane)
         else:
             def store_max(c, v):
                 E.red_max_u32(ac + Int64(c) * 4, E.canonical_nan_bits(v))

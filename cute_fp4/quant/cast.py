@@ -117,6 +117,8 @@ from cute_fp4.common.ptx import ldmatrix_x4_trans, mma_16816, prmt
 from cute_fp4.common.scales import (OUTER_FAST_MAX, OUTER_FAST_MIN, outer_block_scales,
                                     swizzled_scale_offset)
 from cute_fp4.quant.amax import max_tensor_partials, vec_abs_max, vec_values
+from cute_fp4.quant.padding import (GROUP_FIRST, GROUP_PARTIALS, GROUP_ROW_SW, GROUP_TWIN_SW,
+                                    zero_group_padding, zero_scale_columns, zero_twin_rows)
 from cute_fp4.ref.quantize import RHT_SIGNS
 
 DTYPES = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16, "fp32": cutlass.Float32}
@@ -126,11 +128,6 @@ ENC_CODES = 128  # scale bytes of a block amax >= 0: 0 .. 0x7E, NaN 0x7F
 RHT_NEG = sum(1 << k for k, sign in enumerate(RHT_SIGNS) if sign < 0)  # rows with sign -1
 # 16-bit patterns of +0.25 / -0.25 (the RHT matrix entries, exact in both formats)
 RHT_QUARTER = {"bf16": (0x3E80, 0xBE80), "fp16": (0x3400, 0xB400)}
-# row_groups: the groups' int32 tables (CastKernel.__call__'s `starts`, G + 1 entries each): the
-# first 16-row block row, the first AmaxTensor partial (recipes_dispatch.group_chunks),
-# swizzled the first block row of the rowwise scales in the groups' padded rows and the first
-# byte / 512 of the twin's scales
-GROUP_FIRST, GROUP_PARTIALS, GROUP_ROW_SW, GROUP_TWIN_SW = range(4)
 # the named barrier (1: the consumers') at which the padding warp (CastKernel pad_warp) waits
 # for the consumers' prologue to fill the group tables
 TABLES_BARRIER = 2
@@ -1648,49 +1645,17 @@ class CastKernel:
         groups' scales only)."""
         nthr = gdim * threads
         me = bidx * threads + tidx
-        zero = Uint32(0)
         if cutlass.const_expr(self.rowwise):
             # scale columns beyond the last K tile (only when a tile holds < 4 scale columns)
             # of every scale row (with row groups their padded rows)
             rows = (M + 127) // 128 * 128
             if cutlass.const_expr(self.row_groups):
                 rows = self._group_entry(starts, GROUP_ROW_SW, n_groups) * 16
-            c0 = n_tk * self.bpr
-            ncols = Int32(pad_c_r) - c0
-            for i in cutlass.range(me, rows * ncols, nthr, unroll=1):
-                off = Int64(swizzled_scale_offset(i // ncols, c0 + i % ncols, Int32(nsc_r)))
-                E.st_global_u8(s_base + off, zero)
+            zero_scale_columns(s_base, rows, n_tk * self.bpr, pad_c_r, nsc_r, me, nthr)
         if cutlass.const_expr(self.columnwise and not self.row_groups):
             # scale rows (input columns) beyond the last K tile (tiles zero those before it)
-            self._zero_twin_rows(st_base, n_tk * self.tile_k, K, M // 16, Int32(pad_c_c), me,
-                                 nthr)
+            zero_twin_rows(st_base, n_tk * self.tile_k, K, M // 16, Int32(pad_c_c), me, nthr)
         if cutlass.const_expr(self.row_groups):
-            # (measured: one work item of a warp per group instead, the twin's casts took 1-3%
-            # longer from 8192^2 in graphs; notes/quant_recipes.md "Session 41")
-            tpr = Int32(pad_c_r) // 4  # 4-byte words of a rowwise scale row
-            for g in cutlass.range(n_groups, unroll=1):
-                blk0 = self._group_entry(starts, GROUP_FIRST, g)
-                nblk = self._group_entry(starts, GROUP_FIRST, g + 1) - blk0
-                if cutlass.const_expr(self.rowwise):  # rows M_g .. the group's 128-row padding
-                    v0 = (self._group_entry(starts, GROUP_ROW_SW, g) + nblk) * 16
-                    v1 = self._group_entry(starts, GROUP_ROW_SW, g + 1) * 16
-                    for i in cutlass.range(me, (v1 - v0) * tpr, nthr, unroll=1):
-                        off = swizzled_scale_offset(v0 + i // tpr, i % tpr * 4, Int32(nsc_r))
-                        E.st_global_u32(s_base + Int64(off), zero)
-                if cutlass.const_expr(self.columnwise):  # rows K .., columns nblk ..
-                    base = st_base + Int64(self._group_entry(starts, GROUP_TWIN_SW, g)) * 512
-                    pcc = (nblk + 3) // 4 * 4
-                    self._zero_twin_rows(base, K, K, nblk, pcc, me, nthr)
-                    tail = pcc - nblk
-                    for i in cutlass.range(me, K * tail, nthr, unroll=1):
-                        off = swizzled_scale_offset(i // tail, nblk + i % tail, nblk)
-                        E.st_global_u8(base + Int64(off), zero)
-
-    @cute.jit
-    def _zero_twin_rows(self, base, r0, K, cols, pcc, me, nthr):
-        """Zero rows r0 .. of the 128-row padding of the swizzled twin scales at base (of a
-        [K, cols] scale matrix, pcc = its columns padded to 4), every padded column."""
-        nrows = (K + 127) // 128 * 128 - r0
-        for i in cutlass.range(me, nrows * pcc, nthr, unroll=1):
-            off = Int64(swizzled_scale_offset(r0 + i // pcc, i % pcc, Int32(cols)))
-            E.st_global_u8(base + off, Uint32(0))
+            zero_group_padding(lambda table, g: self._group_entry(starts, table, g), n_groups,
+                               K, nsc_r, pad_c_r, s_base, st_base, me, nthr, self.rowwise,
+                               self.columnwise)

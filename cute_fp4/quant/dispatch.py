@@ -120,13 +120,16 @@ def amax_tensor_kernel(dtype: str, num_sms: int = 132, l2_keep: int = 0,
 
 
 def amax_token_kernel(dtype: str, l2_keep: int = 0, rht: bool = False,
-                      per_tensor: bool = False, groups: bool = False):
+                      per_tensor: bool = False, groups: bool = False, padding: bool = False):
     esize = _CUTLASS[dtype].width // 8
-    return (AmaxToken(dtype, l2_keep, rht, per_tensor, groups),
+    scales = [fake_tensor(cutlass.Uint8, (None,), align=4) if padding else None
+              for _ in range(2)]  # two fakes: one would tie the two lengths
+    return (AmaxToken(dtype, l2_keep, rht, per_tensor, groups, padding),
             fake_tensor(_CUTLASS[dtype], (dyn(), dyn(16 // esize))),
             fake_tensor(cutlass.Float32, (None,), align=4),
             fake_tensor(cutlass.Float32, (None,), align=4),
-            fake_tensor(cutlass.Int32, (None,), align=4) if groups else None, env_stream())
+            fake_tensor(cutlass.Int32, (None,), align=4) if groups else None, *scales,
+            fake_tensor(cutlass.Int32, (None,), align=4) if padding else None, env_stream())
 
 
 def tensor_amax_fn(name: str, num_sms: int, l2_keep: int, arch: str, chunked: bool = False):
@@ -138,15 +141,17 @@ def tensor_amax_fn(name: str, num_sms: int, l2_keep: int, arch: str, chunked: bo
 
 
 def token_amax_fn(name: str, l2_keep: int, arch: str, rht: bool = False,
-                  per_tensor: bool = False, groups: bool = False):
+                  per_tensor: bool = False, groups: bool = False, padding: bool = False):
     """The compiled AmaxToken (K1) of a configuration (TVM-FFI function, cached), called as
-    (x, amax_r, amax_c, strip_groups or None); rht: the column amaxes of the RHT'd input;
-    per_tensor: the two maxima over all rows / columns; groups: each row group's column
-    amaxes (strip_groups: the group of each 16-row strip)."""
+    (x, amax_r, amax_c, strip_groups or None, s, st, starts or None x 3); rht: the column
+    amaxes of the RHT'd input; per_tensor: the two maxima over all rows / columns; groups:
+    each row group's column amaxes (strip_groups: the group of each 16-row strip); padding:
+    it zeroes the groups' swizzled scale padding (s, st: the flat scale buffers, starts: the
+    row-group cast's GROUP_* tables)."""
     return ffi_function(KERNELS.get(
-        ("amax_token", name, l2_keep, rht, per_tensor, groups, arch),
-        lambda: compile_kernel(*amax_token_kernel(name, l2_keep, rht, per_tensor, groups),
-                               arch=arch)))
+        ("amax_token", name, l2_keep, rht, per_tensor, groups, padding, arch),
+        lambda: compile_kernel(*amax_token_kernel(name, l2_keep, rht, per_tensor, groups,
+                                                  padding), arch=arch)))
 
 
 def tensor_amax_words(m: int, k: int, esize: int, num_sms: int, reduced: bool) -> int:
@@ -591,7 +596,7 @@ class _Plan:
             amax_r = arg_r = amax_all[:m]
             amax_c = arg_c = amax_all[m:]
             amax_all.zero_()
-            self.amax(x, amax_r, amax_c, None)
+            self.amax(x, amax_r, amax_c, None, None, None, None)
             if amax_reduce is not None:
                 amax_reduce(amax_c)
         else:

@@ -406,6 +406,7 @@ class _Plan:
         self.alias = scaling == "tensor" and not recipe.twin_rht  # columnwise amax = rowwise amax
         self.launch = bool(ttab) and k > 0
         self.tensor_amax = self.token_amax = None  # AmaxTensor / AmaxToken (see below)
+        self.k1_padding = False  # AmaxToken zeroes the row groups' swizzled padding
         self.token_rows = self.amax_fn = None  # TokenRowCast / RecipeAmax (see below)
         self.tt = self.gt = self.at = None  # the recipe kernels' tables (recipe_tables)
         if not self.launch:
@@ -462,7 +463,12 @@ class _Plan:
                     self.chunks = torch.tensor(chunks, dtype=torch.int32, device=dev)
                 starts = [t[0] // 16 for t in gtab] + [m // 16] + pfirst
                 if swz:
+                    # per token the cast compiles no padding code where there is none or
+                    # where K1 (row groups with both outputs) zeroes it first; per tensor it
+                    # keeps it (CastKernel padding)
                     padding = not per_token or row_group_padding(sizes, k, row, col)
+                    self.k1_padding = per_token and padding and token_amax_k1(recipe, col_sum)
+                    padding = padding and not self.k1_padding
                     starts += itertools.accumulate((_ceil(mg, 128) * 8 for mg in sizes),
                                                    initial=0)
                     starts += [t[5] // 512 for t in gtab] + [st_len // 512]
@@ -488,7 +494,8 @@ class _Plan:
         elif self.row_groups and token_amax_k1(recipe, col_sum):
             # per token with both outputs: K1 with each group's column amaxes (AmaxToken
             # groups), the group of each 16-row strip in a table
-            self.token_amax = token_amax_fn(name, keep, arch, groups=True)
+            self.token_amax = token_amax_fn(name, keep, arch, groups=True,
+                                            padding=self.k1_padding)
             self.strips = strip_groups(sizes).to(dev)
         elif scaling != "window64" and atab:
             recipe_tables()
@@ -595,7 +602,8 @@ def _run(x2: torch.Tensor, sizes: List[int], recipe: Recipe, seed: int, offset: 
             if psum is not None:
                 torch.sum(psum, 0, out=column_sum)
         elif plan.token_amax is not None:
-            plan.token_amax(x2, amax_r, amax_c, plan.strips)
+            pad = (s, st, plan.starts) if plan.k1_padding else (None, None, None)
+            plan.token_amax(x2, amax_r, amax_c, plan.strips, *pad)
     if column_sum is not None and plan.amax_fn is None:  # nothing to sum (no rows or columns)
         column_sum.zero_()
     if amax_reduce is not None and plan.tensor_amax is None:

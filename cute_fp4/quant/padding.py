@@ -1,0 +1,76 @@
+"""Zeroing the padding of 128x4 swizzled scales that no cast tile covers (SPEC section 4:
+the padding is zero). CastKernel runs these in its epilogue or padding warp; for per-token row
+groups K1 (AmaxToken padding) runs them before the cast instead, so that the row-group cast
+compiles no padding code, whose code alone cost the cast's walk 1-8 us at its register cap
+(notes/quant_recipes.md "Session 45"); it zeroes whole tiles (zero_tile) and words holding
+padding, real scales included, which the cast overwrites. Work item i of a pass goes to thread
+me = i mod nthr (i = me, me + nthr, ...) of the nthr threads of the launch."""
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Int32, Int64, Uint32
+
+from cute_fp4.common import encode as E
+from cute_fp4.common.scales import swizzled_scale_offset
+
+# row groups: the groups' int32 tables (CastKernel.__call__'s `starts`, G + 1 entries each): the
+# first 16-row block row, the first AmaxTensor partial (recipes_dispatch.group_chunks),
+# swizzled the first block row of the rowwise scales in the groups' padded rows and the first
+# byte / 512 of the twin's scales
+GROUP_FIRST, GROUP_PARTIALS, GROUP_ROW_SW, GROUP_TWIN_SW = range(4)
+
+
+def zero_tile(addr):
+    """A warp zeroes one 512-byte tile of swizzled scales (addr: the tile's address plus
+    4 * lane): four coalesced 128-byte stores."""
+    for i in range(4):
+        E.st_global_u32(addr + Int64(128 * i), Uint32(0))
+
+
+@cute.jit
+def zero_scale_columns(s_base, rows, c0, pad_c, cols, me, nthr):
+    """Zero columns c0 .. pad_c of rows 0 .. rows of the swizzled scales at s_base (a matrix of
+    `cols` columns)."""
+    ncols = Int32(pad_c) - c0
+    for i in cutlass.range(me, rows * ncols, nthr, unroll=1):
+        off = Int64(swizzled_scale_offset(i // ncols, c0 + i % ncols, Int32(cols)))
+        E.st_global_u8(s_base + off, Uint32(0))
+
+
+@cute.jit
+def zero_twin_rows(base, r0, K, cols, pcc, me, nthr):
+    """Zero rows r0 .. of the 128-row padding of the swizzled twin scales at base (of a
+    [K, cols] scale matrix, pcc = its columns padded to 4), every padded column."""
+    nrows = (K + 127) // 128 * 128 - r0
+    for i in cutlass.range(me, nrows * pcc, nthr, unroll=1):
+        off = Int64(swizzled_scale_offset(r0 + i // pcc, i % pcc, Int32(cols)))
+        E.st_global_u8(base + off, Uint32(0))
+
+
+@cute.jit
+def zero_group_padding(entry, n_groups, K, nsc_r, pad_c_r, s_base, st_base, me, nthr,
+                       rowwise: cutlass.Constexpr, columnwise: cutlass.Constexpr):
+    """Zero the padding of each row group's swizzled scales (entry(table, g): entry g of the
+    GROUP_* table): rowwise its rows M_g .. up to its 128-row padding (nsc_r scale columns,
+    pad_c_r padded), of the twin (group g's [K, M_g / 16] scales) its padding columns and
+    rows. (Measured: one work item of a warp per group instead, the twin's casts took 1-3%
+    longer from 8192^2 in graphs; notes/quant_recipes.md "Session 41".)"""
+    zero = Uint32(0)
+    tpr = Int32(pad_c_r) // 4  # 4-byte words of a rowwise scale row
+    for g in cutlass.range(n_groups, unroll=1):
+        blk0 = entry(GROUP_FIRST, g)
+        nblk = entry(GROUP_FIRST, g + 1) - blk0
+        if cutlass.const_expr(rowwise):  # rows M_g .. the group's 128-row padding
+            v0 = (entry(GROUP_ROW_SW, g) + nblk) * 16
+            v1 = entry(GROUP_ROW_SW, g + 1) * 16
+            for i in cutlass.range(me, (v1 - v0) * tpr, nthr, unroll=1):
+                off = swizzled_scale_offset(v0 + i // tpr, i % tpr * 4, Int32(nsc_r))
+                E.st_global_u32(s_base + Int64(off), zero)
+        if cutlass.const_expr(columnwise):  # rows K .., columns nblk ..
+            base = st_base + Int64(entry(GROUP_TWIN_SW, g)) * 512
+            pcc = (nblk + 3) // 4 * 4
+            zero_twin_rows(base, K, K, nblk, pcc, me, nthr)
+            tail = pcc - nblk
+            for i in cutlass.range(me, K * tail, nthr, unroll=1):
+                off = swizzled_scale_offset(i // tail, nblk + i % tail, nblk)
+                E.st_global_u8(base + Int64(off), zero)
