@@ -469,14 +469,26 @@ def test_row_group_cast_routing():
         == [8, 2, 4, 1, 1, 8]
     assert row_group_run(4096, 8192, 4, 132) == 16 and row_group_run(4096, 2048, 4, 132) == 4
     # the chunked amax pass: each group's chunks (its grid-stride shares of AMAX_THREADS
-    # threads) load every vector of the group once, each chunk at least one; at most
-    # max_tensor_partials + G chunks, of about equal loads
-    sizes = [272, 0, 64, 704, 16, 128, 48]
-    for k, esize, sms in [(1040, 2, 132), (8192, 2, 132), (16, 4, 132), (64, 2, 1)]:
+    # threads) load every vector of the group once, each chunk at least one; one wave of
+    # max_tensor_partials chunks (no more than one CTA's loads each allow; more only for more
+    # nonempty groups), of about equal loads
+    for sizes, k, esize, sms in [([272, 0, 64, 704, 16, 128, 48], 1040, 2, 132),
+                                 ([272, 0, 64, 704, 16, 128, 48], 8192, 2, 132),
+                                 ([272, 0, 64, 704, 16, 128, 48], 16, 4, 132),
+                                 ([272, 0, 64, 704, 16, 128, 48], 64, 2, 1),
+                                 ([16] * 12, 64, 2, 1),
+                                 ([1584, 2016, 2576, 1488, 2080, 2544, 1616, 2480], 8192, 2, 132),
+                                 ([1536, 2048, 2560, 1536, 2048, 2560, 1536, 2560], 8192, 2, 132)]:
         chunks, pfirst = group_chunks(sizes, k, esize, sms)
         per_row = k * esize // 16
         assert len(pfirst) == len(sizes) + 1 and pfirst[-1] == len(chunks)
-        assert len(chunks) <= max_tensor_partials(sms) + len(sizes)
+        wave = max(max_tensor_partials(sms), sum(map(bool, sizes)))
+        assert len(chunks) <= wave
+        if k == 8192:  # large inputs: the whole wave, chunks within 3% of equal loads
+            assert len(chunks) == wave
+            share = sum(sizes) * per_row / wave
+            assert all(abs(mg * per_row / (pfirst[g + 1] - pfirst[g]) - share) < 0.03 * share
+                       for g, mg in enumerate(sizes) if mg)
         row0 = 0
         for g, mg in enumerate(sizes):
             loads = [[v for t in range(AMAX_THREADS) for v in range(first + t, end, step)]

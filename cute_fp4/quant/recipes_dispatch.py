@@ -213,23 +213,36 @@ def row_group_walk(m: int, k: int, esize: int, columnwise: bool, rowwise: bool,
 
 def group_chunks(sizes, k: int, esize: int, num_sms: int) -> tuple:
     """The chunked AmaxTensor's work for the row-group cast: (chunks, first chunk of each
-    group and then their count). A group of n 16-byte vectors gets c = ceil(n / size) chunks,
-    size the whole input's vectors over max_tensor_partials (at least one CTA's loads), so
-    that there are at most max_tensor_partials + G (CastKernel._fill_group_tables reduces
-    them per group). Chunk i of the c is CTA i's grid-stride share of the group: (the group's
-    first vector + i * AMAX_THREADS, the group's end, c * AMAX_THREADS) (AmaxTensor chunked),
-    so that the group's CTAs read one window of it together, as the plain AmaxTensor's grid
-    reads the whole input. Measured against contiguous chunks (H200, bf16, N = 8, the amax kernel
-    alone, rowwise / row+col): 8192x2048 7.31 -> 7.05 / 8.50 -> 8.40 us, 4096x8192 17.91 ->
-    17.17 / 17.72 -> 17.18, 8192^2 33.82 -> 33.33 / 34.51 -> 33.45, 16384x8192 69.58 ->
-    68.10 / 71.07 -> 70.51, 4096x2048 +-0.15 (notes/quant_recipes.md "Session 42")."""
+    group and then their count). The groups share max_tensor_partials chunks (one wave of
+    AmaxTensor CTAs; more when there are more nonempty groups) in proportion to their 16-byte
+    vectors (largest remainders; each nonempty group at least one chunk, no chunk below one
+    CTA's loads); CastKernel._fill_group_tables reduces them per group. Chunk i of a group's
+    c is CTA i's grid-stride share of the group: (the group's first vector + i * AMAX_THREADS,
+    the group's end, c * AMAX_THREADS) (AmaxTensor chunked), so that the group's CTAs read one
+    window of it together, as the plain AmaxTensor's grid reads the whole input.
+    Measured (H200, bf16, N = 8, the amax kernel alone):
+    - against contiguous chunks, rowwise / row+col: 8192x2048 7.31 -> 7.05 / 8.50 -> 8.40 us,
+      4096x8192 17.91 -> 17.17 / 17.72 -> 17.18, 8192^2 33.82 -> 33.33 / 34.51 -> 33.45,
+      16384x8192 69.58 -> 68.10 / 71.07 -> 70.51, 4096x2048 +-0.15 (notes/quant_recipes.md
+      "Session 42");
+    - groups off multiples of 128 rows took a few chunks more than one wave with
+      ceil(vectors / (total / max_tensor_partials)) chunks each: 4096x8192 20.1 -> 25.3 us,
+      16384x8192 69.0 -> 91.1 ("Session 46")."""
     per_row = k * esize // 16
-    size = max(-(-sum(sizes) * per_row // max_tensor_partials(num_sms)), AMAX_THREADS)
+    vecs = [mg * per_row for mg in sizes]
+    total = sum(vecs)
+    target = max(max_tensor_partials(num_sms), sum(1 for n in vecs if n))
+    counts = [max(target * n // total, 1) if n else 0 for n in vecs]
+    while sum(counts) > target:  # the ones given to small groups: from the largest counts
+        counts[counts.index(max(counts))] -= 1
+    by_remainder = sorted((g for g, n in enumerate(vecs) if n),
+                          key=lambda g: -(target * vecs[g] % total))
+    for g in by_remainder[:target - sum(counts)]:
+        counts[g] += 1
     chunks, pfirst, first = [], [], 0
-    for mg in sizes:
+    for n, c in zip(vecs, counts):
         pfirst.append(len(chunks))
-        n = mg * per_row
-        c = -(-n // size)
+        c = min(c, -(-n // AMAX_THREADS))
         chunks += [(first + i * AMAX_THREADS, first + n, c * AMAX_THREADS) for i in range(c)]
         first += n
     return chunks, pfirst + [len(chunks)]
