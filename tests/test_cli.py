@@ -106,3 +106,9 @@ def test_perf_grouped_splits(m):
     assert len(set(even)) == 3 and all(s % 128 == 0 for s in even)
     assert all(s % 16 == 0 and s % 128 != 0 for s in ragged)
     assert max(ragged) - min(ragged) < m // 4
+
+
+def test_perf_ragged_needs_grouped(capsys):
+    with pytest.raises(SystemExit):
+        perf_main(["quant_recipes", "--ragged"])
+    assert "--ragged needs --grouped" in capsys.readouterr().err

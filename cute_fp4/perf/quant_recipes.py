@@ -117,6 +117,8 @@ def main(argv=None):
                    help="graph: CUDA-graph replay (GPU time); eager: with host overhead")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
+    if args.ragged and not args.grouped:
+        p.error("--ragged needs --grouped N")
 
     from ..ops import quantize_impl
     from ..quant.dispatch import quantize as plain

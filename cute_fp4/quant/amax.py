@@ -375,7 +375,8 @@ class AmaxToken:
         row_tiles = (nsc_r + 3) // 4  # tiles per 128-row tile row of the rowwise scales
         twin_tiles = (nblk + 3) // 4  # tiles per 128-row tile row of the group's twin
         k_tiles = (K + 127) // 128
-        s_base = s.iterator.toint() + Int64(lane * 4)
+        s_base = s.iterator.toint()
+        s_lane = s_base + Int64(lane * 4)  # zero_tile's per-lane addresses
         tw = st.iterator.toint() + Int64(twin_unit) * 512 + Int64(lane * 4)
         tail = bx == gx - 1
         if (strip <= last) & ends:
@@ -384,7 +385,7 @@ class AmaxToken:
                 for i in cutlass.range_constexpr(self.cols_per_cta // 64):
                     c = bx * (self.cols_per_cta // 64) + i
                     if c < row_tiles:
-                        zero_tile(s_base + Int64(t * row_tiles + c) * 512)
+                        zero_tile(s_lane + Int64(t * row_tiles + c) * 512)
             if nblk % 4 != 0:
                 for i in cutlass.range_constexpr(self.cols_per_cta // 128):
                     r = bx * (self.cols_per_cta // 128) + i
@@ -394,7 +395,7 @@ class AmaxToken:
             j = strip - first  # the strip's block row in its group: its twin column
             if (nsc_r % 4 != 0) & (lane < 16):
                 off = swizzled_scale_offset((rsw + j) * 16 + lane, row_tiles * 4 - 4, nsc_r)
-                E.st_global_u32(s_base - Int64(lane * 4) + Int64(off), Uint32(0))
+                E.st_global_u32(s_base + Int64(off), Uint32(0))
             if (K % 128 != 0) & (j % 4 == 0):
                 zero_tile(tw + Int64((k_tiles - 1) * twin_tiles + j // 4) * 512)
 
