@@ -39,13 +39,14 @@ def floor_bytes(m: int, k: int, elem: int, recipe: Recipe) -> int:
     return passes * m * k * elem + out
 
 
-RAGGED = (3, -2, 1, -3, 2, -1, 5)  # --ragged: odd multiples of `unit` added to the groups
+RAGGED = (3, -2, 1, -3, 2, -1, 5)  # --ragged: multiples of `unit` added to the groups
 
 
 def _splits(total: int, n: int, unit: int, ragged: bool = False):
     """n uneven group sizes (multiples of `unit`) summing to total; for the benchmark's M
-    multiples of 128 rows, or with `ragged` off them by odd multiples of `unit` (the groups'
-    swizzled scales then have padding)."""
+    multiples of 128 rows, or with `ragged` off them by multiples of `unit` (RAGGED; with
+    unit 16 none of the benchmark's groups is then a multiple of 128 rows, so their swizzled
+    scales have padding)."""
     base = total // n // unit
     sizes = [unit * max(base + (i % 3 - 1) * max(base // 4, 1)
                         + (RAGGED[i % len(RAGGED)] if ragged else 0), 0) for i in range(n - 1)]

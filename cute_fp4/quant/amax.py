@@ -325,7 +325,9 @@ class AmaxToken:
         K = x.shape[1]
         grid = ((K + self.cols_per_cta - 1) // self.cols_per_cta, (M + self.ROWS - 1) // self.ROWS, 1)
         launch = {}
-        if cutlass.const_expr(self.padding):  # the plain K1's 3 CTAs per SM (<= 80 registers)
+        if cutlass.const_expr(self.padding):
+            # the plain K1's 3 CTAs per SM (<= 80 registers); the carveout because with
+            # min_blocks_per_mp alone the DSL asks the driver for the device at compile time
             launch = {"min_blocks_per_mp": PADDING_CTAS_PER_SM, "preferred_smem_carveout": 100}
         self.kernel(x, amax_r, amax_c, strip_groups, s, st, starts, M, K).launch(
             grid=grid, block=(32 * self.warps, 1, 1), stream=stream, **launch)
