@@ -723,14 +723,16 @@ def test_grouped_ragged_twin_band(scaling, gen):
             recipe = Recipe(scaling=scaling, rowwise=outputs[0], columnwise=outputs[1],
                             swizzle=swizzle)
             plan = rd._plan(tuple(splits), 256, recipe, "bf16", x.device, 0, 0, False)
-            if scaling == "token" and not outputs[1]:  # TokenRowCast: no tile walk
-                assert plan.token_rows is not None and not plan.row_groups
-                continue
-            wide = outputs[1] and not (scaling == "token" and swizzle)
-            walk = rd.row_group_walk(2048, 256, 2, outputs[1], outputs[0], swizzle,
-                                     torch.cuda.get_device_properties(0).multi_processor_count,
-                                     scaling == "token", True)
-            assert plan.row_groups and (walk[3] == 16) == wide
+            # per token rowwise only with compact scales: TokenRowCast, no tile walk
+            token_rows = scaling == "token" and not outputs[1] and not swizzle
+            assert (plan.token_rows is not None) == token_rows and plan.row_groups != token_rows
+            if not token_rows:
+                wide = outputs[1] and not (scaling == "token" and swizzle)
+                walk = rd.row_group_walk(
+                    2048, 256, 2, outputs[1], outputs[0], swizzle,
+                    torch.cuda.get_device_properties(0).multi_processor_count,
+                    scaling == "token", True)
+                assert (walk[3] == 16) == wide
             check_grouped(x, splits, recipe)
 
 
