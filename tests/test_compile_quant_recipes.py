@@ -462,6 +462,18 @@ def test_row_group_cast_routing():
                                   row and not swz, 132)
                 assert row_group_walk(m, 8192, esize, col, row, swz, 132, True) == (
                     token[:4] + (row_group_run(m, 8192, esize, 132), False, False))
+                # groups whose twin rows are not whole sectors: a band of up to 64 tile rows
+                # (the most that divides them) with a columnwise output, except per token
+                # swizzled; the rest of the walk unchanged
+                n_tm = -(-m // 128)
+                for per_token, base in ((False, walk), (True, token[:4] + walk[4:5] + (
+                        False, False))):
+                    ragged = row_group_walk(m, 8192, esize, col, row, swz, 132, per_token, True)
+                    wide = col and not (per_token and swz)
+                    assert ragged == base[:3] + ((min(64, n_tm & -n_tm) if wide else base[3]),
+                                                 ) + base[4:]
+    assert [row_group_walk(m, 1024, 2, True, True, False, 132, False, True)[3]
+            for m in (64, 1232, 2048, 4096, 1 << 16)] == [1, 2, 16, 32, 64]
     # the longest power-of-two run up to the full one that divides the tile row and leaves
     # RUN_MIN_UNITS_PER_SM runs per SM
     assert [row_group_run(m, k, 2, 132) for m, k in [

@@ -712,6 +712,31 @@ def test_grouped_row_group_cast_many(n_groups, gen):
 
 
 @pytest.mark.parametrize("scaling", ["tensor", "token"])
+def test_grouped_ragged_twin_band(scaling, gen):
+    """Groups whose twin rows are not whole 32-byte sectors walk bands of tile rows
+    (RAGGED_TWIN_BAND: here all 16 of 2048 rows, with a columnwise output but per token
+    swizzled)."""
+    splits = ROW_GROUP_SPLITS + [816]
+    x = grouped_scaled(splits, 256, "outliers", torch.bfloat16, gen)
+    for outputs in OUTPUTS:
+        for swizzle in (False, True):
+            recipe = Recipe(scaling=scaling, rowwise=outputs[0], columnwise=outputs[1],
+                            swizzle=swizzle)
+            plan = rd._plan(tuple(splits), 256, recipe, "bf16", x.device, 0, 0, False)
+            # per token rowwise only with compact scales: TokenRowCast, no tile walk
+            token_rows = scaling == "token" and not outputs[1] and not swizzle
+            assert (plan.token_rows is not None) == token_rows and plan.row_groups != token_rows
+            if not token_rows:
+                wide = outputs[1] and not (scaling == "token" and swizzle)
+                walk = rd.row_group_walk(
+                    2048, 256, 2, outputs[1], outputs[0], swizzle,
+                    torch.cuda.get_device_properties(0).multi_processor_count,
+                    scaling == "token", True)
+                assert (walk[3] == 16) == wide
+            check_grouped(x, splits, recipe)
+
+
+@pytest.mark.parametrize("scaling", ["tensor", "token"])
 @pytest.mark.parametrize("walk", ["forwards", "run", "run_short", "run_shorter", "one_group",
                                   "preload"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])

@@ -55,6 +55,7 @@ from ..ref.philox import check_seed_offset
 from ..ref.swizzle import scale_shape
 from ..tensor import NVFP4Tensor
 from .amax import THREADS as AMAX_THREADS, max_tensor_partials
+from .cast import CastKernel
 from .cast_recipes import GTAB_COLS, TILE, RecipeAmax, RecipeCastKernel
 from .dispatch import (cast_groups, cast_kernel, cast_walk, l2_keep, row_group_run,
                        run_tensor_amax, tensor_amax_fn, tensor_amax_words, token_amax_fn,
@@ -190,8 +191,22 @@ def strip_groups(sizes) -> torch.Tensor:
                                    torch.tensor(sizes, dtype=torch.int64) // 16)
 
 
+# Tile rows walked together (CastKernel band, at most) by the row-group cast of groups whose
+# twin rows (M_g / 2 bytes) are not whole 32-byte sectors (a group not a multiple of 64 rows):
+# a tile's 64-byte twin row segments then share sectors with the tiles above and below it,
+# which in band order the same wave of CTAs writes (as COMPACT_TWIN_BAND for the compact twin
+# scales). Measured (H200, bf16, row+col, groups off multiples of 128 rows by multiples of 16,
+# the cast alone, native band -> 64): 32768x8192 per tensor compact 367 -> 285 us (groups of
+# multiples of 128 rows 282), swizzled 376 -> 298 (288), per token compact 376 -> 317;
+# 16384x8192 159 -> 146 / 161 -> 155 / 172 -> 167; within +-1 us at 2^25 elements. Per token
+# with swizzled scales it was slower at every size (+1.6 to +9 us), so it keeps its band
+# (notes/quant_recipes.md "Session 46").
+RAGGED_TWIN_BAND = 64
+
+
 def row_group_walk(m: int, k: int, esize: int, columnwise: bool, rowwise: bool,
-                   swizzle: bool, num_sms: int, per_token: bool = False) -> tuple:
+                   swizzle: bool, num_sms: int, per_token: bool = False,
+                   ragged_twin: bool = False) -> tuple:
     """The tile walk of the row-group cast (on_row_group_cast). Per token the plain per-token
     cast's (dispatch.cast_walk: its CTAs, reverse walk, amax prefetch and bands) with the run
     of row_group_run and no preload. Per tensor the per-tensor cast's (dispatch.cast_walk)
@@ -202,13 +217,19 @@ def row_group_walk(m: int, k: int, esize: int, columnwise: bool, rowwise: bool,
     scales, quantize_grouped in graphs; notes/quant_recipes.md "Session 38"): rowwise only,
     two CTAs per SM instead of one of two consumer groups 16384x8192 177 -> 161 us,
     32768x8192 338 -> 308 (before the enc tables; with them 1-3% at 2^24-2^26); preload
-    within +-1.5%."""
+    within +-1.5%. ragged_twin (some group not a multiple of 64 rows): the band of
+    RAGGED_TWIN_BAND tile rows, or of the most that divides the tile rows, with a columnwise
+    output (not per token with swizzled scales)."""
     walk = cast_walk(m, k, esize, per_token, False, columnwise and not swizzle,
                      rowwise and not swizzle, num_sms)
+    band = walk[3]
+    if ragged_twin and columnwise and not (per_token and swizzle):
+        n_tm = -(-m // CastKernel.tile_m)
+        band = max(band, min(RAGGED_TWIN_BAND, n_tm & -n_tm))  # a power of two dividing n_tm
     if per_token:
-        return walk[:4] + (row_group_run(m, k, esize, num_sms), False, False)
+        return walk[:3] + (band, row_group_run(m, k, esize, num_sms), False, False)
     ctas = walk[0] if columnwise else 2
-    return (ctas, walk[1], False, walk[3], row_group_run(m, k, esize, num_sms), True, False)
+    return (ctas, walk[1], False, band, row_group_run(m, k, esize, num_sms), True, False)
 
 
 def group_chunks(sizes, k: int, esize: int, num_sms: int) -> tuple:
@@ -465,7 +486,8 @@ class _Plan:
             block2d = recipe.block == (16, 16)
             tables, padding = 0, True
             if self.row_groups:
-                walk = row_group_walk(m, k, esize, col, row, swz, sms, per_token)
+                walk = row_group_walk(m, k, esize, col, row, swz, sms, per_token,
+                                      any(mg % 64 for mg in sizes))
                 tables = row_group_tables(len(sizes))
                 # the CastKernel GROUP_* tables: the groups' first block rows, first amax
                 # partials (per token none: zeros), swizzled the first block rows of their
