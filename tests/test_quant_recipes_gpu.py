@@ -668,9 +668,10 @@ def test_grouped_row_group_cast(swizzle, outputs, dtype, kind, scaling, gen):
         assert plan.chunks.tolist() == [list(c) for c in chunks]
         assert plan.tensor_amax is not None and plan.amax_fn is None
         assert plan.tt is None and plan.at is None  # no recipe kernel, none of its tables
-        # these groups pad: swizzled the amax pass zeroes the tiles holding it, not the cast
-        assert (plan.pad_tiles is not None) == swizzle and not plan.k1_padding
-        if swizzle:
+        # these groups pad: swizzled with a twin the amax pass zeroes the tiles holding it,
+        # not the cast (rowwise only its padding warp)
+        assert (plan.pad_tiles is not None) == (swizzle and outputs[1]) and not plan.k1_padding
+        if plan.pad_tiles is not None:
             assert plan.pad_tiles.tolist() == rd.padding_tiles(ROW_GROUP_SPLITS, 1040,
                                                                *outputs)
     elif outputs == (True, True):  # K1 with the groups' column amaxes
