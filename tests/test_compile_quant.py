@@ -603,6 +603,15 @@ def test_amax_ptx(arch, dtype):
         assert "cache_hint" not in ptx and "createpolicy" not in ptx
         assert ("ld.global.b32" in ptx or "ld.global.u32" in ptx
                 or "ld.global.s32" in ptx) == chunked
+    # padding (chunked): the warps zero whole 512-byte tiles from the int32 tile table, four
+    # coalesced word stores each, before the same loads
+    plain, pad = (compile_ptx(*amax_tensor_kernel(dtype, chunked=True, padding=p), arch=arch)
+                  for p in (False, True))
+    counts = [[len(re.findall(op, p)) for op in (r"st\.global\.b32", r"ld\.global\.[bsu]32",
+                                                 r"ld\.global\.nc\.v4")] for p in (plain, pad)]
+    assert counts[1] == [counts[0][0] + 4, counts[0][1] + 1, counts[0][2]] == [5, 4, 2]
+    with pytest.raises(ValueError, match="padding"):
+        amax_tensor_kernel(dtype, padding=True)
     ptx = compile_ptx(*amax_token_kernel(dtype), arch=arch)
     assert missing_instructions(ptx, [r"red\..*global\.max\.u32", r"ld\.global\.nc\.v4",
                                       r"shfl\.sync\.bfly"]) == []

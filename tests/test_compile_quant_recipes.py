@@ -658,15 +658,54 @@ def test_row_group_padding():
     assert row_group_padding([128, 256], 1040, False, True)
 
 
+def test_padding_tiles():
+    """The tiles the chunked AmaxTensor zeroes (padding_tiles) cover every padding byte of the
+    groups' swizzled scales (ref.swizzle offsets of the real [M_g, k / 16] and twin [k, M_g /
+    16] scales in each group's padded buffer, the buffers one after another), each holds some
+    padding, none twice, all inside the buffers; none where row_group_padding says there is
+    no padding."""
+    from cute_fp4.quant.padding import padding_tiles
+
+    gen = np.random.default_rng(11)
+    for _ in range(200):
+        sizes = [16 * int(v) for v in gen.choice([0, 1, 3, 4, 8, 9, 16, 24], gen.integers(2, 7))]
+        k = 16 * int(gen.choice([1, 4, 5, 8, 12, 64, 65, 128]))
+        real = {}
+        for side, shapes in (("s", [(mg, k // 16) for mg in sizes]),
+                             ("st", [(k, mg // 16) for mg in sizes])):
+            flags = []
+            for r, c in shapes:
+                buf = torch.zeros(math.prod(ref.swizzle.swizzled_shape(r, c)), dtype=torch.bool)
+                if r and c:
+                    rr, cc = torch.meshgrid(torch.arange(r), torch.arange(c), indexing="ij")
+                    buf[ref.swizzle.swizzled_offset(rr, cc, c).reshape(-1)] = True
+                flags.append(buf)
+            real[side] = torch.cat(flags)
+        for row, col in ((True, True), (True, False), (False, True)):
+            tiles = padding_tiles(sizes, k, row, col)
+            assert len(set(tiles)) == len(tiles)
+            zeroed = {"s": torch.zeros_like(real["s"]), "st": torch.zeros_like(real["st"])}
+            for v in tiles:
+                side, t = ("s", v) if v >= 0 else ("st", -1 - v)
+                tile = real[side][512 * t:512 * t + 512]
+                assert len(tile) == 512 and not bool(tile.all())
+                zeroed[side][512 * t:512 * t + 512] = True
+            for side, on in (("s", row), ("st", col)):
+                assert bool((zeroed[side] | real[side]).all()) or not on, (sizes, k, side)
+                assert on or not bool(zeroed[side].any())
+            assert bool(tiles) == row_group_padding(sizes, k, row, col), (sizes, k)
+
+
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
-@pytest.mark.parametrize("row,col", [(True, True), (False, True)])
-def test_row_group_cast_without_padding_ptx(arch, row, col):
-    """padding=False (per-token row groups with swizzled scales and none to zero): no
-    padding warp (9 warps instead of 10, no named barrier) and no padding code: fewer byte and
-    word stores of zeros than with padding, the tiles' scale stores unchanged (predicated);
-    refused without row groups, swizzled scales or per-token scaling."""
-    walk = row_group_walk(4096, 8192, 2, col, row, True, 132, True)
-    ptx = {pad: compile_ptx(*cast_kernel("bf16", row, col, True, True, walk=walk,
+@pytest.mark.parametrize("row,col", [(True, True), (False, True), (True, False)])
+@pytest.mark.parametrize("per_token", [True, False])
+def test_row_group_cast_without_padding_ptx(arch, row, col, per_token):
+    """padding=False (row groups with swizzled scales and none to zero, or whose amax pass
+    zeroes it): no padding warp (9 warps, no named barrier) and no padding code: fewer byte
+    and word stores of zeros than with padding, the tiles' scale stores unchanged
+    (predicated); refused without row groups or swizzled scales."""
+    walk = row_group_walk(4096, 8192, 2, col, row, True, 132, per_token)
+    ptx = {pad: compile_ptx(*cast_kernel("bf16", row, col, True, per_token, walk=walk,
                                          row_groups=8, padding=pad), arch=arch)
            for pad in (True, False)}
     assert re.search(r"bar\.(sync|arrive)\s+2,", ptx[False]) is None
@@ -675,10 +714,8 @@ def test_row_group_cast_without_padding_ptx(arch, row, col):
               for pad, p in ptx.items()}
     assert stores[False][0] + stores[False][1] < stores[True][0] + stores[True][1]
     assert ptx[False].count("@p st.global.b8") == ptx[True].count("@p st.global.b8") > 0
-    compact = row_group_walk(4096, 8192, 2, col, row, False, 132, True)
-    tensor = row_group_walk(4096, 8192, 2, col, row, True, 132)
-    for swz, per_token, walk, groups in ((False, True, compact, 8), (True, True, None, 0),
-                                         (True, False, tensor, 8)):
+    compact = row_group_walk(4096, 8192, 2, col, row, False, 132, per_token)
+    for swz, walk, groups in ((False, compact, 8), (True, None, 0)):
         with pytest.raises(ValueError, match="padding=False"):
             cast_kernel("bf16", row, col, swz, per_token, walk=walk, row_groups=groups,
                         padding=False)

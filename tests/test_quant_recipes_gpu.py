@@ -668,6 +668,12 @@ def test_grouped_row_group_cast(swizzle, outputs, dtype, kind, scaling, gen):
         assert plan.chunks.tolist() == [list(c) for c in chunks]
         assert plan.tensor_amax is not None and plan.amax_fn is None
         assert plan.tt is None and plan.at is None  # no recipe kernel, none of its tables
+        # these groups pad: swizzled with a twin the amax pass zeroes the tiles holding it,
+        # not the cast (rowwise only its padding warp)
+        assert (plan.pad_tiles is not None) == (swizzle and outputs[1]) and not plan.k1_padding
+        if plan.pad_tiles is not None:
+            assert plan.pad_tiles.tolist() == rd.padding_tiles(ROW_GROUP_SPLITS, 1040,
+                                                               *outputs)
     elif outputs == (True, True):  # K1 with the groups' column amaxes
         assert plan.chunks is None and plan.tensor_amax is None and plan.amax_fn is None
         assert plan.token_amax is not None and plan.tt is None
@@ -676,6 +682,7 @@ def test_grouped_row_group_cast(swizzle, outputs, dtype, kind, scaling, gen):
                                         for _ in range(mg // 16)]
     else:  # one side only: RecipeAmax (the cast zeroes the padding)
         assert plan.strips is None and plan.amax_fn is not None and not plan.k1_padding
+        assert plan.pad_tiles is None
 
 
 @pytest.mark.parametrize("scaling", ["tensor", "token"])
@@ -692,6 +699,8 @@ def test_grouped_row_group_cast_unpadded(scaling, dtype, gen):
             recipe = Recipe(scaling=scaling, rowwise=row, columnwise=col, swizzle=True)
             assert not rd.row_group_padding(splits, 1024, row, col)
             check_grouped(x, splits, recipe)
+            assert rd._plan(tuple(splits), 1024, recipe, rd._DTYPE_NAMES[dtype], x.device, 0,
+                            0, False).pad_tiles is None
         assert rd.row_group_padding(splits, 1024, True, True) == (splits[0] == 64)
 
 

@@ -94,35 +94,57 @@ class AmaxTensor:
     ``chunked``: over chunk ``cta`` of ``chunks``, one CTA per chunk (int32 [P, 3] rows
     (first, end, step): thread t loads the 16-byte vectors first + t, first + t + step, ...
     below end; the row groups' chunks of recipes_dispatch.group_chunks, each a CTA's
-    grid-stride share of one group)."""
+    grid-stride share of one group). ``padding`` (chunked): before its loads warp w of CTA b
+    also zeroes the 512-byte tiles b * 8 + w, + 8P, ... of the int32 table ``tiles``
+    (padding.padding_tiles: the row groups' swizzled scale tiles holding padding, v >= 0 in
+    the flat rowwise scales ``s``, v < 0 tile -1 - v of the flat twin scales ``st``), so
+    that the row-group cast after this pass compiles no padding code (CastKernel padding)."""
 
-    def __init__(self, dtype: str, num_sms: int, l2_keep: int = 0, chunked: bool = False):
+    def __init__(self, dtype: str, num_sms: int, l2_keep: int = 0, chunked: bool = False,
+                 padding: bool = False):
         if dtype not in DTYPES:
             raise TypeError(f"AmaxTensor: unsupported input dtype {dtype!r}")
+        if padding and not chunked:
+            raise ValueError("AmaxTensor: padding (the row groups' swizzled scales) needs "
+                             "chunked")
         self.dtype_name = dtype
         self.esize = DTYPES[dtype].width // 8
         self.num_sms = num_sms
         self.l2_keep = l2_keep
         self.chunked = chunked
+        self.padding = padding
 
     @cute.jit
     def __call__(self, x: cute.Tensor, amax: cute.Tensor, chunks: Optional[cute.Tensor],
-                 stream):
+                 s: Optional[cute.Tensor], st: Optional[cute.Tensor],
+                 tiles: Optional[cute.Tensor], stream):
+        """chunks: chunked, else None; s, st, tiles: with padding, else None."""
         nvec = x.shape[0] * (x.shape[1] * self.esize // 16)
         blocks = cutlass.max(cutlass.min((nvec + THREADS - 1) // THREADS,
                                          max_tensor_partials(self.num_sms)), 1)
         if cutlass.const_expr(self.chunked):
             blocks = chunks.shape[0]
-        self.kernel(x, amax, chunks, nvec).launch(grid=(blocks, 1, 1), block=(THREADS, 1, 1),
-                                                  stream=stream)
+        self.kernel(x, amax, chunks, s, st, tiles, nvec).launch(
+            grid=(blocks, 1, 1), block=(THREADS, 1, 1), stream=stream)
 
     @cute.kernel
     def kernel(self, x: cute.Tensor, amax: cute.Tensor, chunks: Optional[cute.Tensor],
-               nvec: Int32):
+               s: Optional[cute.Tensor], st: Optional[cute.Tensor],
+               tiles: Optional[cute.Tensor], nvec: Int32):
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         gdim, _, _ = cute.arch.grid_dim()
         base = x.iterator.toint()
+        if cutlass.const_expr(self.padding):
+            lane4 = Int64(tidx % 32 * 4)  # zero_tile's per-lane addresses
+            s_lane = s.iterator.toint() + lane4
+            st_lane = st.iterator.toint() + lane4
+            warps = THREADS // 32
+            for i in cutlass.range(bidx * warps + tidx // 32, tiles.shape[0], gdim * warps,
+                                   unroll=1):
+                v = tiles[i]
+                zero_tile(cutlass.select_(v >= 0, s_lane + Int64(v) * 512,
+                                          st_lane + Int64(-1 - v) * 512))
         acc = Float32(0.0)
         start = bidx * THREADS + tidx
         end = nvec

@@ -214,7 +214,9 @@ class CastKernel:
         self.pad_warp = bool(row_groups and swizzle and padding
                              and (per_token or not columnwise))
         # padding (swizzled): whether the kernel zeroes the padding no tile covers; False only
-        # for per-token row groups whose groups have none (recipes_dispatch.row_group_padding).
+        # for row groups: per token where the groups have none (recipes_dispatch.
+        # row_group_padding), where they have some, after the amax pass that zeroes it (K1
+        # per token, the chunked AmaxTensor per tensor: padding.padding_tiles).
         # The padding code alone, never run, cost the walk (ptxas allocates the kernel as a
         # whole): per token row+col with the padding warp 4096x2048 14.4 -> 13.3 us, 4096x8192
         # 45.3 -> 42.7, 8192^2 88.2 -> 83.6, 16384x8192 172.8 -> 165.0 (H200, bf16, N = 8
@@ -222,9 +224,9 @@ class CastKernel:
         # (grouped quantize row+col 16384x8192 216 -> 221 us, 32768x8192 421 -> 432; rowwise
         # +-0.4), nor for single tensors (without their padding epilogue's code the plain casts
         # moved -2.6% to +3.2%); perf/results/logs/quant_session45_h200.md section 2.
-        if not padding and not (row_groups and swizzle and per_token):
-            raise ValueError("CastKernel: padding=False is for per-token row groups with "
-                             "swizzled scales")
+        if not padding and not (row_groups and swizzle):
+            raise ValueError("CastKernel: padding=False is for row groups with swizzled "
+                             "scales")
         self.padding = padding
         # per token, and for stochastic rounding without the enc table: the blocks' enc from
         # the reciprocal without its slow-path branch, whose branch region splits ptxas'

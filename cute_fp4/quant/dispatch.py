@@ -109,14 +109,19 @@ def token_rows_fn(name: str, swizzle: bool, split: tuple, num_sms: int, arch: st
 
 
 def amax_tensor_kernel(dtype: str, num_sms: int = 132, l2_keep: int = 0,
-                       chunked: bool = False):
+                       chunked: bool = False, padding: bool = False):
     """chunked: the function then takes the int32 [P, 3] chunks after the amax words (the row
-    groups' partials, recipes_dispatch.group_chunks), else None."""
+    groups' partials, recipes_dispatch.group_chunks), else None; padding: then the flat uint8
+    rowwise and twin scales and the int32 tiles to zero (padding.padding_tiles), else None x
+    3."""
     esize = _CUTLASS[dtype].width // 8
-    return (AmaxTensor(dtype, num_sms, l2_keep, chunked),
+    pad = [fake_tensor(cutlass.Uint8, (None,), align=4) if padding else None
+           for _ in range(2)]  # two fakes: one would tie the two lengths
+    return (AmaxTensor(dtype, num_sms, l2_keep, chunked, padding),
             fake_tensor(_CUTLASS[dtype], (dyn(), dyn(16 // esize))),
             fake_tensor(cutlass.Float32, (None,), align=4),
-            fake_tensor(cutlass.Int32, (None, 3), align=4) if chunked else None, env_stream())
+            fake_tensor(cutlass.Int32, (None, 3), align=4) if chunked else None, *pad,
+            fake_tensor(cutlass.Int32, (None,), align=4) if padding else None, env_stream())
 
 
 def amax_token_kernel(dtype: str, l2_keep: int = 0, rht: bool = False,
@@ -132,11 +137,13 @@ def amax_token_kernel(dtype: str, l2_keep: int = 0, rht: bool = False,
             fake_tensor(cutlass.Int32, (None,), align=4) if padding else None, env_stream())
 
 
-def tensor_amax_fn(name: str, num_sms: int, l2_keep: int, arch: str, chunked: bool = False):
-    """The compiled AmaxTensor of a configuration (TVM-FFI function, cached)."""
+def tensor_amax_fn(name: str, num_sms: int, l2_keep: int, arch: str, chunked: bool = False,
+                   padding: bool = False):
+    """The compiled AmaxTensor of a configuration (TVM-FFI function, cached), called as
+    (x, words, chunks, s, st, tiles) (amax_tensor_kernel)."""
     return ffi_function(KERNELS.get(
-        ("amax_tensor", name, num_sms, l2_keep, chunked, arch),
-        lambda: compile_kernel(*amax_tensor_kernel(name, num_sms, l2_keep, chunked),
+        ("amax_tensor", name, num_sms, l2_keep, chunked, padding, arch),
+        lambda: compile_kernel(*amax_tensor_kernel(name, num_sms, l2_keep, chunked, padding),
                                arch=arch)))
 
 
@@ -166,9 +173,9 @@ def run_tensor_amax(amax, x: torch.Tensor, words: torch.Tensor, amax_reduce) -> 
     partials and writes words[0]): all of them, or with amax_reduce [amax, the reduced local
     amax as the single partial]."""
     if amax_reduce is None:
-        amax(x, words, None)
+        amax(x, words, None, None, None, None)
         return words
-    amax(x, words[1:], None)
+    amax(x, words[1:], None, None, None, None)
     torch.amax(words[2:], dim=0, keepdim=True, out=words[1:2])
     amax_reduce(words[1:2])
     return words[:2]

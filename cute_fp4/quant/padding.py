@@ -1,8 +1,9 @@
 """Zeroing the padding of 128x4 swizzled scales that no cast tile covers (SPEC section 4:
-the padding is zero). CastKernel runs these in its epilogue or padding warp; for per-token row
-groups K1 (AmaxToken padding) runs them before the cast instead, so that the row-group cast
-compiles no padding code, whose code alone cost the cast's walk 1-8 us at its register cap
-(notes/quant_recipes.md "Session 45"); it zeroes whole tiles (zero_tile) and words holding
+the padding is zero). CastKernel runs these in its epilogue or padding warp; for row groups
+with padding the amax pass before the cast (per token K1, AmaxToken padding; per tensor the
+chunked AmaxTensor, padding_tiles) zeroes it instead, so that the row-group cast compiles no
+padding code, whose code alone cost the cast's walk 1-8 us at its register cap
+(notes/quant_recipes.md "Session 45"); they zero whole tiles (zero_tile) and words holding
 padding, real scales included, which the cast overwrites. Work item i of a pass goes to thread
 me = i mod nthr (i = me, me + nthr, ...) of the nthr threads of the launch."""
 
@@ -18,6 +19,38 @@ from cute_fp4.common.scales import swizzled_scale_offset
 # swizzled the first block row of the rowwise scales in the groups' padded rows and the first
 # byte / 512 of the twin's scales
 GROUP_FIRST, GROUP_PARTIALS, GROUP_ROW_SW, GROUP_TWIN_SW = range(4)
+
+
+def padding_tiles(sizes, k: int, rowwise: bool, columnwise: bool) -> list:
+    """The 512-byte tiles of the row groups' swizzled scales that hold padding (SPEC section
+    4), for the chunked AmaxTensor to zero whole before the row-group cast writes the real
+    scales in them (AmaxTensor padding): v >= 0 tile v of the flat rowwise scales, v < 0
+    tile -1 - v of the flat twin scales (the groups' padded scales one after another, as
+    recipes_dispatch lays them out). Rowwise, group g's last tile row when M_g is not a
+    multiple of 128 and every tile row's last tile when k / 16 is not a multiple of 4; of
+    its twin ([k, M_g / 16] scales) the last tile column when M_g / 16 is not a multiple of 4
+    and the last tile row when k is not a multiple of 128."""
+    nsc = k // 16
+    row_tiles, k_tiles = -(-nsc // 4), -(-k // 128)
+    tiles, r0, unit = [], 0, 0  # r0: the group's first rowwise tile row, unit: its twin's tile
+    for mg in sizes:
+        rt, nblk = -(-mg // 128), mg // 16
+        twin_tiles = -(-nblk // 4)
+        if rowwise:
+            for t in range(r0, r0 + rt):
+                if mg % 128 and t == r0 + rt - 1:
+                    tiles += [t * row_tiles + c for c in range(row_tiles)]
+                elif nsc % 4:
+                    tiles.append(t * row_tiles + row_tiles - 1)
+        if columnwise:
+            for r in range(k_tiles):
+                if k % 128 and r == k_tiles - 1:
+                    tiles += [-1 - (unit + r * twin_tiles + c) for c in range(twin_tiles)]
+                elif nblk % 4:
+                    tiles.append(-1 - (unit + r * twin_tiles + twin_tiles - 1))
+        r0 += rt
+        unit += k_tiles * twin_tiles
+    return tiles
 
 
 def zero_tile(addr):

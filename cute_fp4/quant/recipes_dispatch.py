@@ -60,6 +60,7 @@ from .cast_recipes import GTAB_COLS, TILE, RecipeAmax, RecipeCastKernel
 from .dispatch import (cast_groups, cast_kernel, cast_walk, l2_keep, row_group_run,
                        run_tensor_amax, tensor_amax_fn, tensor_amax_words, token_amax_fn,
                        token_rows_fn, walk_run)
+from .padding import padding_tiles
 from .token_rows import token_rows_config
 
 _DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
@@ -441,6 +442,7 @@ class _Plan:
         self.launch = bool(ttab) and k > 0
         self.tensor_amax = self.token_amax = None  # AmaxTensor / AmaxToken (see below)
         self.k1_padding = False  # AmaxToken zeroes the row groups' swizzled padding
+        self.pad_tiles = None  # the tiles the chunked AmaxTensor zeroes (padding_tiles)
         self.token_rows = self.amax_fn = None  # TokenRowCast / RecipeAmax (see below)
         self.tt = self.gt = self.at = None  # the recipe kernels' tables (recipe_tables)
         if not self.launch:
@@ -498,12 +500,21 @@ class _Plan:
                     self.chunks = torch.tensor(chunks, dtype=torch.int32, device=dev)
                 starts = [t[0] // 16 for t in gtab] + [m // 16] + pfirst
                 if swz:
-                    # per token the cast compiles no padding code where there is none or
-                    # where K1 (row groups with both outputs) zeroes it first; per tensor it
-                    # keeps it (CastKernel padding)
-                    padding = not per_token or row_group_padding(sizes, k, row, col)
-                    self.k1_padding = per_token and padding and token_amax_k1(recipe, col_sum)
-                    padding = padding and not self.k1_padding
+                    # the cast compiles no padding code where the amax pass zeroes the
+                    # padding first (K1 per token with both outputs, the chunked AmaxTensor per
+                    # tensor with a twin) and per token where there is none; per tensor
+                    # without padding it keeps the code (CastKernel padding). Measured per
+                    # tensor (H200, bf16, ragged groups, graphs): row+col 4096x2048 24.7 ->
+                    # 22.6 us, 8192x2048 39.0 -> 35.7, 4096x8192 65.2 -> 62.9, 16384x8192
+                    # 224 -> 223; rowwise only (the cast's padding warp is off its path)
+                    # -0.1 to +0.5, so not there (notes/quant_recipes.md "Session 47")
+                    has_pad = row_group_padding(sizes, k, row, col)
+                    self.k1_padding = per_token and has_pad and token_amax_k1(recipe, col_sum)
+                    if not per_token and has_pad and col:
+                        self.pad_tiles = torch.tensor(padding_tiles(sizes, k, row, col),
+                                                      dtype=torch.int32, device=dev)
+                    padding = ((not per_token or has_pad) and not self.k1_padding
+                               and self.pad_tiles is None)
                     starts += itertools.accumulate((_ceil(mg, 128) * 8 for mg in sizes),
                                                    initial=0)
                     starts += [t[5] // 512 for t in gtab] + [st_len // 512]
@@ -522,7 +533,8 @@ class _Plan:
             self.amax_dims = (m, k, esize, sms)
         elif self.row_groups and scaling == "tensor":  # the same per group: chunks inside
             # the groups (group_chunks)
-            self.tensor_amax = tensor_amax_fn(name, sms, keep, arch, chunked=True)
+            self.tensor_amax = tensor_amax_fn(name, sms, keep, arch, chunked=True,
+                                              padding=self.pad_tiles is not None)
         elif self.plain and token_amax_k1(recipe, col_sum):
             self.token_amax = token_amax_fn(name, keep, arch, recipe.twin_rht,
                                             scaling == "tensor")
@@ -601,7 +613,10 @@ def _run(x2: torch.Tensor, sizes: List[int], recipe: Recipe, seed: int, offset: 
         # [the group amaxes, the chunks' partials]
         g = len(sizes)
         words = torch.empty(g + plan.chunks.shape[0], dtype=torch.float32, device=dev)
-        plan.tensor_amax(x2, words[g - 1:], plan.chunks)  # partial c to words[g + c]
+        pad = (None, None, None)
+        if plan.pad_tiles is not None:  # the tiles holding the groups' padding, zeroed
+            pad = (s if row else plan.dummy, st if col else plan.dummy, plan.pad_tiles)
+        plan.tensor_amax(x2, words[g - 1:], plan.chunks, *pad)  # partial c to words[g + c]
         arg_r = arg_c = words
         amax_r = amax_c = words[:g]
     elif plan.launch and plan.tensor_amax is not None:
