@@ -504,7 +504,7 @@ def test_row_group_cast_routing():
         row0 = 0
         for g, mg in enumerate(sizes):
             loads = [[v for t in range(AMAX_THREADS) for v in range(first + t, end, step)]
-                     for first, end, step in chunks[pfirst[g]:pfirst[g + 1]]]
+                     for first, end, step in chunks[pfirst[g]:pfirst[g + 1]].tolist()]
             assert sorted(v for mine in loads for v in mine) == list(
                 range(row0 * per_row, (row0 + mg) * per_row))
             counts = [len(mine) for mine in loads]

@@ -586,10 +586,11 @@ def test_sr_unbiased(gen):
     assert float(((rn - x).abs() / gap).mean()) > 0.2  # RN sits half a gap away on average
 
 
-def check_grouped(x, splits, recipe, **kw):
-    """rd.quantize_grouped against ref.quantize_grouped (group g's stochastic rounding draws
-    Philox streams 2g and 2g + 1), group by group."""
-    got = rd.quantize_grouped(x, splits, recipe, **kw)
+def check_grouped(x, splits, recipe, got=None, **kw):
+    """rd.quantize_grouped (or `got`, its result) against ref.quantize_grouped (group g's
+    stochastic rounding draws Philox streams 2g and 2g + 1), group by group."""
+    if got is None:
+        got = rd.quantize_grouped(x, splits, recipe, **kw)
     want = ref.quantize_grouped(x, splits, recipe, **kw)
     assert len(got) == len(want)
     for g, w in zip(got, want):
@@ -665,7 +666,7 @@ def test_grouped_row_group_cast(swizzle, outputs, dtype, kind, scaling, gen):
         starts += [0, 24, 24, 32, 80, 88, 96, 104] + [0, 45, 45, 54, 153, 162, 180, 189]
     assert plan.row_groups and plan.starts.tolist() == starts
     if scaling == "tensor":
-        assert plan.chunks.tolist() == [list(c) for c in chunks]
+        assert plan.chunks.tolist() == chunks.tolist()
         assert plan.tensor_amax is not None and plan.amax_fn is None
         assert plan.tt is None and plan.at is None  # no recipe kernel, none of its tables
         # these groups pad: swizzled with a twin the amax pass zeroes the tiles holding it,
@@ -836,6 +837,36 @@ def test_grouped_sr_streams_and_rng_state(recipe, gen):
     torch.cuda.synchronize()
     for g, w in zip(outs, ref.quantize_grouped(x, [64, 64], recipe, seed=9, offset=7)):
         check(g, w, recipe)
+
+
+def test_grouped_new_sizes_no_sync(gen):
+    """A grouped call with split sizes it has no plan for builds the plan's device tables
+    without a host-device sync (rd._upload: pinned staging, asynchronous copies): behind a
+    long GPU sleep the call returns with the stream still busy, and its results equal the
+    reference. Row-group casts per tensor (chunks, group and padding tables) and per token
+    (K1's strip table), TokenRowCast with grouped SR (its row table, the seed), the recipe
+    kernel (its tile, group and amax tables). While a CUDA graph is being captured a new
+    configuration is a clear error (its tables could not be copied)."""
+    splits = [272, 0, 48, 704, 16, 192]  # not multiples of 128 rows: padding
+    x = grouped_scaled(splits, 1040, "outliers", torch.bfloat16, gen)
+    stream = torch.cuda.current_stream()
+    for recipe in (Recipe(columnwise=True, swizzle=True),
+                   Recipe(scaling="token", columnwise=True, swizzle=True),
+                   Recipe(scaling="token", stochastic_rounding=True),
+                   Recipe(rht=True, columnwise=True)):
+        rd.quantize_grouped(x, splits, recipe, seed=5)  # compiled (no plan for these sizes)
+        torch.cuda.synchronize()
+        rd._plan.cache_clear()
+        torch.cuda._sleep(1 << 30)  # ~0.5 s of the GPU
+        got = rd.quantize_grouped(x, splits, recipe, seed=5)
+        assert not stream.query(), recipe  # returned before the sleep ended: no sync
+        torch.cuda.synchronize()
+        check_grouped(x, splits, recipe, got=got, seed=5)
+    rd.quantize_grouped(x, splits, Recipe(), seed=5)
+    graph = torch.cuda.CUDAGraph()
+    with pytest.raises(RuntimeError, match="CUDA graph is being captured"):
+        with torch.cuda.graph(graph):
+            rd.quantize_grouped(x, [16] + splits[1:-1] + [448], Recipe(), seed=5)
 
 
 def test_grouped_window64_and_rowwise_uneven(gen):

@@ -36,18 +36,19 @@ def padding_tiles(sizes, k: int, rowwise: bool, columnwise: bool) -> list:
     for mg in sizes:
         rt, nblk = -(-mg // 128), mg // 16
         twin_tiles = -(-nblk // 4)
-        if rowwise:
-            for t in range(r0, r0 + rt):
-                if mg % 128 and t == r0 + rt - 1:
-                    tiles += [t * row_tiles + c for c in range(row_tiles)]
-                elif nsc % 4:
-                    tiles.append(t * row_tiles + row_tiles - 1)
-        if columnwise:
-            for r in range(k_tiles):
-                if k % 128 and r == k_tiles - 1:
-                    tiles += [-1 - (unit + r * twin_tiles + c) for c in range(twin_tiles)]
-                elif nblk % 4:
-                    tiles.append(-1 - (unit + r * twin_tiles + twin_tiles - 1))
+        if rowwise:  # tile rows r0 .. r0 + rt
+            whole = rt - bool(mg % 128)  # the tile rows before a padded last one
+            if nsc % 4:  # their last tiles
+                tiles += range((r0 + 1) * row_tiles - 1, (r0 + whole) * row_tiles, row_tiles)
+            if mg % 128:
+                tiles += range((r0 + rt - 1) * row_tiles, (r0 + rt) * row_tiles)
+        if columnwise:  # twin tiles unit .. unit + k_tiles * twin_tiles, as -1 - tile
+            whole = k_tiles - bool(k % 128)
+            if nblk % 4:  # the last tile of each of the tile rows before a padded last one
+                tiles += range(-unit - twin_tiles, -unit - (whole + 1) * twin_tiles, -twin_tiles)
+            if k % 128:
+                last = -1 - unit - (k_tiles - 1) * twin_tiles
+                tiles += range(last, last - twin_tiles, -1)
         r0 += rt
         unit += k_tiles * twin_tiles
     return tiles

@@ -234,8 +234,8 @@ def row_group_walk(m: int, k: int, esize: int, columnwise: bool, rowwise: bool,
 
 
 def group_chunks(sizes, k: int, esize: int, num_sms: int) -> tuple:
-    """The chunked AmaxTensor's work for the row-group cast: (chunks, first chunk of each
-    group and then their count). The groups share max_tensor_partials chunks (one wave of
+    """The chunked AmaxTensor's work for the row-group cast: (chunks, an int32 [P, 3] CPU
+    tensor, and a list of the first chunk of each group and then their count). The groups share max_tensor_partials chunks (one wave of
     AmaxTensor CTAs; more when there are more nonempty groups) in proportion to their 16-byte
     vectors (largest remainders; each nonempty group at least one chunk, no chunk below one
     CTA's loads); CastKernel._fill_group_tables reduces them per group. Chunk i of a group's
@@ -261,13 +261,17 @@ def group_chunks(sizes, k: int, esize: int, num_sms: int) -> tuple:
                           key=lambda g: -(target * vecs[g] % total))
     for g in by_remainder[:target - sum(counts)]:
         counts[g] += 1
-    chunks, pfirst, first = [], [], 0
-    for n, c in zip(vecs, counts):
-        pfirst.append(len(chunks))
-        c = min(c, -(-n // AMAX_THREADS))
-        chunks += [(first + i * AMAX_THREADS, first + n, c * AMAX_THREADS) for i in range(c)]
-        first += n
-    return chunks, pfirst + [len(chunks)]
+    counts = [min(c, -(-n // AMAX_THREADS)) for n, c in zip(vecs, counts)]
+    pfirst = list(itertools.accumulate(counts, initial=0))
+    # chunk i of group g: (its first vector + i * AMAX_THREADS, its end, its step), built with
+    # tensor ops (a plan for new split sizes is host time on every MoE step)
+    cnt = torch.tensor(counts)
+    group = torch.repeat_interleave(torch.arange(len(vecs)), cnt)
+    first = torch.tensor(list(itertools.accumulate(vecs, initial=0)))
+    i = torch.arange(pfirst[-1]) - torch.tensor(pfirst[:-1])[group]
+    chunks = torch.stack([first[group] + i * AMAX_THREADS, first[1:][group],
+                          cnt[group] * AMAX_THREADS], 1)
+    return chunks.to(torch.int32), pfirst
 
 
 def plain_cast_walk(m: int, k: int, esize: int, per_token: bool, compact_twin: bool,
@@ -406,27 +410,35 @@ def _amax_offsets(scaling: str, g: int, row0: int, k: int):
     return row0 * (k // 64), k * row0 // 64
 
 
+def _upload(data, dtype: torch.dtype, dev) -> torch.Tensor:
+    """A plan's host table (a list or a CPU tensor) on the device without a host-device sync:
+    staged in pinned memory and copied asynchronously on the current stream (torch's caching
+    host allocator keeps the staging buffer until the copy has run), so that a grouped call
+    with new split sizes does not wait for the GPU's queued work."""
+    host = data if isinstance(data, torch.Tensor) else torch.tensor(data, dtype=dtype)
+    return host.pin_memory().to(dev, non_blocking=True)
+
+
 class _Plan:
     """Everything a call computes from its configuration alone, made once per configuration
-    (`_plan`): the tile / group / amax tables on the device, the flat output lengths, and the
-    compiled kernels. A call then allocates, launches and builds views."""
+    (`_plan`): the tile / group / amax tables on the device (_upload), the flat output
+    lengths, and the compiled kernels. A call then allocates, launches and builds views."""
 
     def __init__(self, sizes: tuple, k: int, recipe: Recipe, name: str, dev, seed: int,
                  offset: int, col_sum: bool):
+        if torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(
+                "cute_fp4 quantize: a new configuration (shape, split sizes, recipe, dtype, "
+                "seed or offset) while a CUDA graph is being captured: its tables must be "
+                "copied to the GPU first; run the same call once before the capture")
         row, col, swz, scaling = recipe.rowwise, recipe.columnwise, recipe.swizzle, recipe.scaling
         nsc = k // 16
-        ttab, atab, gtab = [], [], []
+        gtab = []
         q_len = s_len = qt_len = st_len = 0
         row0 = 0
         seed_i64 = seed - (1 << 64) if seed >= 1 << 63 else seed
         esize, sms = _CUTLASS[name].width // 8, num_sms(dev)
-        per_cta = amax_tiles_per_cta(sum(_ceil(mg, TILE) for mg in sizes), k, esize, sms)
         for g, mg in enumerate(sizes):
-            real = _ceil(mg, TILE)
-            tiles = 2 * _ceil(mg, 128) if (swz and row) else real
-            base = len(ttab)
-            ttab += [(g, TILE * i) for i in range(tiles)]
-            atab += [(base + i, min(per_cta, real - i)) for i in range(0, real, per_cta)]
             ar, ac = _amax_offsets(scaling, g, row0, k)
             gtab.append((row0, mg, q_len, s_len, qt_len, st_len, ar, ac))
             q_len += mg * k // 2
@@ -439,7 +451,7 @@ class _Plan:
         # the offsets past the last group
         self.ar_len, self.ac_len = _amax_offsets(scaling, len(sizes), row0, k)
         self.alias = scaling == "tensor" and not recipe.twin_rht  # columnwise amax = rowwise amax
-        self.launch = bool(ttab) and k > 0
+        self.launch = row0 > 0 and k > 0
         self.tensor_amax = self.token_amax = None  # AmaxTensor / AmaxToken (see below)
         self.k1_padding = False  # AmaxToken zeroes the row groups' swizzled padding
         self.pad_tiles = None  # the tiles the chunked AmaxTensor zeroes (padding_tiles)
@@ -449,15 +461,23 @@ class _Plan:
             return
         # device copies made here, once: repeated calls make no host-to-device copy, so they
         # can be captured in a CUDA graph once warmed up
-        self.rng = torch.tensor([seed_i64, offset], dtype=torch.int64, device=dev)
+        self.rng = _upload([seed_i64, offset], torch.int64, dev)
         self.dummy = torch.empty(1, dtype=torch.uint8, device=dev)  # for absent outputs
 
         def recipe_tables():
             """The recipe kernels' tables (RecipeAmax, RecipeCastKernel): tiles, groups,
             amax CTAs (the plain and row-group casts take none of them)."""
-            self.tt = torch.tensor(ttab, dtype=torch.int32, device=dev)
-            self.gt = torch.tensor(gtab, dtype=torch.int64, device=dev)
-            self.at = torch.tensor(atab if atab else ((0, 0),), dtype=torch.int32, device=dev)
+            ttab, atab = [], []
+            per_cta = amax_tiles_per_cta(sum(_ceil(mg, TILE) for mg in sizes), k, esize, sms)
+            for g, mg in enumerate(sizes):
+                real = _ceil(mg, TILE)
+                tiles = 2 * _ceil(mg, 128) if (swz and row) else real
+                base = len(ttab)
+                ttab += [(g, TILE * i) for i in range(tiles)]
+                atab += [(base + i, min(per_cta, real - i)) for i in range(0, real, per_cta)]
+            self.tt = _upload(ttab, torch.int32, dev)
+            self.gt = _upload(gtab, torch.int64, dev)
+            self.at = _upload(atab if atab else ((0, 0),), torch.int32, dev)
 
         arch = device_arch(dev)
         self.plain = on_plain_cast(recipe, len(sizes), name)
@@ -477,7 +497,7 @@ class _Plan:
                                             stochastic=recipe.stochastic_rounding,
                                             grouped=grouped_sr)
             if grouped_sr:
-                self.row_streams = token_row_streams(sizes).to(dev)
+                self.row_streams = _upload(token_row_streams(sizes), torch.int32, dev)
             self.scale_shapes = (scale_shape(row0, nsc, swz), None)
             return
         keep = 0
@@ -497,7 +517,7 @@ class _Plan:
                 pfirst = [0] * (len(sizes) + 1)
                 if not per_token:
                     chunks, pfirst = group_chunks(sizes, k, esize, sms)
-                    self.chunks = torch.tensor(chunks, dtype=torch.int32, device=dev)
+                    self.chunks = _upload(chunks, torch.int32, dev)
                 starts = [t[0] // 16 for t in gtab] + [m // 16] + pfirst
                 if swz:
                     # the cast compiles no padding code where the amax pass zeroes the
@@ -511,14 +531,14 @@ class _Plan:
                     has_pad = row_group_padding(sizes, k, row, col)
                     self.k1_padding = per_token and has_pad and token_amax_k1(recipe, col_sum)
                     if not per_token and has_pad and col:
-                        self.pad_tiles = torch.tensor(padding_tiles(sizes, k, row, col),
-                                                      dtype=torch.int32, device=dev)
+                        self.pad_tiles = _upload(padding_tiles(sizes, k, row, col), torch.int32,
+                                             dev)
                     padding = ((not per_token or has_pad) and not self.k1_padding
                                and self.pad_tiles is None)
                     starts += itertools.accumulate((_ceil(mg, 128) * 8 for mg in sizes),
                                                    initial=0)
                     starts += [t[5] // 512 for t in gtab] + [st_len // 512]
-                self.starts = torch.tensor(starts, dtype=torch.int32, device=dev)
+                self.starts = _upload(starts, torch.int32, dev)
             else:
                 walk = plain_cast_walk(m, k, esize, per_token, col and not swz, row and not swz,
                                        sms, rht, sr)
@@ -543,8 +563,8 @@ class _Plan:
             # groups), the group of each 16-row strip in a table
             self.token_amax = token_amax_fn(name, keep, arch, groups=True,
                                             padding=self.k1_padding)
-            self.strips = strip_groups(sizes).to(dev)
-        elif scaling != "window64" and atab:
+            self.strips = _upload(strip_groups(sizes), torch.int32, dev)
+        elif scaling != "window64":
             recipe_tables()
             do_row, do_col = row or self.alias, col and not self.alias
             akey = ("amax_recipe", name, scaling == "token", recipe.twin_rht, do_row, do_col,
