@@ -450,6 +450,16 @@ class _Plan:
         self.lens = (q_len, s_len, qt_len, st_len)
         # the offsets past the last group
         self.ar_len, self.ac_len = _amax_offsets(scaling, len(sizes), row0, k)
+        # the groups' output views: the lengths they split the flat buffers into (one split
+        # per buffer: the per-group slicing was most of a grouped call's host time) and their
+        # shapes
+        ends = [t[2:8] for t in gtab[1:]] + [self.lens + (self.ar_len, self.ac_len)]
+        self.view_lens = [[e[i] - t[2 + i] for t, e in zip(gtab, ends)] for i in range(6)]
+        # the groups' rowwise scales: their rows (one width: a split of the rows)
+        self.scale_rows = [scale_shape(mg, nsc, swz)[0] for mg in sizes]
+        self.scale_cols = scale_shape(0, nsc, swz)[1]
+        self.view_shapes = [(scale_shape(k, mg // 16, swz), (mg, k // 64), (k, mg // 64))
+                            for mg in sizes]
         self.alias = scaling == "tensor" and not recipe.twin_rht  # columnwise amax = rowwise amax
         self.launch = row0 > 0 and k > 0
         self.tensor_amax = self.token_amax = None  # AmaxTensor / AmaxToken (see below)
@@ -613,9 +623,8 @@ def _run(x2: torch.Tensor, sizes: List[int], recipe: Recipe, seed: int, offset: 
     amaxes (kernel-side buffers have another layout: zeroed, shared) are copied into it."""
     check_seed_offset(seed, offset)
     dev = x2.device
-    k = x2.shape[1]
-    row, col, swz, scaling = recipe.rowwise, recipe.columnwise, recipe.swizzle, recipe.scaling
-    nsc = k // 16
+    m, k = x2.shape
+    row, col, scaling = recipe.rowwise, recipe.columnwise, recipe.scaling
     plan = _plan(tuple(sizes), k, recipe, _DTYPE_NAMES[x2.dtype], dev, seed, offset,
                  column_sum is not None)
     q_len, s_len, qt_len, st_len = plan.lens
@@ -681,7 +690,6 @@ def _run(x2: torch.Tensor, sizes: List[int], recipe: Recipe, seed: int, offset: 
     if plan.launch and (plan.plain or plan.row_groups or plan.token_rows is not None):
         if arg_r is None:
             arg_r, arg_c = amax_r, amax_c
-        m = x2.shape[0]
         s_shape, st_shape = plan.scale_shapes
         d2 = plan.dummy.view(1, 1)
         f8 = torch.float8_e4m3fn
@@ -703,29 +711,29 @@ def _run(x2: torch.Tensor, sizes: List[int], recipe: Recipe, seed: int, offset: 
                      s if row else dummy, qt if col else dummy, st if col else dummy, rng,
                      plan.n_kt)
 
+    g_n = len(sizes)
+    _, _, qt_lens, st_lens, ar_lens, ac_lens = plan.view_lens
+    none = [None] * g_n
+    data = q[:q_len].view(m, k // 2).split(sizes) if row else none
+    scales = none
+    if row:
+        scales = s[:s_len].view(torch.float8_e4m3fn).view(
+            sum(plan.scale_rows), plan.scale_cols).split(plan.scale_rows)
+    data_t = qt[:qt_len].split(qt_lens) if col else none
+    scales_t = st[:st_len].view(torch.float8_e4m3fn).split(st_lens) if col else none
+    amax = amax_r[:plan.ar_len].split(ar_lens) if row else none
+    amax_t = amax_c[:plan.ac_len].split(ac_lens) if col else none
+    window = scaling == "window64"
     out = []
     for g, mg in enumerate(sizes):
-        r0, _, qo, so, qto, sto, ar, ac = plan.gtab[g][:8]
-        data = scales = amax = data_t = scales_t = amax_t = None
-        if row:
-            data = q[qo:qo + mg * k // 2].view(mg, k // 2)
-            srows, scols = scale_shape(mg, nsc, swz)
-            scales = s[so:so + srows * scols].view(srows, scols).view(torch.float8_e4m3fn)
-        if col:
-            data_t = qt[qto:qto + k * mg // 2].view(k, mg // 2)
-            srows, scols = scale_shape(k, mg // 16, swz)
-            scales_t = st[sto:sto + srows * scols].view(srows, scols).view(torch.float8_e4m3fn)
-        if scaling == "tensor":
-            amax, amax_t = amax_r[g:g + 1], amax_c[g:g + 1]
-        elif scaling == "token":
-            amax, amax_t = amax_r[r0:r0 + mg], amax_c[ac:ac + k]
-        else:
-            amax = amax_r[ar:ar + mg * (k // 64)].view(mg, k // 64)
-            amax_t = amax_c[ac:ac + k * (mg // 64)].view(k, mg // 64)
+        st_shape, a_shape, at_shape = plan.view_shapes[g]
         out.append(NVFP4Tensor(
-            data=data, scales=scales, amax=amax if row else None, data_t=data_t,
-            scales_t=scales_t, amax_t=amax_t if col else None, recipe=recipe,
-            shape=shapes[g], dtype=x2.dtype))
+            data=data[g], scales=scales[g],
+            amax=amax[g].view(a_shape) if row and window else amax[g],
+            data_t=data_t[g].view(k, mg // 2) if col else None,
+            scales_t=scales_t[g].view(st_shape) if col else None,
+            amax_t=amax_t[g].view(at_shape) if col and window else amax_t[g],
+            recipe=recipe, shape=shapes[g], dtype=x2.dtype))
     if into is not None:
         return [copy_fields(into, out[0], ("amax", "amax_t"))]
     return out
