@@ -235,10 +235,11 @@ def row_group_walk(m: int, k: int, esize: int, columnwise: bool, rowwise: bool,
 
 def group_chunks(sizes, k: int, esize: int, num_sms: int) -> tuple:
     """The chunked AmaxTensor's work for the row-group cast: (chunks, an int32 [P, 3] CPU
-    tensor, and a list of the first chunk of each group and then their count). The groups share max_tensor_partials chunks (one wave of
-    AmaxTensor CTAs; more when there are more nonempty groups) in proportion to their 16-byte
-    vectors (largest remainders; each nonempty group at least one chunk, no chunk below one
-    CTA's loads); CastKernel._fill_group_tables reduces them per group. Chunk i of a group's
+    tensor; a list of the first chunk of each group and then their count). The groups share
+    max_tensor_partials chunks (one wave of AmaxTensor CTAs; more when there are more
+    nonempty groups) in proportion to their 16-byte vectors (largest remainders; each
+    nonempty group at least one chunk, no chunk below one CTA's loads);
+    CastKernel._fill_group_tables reduces them per group. Chunk i of a group's
     c is CTA i's grid-stride share of the group: (the group's first vector + i * AMAX_THREADS,
     the group's end, c * AMAX_THREADS) (AmaxTensor chunked), so that the group's CTAs read one
     window of it together, as the plain AmaxTensor's grid reads the whole input.
@@ -451,10 +452,10 @@ class _Plan:
         # the offsets past the last group
         self.ar_len, self.ac_len = _amax_offsets(scaling, len(sizes), row0, k)
         # the groups' output views: the lengths they split the flat buffers into (one split
-        # per buffer: the per-group slicing was most of a grouped call's host time) and their
-        # shapes
+        # per buffer: the per-group slicing was most of a grouped call's host time; the twin
+        # data and scales, the amaxes, the twin amaxes: gtab's offsets 4 .. 7) and shapes
         ends = [t[2:8] for t in gtab[1:]] + [self.lens + (self.ar_len, self.ac_len)]
-        self.view_lens = [[e[i] - t[2 + i] for t, e in zip(gtab, ends)] for i in range(6)]
+        self.view_lens = [[e[i] - t[2 + i] for t, e in zip(gtab, ends)] for i in range(2, 6)]
         # the groups' rowwise scales: their rows (one width: a split of the rows)
         self.scale_rows = [scale_shape(mg, nsc, swz)[0] for mg in sizes]
         self.scale_cols = scale_shape(0, nsc, swz)[1]
@@ -541,8 +542,8 @@ class _Plan:
                     has_pad = row_group_padding(sizes, k, row, col)
                     self.k1_padding = per_token and has_pad and token_amax_k1(recipe, col_sum)
                     if not per_token and has_pad and col:
-                        self.pad_tiles = _upload(padding_tiles(sizes, k, row, col), torch.int32,
-                                             dev)
+                        tiles = padding_tiles(sizes, k, row, col)
+                        self.pad_tiles = _upload(tiles, torch.int32, dev)
                     padding = ((not per_token or has_pad) and not self.k1_padding
                                and self.pad_tiles is None)
                     starts += itertools.accumulate((_ceil(mg, 128) * 8 for mg in sizes),
@@ -712,7 +713,7 @@ def _run(x2: torch.Tensor, sizes: List[int], recipe: Recipe, seed: int, offset: 
                      plan.n_kt)
 
     g_n = len(sizes)
-    _, _, qt_lens, st_lens, ar_lens, ac_lens = plan.view_lens
+    qt_lens, st_lens, ar_lens, ac_lens = plan.view_lens
     none = [None] * g_n
     data = q[:q_len].view(m, k // 2).split(sizes) if row else none
     scales = none
