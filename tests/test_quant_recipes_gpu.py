@@ -854,9 +854,9 @@ def test_grouped_new_sizes_no_sync(gen):
                    Recipe(scaling="token", columnwise=True, swizzle=True),
                    Recipe(scaling="token", stochastic_rounding=True),
                    Recipe(rht=True, columnwise=True)):
-        rd.quantize_grouped(x, splits, recipe, seed=5)  # compiled (no plan for these sizes)
+        rd.quantize_grouped(x, splits, recipe, seed=5)  # the kernels compiled
         torch.cuda.synchronize()
-        rd._plan.cache_clear()
+        rd._plan.cache_clear()  # the next call builds its plan again
         torch.cuda._sleep(1 << 30)  # ~0.5 s of the GPU
         got = rd.quantize_grouped(x, splits, recipe, seed=5)
         assert not stream.query(), recipe  # returned before the sleep ended: no sync
