@@ -134,7 +134,8 @@ def row_group_tables(n_groups: int) -> int:
 
 def row_group_padding(sizes, k: int, rowwise: bool, columnwise: bool) -> bool:
     """Whether the swizzled scales of a grouped input's row groups have padding to zero
-    (per token CastKernel padding): rowwise, a group of rows not a multiple of 128 or, with
+    (CastKernel padding, or the amax pass's zeroing: K1 per token, per tensor the chunked
+    AmaxTensor's padding_tiles, which are empty exactly when this is False): rowwise, a group of rows not a multiple of 128 or, with
     any rows, scale columns (k / 16) not a multiple of 4; the twin (group g's [k, M_g / 16]
     scales), a group with rows and k not a multiple of 128 or scale columns not a multiple
     of 4."""
@@ -239,10 +240,10 @@ def group_chunks(sizes, k: int, esize: int, num_sms: int) -> tuple:
     max_tensor_partials chunks (one wave of AmaxTensor CTAs; more when there are more
     nonempty groups) in proportion to their 16-byte vectors (largest remainders; each
     nonempty group at least one chunk, no chunk below one CTA's loads);
-    CastKernel._fill_group_tables reduces them per group. Chunk i of a group's
-    c is CTA i's grid-stride share of the group: (the group's first vector + i * AMAX_THREADS,
-    the group's end, c * AMAX_THREADS) (AmaxTensor chunked), so that the group's CTAs read one
-    window of it together, as the plain AmaxTensor's grid reads the whole input.
+    CastKernel._fill_group_tables reduces them per group. Chunk i of a group's c is CTA i's
+    grid-stride share of the group: (the group's first vector + i * AMAX_THREADS, the group's
+    end, c * AMAX_THREADS) (AmaxTensor chunked), so that the group's CTAs read one window of it
+    together, as the plain AmaxTensor's grid reads the whole input.
     Measured (H200, bf16, N = 8, the amax kernel alone):
     - against contiguous chunks, rowwise / row+col: 8192x2048 7.31 -> 7.05 / 8.50 -> 8.40 us,
       4096x8192 17.91 -> 17.17 / 17.72 -> 17.18, 8192^2 33.82 -> 33.33 / 34.51 -> 33.45,
