@@ -475,18 +475,19 @@ def test_row_group_cast_routing():
                                                  ) + base[4:]
     assert [row_group_walk(m, 1024, 2, True, True, False, 132, False, True)[3]
             for m in (64, 1232, 2048, 4096, 1 << 16)] == [1, 2, 16, 32, 64]
-    # consumer groups: cast_groups', but per token swizzled row+col with ragged twins on a walk
-    # of two CTAs per SM (16-bit inputs): two
+    # consumer groups of 16-bit row+col casts: two, except per token swizzled without ragged
+    # twins (cast_groups': one below L2_WARM_MAX_BYTES); the rest cast_groups'
     for m, esize, dtype in [(4096, 2, "bf16"), (1232, 2, "fp16"), (1 << 16, 2, "bf16"),
                             (4096, 4, "fp32")]:
         for per_token, swz, row, col, ragged in itertools.product(*[(False, True)] * 5):
             walk = row_group_walk(m, 8192, esize, col, row, swz, 132, per_token, ragged)
             plain = cast_groups(dtype, row, col, swz, per_token, False, walk, False, False,
                                 False, m * 8192)
-            two = (per_token and swz and row and col and ragged and esize == 2
-                   and m * 8192 * esize < L2_WARM_MAX_BYTES)
+            two = row and col and esize == 2 and not (per_token and swz and not ragged)
             assert row_group_groups(dtype, row, col, swz, per_token, walk, m * 8192,
                                     ragged) == (2 if two else plain), (m, dtype, walk)
+            assert plain == 2 or m * 8192 < (1 << 24) or not (row and col and esize == 2) or (
+                per_token and swz and m * 8192 * esize < L2_WARM_MAX_BYTES)
     # the longest power-of-two run up to the full one that divides the tile row and leaves
     # RUN_MIN_UNITS_PER_SM runs per SM
     assert [row_group_run(m, k, 2, 132) for m, k in [

@@ -765,7 +765,7 @@ def test_grouped_row_group_walks(walk, dtype, scaling, gen, monkeypatch):
     elif walk in units:
         monkeypatch.setattr(dispatch, "RUN_MIN_UNITS_PER_SM", units[walk])
     elif walk == "one_group":
-        monkeypatch.setattr(rd, "cast_groups", lambda *a: 1)
+        monkeypatch.setattr(rd, "row_group_groups", lambda *a: 1)
     else:
         base = rd.row_group_walk
         monkeypatch.setattr(rd, "row_group_walk", lambda *a: base(*a)[:6] + (True,))

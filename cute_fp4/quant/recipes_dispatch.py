@@ -202,8 +202,8 @@ def strip_groups(sizes) -> torch.Tensor:
 # multiples of 128 rows 282), swizzled 376 -> 298 (288), per token compact 376 -> 317;
 # 16384x8192 159 -> 146 / 161 -> 155 / 172 -> 167; within +-1 us at 2^25 elements. Per token
 # with swizzled scales it was slower at every size (+1.6 to +9 us), so it keeps its band
-# (notes/quant_recipes.md "Session 46"; bands 2-16 too, session 48) and, below
-# L2_WARM_MAX_BYTES, runs two consumer groups instead (row_group_groups).
+# (notes/quant_recipes.md "Session 46"; bands 2-16 too, session 48) and runs two consumer
+# groups instead (row_group_groups).
 RAGGED_TWIN_BAND = 64
 
 
@@ -237,21 +237,29 @@ def row_group_walk(m: int, k: int, esize: int, columnwise: bool, rowwise: bool,
 
 def row_group_groups(dtype: str, rowwise: bool, columnwise: bool, swizzle: bool,
                      per_token: bool, walk: tuple, elements: int, ragged_twin: bool) -> int:
-    """Consumer groups of the row-group cast (CastKernel groups): cast_groups', except per
-    token with swizzled scales, both outputs and ragged_twin (some group not a multiple of
-    64 rows) on a walk of two CTAs per SM (16-bit inputs): one CTA of two groups
-    (grouped_walk: neither the run nor bands). There the tiles whose block rows lie in two
-    groups (about 1 tile row in 5 at 4096 rows) take the IEEE copy of the passes, and the
-    cast kernel was 11-17% slower than with groups of multiples of 128 rows (4096x2048 to
-    8192^2; per token compact, already on two groups, 5-13%; why two groups help is not
-    measured). Measured (H200, bf16, N = 8, quantize_grouped in graphs, 3 timings each;
-    notes/quant_recipes.md "Session 48"): 4096x2048 24.2 -> 23.3 us, 4096x8192 72.9 ->
-    68.0, 16384x2048 69.2 -> 67.0, 8192^2 134.7 -> 123.8, 16384x8192 241.1 -> 236.9,
-    8192x2048 39.2 both; one CTA per SM (32768x8192) 454 both; groups of multiples of 128
-    rows 0-1.5 us slower with two groups, so not there. Bands (RAGGED_TWIN_BAND) on one group
-    were no help: bands 2-16 +0.3 to +9 us, 8192^2 band 16 -2 us."""
-    if (ragged_twin and per_token and swizzle and rowwise and columnwise and dtype != "fp32"
-            and walk[0] == 2):
+    """Consumer groups of the row-group cast (CastKernel groups) of 16-bit inputs with both
+    outputs: two (one CTA per SM of two groups; grouped_walk: per token neither the run nor
+    bands) at every size, except per token with swizzled scales whose groups are all
+    multiples of 64 rows (not ragged_twin), on cast_groups' rule like everything else.
+    cast_groups gives one group below GROUPS_MIN_ELEMENTS per tensor swizzled and per token,
+    and per token swizzled below L2_WARM_MAX_BYTES. Measured (H200, bf16, N = 8,
+    quantize_grouped in graphs, 3 timings each; notes/quant_recipes.md "Session 48"), us,
+    ragged groups (16-row steps) / groups of multiples of 128 rows:
+    - per token swizzled: 4096x2048 24.1 -> 23.1 / 21.7 -> 21.9, 2048x4096 24.0 -> 23.4 /
+      24.2 -> 23.6, 4096x8192 72.9 -> 68.0 / 65.0 -> 65.2, 16384x2048 69.2 -> 67.0 / 65.0
+      both, 8192^2 134.7 -> 123.8 / 118.9 -> 120.5, 16384x8192 241.1 -> 236.9 / 229.3 both,
+      8192x2048 39.2 -> 39.1 / 36.6 -> 37.5, 2048^2 14.8 -> 15.0 / 14.8 -> 14.9; one CTA per
+      SM (32768x8192, cast_groups two) 454 both. The cast kernel of ragged groups was 11-17%
+      slower than of the others (4096x2048 to 8192^2; its tiles whose block rows lie in two
+      groups, about 1 tile row in 5 at 4096 rows, take the IEEE copy of the passes); why two
+      groups help is not measured. Bands (RAGGED_TWIN_BAND) on one group were no help: bands
+      2-16 +0.3 to +9 us, 8192^2 band 16 -2 us;
+    - per token compact: 4096x2048 23.2 -> 21.8 / 21.3 -> 20.8, 2048x4096 23.7 -> 22.1 /
+      23.7 -> 22.5, 2048^2 14.6 -> 14.4 / 14.7 -> 14.3;
+    - per tensor swizzled: 4096x2048 22.7 -> 21.7 / 21.9 -> 22.0, 2048x4096 22.8 -> 21.9 /
+      21.7 -> 20.7, 2048^2 14.2 -> 14.1 / 13.9 -> 13.6."""
+    if dtype != "fp32" and rowwise and columnwise and not (per_token and swizzle
+                                                           and not ragged_twin):
         return 2
     return cast_groups(dtype, rowwise, columnwise, swizzle, per_token, False, walk, False,
                        False, False, elements)
