@@ -10,6 +10,7 @@ ref.formats.e2m1_encode_stochastic by a numpy emulation of its PTX for every ran
 takes the signs of bf16 / fp16 inputs from sign words (common.encode.sign_word, the plain
 cast's stochastic encoder where every block has enc >= 2^-14)."""
 
+import itertools
 import math
 import os
 import re
@@ -23,16 +24,16 @@ from cute_fp4.common.compile_check import compile_ptx, missing_instructions, ptx
 from cute_fp4.common.encode import _SR_SEL, _sr_elem, sr_sign_sel
 from cute_fp4.quant.cast_recipes import DIV_CONST, DIV_CONST_MIN_HEX
 from cute_fp4.ref.formats import e2m1_encode_stochastic
-from cute_fp4.quant.dispatch import (L2_WARM_MAX_BYTES, cast_kernel, cast_walk, row_group_run,
-                                     walk_run)
+from cute_fp4.quant.dispatch import (L2_WARM_MAX_BYTES, cast_groups, cast_kernel, cast_walk,
+                                     row_group_run, walk_run)
 from cute_fp4.quant.amax import THREADS as AMAX_THREADS, max_tensor_partials
 from cute_fp4.quant.recipes_dispatch import (amax_recipe_kernel, amax_tiles_per_cta,
                                              cast_recipe_kernel, group_chunks, on_plain_cast,
                                              on_row_group_cast, on_token_rows,
                                              plain_cast_walk, ROW_GROUPS_MAX,
-                                             row_group_padding, row_group_tables,
-                                             row_group_walk, strip_groups, token_amax_k1,
-                                             token_row_streams)
+                                             row_group_groups, row_group_padding,
+                                             row_group_tables, row_group_walk, strip_groups,
+                                             token_amax_k1, token_row_streams)
 
 ARCHS = ["sm_90a", "sm_100a"]
 RECIPES = [
@@ -474,6 +475,19 @@ def test_row_group_cast_routing():
                                                  ) + base[4:]
     assert [row_group_walk(m, 1024, 2, True, True, False, 132, False, True)[3]
             for m in (64, 1232, 2048, 4096, 1 << 16)] == [1, 2, 16, 32, 64]
+    # consumer groups of 16-bit row+col casts: two, except per token swizzled without ragged
+    # twins (cast_groups': one below L2_WARM_MAX_BYTES); the rest cast_groups'
+    for m, esize, dtype in [(4096, 2, "bf16"), (1232, 2, "fp16"), (1 << 16, 2, "bf16"),
+                            (4096, 4, "fp32")]:
+        for per_token, swz, row, col, ragged in itertools.product(*[(False, True)] * 5):
+            walk = row_group_walk(m, 8192, esize, col, row, swz, 132, per_token, ragged)
+            plain = cast_groups(dtype, row, col, swz, per_token, False, walk, False, False,
+                                False, m * 8192)
+            two = row and col and esize == 2 and not (per_token and swz and not ragged)
+            assert row_group_groups(dtype, row, col, swz, per_token, walk, m * 8192,
+                                    ragged) == (2 if two else plain), (m, dtype, walk)
+            assert plain == 2 or m * 8192 < (1 << 24) or not (row and col and esize == 2) or (
+                per_token and swz and m * 8192 * esize < L2_WARM_MAX_BYTES)
     # the longest power-of-two run up to the full one that divides the tile row and leaves
     # RUN_MIN_UNITS_PER_SM runs per SM
     assert [row_group_run(m, k, 2, 132) for m, k in [
@@ -604,21 +618,23 @@ def test_row_group_cast_ptx(arch, dtype, row, col, swz, tables):
 
 
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
-@pytest.mark.parametrize("dtype,row,col,swz,groups", [
-    ("bf16", True, True, False, 2), ("bf16", True, True, True, 1),
-    ("fp32", True, True, False, 1), ("fp16", False, True, True, 1),
-    ("bf16", True, False, True, 1)])
-def test_row_group_token_cast_ptx(arch, dtype, row, col, swz, groups):
+@pytest.mark.parametrize("dtype,row,col,swz,groups,padding", [
+    ("bf16", True, True, False, 2, True), ("bf16", True, True, True, 1, True),
+    ("bf16", True, True, True, 2, False), ("fp32", True, True, False, 1, True),
+    ("fp16", False, True, True, 1, True), ("bf16", True, False, True, 1, True)])
+def test_row_group_token_cast_ptx(arch, dtype, row, col, swz, groups, padding):
     """The per-token row-group cast: no prologue reduction (the amax pass wrote the rows'
     amaxes and each group's column amaxes) and no enc tables; the fast copy and the IEEE one
     of the passes behind a warp vote; with the twin one lane per column loads its column's
     amax in its block row's group (used where the tile's block rows lie in one group: a second
     warp vote) and, in the IEEE copy's column pass for tiles spanning groups, each thread its
     own columns' in its block row's group; the twin's stores are predicated; the padding warp
-    for swizzled scales."""
-    walk = row_group_walk(4096, 8192, 4 if dtype == "fp32" else 2, col, row, swz, 132, True)
+    for swizzled scales with padding (swizzled row+col of two groups: ragged groups, whose
+    padding K1 zeroes: row_group_groups)."""
+    walk = row_group_walk(4096, 8192, 4 if dtype == "fp32" else 2, col, row, swz, 132, True,
+                          not padding)
     ptx = compile_ptx(*cast_kernel(dtype, row, col, swz, True, walk=walk, groups=groups,
-                                   row_groups=8), arch=arch)
+                                   row_groups=8, padding=padding), arch=arch)
     assert missing_instructions(ptx, [r"cp\.async\.bulk\.tensor", r"div\.rn\.f32",
                                       r"rcp\.rn\.f32", r"vote\.sync\.all"]) == []
     assert ("cvt.rn.satfinite.e2m1x2.f32" in ptx) == (arch == "sm_100a")
@@ -629,7 +645,7 @@ def test_row_group_token_cast_ptx(arch, dtype, row, col, swz, groups):
     assert len(re.findall(r"ld\.global\.f32", ptx)) == 2 + cols * col
     assert len(re.findall(r"vote\.sync\.all", ptx)) == 1 + col
     assert ("@p st.global.v2.b32" in ptx) == col
-    pad_warp = swz  # (per tensor only without the twin)
+    pad_warp = swz and padding  # (per tensor only without the twin)
     assert (re.search(r"bar\.arrive\s+2,", ptx) is not None) == pad_warp
     assert f".reqntid {32 * (8 * groups + 1 + pad_warp)}, 1, 1" in ptx
 

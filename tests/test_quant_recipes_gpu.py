@@ -725,7 +725,7 @@ def test_grouped_row_group_cast_many(n_groups, gen):
 def test_grouped_ragged_twin_band(scaling, gen):
     """Groups whose twin rows are not whole 32-byte sectors walk bands of tile rows
     (RAGGED_TWIN_BAND: here all 16 of 2048 rows, with a columnwise output but per token
-    swizzled)."""
+    swizzled, whose row+col cast runs two consumer groups instead: row_group_groups)."""
     splits = ROW_GROUP_SPLITS + [816]
     x = grouped_scaled(splits, 256, "outliers", torch.bfloat16, gen)
     for outputs in OUTPUTS:
@@ -743,6 +743,9 @@ def test_grouped_ragged_twin_band(scaling, gen):
                     torch.cuda.get_device_properties(0).multi_processor_count,
                     scaling == "token", True)
                 assert (walk[3] == 16) == wide
+                if scaling == "token" and swizzle and outputs == (True, True):
+                    assert rd.row_group_groups("bf16", True, True, True, True, walk,
+                                               2048 * 256, True) == 2
             check_grouped(x, splits, recipe)
 
 
@@ -762,7 +765,7 @@ def test_grouped_row_group_walks(walk, dtype, scaling, gen, monkeypatch):
     elif walk in units:
         monkeypatch.setattr(dispatch, "RUN_MIN_UNITS_PER_SM", units[walk])
     elif walk == "one_group":
-        monkeypatch.setattr(rd, "cast_groups", lambda *a: 1)
+        monkeypatch.setattr(rd, "row_group_groups", lambda *a: 1)
     else:
         base = rd.row_group_walk
         monkeypatch.setattr(rd, "row_group_walk", lambda *a: base(*a)[:6] + (True,))

@@ -202,7 +202,8 @@ def strip_groups(sizes) -> torch.Tensor:
 # multiples of 128 rows 282), swizzled 376 -> 298 (288), per token compact 376 -> 317;
 # 16384x8192 159 -> 146 / 161 -> 155 / 172 -> 167; within +-1 us at 2^25 elements. Per token
 # with swizzled scales it was slower at every size (+1.6 to +9 us), so it keeps its band
-# (notes/quant_recipes.md "Session 46").
+# (notes/quant_recipes.md "Session 46"; bands 2-16 too, session 48) and runs two consumer
+# groups instead (row_group_groups).
 RAGGED_TWIN_BAND = 64
 
 
@@ -232,6 +233,36 @@ def row_group_walk(m: int, k: int, esize: int, columnwise: bool, rowwise: bool,
         return walk[:3] + (band, row_group_run(m, k, esize, num_sms), False, False)
     ctas = walk[0] if columnwise else 2
     return (ctas, walk[1], False, band, row_group_run(m, k, esize, num_sms), True, False)
+
+
+def row_group_groups(dtype: str, rowwise: bool, columnwise: bool, swizzle: bool,
+                     per_token: bool, walk: tuple, elements: int, ragged_twin: bool) -> int:
+    """Consumer groups of the row-group cast (CastKernel groups) of 16-bit inputs with both
+    outputs: two (one CTA per SM of two groups; grouped_walk: per token neither the run nor
+    bands) at every size, except per token with swizzled scales whose groups are all
+    multiples of 64 rows (not ragged_twin), on cast_groups' rule like everything else.
+    cast_groups gives one group below GROUPS_MIN_ELEMENTS per tensor swizzled and per token,
+    and per token swizzled below L2_WARM_MAX_BYTES. Measured (H200, bf16, N = 8,
+    quantize_grouped in graphs, 3 timings each; notes/quant_recipes.md "Session 48"), us,
+    ragged groups (16-row steps) / groups of multiples of 128 rows:
+    - per token swizzled: 4096x2048 24.1 -> 23.1 / 21.7 -> 21.9, 2048x4096 24.0 -> 23.4 /
+      24.2 -> 23.6, 4096x8192 72.9 -> 68.0 / 65.0 -> 65.2, 16384x2048 69.2 -> 67.0 / 65.0
+      both, 8192^2 134.7 -> 123.8 / 118.9 -> 120.5, 16384x8192 241.1 -> 236.9 / 229.3 both,
+      8192x2048 39.2 -> 39.1 / 36.6 -> 37.5, 2048^2 14.8 -> 15.0 / 14.8 -> 14.9; one CTA per
+      SM (32768x8192, cast_groups two) 454 both. The cast kernel of ragged groups was 11-17%
+      slower than of the others (4096x2048 to 8192^2; its tiles whose block rows lie in two
+      groups, about 1 tile row in 5 at 4096 rows, take the IEEE copy of the passes); why two
+      groups help is not measured. Bands (RAGGED_TWIN_BAND) on one group were no help: bands
+      2-16 +0.3 to +9 us, 8192^2 band 16 -2 us;
+    - per token compact: 4096x2048 23.2 -> 21.8 / 21.3 -> 20.8, 2048x4096 23.7 -> 22.1 /
+      23.7 -> 22.5, 2048^2 14.6 -> 14.4 / 14.7 -> 14.3;
+    - per tensor swizzled: 4096x2048 22.7 -> 21.7 / 21.9 -> 22.0, 2048x4096 22.8 -> 21.9 /
+      21.7 -> 20.7, 2048^2 14.2 -> 14.1 / 13.9 -> 13.6."""
+    if dtype != "fp32" and rowwise and columnwise and not (per_token and swizzle
+                                                           and not ragged_twin):
+        return 2
+    return cast_groups(dtype, rowwise, columnwise, swizzle, per_token, False, walk, False,
+                       False, False, elements)
 
 
 def group_chunks(sizes, k: int, esize: int, num_sms: int) -> tuple:
@@ -519,9 +550,9 @@ class _Plan:
             rht, sr = recipe.twin_rht, recipe.stochastic_rounding
             block2d = recipe.block == (16, 16)
             tables, padding = 0, True
+            ragged = any(mg % 64 for mg in sizes)
             if self.row_groups:
-                walk = row_group_walk(m, k, esize, col, row, swz, sms, per_token,
-                                      any(mg % 64 for mg in sizes))
+                walk = row_group_walk(m, k, esize, col, row, swz, sms, per_token, ragged)
                 tables = row_group_tables(len(sizes))
                 # the CastKernel GROUP_* tables: the groups' first block rows, first amax
                 # partials (per token none: zeros), swizzled the first block rows of their
@@ -554,8 +585,11 @@ class _Plan:
             else:
                 walk = plain_cast_walk(m, k, esize, per_token, col and not swz, row and not swz,
                                        sms, rht, sr)
-            groups = cast_groups(name, row, col, swz, per_token, False, walk, rht, block2d, sr,
-                                 m * k)
+            if self.row_groups:
+                groups = row_group_groups(name, row, col, swz, per_token, walk, m * k, ragged)
+            else:
+                groups = cast_groups(name, row, col, swz, per_token, False, walk, rht, block2d,
+                                     sr, m * k)
             keep = l2_keep(walk, m * k * esize, col)
         # per tensor on the plain cast without the RHT or column sums: the plain cast's amax
         # pass (AmaxTensor: partials, no zero-fill; ~2 us less than RecipeAmax + the zero-fill
