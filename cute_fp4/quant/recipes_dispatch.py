@@ -135,10 +135,10 @@ def row_group_tables(n_groups: int) -> int:
 def row_group_padding(sizes, k: int, rowwise: bool, columnwise: bool) -> bool:
     """Whether the swizzled scales of a grouped input's row groups have padding to zero
     (CastKernel padding, or the amax pass's zeroing: K1 per token, per tensor the chunked
-    AmaxTensor's padding_tiles, which are empty exactly when this is False): rowwise, a group of rows not a multiple of 128 or, with
-    any rows, scale columns (k / 16) not a multiple of 4; the twin (group g's [k, M_g / 16]
-    scales), a group with rows and k not a multiple of 128 or scale columns not a multiple
-    of 4."""
+    AmaxTensor's padding_tiles, which are empty exactly when this is False): rowwise, a group
+    of rows not a multiple of 128 or, with any rows, scale columns (k / 16) not a multiple of
+    4; the twin (group g's [k, M_g / 16] scales), a group with rows and k not a multiple of
+    128 or scale columns not a multiple of 4."""
     return bool((rowwise and any(mg % 128 or (mg and k % 64) for mg in sizes))
                 or (columnwise and any(mg and (mg % 64 or k % 128) for mg in sizes)))
 
