@@ -108,7 +108,23 @@ def test_perf_grouped_splits(m):
     assert max(ragged) - min(ragged) < m // 4
 
 
-def test_perf_ragged_needs_grouped(capsys):
+@pytest.mark.parametrize("flag", ["--ragged", "--host-only"])
+def test_perf_grouped_flags_need_grouped(flag, capsys):
     with pytest.raises(SystemExit):
-        perf_main(["quant_recipes", "--ragged"])
-    assert "--ragged needs --grouped" in capsys.readouterr().err
+        perf_main(["quant_recipes", flag])
+    assert f"{flag} needs --grouped" in capsys.readouterr().err
+
+
+@pytest.mark.gpu
+def test_perf_grouped_host_table(tmp_path, capsys):
+    """`perf quant_recipes --grouped N --host-only`: host microseconds per grouped call for N
+    and ROW_GROUPS_MAX groups, cached and new split sizes and a single-tensor call (not
+    compared: the device host's timings are too noisy for an order to hold every time)."""
+    out = tmp_path / "host.json"
+    assert perf_main(["quant_recipes", "--grouped", "4", "--host-only",
+                      "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["groups"] for r in rows] == [4, 64]
+    for r in rows:
+        assert all(0 < r[c] < 1e5 for c in ("one quantize_recipe", "cached sizes", "new sizes"))
+    assert "Host time per grouped call" in capsys.readouterr().out

@@ -3,8 +3,8 @@ bandwidth of the recipe quantize kernels (cast_recipes) against the plain cast
 (quant.dispatch) measured in the same run.
 
 One recipe from the flags (--rht, --sr, --2d, --window64, --four-over-six {mae,mse}
-[--fast-math], --scaling token, --grouped N [--ragged], --swizzle), or --suite: every recipe of issues 4
-and 5 in one table. Columns: time, % of the HBM floor (unavoidable bytes / copy bandwidth of
+[--fast-math], --scaling token, --grouped N [--ragged], --swizzle), or --suite: every recipe
+of issues 4 and 5 in one table. Columns: time, % of the HBM floor (unavoidable bytes / copy bandwidth of
 this run: the input read twice when an outer amax pass is needed, once for window64 and per
 token rowwise only; every output written once), the ratio to the plain cast of the same shape,
 outputs and scale layout (the plain cast uses the recipe's scaling where it supports it, else
@@ -15,6 +15,11 @@ Each recipe is timed as `cute_fp4.quantize` runs it on CUDA (`ops.quantize_impl`
 blocks per tensor on the plain cast, the rest on the recipe kernels, whose dispatch sends the
 single-tensor 1x16 RHT and stochastic rounding back to the plain cast's walk), except the
 suite's "recipe kernel" rows, which time `recipes_dispatch.quantize_recipe` itself.
+
+With --grouped N a second table gives the host time of a grouped call (grouped_host_rows): on
+a small input, with the same split sizes every call (its plan cached) and with new ones every
+call (a plan built per call, as MoE routing changes the sizes every step), for N and for
+ROW_GROUPS_MAX groups. `--host-only` prints just that table.
 """
 
 from __future__ import annotations
@@ -24,7 +29,8 @@ import argparse
 import torch
 
 from ..recipe import Recipe
-from .common import GRAPH_INPUTS, bench_graph_ms, bench_ms, copy_bandwidth_gbs, progress, report
+from .common import (GRAPH_INPUTS, bench_graph_ms, bench_ms, copy_bandwidth_gbs,
+                     host_overhead_us, progress, report)
 
 
 def floor_bytes(m: int, k: int, elem: int, recipe: Recipe) -> int:
@@ -96,6 +102,55 @@ def cases(args):
     return out
 
 
+def grouped_host_rows(recipe: Recipe, group_counts, dtype, calls: int = 300):
+    """Host microseconds per quantize_grouped call on a small input (K = 256, 96 rows per
+    group on average: the GPU work is a few microseconds) split at random multiples of 16
+    rows (64 for window64), per number of groups: the same split sizes every call (the plan
+    cached: allocations, two launches, the groups' views), new split sizes every call (a plan
+    built per call: its tables made and copied to the device, and the call), and one
+    quantize_recipe of the same input. Best of 3 means over `calls` calls (the device host's
+    timing noise is one-sided); new sizes: `calls` distinct splits per repetition, the plan
+    cache cleared before each."""
+    import random
+    import time
+
+    from ..quant import recipes_dispatch as rd
+
+    unit = 64 if recipe.scaling == "window64" else 16
+    k = 256
+    rows = []
+    for n in group_counts:
+        m = 96 * n
+        x = torch.randn(m, k, device="cuda", dtype=dtype)
+        rnd = random.Random(n)
+
+        def splits(count):  # distinct splits of m rows into n nonempty groups
+            out = set()
+            while len(out) < count:
+                cuts = sorted(rnd.sample(range(1, m // unit), n - 1))
+                out.add(tuple(unit * (b - a) for a, b in zip([0] + cuts, cuts + [m // unit])))
+            return [list(t) for t in out]
+
+        sizes = splits(1)[0]
+        cached = min(host_overhead_us(lambda: rd.quantize_grouped(x, sizes, recipe), calls)
+                     for _ in range(3))
+        single = min(host_overhead_us(lambda: rd.quantize_recipe(x, recipe), calls)
+                     for _ in range(3))
+        new = float("inf")
+        for _ in range(3):
+            todo = splits(calls)
+            rd._plan.cache_clear()
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            for t in todo:
+                rd.quantize_grouped(x, t, recipe)
+            new = min(new, (time.perf_counter() - start) / calls * 1e6)
+            torch.cuda.synchronize()
+        rows.append({"groups": n, "rows": m, "K": k, "cached sizes": cached,
+                     "new sizes": new, "one quantize_recipe": single})
+    return rows
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m cute_fp4.perf quant_recipes")
     p.add_argument("--m", type=int, nargs="*", default=[8192])
@@ -117,9 +172,13 @@ def main(argv=None):
     p.add_argument("--modes", nargs="*", default=["graph", "eager"],
                    help="graph: CUDA-graph replay (GPU time); eager: with host overhead")
     p.add_argument("--json", default=None)
+    p.add_argument("--host-only", action="store_true",
+                   help="with --grouped: only the host-time table")
     args = p.parse_args(argv)
     if args.ragged and not args.grouped:
         p.error("--ragged needs --grouped N")
+    if args.host_only and not args.grouped:
+        p.error("--host-only needs --grouped N")
 
     from ..ops import quantize_impl
     from ..quant.dispatch import quantize as plain
@@ -127,6 +186,12 @@ def main(argv=None):
 
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
     todo = cases(args)
+    host_title = (f"Host time per grouped call, us, {todo[0][1]} ({args.dtype}), "
+                  f"{torch.cuda.get_device_name()}")
+    if args.host_only:
+        report(grouped_host_rows(todo[0][1], _host_groups(args.grouped), dtype), host_title,
+               args.json)
+        return 0
     copy_bw = copy_bandwidth_gbs()
     rows = []
     shapes = [(m, k) for m in args.m for k in args.k]
@@ -173,7 +238,19 @@ def main(argv=None):
              f"{'row' if args.rowwise_only else 'row+col'}), {torch.cuda.get_device_name()}, "
              f"copy bandwidth {copy_bw:.0f} GB/s")
     report(rows, title, args.json)
+    if args.grouped:
+        print()
+        host_json = args.json and args.json.replace(".json", "_host.json")
+        report(grouped_host_rows(todo[0][1], _host_groups(args.grouped), dtype), host_title,
+               host_json)
     return 0
+
+
+def _host_groups(n: int):
+    """The group counts of the host-time table: n and ROW_GROUPS_MAX."""
+    from ..quant.recipes_dispatch import ROW_GROUPS_MAX
+
+    return sorted({n, ROW_GROUPS_MAX})
 
 
 if __name__ == "__main__":

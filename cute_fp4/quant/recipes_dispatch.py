@@ -135,10 +135,10 @@ def row_group_tables(n_groups: int) -> int:
 def row_group_padding(sizes, k: int, rowwise: bool, columnwise: bool) -> bool:
     """Whether the swizzled scales of a grouped input's row groups have padding to zero
     (CastKernel padding, or the amax pass's zeroing: K1 per token, per tensor the chunked
-    AmaxTensor's padding_tiles, which are empty exactly when this is False): rowwise, a group of rows not a multiple of 128 or, with
-    any rows, scale columns (k / 16) not a multiple of 4; the twin (group g's [k, M_g / 16]
-    scales), a group with rows and k not a multiple of 128 or scale columns not a multiple
-    of 4."""
+    AmaxTensor's padding_tiles, which are empty exactly when this is False): rowwise, a group
+    of rows not a multiple of 128 or, with any rows, scale columns (k / 16) not a multiple of
+    4; the twin (group g's [k, M_g / 16] scales), a group with rows and k not a multiple of
+    128 or scale columns not a multiple of 4."""
     return bool((rowwise and any(mg % 128 or (mg and k % 64) for mg in sizes))
                 or (columnwise and any(mg and (mg % 64 or k % 128) for mg in sizes)))
 
@@ -296,15 +296,16 @@ def group_chunks(sizes, k: int, esize: int, num_sms: int) -> tuple:
         counts[g] += 1
     counts = [min(c, -(-n // AMAX_THREADS)) for n, c in zip(vecs, counts)]
     pfirst = list(itertools.accumulate(counts, initial=0))
-    # chunk i of group g: (its first vector + i * AMAX_THREADS, its end, its step), built with
-    # tensor ops (a plan for new split sizes is host time on every MoE step)
-    cnt = torch.tensor(counts)
-    group = torch.repeat_interleave(torch.arange(len(vecs)), cnt)
-    first = torch.tensor(list(itertools.accumulate(vecs, initial=0)))
-    i = torch.arange(pfirst[-1]) - torch.tensor(pfirst[:-1])[group]
-    chunks = torch.stack([first[group] + i * AMAX_THREADS, first[1:][group],
-                          cnt[group] * AMAX_THREADS], 1)
-    return chunks.to(torch.int32), pfirst
+    first = list(itertools.accumulate(vecs, initial=0))
+    # chunk j = pfirst[g] + i of group g: (first[g] + i * AMAX_THREADS, first[g + 1],
+    # counts[g] * AMAX_THREADS), i.e. group g's row (first[g] - pfirst[g] * AMAX_THREADS, ...)
+    # repeated counts[g] times, j * AMAX_THREADS added to the first column: few tensor ops (a
+    # plan for new split sizes is host time on every MoE step)
+    base = torch.tensor([(first[g] - pfirst[g] * AMAX_THREADS, first[g + 1], c * AMAX_THREADS)
+                         for g, c in enumerate(counts)], dtype=torch.int32)
+    chunks = torch.repeat_interleave(base, torch.tensor(counts), 0)
+    chunks[:, 0] += torch.arange(pfirst[-1], dtype=torch.int32) * AMAX_THREADS
+    return chunks, pfirst
 
 
 def plain_cast_walk(m: int, k: int, esize: int, per_token: bool, compact_twin: bool,
@@ -443,13 +444,29 @@ def _amax_offsets(scaling: str, g: int, row0: int, k: int):
     return row0 * (k // 64), k * row0 // 64
 
 
-def _upload(data, dtype: torch.dtype, dev) -> torch.Tensor:
-    """A plan's host table (a list or a CPU tensor) on the device without a host-device sync:
-    staged in pinned memory and copied asynchronously on the current stream (torch's caching
-    host allocator keeps the staging buffer until the copy has run), so that a grouped call
-    with new split sizes does not wait for the GPU's queued work."""
-    host = data if isinstance(data, torch.Tensor) else torch.tensor(data, dtype=dtype)
-    return host.pin_memory().to(dev, non_blocking=True)
+_ZEROS16 = torch.zeros(16, dtype=torch.uint8)
+
+
+def _upload(tables: dict, dev) -> dict:
+    """A plan's host tables (CPU tensors, by attribute) on the device without a host-device
+    sync, in one copy: their bytes, each table from a 16-byte boundary, staged in one pinned
+    buffer and copied asynchronously on the current stream (torch's caching host allocator
+    keeps the staging buffer until the copy has run), so that a grouped call with new split
+    sizes does not wait for the GPU's queued work; then a view of the device buffer per
+    table. One copy, not one per table: a pinned block and a copy cost ~20 us of host time
+    each on the device host (notes/quant_recipes.md "Session 48")."""
+    pieces, offsets, n = [], [], 0
+    for t in tables.values():
+        b = t.contiguous().view(-1).view(torch.uint8)
+        pad = -b.numel() % 16
+        offsets.append(n)
+        pieces += [b, _ZEROS16[:pad]]
+        n += b.numel() + pad
+    staged = torch.empty(n, dtype=torch.uint8, pin_memory=True)
+    torch.cat(pieces, out=staged)
+    buf = staged.to(dev, non_blocking=True)
+    return {attr: buf[o:o + t.numel() * t.element_size()].view(t.dtype).view(t.shape)
+            for (attr, t), o in zip(tables.items(), offsets)}
 
 
 class _Plan:
@@ -464,6 +481,22 @@ class _Plan:
                 "cute_fp4 quantize: a new configuration (shape, split sizes, recipe, dtype, "
                 "seed or offset) while a CUDA graph is being captured: its tables must be "
                 "copied to the GPU first; run the same call once before the capture")
+        self._tables = {}  # _table's host tables, by attribute, until _upload
+        self._build(sizes, k, recipe, name, dev, seed, offset, col_sum)
+        if self._tables:
+            for attr, t in _upload(self._tables, dev).items():
+                setattr(self, attr, t)
+        del self._tables
+
+    def _table(self, attr: str, data, dtype: torch.dtype):
+        """Attribute `attr`: a host table (a list or a CPU tensor of `dtype`) until __init__
+        uploads it with the others (_upload), then its device copy."""
+        t = data if isinstance(data, torch.Tensor) else torch.tensor(data, dtype=dtype)
+        self._tables[attr] = t
+        setattr(self, attr, t)
+
+    def _build(self, sizes: tuple, k: int, recipe: Recipe, name: str, dev, seed: int,
+               offset: int, col_sum: bool):
         row, col, swz, scaling = recipe.rowwise, recipe.columnwise, recipe.swizzle, recipe.scaling
         nsc = k // 16
         gtab = []
@@ -504,7 +537,7 @@ class _Plan:
             return
         # device copies made here, once: repeated calls make no host-to-device copy, so they
         # can be captured in a CUDA graph once warmed up
-        self.rng = _upload([seed_i64, offset], torch.int64, dev)
+        self._table("rng", [seed_i64, offset], torch.int64)
         self.dummy = torch.empty(1, dtype=torch.uint8, device=dev)  # for absent outputs
 
         def recipe_tables():
@@ -518,9 +551,9 @@ class _Plan:
                 base = len(ttab)
                 ttab += [(g, TILE * i) for i in range(tiles)]
                 atab += [(base + i, min(per_cta, real - i)) for i in range(0, real, per_cta)]
-            self.tt = _upload(ttab, torch.int32, dev)
-            self.gt = _upload(gtab, torch.int64, dev)
-            self.at = _upload(atab if atab else ((0, 0),), torch.int32, dev)
+            self._table("tt", ttab, torch.int32)
+            self._table("gt", gtab, torch.int64)
+            self._table("at", atab if atab else ((0, 0),), torch.int32)
 
         arch = device_arch(dev)
         self.plain = on_plain_cast(recipe, len(sizes), name)
@@ -540,7 +573,7 @@ class _Plan:
                                             stochastic=recipe.stochastic_rounding,
                                             grouped=grouped_sr)
             if grouped_sr:
-                self.row_streams = _upload(token_row_streams(sizes), torch.int32, dev)
+                self._table("row_streams", token_row_streams(sizes), torch.int32)
             self.scale_shapes = (scale_shape(row0, nsc, swz), None)
             return
         keep = 0
@@ -560,7 +593,7 @@ class _Plan:
                 pfirst = [0] * (len(sizes) + 1)
                 if not per_token:
                     chunks, pfirst = group_chunks(sizes, k, esize, sms)
-                    self.chunks = _upload(chunks, torch.int32, dev)
+                    self._table("chunks", chunks, torch.int32)
                 starts = [t[0] // 16 for t in gtab] + [m // 16] + pfirst
                 if swz:
                     # the cast compiles no padding code where the amax pass zeroes the
@@ -575,13 +608,13 @@ class _Plan:
                     self.k1_padding = per_token and has_pad and token_amax_k1(recipe, col_sum)
                     if not per_token and has_pad and col:
                         tiles = padding_tiles(sizes, k, row, col)
-                        self.pad_tiles = _upload(tiles, torch.int32, dev)
+                        self._table("pad_tiles", tiles, torch.int32)
                     padding = ((not per_token or has_pad) and not self.k1_padding
                                and self.pad_tiles is None)
                     starts += itertools.accumulate((_ceil(mg, 128) * 8 for mg in sizes),
                                                    initial=0)
                     starts += [t[5] // 512 for t in gtab] + [st_len // 512]
-                self.starts = _upload(starts, torch.int32, dev)
+                self._table("starts", starts, torch.int32)
             else:
                 walk = plain_cast_walk(m, k, esize, per_token, col and not swz, row and not swz,
                                        sms, rht, sr)
@@ -609,7 +642,7 @@ class _Plan:
             # groups), the group of each 16-row strip in a table
             self.token_amax = token_amax_fn(name, keep, arch, groups=True,
                                             padding=self.k1_padding)
-            self.strips = _upload(strip_groups(sizes), torch.int32, dev)
+            self._table("strips", strip_groups(sizes), torch.int32)
         elif scaling != "window64":
             recipe_tables()
             do_row, do_col = row or self.alias, col and not self.alias
@@ -750,15 +783,16 @@ def _run(x2: torch.Tensor, sizes: List[int], recipe: Recipe, seed: int, offset: 
     g_n = len(sizes)
     qt_lens, st_lens, ar_lens, ac_lens = plan.view_lens
     none = [None] * g_n
-    data = q[:q_len].view(m, k // 2).split(sizes) if row else none
+    # split_with_sizes, not Tensor.split (a Python wrapper of it)
+    data = q[:q_len].view(m, k // 2).split_with_sizes(sizes) if row else none
     scales = none
     if row:
         scales = s[:s_len].view(torch.float8_e4m3fn).view(
-            sum(plan.scale_rows), plan.scale_cols).split(plan.scale_rows)
-    data_t = qt[:qt_len].split(qt_lens) if col else none
-    scales_t = st[:st_len].view(torch.float8_e4m3fn).split(st_lens) if col else none
-    amax = amax_r[:plan.ar_len].split(ar_lens) if row else none
-    amax_t = amax_c[:plan.ac_len].split(ac_lens) if col else none
+            sum(plan.scale_rows), plan.scale_cols).split_with_sizes(plan.scale_rows)
+    data_t = qt[:qt_len].split_with_sizes(qt_lens) if col else none
+    scales_t = st[:st_len].view(torch.float8_e4m3fn).split_with_sizes(st_lens) if col else none
+    amax = amax_r[:plan.ar_len].split_with_sizes(ar_lens) if row else none
+    amax_t = amax_c[:plan.ac_len].split_with_sizes(ac_lens) if col else none
     window = scaling == "window64"
     out = []
     for g, mg in enumerate(sizes):
