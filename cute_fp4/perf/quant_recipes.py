@@ -3,13 +3,13 @@ bandwidth of the recipe quantize kernels (cast_recipes) against the plain cast
 (quant.dispatch) measured in the same run.
 
 One recipe from the flags (--rht, --sr, --2d, --window64, --four-over-six {mae,mse}
-[--fast-math], --scaling token, --grouped N [--ragged], --swizzle), or --suite: every recipe
-of issues 4 and 5 in one table. Columns: time, % of the HBM floor (unavoidable bytes / copy bandwidth of
-this run: the input read twice when an outer amax pass is needed, once for window64 and per
-token rowwise only; every output written once), the ratio to the plain cast of the same shape,
-outputs and scale layout (the plain cast uses the recipe's scaling where it supports it, else
-per-tensor) and, for grouped inputs, the ratio to one single-tensor launch of the same recipe
-and total size.
+[--fast-math], --scaling token, --grouped N [--ragged], --swizzle), or --suite: every recipe of
+issues 4 and 5 in one table. Columns: time, % of the HBM floor (unavoidable bytes / copy
+bandwidth of this run: the input read twice when an outer amax pass is needed, once for
+window64 and per token rowwise only; every output written once), the ratio to the plain cast of
+the same shape, outputs and scale layout (the plain cast uses the recipe's scaling where it
+supports it, else per-tensor) and, for grouped inputs, the ratio to one single-tensor launch of
+the same recipe and total size.
 
 Each recipe is timed as `cute_fp4.quantize` runs it on CUDA (`ops.quantize_impl`: 16x16
 blocks per tensor on the plain cast, the rest on the recipe kernels, whose dispatch sends the
@@ -25,6 +25,7 @@ ROW_GROUPS_MAX groups. `--host-only` prints just that table.
 from __future__ import annotations
 
 import argparse
+import os
 
 import torch
 
@@ -240,7 +241,7 @@ def main(argv=None):
     report(rows, title, args.json)
     if args.grouped:
         print()
-        host_json = args.json and args.json.replace(".json", "_host.json")
+        host_json = args.json and os.path.splitext(args.json)[0] + "_host.json"
         report(grouped_host_rows(todo[0][1], _host_groups(args.grouped), dtype), host_title,
                host_json)
     return 0

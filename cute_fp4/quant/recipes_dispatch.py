@@ -453,8 +453,8 @@ def _upload(tables: dict, dev) -> dict:
     buffer and copied asynchronously on the current stream (torch's caching host allocator
     keeps the staging buffer until the copy has run), so that a grouped call with new split
     sizes does not wait for the GPU's queued work; then a view of the device buffer per
-    table. One copy, not one per table: a pinned block and a copy cost ~20 us of host time
-    each on the device host (notes/quant_recipes.md "Session 48")."""
+    table. One copy, not one per table: a pinned block and a copy took ~20 us of host time
+    each under the profiler on the device host (notes/quant_recipes.md "Session 48")."""
     pieces, offsets, n = [], [], 0
     for t in tables.values():
         b = t.contiguous().view(-1).view(torch.uint8)
