@@ -674,6 +674,33 @@ def test_row_group_padding():
     assert row_group_padding([128, 256], 1040, False, True)
 
 
+def test_pack_tables():
+    """A plan's tables in one staging buffer (recipes_dispatch._upload, whose pinned copy
+    needs a GPU): int32 / int64 tables of any shape, empty ones too, each from a 16-byte
+    boundary with zero bytes between, and views of the packed buffer equal to them."""
+    from cute_fp4.quant.recipes_dispatch import _pack_tables, _unpack_tables
+
+    gen = torch.Generator().manual_seed(3)
+    for _ in range(50):
+        tables = {}
+        for i in range(int(torch.randint(1, 7, (1,), generator=gen))):
+            dtype = (torch.int32, torch.int64)[int(torch.randint(2, (1,), generator=gen))]
+            n = int(torch.randint(0, 40, (1,), generator=gen))
+            shape = (n,) if i % 2 else (n, 3)
+            tables[f"t{i}"] = torch.randint(-2**31, 2**31, shape, dtype=dtype, generator=gen)
+        pieces, offsets, n = _pack_tables(tables)
+        buf = torch.cat(pieces)
+        assert buf.dtype == torch.uint8 and buf.numel() == n and n % 16 == 0
+        assert all(o % 16 == 0 for o in offsets) and offsets == sorted(offsets)
+        used = torch.zeros(n, dtype=torch.bool)
+        for t, o in zip(tables.values(), offsets):
+            used[o:o + t.numel() * t.element_size()] = True
+        assert not bool(buf[~used].any())  # the gaps are zeros
+        for attr, view in _unpack_tables(buf, tables, offsets).items():
+            t = tables[attr]
+            assert view.dtype == t.dtype and view.shape == t.shape and torch.equal(view, t)
+
+
 def test_padding_tiles():
     """The tiles the chunked AmaxTensor zeroes (padding_tiles) cover every padding byte of the
     groups' swizzled scales (ref.swizzle offsets of the real [M_g, k / 16] and twin [k, M_g /

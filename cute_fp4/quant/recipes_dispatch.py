@@ -447,14 +447,10 @@ def _amax_offsets(scaling: str, g: int, row0: int, k: int):
 _ZEROS16 = torch.zeros(16, dtype=torch.uint8)
 
 
-def _upload(tables: dict, dev) -> dict:
-    """A plan's host tables (CPU tensors, by attribute) on the device without a host-device
-    sync, in one copy: their bytes, each table from a 16-byte boundary, staged in one pinned
-    buffer and copied asynchronously on the current stream (torch's caching host allocator
-    keeps the staging buffer until the copy has run), so that a grouped call with new split
-    sizes does not wait for the GPU's queued work; then a view of the device buffer per
-    table. One copy, not one per table: a pinned block and a copy took ~20 us of host time
-    each under the profiler on the device host (notes/quant_recipes.md "Session 48")."""
+def _pack_tables(tables: dict) -> tuple:
+    """(pieces, offsets, bytes) of _upload's staging buffer: each table's bytes (a CPU tensor,
+    any dtype and shape) from a 16-byte boundary, zero bytes between (torch.cat of the pieces
+    fills `bytes` bytes); offsets: each table's first byte."""
     pieces, offsets, n = [], [], 0
     for t in tables.values():
         b = t.contiguous().view(-1).view(torch.uint8)
@@ -462,11 +458,27 @@ def _upload(tables: dict, dev) -> dict:
         offsets.append(n)
         pieces += [b, _ZEROS16[:pad]]
         n += b.numel() + pad
-    staged = torch.empty(n, dtype=torch.uint8, pin_memory=True)
-    torch.cat(pieces, out=staged)
-    buf = staged.to(dev, non_blocking=True)
+    return pieces, offsets, n
+
+
+def _unpack_tables(buf: torch.Tensor, tables: dict, offsets) -> dict:
+    """The tables' views (dtype and shape as in `tables`) of a buffer packed by _pack_tables."""
     return {attr: buf[o:o + t.numel() * t.element_size()].view(t.dtype).view(t.shape)
             for (attr, t), o in zip(tables.items(), offsets)}
+
+
+def _upload(tables: dict, dev) -> dict:
+    """A plan's host tables (CPU tensors, by attribute) on the device without a host-device
+    sync, in one copy: packed (_pack_tables) into one pinned staging buffer and copied
+    asynchronously on the current stream (torch's caching host allocator keeps the staging
+    buffer until the copy has run), so that a grouped call with new split sizes does not wait
+    for the GPU's queued work; then a view of the device buffer per table. One copy, not one
+    per table: a pinned block and a copy took ~20 us of host time each under the profiler on
+    the device host (notes/quant_recipes.md "Session 48")."""
+    pieces, offsets, n = _pack_tables(tables)
+    staged = torch.empty(n, dtype=torch.uint8, pin_memory=True)
+    torch.cat(pieces, out=staged)
+    return _unpack_tables(staged.to(dev, non_blocking=True), tables, offsets)
 
 
 class _Plan:
