@@ -486,6 +486,8 @@ def test_row_group_cast_routing():
             two = row and col and esize == 2 and not (per_token and swz and not ragged)
             assert row_group_groups(dtype, row, col, swz, per_token, walk, m * 8192,
                                     ragged) == (2 if two else plain), (m, dtype, walk)
+            # where two differs from cast_groups': below 2^24 elements, and per token swizzled
+            # on two CTAs per SM (below L2_WARM_MAX_BYTES)
             assert plain == 2 or m * 8192 < (1 << 24) or not (row and col and esize == 2) or (
                 per_token and swz and m * 8192 * esize < L2_WARM_MAX_BYTES)
     # the longest power-of-two run up to the full one that divides the tile row and leaves
