@@ -595,9 +595,10 @@ class _Plan:
             rht, sr = recipe.twin_rht, recipe.stochastic_rounding
             block2d = recipe.block == (16, 16)
             tables, padding = 0, True
-            ragged = any(mg % 64 for mg in sizes)
             if self.row_groups:
+                ragged = any(mg % 64 for mg in sizes)
                 walk = row_group_walk(m, k, esize, col, row, swz, sms, per_token, ragged)
+                groups = row_group_groups(name, row, col, swz, per_token, walk, m * k, ragged)
                 tables = row_group_tables(len(sizes))
                 # the CastKernel GROUP_* tables: the groups' first block rows, first amax
                 # partials (per token none: zeros), swizzled the first block rows of their
@@ -630,9 +631,6 @@ class _Plan:
             else:
                 walk = plain_cast_walk(m, k, esize, per_token, col and not swz, row and not swz,
                                        sms, rht, sr)
-            if self.row_groups:
-                groups = row_group_groups(name, row, col, swz, per_token, walk, m * k, ragged)
-            else:
                 groups = cast_groups(name, row, col, swz, per_token, False, walk, rht, block2d,
                                      sr, m * k)
             keep = l2_keep(walk, m * k * esize, col)
