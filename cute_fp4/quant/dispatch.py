@@ -46,6 +46,16 @@ def _f8_2d():
     return fake_tensor(cutlass.Float8E4M3FN, (None, None), align=1)
 
 
+def _padding_args(padding: bool) -> list:
+    """An amax pass's padding arguments (AmaxTensor / AmaxToken padding): the flat uint8
+    rowwise and twin scales and an int32 table, else three None. Two scale fakes: one would tie
+    the two lengths."""
+    if not padding:
+        return [None] * 3
+    return [fake_tensor(cutlass.Uint8, (None,), align=4) for _ in range(2)] + [
+        fake_tensor(cutlass.Int32, (None,), align=4)]
+
+
 def cast_kernel(dtype: str, rowwise: bool, columnwise: bool, swizzle: bool, per_token: bool,
                 num_sms: int = 132, fused_amax: bool = False,
                 walk: tuple = None, rht: bool = False, block2d: bool = False,
@@ -115,26 +125,22 @@ def amax_tensor_kernel(dtype: str, num_sms: int = 132, l2_keep: int = 0,
     rowwise and twin scales and the int32 tiles to zero (padding.padding_tiles), else None x
     3."""
     esize = _CUTLASS[dtype].width // 8
-    pad = [fake_tensor(cutlass.Uint8, (None,), align=4) if padding else None
-           for _ in range(2)]  # two fakes: one would tie the two lengths
     return (AmaxTensor(dtype, num_sms, l2_keep, chunked, padding),
             fake_tensor(_CUTLASS[dtype], (dyn(), dyn(16 // esize))),
             fake_tensor(cutlass.Float32, (None,), align=4),
-            fake_tensor(cutlass.Int32, (None, 3), align=4) if chunked else None, *pad,
-            fake_tensor(cutlass.Int32, (None,), align=4) if padding else None, env_stream())
+            fake_tensor(cutlass.Int32, (None, 3), align=4) if chunked else None,
+            *_padding_args(padding), env_stream())
 
 
 def amax_token_kernel(dtype: str, l2_keep: int = 0, rht: bool = False,
                       per_tensor: bool = False, groups: bool = False, padding: bool = False):
     esize = _CUTLASS[dtype].width // 8
-    scales = [fake_tensor(cutlass.Uint8, (None,), align=4) if padding else None
-              for _ in range(2)]  # two fakes: one would tie the two lengths
     return (AmaxToken(dtype, l2_keep, rht, per_tensor, groups, padding),
             fake_tensor(_CUTLASS[dtype], (dyn(), dyn(16 // esize))),
             fake_tensor(cutlass.Float32, (None,), align=4),
             fake_tensor(cutlass.Float32, (None,), align=4),
-            fake_tensor(cutlass.Int32, (None,), align=4) if groups else None, *scales,
-            fake_tensor(cutlass.Int32, (None,), align=4) if padding else None, env_stream())
+            fake_tensor(cutlass.Int32, (None,), align=4) if groups else None,
+            *_padding_args(padding), env_stream())
 
 
 def tensor_amax_fn(name: str, num_sms: int, l2_keep: int, arch: str, chunked: bool = False,
