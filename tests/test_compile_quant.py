@@ -665,17 +665,26 @@ def test_amax_token_groups_ptx(arch, dtype):
 def test_amax_token_rht_ptx(arch, dtype, per_tensor):
     """K1 with the RHT's column amaxes: the same 16 loads and row maxima; per column of the
     lane one FP32 transform with the last butterfly folded into the maxima (48 + 8 adds) and
-    the whole transform again for lanes that find +Inf (64), no packed column maxima; per
-    tensor one red.max per CTA (its row or column maximum by thread 0 / 1)."""
+    the whole transform again for lanes that find +Inf (64), no packed column maxima.
+    Per tensor: a loop over the CTA's tiles, no atomics (no zero-fill): one store per CTA of
+    its row or column maximum by thread 0 / 1 (its partials); the strip's maximum in packed
+    maxima over its 64 words; the +Inf path transforms one column at a time in a loop, from
+    the strip read again (16 more loads, 64 adds once)."""
     ptx = compile_ptx(*amax_token_kernel(dtype, 0, True, per_tensor), arch=arch)
-    if per_tensor:
-        assert len(re.findall(r"red\..*global\.max\.u32", ptx)) == 1
-    assert missing_instructions(ptx, [r"red\..*global\.max\.u32", r"ld\.global\.nc\.v4"]) == []
-    assert len(re.findall(r"ld\.global\.nc\.v4", ptx)) == 16
     cols = 16 // (4 if dtype == "fp32" else 2)
-    assert len(re.findall(r"(add|sub)\.rn\.f32", ptx)) == cols * (56 + 64)
+    loads = len(re.findall(r"ld\.global\.nc\.v4", ptx))
+    adds = len(re.findall(r"(add|sub)\.rn\.f32", ptx))
+    atomics = len(re.findall(r"red\..*global\.max\.u32", ptx))
     packed = len(re.findall(r"max\.NaN\.bf16x2", ptx))
-    assert packed == (0 if dtype == "fp32" else 16 * 3)  # the row maxima only
+    if per_tensor:
+        assert (loads, adds, atomics) == (32, cols * 56 + 64, 0)
+        assert len(re.findall(r"st\.global\.[bu]32", ptx)) == 1
+        assert packed == (0 if dtype == "fp32" else 63)
+    else:
+        assert (loads, adds, atomics) == (16, cols * (56 + 64), 2)
+        assert packed == (0 if dtype == "fp32" else 16 * 3)  # the row maxima only
+    with pytest.raises(ValueError, match="per_tensor needs rht"):
+        amax_token_kernel(dtype, 0, False, True)
 
 
 @pytest.mark.parametrize("arch", ARCHS)

@@ -102,7 +102,7 @@ def test_rht_token_amax_k1(shape, kind, dtype, gen):
 @pytest.mark.parametrize("rowwise", [True, False])
 def test_rht_tensor_amax_k1(shape, kind, dtype, rowwise, gen):
     """Per-tensor RHT of single 16-bit tensors: K1 per tensor (AmaxToken rht, per_tensor: one
-    red.max per CTA into the zeroed amax words) instead of RecipeAmax; amaxes and outputs equal
+    partial per CTA and side, no zero-fill) instead of RecipeAmax; amaxes and outputs equal
     to the reference's (run_all's RHT rule), with and without the rowwise output."""
     x = make_input(shape, kind, dtype, gen)
     recipe = Recipe(rht=True, columnwise=True, rowwise=rowwise)
@@ -113,6 +113,45 @@ def test_rht_tensor_amax_k1(shape, kind, dtype, rowwise, gen):
         assert quant_checks.same_amax(got.amax, want.amax)
     assert quant_checks.same_amax(got.amax_t, want.amax_t)
     run_all(x, recipe, outputs=[(rowwise, True)])
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("n_ctas", [1, 5, 81, 100])
+def test_rht_tensor_amax_partials(n_ctas, dtype, gen):
+    """K1 per tensor launches as many CTAs as its words hold partials (P = len - 1; the
+    dispatcher's token_tensor_partials caps P where the cast's reduction does), each folding
+    tiles b, b + P, ...: over an input of 81 tiles (bf16 / fp16; 153 fp32), every partial is
+    written (poisoned first; CTAs without a tile store 0), their maxima are the reference's
+    amax and post-RHT amax. Then a column block whose RHT meets +Inf and -Inf (NaN; the fast
+    maxima give +Inf) in the last tile, at lane column j: the CTA taking that tile reads its
+    strip again and transforms its columns one at a time (run-time j), finding the NaN."""
+    m, k = 1040, 2064
+    name = rd._DTYPE_NAMES[dtype]
+    fn = dispatch.token_amax_fn(name, 0, device_arch(), rht=True, per_tensor=True)
+    x = make_input((m, k), "outliers", dtype, gen)
+    vec = 16 // x.element_size()
+    tiles = -(-k // (32 * vec)) * -(-m // 128)
+    assert tiles == (81 if vec == 8 else 153)
+    want = ref.quantize(x, Recipe(rht=True, columnwise=True))
+
+    def partials():
+        words = torch.full((2, 1 + n_ctas), float("nan"), device="cuda")
+        fn(x, words[0], words[1], None, None, None, None)
+        return words[:, 1:]
+
+    got = partials()
+    assert not got.isnan().any()
+    assert quant_checks.same_amax(got[0].max().view(1), want.amax)
+    assert quant_checks.same_amax(got[1].max().view(1), want.amax_t)
+    assert (got.min(dim=1).values == 0).all() == (n_ctas > tiles)
+    for j in (0, 5, vec - 1):
+        col = (k - 1) // (32 * vec) * 32 * vec + vec + j  # lane 1 of the last column slab
+        x[1024 + 2, col], x[1024 + 10, col] = float("inf"), float("-inf")
+        got = partials()
+        last = (tiles - 1) % n_ctas
+        assert got[1, last].isnan() and got[1].isnan().sum() == 1
+        assert got[0, last].isinf() and not got[0].isnan().any()
+        x[1024 + 2, col] = x[1024 + 10, col] = 1.0
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])

@@ -47,6 +47,13 @@ def tensor_partials(m: int, k: int, esize: int, num_sms: int) -> int:
     return max(1, min((nvec + THREADS - 1) // THREADS, max_tensor_partials(num_sms)))
 
 
+def token_tensor_partials(m: int, k: int, esize: int, num_sms: int) -> int:
+    """Number of CTAs (= partial maxima per side) of AmaxToken per_tensor for an [m, k] input:
+    one per 128-row x 512-byte tile, at most max_tensor_partials (the cast reduces that many)."""
+    tiles = -(-k * esize // 512) * -(-m // AmaxToken.ROWS)
+    return max(1, min(tiles, max_tensor_partials(num_sms)))
+
+
 def vec_value(words, j, dtype_name):
     """Element j of one 16-byte vector (four 32-bit words) as FP32 (exact)."""
     if dtype_name == "fp32":
@@ -215,12 +222,14 @@ def fold_slab_columns(buf, vals, warps: cutlass.Constexpr, warp, lane, tidx, c0,
 
 @cute.jit
 def fold_cta_maxima(buf, row_max, col_max, warps: cutlass.Constexpr, warp, lane, tidx, ar, ac,
-                    do_row: cutlass.Constexpr = True, do_col: cutlass.Constexpr = True):
+                    do_row: cutlass.Constexpr = True, do_col: cutlass.Constexpr = True,
+                    atomic: cutlass.Constexpr = True):
     """The per-tensor end of a strip walk: the CTA's maxima of its lanes' row maximum row_max
     and column maximum col_max (over the warp by shuffles, then over the warps through the
     shared [warps, >= 2] buffer buf, in warp order), one red.max each into the zeroed amax
-    words at byte addresses ar and ac (do_row / do_col: which of the two). The folds start
-    from warp 0's value (amaxes are >= 0 or NaN)."""
+    words at byte addresses ar and ac (do_row / do_col: which of the two), or with
+    atomic=False one store each (the CTA's partials). The folds start from warp 0's value
+    (amaxes are >= 0 or NaN)."""
     rw = E.warp_max_nan(row_max)
     cw = E.warp_max_nan(col_max)
     if lane == 0:
@@ -232,7 +241,9 @@ def fold_cta_maxima(buf, row_max, col_max, warps: cutlass.Constexpr, warp, lane,
         for w in cutlass.range_constexpr(1, warps):
             v = E.fmax_nan(v, buf[w, tidx])
         bits = E.canonical_nan_bits(v)
-        if cutlass.const_expr(do_row and do_col):
+        if cutlass.const_expr(not atomic):
+            E.st_global_u32(cutlass.select_(tidx == 0, ar, ac), bits)
+        elif cutlass.const_expr(do_row and do_col):
             E.red_max_u32(cutlass.select_(tidx == 0, ar, ac), bits)
         elif cutlass.const_expr(do_row):
             if tidx == 0:
@@ -310,9 +321,13 @@ class AmaxToken:
     `rht`: amax_c[k] is the column amax of the 16-point RHT of x's 16-row column blocks (the
     twin's outer amax, SPEC section 2; M a multiple of 16): each lane's strip is one block
     row of its columns, transformed in FP32 as ref.quantize.rht does (_rht_column_maxima);
-    strips past M (clamped copies of the last row) count nothing. `per_tensor`: amax_r[0] and
-    amax_c[0] receive the maxima of all rows and columns instead (one red.max per CTA each;
-    zeroed first), the layout of the per-tensor RHT recipes' amax words (recipes_dispatch)."""
+    strips past M (clamped copies of the last row) count nothing. `per_tensor`: the maxima of
+    all rows and columns instead, as partials like AmaxTensor's (no atomics, no zero-fill):
+    amax_r and amax_c hold [amax, P partials], P = amax_r.shape[0] - 1 CTAs (1-D grid, the
+    host's token_tensor_partials) each take tiles b, b + P, ... and store their maxima to
+    amax_r[1 + b] and amax_c[1 + b]; the cast reduces them and writes amax[0]. Against one
+    red.max per CTA into zeroed words: the zero-fill's kernel cost ~1.1 us per call in graphs
+    (H200; notes/quant_recipes.md "Session 49")."""
 
     warps = 8
     STRIP = 16
@@ -324,6 +339,9 @@ class AmaxToken:
             raise TypeError(f"AmaxToken: unsupported input dtype {dtype!r}")
         if groups and (rht or per_tensor):
             raise ValueError("AmaxToken: groups takes neither rht nor per_tensor")
+        if per_tensor and not rht:
+            raise ValueError("AmaxToken: per_tensor needs rht (AmaxTensor takes the plain "
+                             "per-tensor amax)")
         if padding and not groups:
             raise ValueError("AmaxToken: padding (the row groups' swizzled scales) needs groups")
         self.groups = groups
@@ -345,6 +363,10 @@ class AmaxToken:
         tables (four of G + 1 entries), else None."""
         M = x.shape[0]
         K = x.shape[1]
+        if cutlass.const_expr(self.per_tensor):
+            self.tensor_kernel(x, amax_r, amax_c, M, K).launch(
+                grid=(amax_r.shape[0] - 1, 1, 1), block=(32 * self.warps, 1, 1), stream=stream)
+            return
         grid = ((K + self.cols_per_cta - 1) // self.cols_per_cta, (M + self.ROWS - 1) // self.ROWS, 1)
         launch = {}
         if cutlass.const_expr(self.padding):
@@ -353,6 +375,61 @@ class AmaxToken:
             launch = {"min_blocks_per_mp": PADDING_CTAS_PER_SM, "preferred_smem_carveout": 100}
         self.kernel(x, amax_r, amax_c, strip_groups, s, st, starts, M, K).launch(
             grid=grid, block=(32 * self.warps, 1, 1), stream=stream, **launch)
+
+    def _strip(self, xbase, M, K, bx, by, warp, lane):
+        """The warp's 16-row strip of tile (bx, by): its first row r0 and its rows' 16-byte
+        vectors (reads past M / K clamped onto the last row / vector)."""
+        rbytes = Int64(K) * self.esize
+        col_off = Int64(cutlass.min(bx * self.cols_per_cta + lane * self.vec,
+                                    K - self.vec)) * self.esize
+        policies = keep_policies(self.l2_keep, Int64(M) * rbytes)
+        r0 = by * self.ROWS + warp * self.STRIP
+        rows = []
+        for i in range(self.STRIP):
+            off = Int64(cutlass.min(r0 + i, M - 1)) * rbytes + col_off
+            rows.append(list(keep_load(xbase, off, policies)))
+        return r0, rows
+
+    def _strip_columns(self, rows, r0, M):
+        """The lane's column maxima over its strip (with rht of the transformed columns; a
+        strip past M, clamped copies of the last row, counts nothing)."""
+        if self.rht:
+            return [cutlass.select_(r0 < M, c, Float32(0.0))
+                    for c in self._rht_column_maxima(rows)]
+        return self._column_maxima(rows)
+
+    def _strip_max(self, rows):
+        """max.NaN |x| over the lane's strip (FP32; packed maxima for 16-bit inputs)."""
+        if self.esize == 4:
+            return E.block_amax([E.bits_f32(w) for r in rows for w in r])
+        return E.amax_fold(E.amax_pairs([w for r in rows for w in r], self.dtype_name),
+                           self.dtype_name)
+
+    @cute.jit
+    def _rht_strip_max(self, rows, reread):
+        """The per-tensor fold of _rht_column_maxima: the maximum over the lane's columns of
+        |rht(x)| (FP32, x 0.25). Where the fast maxima give +Inf every column is transformed
+        again, one at a time in a loop from the strip read again (reread()): with the
+        unrolled recomputation on the live rows, ptxas took the tile loop to 198-210
+        registers (128 with this)."""
+        m = block_amax([rht16_amax_fast([vec_value(w, j, self.dtype_name) for w in rows])
+                        for j in range(self.vec)])
+        if m == Float32(float("inf")):
+            m = Float32(0.0)
+            for j in cutlass.range(self.vec, unroll=1):
+                col = [self._dyn_value(w, j) for w in reread()]
+                m = E.fmax_nan(m, block_amax(rht16(col, scale=False)))
+        return E.mul_rn(m, Float32(0.25))
+
+    def _dyn_value(self, words, j):
+        """Element j (run-time) of one 16-byte vector as FP32: selects, no indexed registers."""
+        per_word = 4 // self.esize
+        w = words[0]
+        for i in range(1, 4):
+            w = cutlass.select_(j // per_word == i, words[i], w)
+        if self.esize == 4:
+            return E.bits_f32(w)
+        return E.unpack_lo(Uint32(w) >> Uint32(16 * (j % 2)), self.dtype_name)
 
     def _column_maxima(self, rows):
         """The lane's vec column maxima (FP32) over its strip's row vectors: packed bf16x2 /
@@ -435,30 +512,16 @@ class AmaxToken:
         ar = amax_r.iterator.toint()
         ac = amax_c.iterator.toint()
         c0 = bx * self.cols_per_cta
-        rbytes = Int64(K) * self.esize
-        col_off = Int64(cutlass.min(c0 + lane * self.vec, K - self.vec)) * self.esize
-        policies = keep_policies(self.l2_keep, Int64(M) * rbytes)
-        r0 = by * self.ROWS + warp * self.STRIP
-        rows = []
-        for i in cutlass.range_constexpr(self.STRIP):
-            off = Int64(cutlass.min(r0 + i, M - 1)) * rbytes + col_off
-            rows.append(list(keep_load(xbase, off, policies)))
+        r0, rows = self._strip(xbase, M, K, bx, by, warp, lane)
         rm = E.lanes_transpose_max16([vec_amax(w, self.dtype_name) for w in rows], lane)
-        if cutlass.const_expr(not self.per_tensor):
-            r = r0 + lane // 2  # the row whose maximum this lane now holds
-            if (lane % 2 == 0) & (r < M):
-                E.red_max_u32(ar + Int64(r) * 4, E.canonical_nan_bits(rm))
-        if cutlass.const_expr(self.rht):
-            cols = [cutlass.select_(r0 < M, c, Float32(0.0))
-                    for c in self._rht_column_maxima(rows)]
-        else:
-            cols = self._column_maxima(rows)
+        r = r0 + lane // 2  # the row whose maximum this lane now holds
+        if (lane % 2 == 0) & (r < M):
+            E.red_max_u32(ar + Int64(r) * 4, E.canonical_nan_bits(rm))
+        cols = self._strip_columns(rows, r0, M)
         smem = cutlass.memory.SmemAllocator()
         red = smem.allocate_tensor(Float32, cute.make_layout(
             (self.warps, self.cols_per_cta), stride=(self.cols_per_cta, 1)), 16)
-        if cutlass.const_expr(self.per_tensor):
-            fold_cta_maxima(red, rm, E.block_amax(cols), self.warps, warp, lane, tidx, ar, ac)
-        elif cutlass.const_expr(self.groups):
+        if cutlass.const_expr(self.groups):
             # the groups of the CTA's strips (those past M: the last strip's, whose rows the
             # clamped reads repeat)
             last = strip_groups.shape[0] - 1
@@ -488,3 +551,32 @@ class AmaxToken:
                 E.red_max_u32(ac + Int64(c) * 4, E.canonical_nan_bits(v))
             fold_slab_columns(red, cols, self.warps, warp, lane, tidx, c0, K, E.fmax_nan,
                               store_max)
+
+    @cute.kernel
+    def tensor_kernel(self, x: cute.Tensor, amax_r: cute.Tensor, amax_c: cute.Tensor, M: Int32,
+                      K: Int32):
+        """per_tensor: CTA b folds the maxima of tiles b, b + P, ... (P CTAs) and stores its
+        partials amax_r[1 + b], amax_c[1 + b]."""
+        tidx, _, _ = cute.arch.thread_idx()
+        b, _, _ = cute.arch.block_idx()
+        n_ctas, _, _ = cute.arch.grid_dim()
+        lane = tidx % 32
+        warp = tidx // 32
+        xbase = x.iterator.toint()
+        gx = (K + self.cols_per_cta - 1) // self.cols_per_cta
+        tiles = gx * ((M + self.ROWS - 1) // self.ROWS)
+        row_max = Float32(0.0)
+        col_max = Float32(0.0)
+        for t in cutlass.range(b, tiles, n_ctas, unroll=1):
+            bx, by = t % gx, t // gx
+            r0, rows = self._strip(xbase, M, K, bx, by, warp, lane)
+            row_max = E.fmax_nan(row_max, self._strip_max(rows))
+            cols = self._rht_strip_max(rows, lambda: self._strip(xbase, M, K, bx, by, warp,
+                                                                 lane)[1])
+            col_max = E.fmax_nan(col_max, cutlass.select_(r0 < M, cols, Float32(0.0)))
+        smem = cutlass.memory.SmemAllocator()
+        red = smem.allocate_tensor(Float32, cute.make_layout((self.warps, 2), stride=(2, 1)), 16)
+        part = Int64(1 + b) * 4
+        fold_cta_maxima(red, row_max, col_max, self.warps, warp, lane, tidx,
+                        amax_r.iterator.toint() + part, amax_c.iterator.toint() + part,
+                        atomic=False)

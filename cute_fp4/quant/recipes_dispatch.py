@@ -54,7 +54,7 @@ from ..recipe import Recipe
 from ..ref.philox import check_seed_offset
 from ..ref.swizzle import scale_shape
 from ..tensor import NVFP4Tensor
-from .amax import THREADS as AMAX_THREADS, max_tensor_partials
+from .amax import THREADS as AMAX_THREADS, max_tensor_partials, token_tensor_partials
 from .cast import CastKernel
 from .cast_recipes import GTAB_COLS, TILE, RecipeAmax, RecipeCastKernel
 from .dispatch import (cast_groups, cast_kernel, cast_walk, l2_keep, row_group_run,
@@ -541,6 +541,7 @@ class _Plan:
         self.alias = scaling == "tensor" and not recipe.twin_rht  # columnwise amax = rowwise amax
         self.launch = row0 > 0 and k > 0
         self.tensor_amax = self.token_amax = None  # AmaxTensor / AmaxToken (see below)
+        self.k1_partials = 0  # AmaxToken per_tensor's partials per side
         self.k1_padding = False  # AmaxToken zeroes the row groups' swizzled padding
         self.pad_tiles = None  # the tiles the chunked AmaxTensor zeroes (padding_tiles)
         self.token_rows = self.amax_fn = None  # TokenRowCast / RecipeAmax (see below)
@@ -647,6 +648,8 @@ class _Plan:
         elif self.plain and token_amax_k1(recipe, col_sum):
             self.token_amax = token_amax_fn(name, keep, arch, recipe.twin_rht,
                                             scaling == "tensor")
+            if scaling == "tensor":  # its partials per side (AmaxToken per_tensor)
+                self.k1_partials = token_tensor_partials(m, k, esize, sms)
         elif self.row_groups and token_amax_k1(recipe, col_sum):
             # per token with both outputs: K1 with each group's column amaxes (AmaxToken
             # groups), the group of each 16-row strip in a table
@@ -732,10 +735,23 @@ def _run(x2: torch.Tensor, sizes: List[int], recipe: Recipe, seed: int, offset: 
                             dtype=torch.float32, device=dev)
         arg_r = arg_c = run_tensor_amax(plan.tensor_amax, x2, words, amax_reduce)
         amax_r = amax_c = words[:1]
+    elif plan.launch and plan.k1_partials:
+        # K1 per tensor (the RHT): [amax, (with amax_reduce: the reduced local amax,) its P
+        # partials] per side, no zero-fill; the cast reduces the partials, writes amax[0]
+        p, red = plan.k1_partials, int(amax_reduce is not None)
+        words = torch.empty(2 * (1 + red + p), dtype=torch.float32, device=dev)
+        side_r, side_c = words.view(2, 1 + red + p).unbind(0)
+        plan.token_amax(x2, side_r[red:], side_c[red:], None, None, None, None)
+        if red:
+            for side in (side_r, side_c):
+                torch.amax(side[2:], dim=0, keepdim=True, out=side[1:2])
+            _reduce_amaxes(amax_reduce, recipe, side_r[1:2], side_c[1:2], False)
+            side_r, side_c = side_r[:2], side_c[:2]
+        arg_r, arg_c = side_r, side_c
+        amax_r, amax_c = side_r[:1], side_c[:1]
     elif plan.launch and plan.plain and scaling == "tensor":
-        # the amax pass (RecipeAmax; K1 per tensor with the RHT) reduces into the partials,
-        # the cast reads them (and writes the amaxes); without the RHT both sides share one
-        # pair
+        # RecipeAmax (column sums) reduces into the partials, the cast reads them (and writes
+        # the amaxes); without the RHT both sides share one pair
         words = torch.zeros(2 if plan.alias else 4, dtype=torch.float32, device=dev)
         arg_r, arg_c = words[0:2], words[-2:]
         amax_r, amax_c = words[1:2], words[-1:]
@@ -759,12 +775,12 @@ def _run(x2: torch.Tensor, sizes: List[int], recipe: Recipe, seed: int, offset: 
                          None if psum is None else psum.view(-1))
             if psum is not None:
                 torch.sum(psum, 0, out=column_sum)
-        elif plan.token_amax is not None:
+        elif plan.token_amax is not None and not plan.k1_partials:
             pad = (s, st, plan.starts) if plan.k1_padding else (None, None, None)
             plan.token_amax(x2, amax_r, amax_c, plan.strips, *pad)
     if column_sum is not None and plan.amax_fn is None:  # nothing to sum (no rows or columns)
         column_sum.zero_()
-    if amax_reduce is not None and plan.tensor_amax is None:
+    if amax_reduce is not None and plan.tensor_amax is None and not plan.k1_partials:
         _reduce_amaxes(amax_reduce, recipe, amax_r, amax_c, plan.alias)
     if plan.launch and (plan.plain or plan.row_groups or plan.token_rows is not None):
         if arg_r is None:
