@@ -364,6 +364,24 @@ def test_token_amax_k1():
         assert not token_amax_k1(rht, True)
 
 
+def test_token_tensor_split():
+    """K1 per tensor's (tiles per CTA, CTAs): the fewest tiles per CTA, a power of two, that
+    keep the CTAs (the cast's partials) within max_tensor_partials, and enough CTAs for every
+    128-row x 512-byte tile."""
+    from cute_fp4.quant.amax import max_tensor_partials, token_tensor_split
+
+    cap = max_tensor_partials(132)
+    assert token_tensor_split(4096, 8192, 2, 132) == (1, 1024)  # 32 slabs x 32 tile rows
+    assert token_tensor_split(8192, 8192, 2, 132) == (2, 1024)
+    assert token_tensor_split(32768, 8192, 2, 132) == (8, 1024)
+    assert token_tensor_split(16, 16, 2, 132) == (1, 1)
+    for m, k, esize in [(4224, 8192, 2), (2064, 8200, 4), (65536, 1040, 2), (160, 16, 4)]:
+        tiles = -(-k * esize // 512) * -(-m // 128)
+        per_cta, ctas = token_tensor_split(m, k, esize, 132)
+        assert per_cta & (per_cta - 1) == 0 and ctas <= cap and per_cta * ctas >= tiles
+        assert per_cta == 1 or -(-tiles // (per_cta // 2)) > cap
+
+
 def test_plain_cast_routing():
     """Single-tensor 1x16 recipes (tensor or token scaling, no 4over6) with the columnwise RHT
     (bf16 / fp16, with the twin) and / or stochastic rounding (any dtype), and per-tensor

@@ -47,11 +47,15 @@ def tensor_partials(m: int, k: int, esize: int, num_sms: int) -> int:
     return max(1, min((nvec + THREADS - 1) // THREADS, max_tensor_partials(num_sms)))
 
 
-def token_tensor_partials(m: int, k: int, esize: int, num_sms: int) -> int:
-    """Number of CTAs (= partial maxima per side) of AmaxToken per_tensor for an [m, k] input:
-    one per 128-row x 512-byte tile, at most max_tensor_partials (the cast reduces that many)."""
-    tiles = -(-k * esize // 512) * -(-m // AmaxToken.ROWS)
-    return max(1, min(tiles, max_tensor_partials(num_sms)))
+def token_tensor_split(m: int, k: int, esize: int, num_sms: int) -> tuple:
+    """(tiles per CTA, CTAs = partial maxima per side) of AmaxToken per_tensor for an [m, k]
+    input of 128-row x 512-byte tiles: the fewest tiles per CTA, a power of two, that keep the
+    CTAs within max_tensor_partials (the cast reduces that many)."""
+    tiles = max(1, -(-k * esize // 512) * -(-m // AmaxToken.ROWS))
+    per_cta = 1
+    while -(-tiles // per_cta) > max_tensor_partials(num_sms):
+        per_cta *= 2
+    return per_cta, -(-tiles // per_cta)
 
 
 def vec_value(words, j, dtype_name):
@@ -323,18 +327,21 @@ class AmaxToken:
     row of its columns, transformed in FP32 as ref.quantize.rht does (_rht_column_maxima);
     strips past M (clamped copies of the last row) count nothing. `per_tensor`: the maxima of
     all rows and columns instead, as partials like AmaxTensor's (no atomics, no zero-fill):
-    amax_r and amax_c hold [amax, P partials], P = amax_r.shape[0] - 1 CTAs (1-D grid, the
-    host's token_tensor_partials) each take tiles b, b + P, ... and store their maxima to
-    amax_r[1 + b] and amax_c[1 + b]; the cast reduces them and writes amax[0]. Against one
-    red.max per CTA into zeroed words: the zero-fill's kernel cost ~1.1 us per call in graphs
-    (H200; notes/quant_recipes.md "Session 49")."""
+    amax_r and amax_c hold [amax, P partials], P = amax_r.shape[0] - 1 CTAs (1-D grid) each
+    take tiles b, b + P, ... (`tiles_per_cta` of them, compile-time: the host's
+    token_tensor_split) and store their maxima to amax_r[1 + b] and amax_c[1 + b]; the cast
+    reduces them and writes amax[0]. Against one red.max per CTA into zeroed words: no
+    zero-fill kernel, ~1.1 us per call in graphs (H200; notes/quant_recipes.md "Session
+    49"). A run-time tile loop instead took ptxas to 176-182 registers with l2_keep (one CTA
+    per SM; with the bound of two, spills): 0.5-2 us slower from 2^24 elements."""
 
     warps = 8
     STRIP = 16
     ROWS = STRIP * warps
 
     def __init__(self, dtype: str, l2_keep: int = 0, rht: bool = False,
-                 per_tensor: bool = False, groups: bool = False, padding: bool = False):
+                 per_tensor: bool = False, groups: bool = False, padding: bool = False,
+                 tiles_per_cta: int = 1):
         if dtype not in DTYPES:
             raise TypeError(f"AmaxToken: unsupported input dtype {dtype!r}")
         if groups and (rht or per_tensor):
@@ -351,6 +358,7 @@ class AmaxToken:
         self.l2_keep = l2_keep
         self.rht = rht
         self.per_tensor = per_tensor
+        self.tiles_per_cta = tiles_per_cta
         self.vec = 16 // self.esize  # elements per 16-byte vector
         self.cols_per_cta = 32 * self.vec
 
@@ -376,13 +384,14 @@ class AmaxToken:
         self.kernel(x, amax_r, amax_c, strip_groups, s, st, starts, M, K).launch(
             grid=grid, block=(32 * self.warps, 1, 1), stream=stream, **launch)
 
-    def _strip(self, xbase, M, K, bx, by, warp, lane):
+    def _strip(self, xbase, M, K, bx, by, warp, lane, keep: bool = True):
         """The warp's 16-row strip of tile (bx, by): its first row r0 and its rows' 16-byte
-        vectors (reads past M / K clamped onto the last row / vector)."""
+        vectors (reads past M / K clamped onto the last row / vector; keep=False: plain
+        loads, without l2_keep's priorities)."""
         rbytes = Int64(K) * self.esize
         col_off = Int64(cutlass.min(bx * self.cols_per_cta + lane * self.vec,
                                     K - self.vec)) * self.esize
-        policies = keep_policies(self.l2_keep, Int64(M) * rbytes)
+        policies = keep_policies(self.l2_keep if keep else 0, Int64(M) * rbytes)
         r0 = by * self.ROWS + warp * self.STRIP
         rows = []
         for i in range(self.STRIP):
@@ -409,9 +418,10 @@ class AmaxToken:
     def _rht_strip_max(self, rows, reread):
         """The per-tensor fold of _rht_column_maxima: the maximum over the lane's columns of
         |rht(x)| (FP32, x 0.25). Where the fast maxima give +Inf every column is transformed
-        again, one at a time in a loop from the strip read again (reread()): with the
-        unrolled recomputation on the live rows, ptxas took the tile loop to 198-210
-        registers (128 with this)."""
+        again, one at a time in a loop from the strip read again (reread(); plain loads: with
+        l2_keep's priorities there ptxas took the kernel to 176-179 registers). With the
+        unrolled recomputation on the live rows, it took a tile loop to 198-210 registers
+        (128 with this)."""
         m = block_amax([rht16_amax_fast([vec_value(w, j, self.dtype_name) for w in rows])
                         for j in range(self.vec)])
         if m == Float32(float("inf")):
@@ -555,8 +565,8 @@ class AmaxToken:
     @cute.kernel
     def tensor_kernel(self, x: cute.Tensor, amax_r: cute.Tensor, amax_c: cute.Tensor, M: Int32,
                       K: Int32):
-        """per_tensor: CTA b folds the maxima of tiles b, b + P, ... (P CTAs) and stores its
-        partials amax_r[1 + b], amax_c[1 + b]."""
+        """per_tensor: CTA b folds the maxima of tiles b + i P, i < tiles_per_cta (P CTAs), and
+        stores its partials amax_r[1 + b], amax_c[1 + b]."""
         tidx, _, _ = cute.arch.thread_idx()
         b, _, _ = cute.arch.block_idx()
         n_ctas, _, _ = cute.arch.grid_dim()
@@ -567,13 +577,15 @@ class AmaxToken:
         tiles = gx * ((M + self.ROWS - 1) // self.ROWS)
         row_max = Float32(0.0)
         col_max = Float32(0.0)
-        for t in cutlass.range(b, tiles, n_ctas, unroll=1):
-            bx, by = t % gx, t // gx
-            r0, rows = self._strip(xbase, M, K, bx, by, warp, lane)
-            row_max = E.fmax_nan(row_max, self._strip_max(rows))
-            cols = self._rht_strip_max(rows, lambda: self._strip(xbase, M, K, bx, by, warp,
-                                                                 lane)[1])
-            col_max = E.fmax_nan(col_max, cutlass.select_(r0 < M, cols, Float32(0.0)))
+        for i in cutlass.range_constexpr(self.tiles_per_cta):
+            t = b + i * n_ctas
+            if t < tiles:
+                bx, by = t % gx, t // gx
+                r0, rows = self._strip(xbase, M, K, bx, by, warp, lane)
+                row_max = E.fmax_nan(row_max, self._strip_max(rows))
+                cols = self._rht_strip_max(rows, lambda: self._strip(xbase, M, K, bx, by, warp,
+                                                                     lane, keep=False)[1])
+                col_max = E.fmax_nan(col_max, cutlass.select_(r0 < M, cols, Float32(0.0)))
         smem = cutlass.memory.SmemAllocator()
         red = smem.allocate_tensor(Float32, cute.make_layout((self.warps, 2), stride=(2, 1)), 16)
         part = Int64(1 + b) * 4

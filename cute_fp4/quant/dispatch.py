@@ -133,9 +133,10 @@ def amax_tensor_kernel(dtype: str, num_sms: int = 132, l2_keep: int = 0,
 
 
 def amax_token_kernel(dtype: str, l2_keep: int = 0, rht: bool = False,
-                      per_tensor: bool = False, groups: bool = False, padding: bool = False):
+                      per_tensor: bool = False, groups: bool = False, padding: bool = False,
+                      tiles_per_cta: int = 1):
     esize = _CUTLASS[dtype].width // 8
-    return (AmaxToken(dtype, l2_keep, rht, per_tensor, groups, padding),
+    return (AmaxToken(dtype, l2_keep, rht, per_tensor, groups, padding, tiles_per_cta),
             fake_tensor(_CUTLASS[dtype], (dyn(), dyn(16 // esize))),
             fake_tensor(cutlass.Float32, (None,), align=4),
             fake_tensor(cutlass.Float32, (None,), align=4),
@@ -154,17 +155,19 @@ def tensor_amax_fn(name: str, num_sms: int, l2_keep: int, arch: str, chunked: bo
 
 
 def token_amax_fn(name: str, l2_keep: int, arch: str, rht: bool = False,
-                  per_tensor: bool = False, groups: bool = False, padding: bool = False):
+                  per_tensor: bool = False, groups: bool = False, padding: bool = False,
+                  tiles_per_cta: int = 1):
     """The compiled AmaxToken (K1) of a configuration (TVM-FFI function, cached), called as
     (x, amax_r, amax_c, strip_groups or None, s, st, starts or None x 3); rht: the column
-    amaxes of the RHT'd input; per_tensor: the two maxima over all rows / columns; groups:
+    amaxes of the RHT'd input; per_tensor: the two maxima over all rows / columns, as
+    partials (tiles_per_cta: amax.token_tensor_split); groups:
     each row group's column amaxes (strip_groups: the group of each 16-row strip); padding:
     it zeroes the groups' swizzled scale padding (s, st: the flat scale buffers, starts: the
     row-group cast's GROUP_* tables)."""
     return ffi_function(KERNELS.get(
-        ("amax_token", name, l2_keep, rht, per_tensor, groups, padding, arch),
+        ("amax_token", name, l2_keep, rht, per_tensor, groups, padding, tiles_per_cta, arch),
         lambda: compile_kernel(*amax_token_kernel(name, l2_keep, rht, per_tensor, groups,
-                                                  padding), arch=arch)))
+                                                  padding, tiles_per_cta), arch=arch)))
 
 
 def tensor_amax_words(m: int, k: int, esize: int, num_sms: int, reduced: bool) -> int:

@@ -54,7 +54,7 @@ from ..recipe import Recipe
 from ..ref.philox import check_seed_offset
 from ..ref.swizzle import scale_shape
 from ..tensor import NVFP4Tensor
-from .amax import THREADS as AMAX_THREADS, max_tensor_partials, token_tensor_partials
+from .amax import THREADS as AMAX_THREADS, max_tensor_partials, token_tensor_split
 from .cast import CastKernel
 from .cast_recipes import GTAB_COLS, TILE, RecipeAmax, RecipeCastKernel
 from .dispatch import (cast_groups, cast_kernel, cast_walk, l2_keep, row_group_run,
@@ -646,10 +646,11 @@ class _Plan:
             self.tensor_amax = tensor_amax_fn(name, sms, keep, arch, chunked=True,
                                               padding=self.pad_tiles is not None)
         elif self.plain and token_amax_k1(recipe, col_sum):
-            self.token_amax = token_amax_fn(name, keep, arch, recipe.twin_rht,
-                                            scaling == "tensor")
+            per_cta = 1
             if scaling == "tensor":  # its partials per side (AmaxToken per_tensor)
-                self.k1_partials = token_tensor_partials(m, k, esize, sms)
+                per_cta, self.k1_partials = token_tensor_split(m, k, esize, sms)
+            self.token_amax = token_amax_fn(name, keep, arch, recipe.twin_rht,
+                                            scaling == "tensor", tiles_per_cta=per_cta)
         elif self.row_groups and token_amax_k1(recipe, col_sum):
             # per token with both outputs: K1 with each group's column amaxes (AmaxToken
             # groups), the group of each 16-row strip in a table
