@@ -703,7 +703,8 @@ def _run(x2: torch.Tensor, sizes: List[int], recipe: Recipe, seed: int, offset: 
          column_sum: Optional[torch.Tensor] = None,
          into: Optional[NVFP4Tensor] = None) -> List[NVFP4Tensor]:
     """into (one group): a checked NVFP4Tensor whose data and scales the cast writes; the
-    amaxes (kernel-side buffers have another layout: zeroed, shared) are copied into it."""
+    amaxes (kernel-side buffers have another layout: zeroed or partials, shared) are copied
+    into it."""
     check_seed_offset(seed, offset)
     dev = x2.device
     m, k = x2.shape
