@@ -685,6 +685,9 @@ def test_amax_token_rht_ptx(arch, dtype, per_tensor):
         assert packed == (0 if dtype == "fp32" else 16 * 3)  # the row maxima only
     with pytest.raises(ValueError, match="per_tensor needs rht"):
         amax_token_kernel(dtype, 0, False, True)
+    for per_tensor, tiles_per_cta in ((False, 2), (True, 0)):
+        with pytest.raises(ValueError, match="tiles_per_cta"):
+            amax_token_kernel(dtype, 0, True, per_tensor, tiles_per_cta=tiles_per_cta)
 
 
 @pytest.mark.parametrize("arch", ARCHS)

@@ -349,6 +349,9 @@ class AmaxToken:
         if per_tensor and not rht:
             raise ValueError("AmaxToken: per_tensor needs rht (AmaxTensor takes the plain "
                              "per-tensor amax)")
+        if tiles_per_cta < 1 or (tiles_per_cta != 1 and not per_tensor):
+            raise ValueError("AmaxToken: tiles_per_cta (>= 1) is per_tensor's; the other "
+                             "passes take one tile per CTA")
         if padding and not groups:
             raise ValueError("AmaxToken: padding (the row groups' swizzled scales) needs groups")
         self.groups = groups
