@@ -13,10 +13,11 @@ from .api import (dequantize, gemm, mxfp8_dequantize, quantize, quantize_dbias,
                   quantize_grouped)
 from .nn import LinearRecipe, convert
 from .recipe import Recipe
+from .grouped import GroupedNVFP4Tensor
 from .tensor import NVFP4Tensor
 
 __version__ = "0.1.0"
 
-__all__ = ["Recipe", "LinearRecipe", "NVFP4Tensor", "quantize", "quantize_dbias",
+__all__ = ["Recipe", "LinearRecipe", "NVFP4Tensor", "GroupedNVFP4Tensor", "quantize", "quantize_dbias",
            "quantize_grouped", "dequantize",
            "gemm", "mxfp8_dequantize", "convert", "nn", "ref", "__version__"]

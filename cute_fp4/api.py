@@ -4,11 +4,12 @@ references (same results, slower)."""
 from __future__ import annotations
 
 import weakref
-from typing import List, Optional, Sequence, Tuple, Union
+from typing import Optional, Sequence, Tuple, Union
 
 import torch
 
 from . import ops, ref
+from .grouped import GroupedNVFP4Tensor
 from .recipe import Recipe
 from .ref.formats import FLOAT_DTYPES as OUT_DTYPES
 from .ref.dequantize import check_out_tensor
@@ -177,8 +178,9 @@ def _check_out(out, x: torch.Tensor, x2: torch.Tensor, recipe: Recipe):
 
 def quantize_grouped(x: torch.Tensor, split_sizes: Sequence[int], recipe: Recipe = Recipe(), *,
                      seed: int = 0, offset: int = 0,
-                     rng_state: Optional[torch.Tensor] = None) -> List[NVFP4Tensor]:
-    """Quantize the row groups of a [sum(M_i), K] tensor, each with its own outer scales.
+                     rng_state: Optional[torch.Tensor] = None) -> GroupedNVFP4Tensor:
+    """Quantize the row groups of a [sum(M_i), K] tensor, each with its own outer scales: a
+    GroupedNVFP4Tensor (the groups' NVFP4Tensor as a sequence, and their fields back to back).
     rng_state: as quantize's, an int64 [seed, offset] on the CPU or on x's device replacing
     seed / offset (on the device: read by the kernel, so a CUDA graph of an MoE step advances
     its stochastic rounding with the tensor)."""
@@ -192,7 +194,9 @@ def quantize_grouped(x: torch.Tensor, split_sizes: Sequence[int], recipe: Recipe
 
         return quantize_grouped_cuda(x, split_sizes, recipe, seed=seed, offset=offset,
                                      rng_state=rng_device)
-    return ref.quantize_grouped(x, split_sizes, recipe, seed=seed, offset=offset)
+    groups = ref.quantize_grouped(x, split_sizes, recipe, seed=seed, offset=offset)
+    return GroupedNVFP4Tensor.from_groups(groups, [int(v) for v in split_sizes], x.shape[1],
+                                          recipe, x.dtype)
 
 
 def dequantize(t: NVFP4Tensor, dtype: torch.dtype = torch.bfloat16, *,

@@ -5,6 +5,7 @@ import torch
 
 from cute_fp4 import ref
 from cute_fp4.ref.swizzle import swizzle_scales, swizzled_shape
+from cute_fp4.tensor import FIELDS
 
 
 def make_input(shape, kind, dtype, gen, window_outlier=False):
@@ -119,3 +120,25 @@ def check(got, want, recipe, twin_agree=None, twin_exact=None):
         assert torch.equal(u8(scales), u8(wscales)), "scales" + side
         assert same_amax(amax, wamax), "amax" + side
     assert got.shape == want.shape
+
+
+def check_grouped_layout(got, want_groups):
+    """got, a GroupedNVFP4Tensor: its groups are as many as want_groups (per-group results),
+    each field of group g a contiguous view of got's flat field starting at
+    got.offsets(name)[g], of want_groups[g]'s shape and dtype; the flat fields end at the last
+    offsets."""
+    assert len(got) == len(want_groups) == len(got.split_sizes)
+    for name in FIELDS:
+        flat = getattr(got, name)
+        if flat is None:
+            assert all(getattr(w, name) is None for w in want_groups)
+            continue
+        offs = got.offsets(name)
+        assert flat.is_contiguous() and flat.shape[0] == offs[-1], name
+        unit = flat.stride(0) * flat.element_size()  # bytes per unit of offsets
+        for g, (t, w) in enumerate(zip(got, want_groups)):
+            t, w = getattr(t, name), getattr(w, name)
+            assert t.shape == w.shape and t.dtype == w.dtype and t.is_contiguous(), (name, g)
+            assert t.untyped_storage().data_ptr() == flat.untyped_storage().data_ptr()
+            start = flat.storage_offset() * flat.element_size() + offs[g] * unit
+            assert t.storage_offset() * t.element_size() == start, (name, g)

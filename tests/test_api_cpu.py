@@ -8,7 +8,10 @@ import pytest
 import torch
 
 import cute_fp4
-from cute_fp4 import NVFP4Tensor, Recipe, ref
+from cute_fp4 import GroupedNVFP4Tensor, NVFP4Tensor, Recipe, ref
+from cute_fp4.grouped import group_lengths
+from cute_fp4.tensor import FIELDS
+from quant_checks import check_grouped_layout
 
 from test_ref_quantize import BLOCK_A, BYTES_A, u8
 
@@ -500,6 +503,34 @@ def test_quantize_grouped_equals_per_group():
         assert p.data.equal(q.data) and u8(p.scales) == u8(q.scales) and p.amax.equal(q.amax)
         assert p.data_t.equal(q.data_t)
     assert parts[0].amax.item() < 10 and parts[2].amax.item() > 100
+
+
+@pytest.mark.parametrize("recipe", [
+    Recipe(columnwise=True), Recipe(scaling="token", columnwise=True, swizzle=True),
+    Recipe(scaling="window64", columnwise=True), Recipe(rowwise=False, columnwise=True,
+                                                        swizzle=True),
+    Recipe(scaling="token", swizzle=True),
+])
+def test_grouped_tensor_layout(recipe):
+    """quantize_grouped's GroupedNVFP4Tensor: each group equals the per-group reference and is
+    a view of the flat fields at offsets(); the flat fields hold the groups' fields back to
+    back (group_lengths elements each, padded swizzled scales included)."""
+    sizes, k = [64, 0, 128, 192], 192
+    gen = torch.Generator().manual_seed(50)
+    x = torch.cat([torch.randn(mg, k, generator=gen) * 4.0 ** g for g, mg in enumerate(sizes)])
+    got = cute_fp4.quantize_grouped(x, sizes, recipe)
+    want = ref.quantize_grouped(x, sizes, recipe)
+    assert isinstance(got, GroupedNVFP4Tensor) and got.split_sizes == tuple(sizes)
+    check_grouped_layout(got, want)
+    for g, (t, w) in enumerate(zip(got, want)):
+        lengths = group_lengths(sizes[g], k, recipe)
+        for name, n in zip(FIELDS, lengths):
+            a, b = getattr(t, name), getattr(w, name)
+            if b is not None:
+                assert a.numel() == b.numel() == n, (name, g)
+                assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)), (name, g)
+    assert got[-1] is got.groups()[3] and got[1:3] == got.groups()[1:3]
+    assert list(got) == got.groups() and len(got) == 4
 
 
 def test_quantize_grouped_rng_state():

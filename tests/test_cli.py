@@ -119,12 +119,14 @@ def test_perf_grouped_flags_need_grouped(flag, capsys):
 def test_perf_grouped_host_table(tmp_path, capsys):
     """`perf quant_recipes --grouped N --host-only`: host microseconds per grouped call for N
     and ROW_GROUPS_MAX groups, cached and new split sizes and a single-tensor call (not
-    compared: the device host's timings are too noisy for an order to hold every time)."""
+    compared: the device host's timings are too noisy for an order to hold every time), each
+    without and with the groups' views."""
     out = tmp_path / "host.json"
     assert perf_main(["quant_recipes", "--grouped", "4", "--host-only",
                       "--json", str(out)]) == 0
     rows = json.loads(out.read_text())["rows"]
     assert [r["groups"] for r in rows] == [4, 64]
     for r in rows:
-        assert all(0 < r[c] < 1e5 for c in ("one quantize_recipe", "cached sizes", "new sizes"))
+        assert all(0 < r[c] < 1e5 for c in ("one quantize_recipe", "cached sizes", "new sizes",
+                                             "cached sizes + views", "new sizes + views"))
     assert "Host time per grouped call" in capsys.readouterr().out

@@ -18,8 +18,9 @@ suite's "recipe kernel" rows, which time `recipes_dispatch.quantize_recipe` itse
 
 With --grouped N a second table gives the host time of a grouped call (grouped_host_rows): on
 a small input, with the same split sizes every call (its plan cached) and with new ones every
-call (a plan built per call, as MoE routing changes the sizes every step), for N and for
-ROW_GROUPS_MAX groups. `--host-only` prints just that table.
+call (a plan built per call, as MoE routing changes the sizes every step), each without and
+with the groups' NVFP4Tensor views, for N and for ROW_GROUPS_MAX groups. `--host-only` prints
+just that table.
 """
 
 from __future__ import annotations
@@ -107,11 +108,12 @@ def grouped_host_rows(recipe: Recipe, group_counts, dtype, calls: int = 300):
     """Host microseconds per quantize_grouped call on a small input (K = 256, 96 rows per
     group on average: the GPU work is a few microseconds) split at random multiples of 16
     rows (64 for window64), per number of groups: the same split sizes every call (the plan
-    cached: allocations, two launches, the groups' views), new split sizes every call (a plan
-    built per call: its tables made and copied to the device, and the call), and one
-    quantize_recipe of the same input. Best of 3 means over `calls` calls (the device host's
-    timing noise is one-sided); new sizes: `calls` distinct splits per repetition, the plan
-    cache cleared before each."""
+    cached: allocations, two launches, the GroupedNVFP4Tensor), new split sizes every call (a
+    plan built per call: its tables made and copied to the device, and the call), each alone
+    and with every group's NVFP4Tensor views made (`.groups()`, what a consumer of the groups
+    one by one pays), and one quantize_recipe of the same input. Best of 3 means over `calls`
+    calls (the device host's timing noise is one-sided); new sizes: `calls` distinct splits
+    per repetition, the plan cache cleared before each."""
     import random
     import time
 
@@ -132,23 +134,32 @@ def grouped_host_rows(recipe: Recipe, group_counts, dtype, calls: int = 300):
                 out.add(tuple(unit * (b - a) for a, b in zip([0] + cuts, cuts + [m // unit])))
             return [list(t) for t in out]
 
+        def call(sizes):
+            return rd.quantize_grouped(x, sizes, recipe)
+
+        def with_views(sizes):
+            return rd.quantize_grouped(x, sizes, recipe).groups()
+
+        row = {"groups": n, "rows": m, "K": k}
         sizes = splits(1)[0]
-        cached = min(host_overhead_us(lambda: rd.quantize_grouped(x, sizes, recipe), calls)
-                     for _ in range(3))
-        single = min(host_overhead_us(lambda: rd.quantize_recipe(x, recipe), calls)
-                     for _ in range(3))
-        new = float("inf")
-        for _ in range(3):
-            todo = splits(calls)
-            rd._plan.cache_clear()
-            torch.cuda.synchronize()
-            start = time.perf_counter()
-            for t in todo:
-                rd.quantize_grouped(x, t, recipe)
-            new = min(new, (time.perf_counter() - start) / calls * 1e6)
-            torch.cuda.synchronize()
-        rows.append({"groups": n, "rows": m, "K": k, "cached sizes": cached,
-                     "new sizes": new, "one quantize_recipe": single})
+        for what, fn in (("", call), (" + views", with_views)):
+            row["cached sizes" + what] = min(host_overhead_us(lambda: fn(sizes), calls)
+                                             for _ in range(3))
+        for what, fn in (("", call), (" + views", with_views)):
+            new = float("inf")
+            for _ in range(3):
+                todo = splits(calls)
+                rd._plan.cache_clear()
+                torch.cuda.synchronize()
+                start = time.perf_counter()
+                for t in todo:
+                    fn(t)
+                new = min(new, (time.perf_counter() - start) / calls * 1e6)
+                torch.cuda.synchronize()
+            row["new sizes" + what] = new
+        row["one quantize_recipe"] = min(host_overhead_us(lambda: rd.quantize_recipe(x, recipe),
+                                                          calls) for _ in range(3))
+        rows.append(row)
     return rows
 
 

@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import functools
 import itertools
-import math
 from typing import Callable, List, Optional, Sequence
 
 import cutlass
@@ -49,7 +48,7 @@ import torch
 
 from ..common.jit import (KERNELS, compile_kernel, device_arch, dyn, env_stream, fake_tensor,
                           num_sms)
-from ..ops import copy_fields
+from ..grouped import GroupedNVFP4Tensor, group_lengths, split_groups
 from ..recipe import Recipe
 from ..ref.philox import check_seed_offset
 from ..ref.swizzle import scale_shape
@@ -299,13 +298,20 @@ def group_chunks(sizes, k: int, esize: int, num_sms: int) -> tuple:
     first = list(itertools.accumulate(vecs, initial=0))
     # chunk j = pfirst[g] + i of group g: (first[g] + i * AMAX_THREADS, first[g + 1],
     # counts[g] * AMAX_THREADS), i.e. group g's row (first[g] - pfirst[g] * AMAX_THREADS, ...)
-    # repeated counts[g] times, j * AMAX_THREADS added to the first column: few tensor ops (a
-    # plan for new split sizes is host time on every MoE step)
+    # repeated counts[g] times, plus row j of _chunk_steps: few tensor ops (a plan for new
+    # split sizes is host time on every MoE step)
     base = torch.tensor([(first[g] - pfirst[g] * AMAX_THREADS, first[g + 1], c * AMAX_THREADS)
                          for g, c in enumerate(counts)], dtype=torch.int32)
-    chunks = torch.repeat_interleave(base, torch.tensor(counts), 0)
-    chunks[:, 0] += torch.arange(pfirst[-1], dtype=torch.int32) * AMAX_THREADS
-    return chunks, pfirst
+    chunks = base.repeat_interleave(torch.tensor(counts), 0, output_size=pfirst[-1])
+    return chunks.add_(_chunk_steps(pfirst[-1])), pfirst
+
+
+@functools.lru_cache(maxsize=16)
+def _chunk_steps(n: int) -> torch.Tensor:
+    """int32 [n, 3]: row j is (j * AMAX_THREADS, 0, 0) (group_chunks)."""
+    steps = torch.zeros(n, 3, dtype=torch.int32)
+    steps[:, 0] = torch.arange(n, dtype=torch.int32) * AMAX_THREADS
+    return steps
 
 
 def plain_cast_walk(m: int, k: int, esize: int, per_token: bool, compact_twin: bool,
@@ -434,16 +440,6 @@ def _check_rows(m: int, recipe: Recipe, what: str):
                          f"{recipe.scaling!r} twin")
 
 
-def _amax_offsets(scaling: str, g: int, row0: int, k: int):
-    """Float offsets of group g's row and column amaxes (its first row is row0): one amax per
-    group (tensor), per row and per column (token), per 64-wide window of rows / columns."""
-    if scaling == "tensor":
-        return g, g
-    if scaling == "token":
-        return row0, g * k
-    return row0 * (k // 64), k * row0 // 64
-
-
 _ZEROS16 = torch.zeros(16, dtype=torch.uint8)
 
 
@@ -512,32 +508,22 @@ class _Plan:
         row, col, swz, scaling = recipe.rowwise, recipe.columnwise, recipe.swizzle, recipe.scaling
         nsc = k // 16
         gtab = []
-        q_len = s_len = qt_len = st_len = 0
+        q_len = s_len = qt_len = st_len = ar_len = ac_len = s_rows = 0
         row0 = 0
         seed_i64 = seed - (1 << 64) if seed >= 1 << 63 else seed
         esize, sms = _CUTLASS[name].width // 8, num_sms(dev)
-        for g, mg in enumerate(sizes):
-            ar, ac = _amax_offsets(scaling, g, row0, k)
-            gtab.append((row0, mg, q_len, s_len, qt_len, st_len, ar, ac))
-            q_len += mg * k // 2
-            s_len += math.prod(scale_shape(mg, nsc, swz))
-            qt_len += k * mg // 2
-            st_len += math.prod(scale_shape(k, mg // 16, swz))
+        # the groups' fields back to back (GroupedNVFP4Tensor's flat layout)
+        for mg in sizes:
+            gtab.append((row0, mg, q_len, s_len, qt_len, st_len, ar_len, ac_len))
+            lq, ls, la, lqt, lst, lat = group_lengths(mg, k, recipe)
+            q_len, s_len, qt_len, st_len = q_len + lq, s_len + ls, qt_len + lqt, st_len + lst
+            ar_len, ac_len = ar_len + la, ac_len + lat
+            s_rows += scale_shape(mg, nsc, swz)[0]
             row0 += mg
         self.gtab = gtab
         self.lens = (q_len, s_len, qt_len, st_len)
-        # the offsets past the last group
-        self.ar_len, self.ac_len = _amax_offsets(scaling, len(sizes), row0, k)
-        # the groups' output views: the lengths they split the flat buffers into (one split
-        # per buffer: the per-group slicing was most of a grouped call's host time; the twin
-        # data and scales, the amaxes, the twin amaxes: gtab's offsets 4 .. 7) and shapes
-        ends = [t[2:8] for t in gtab[1:]] + [self.lens + (self.ar_len, self.ac_len)]
-        self.view_lens = [[e[i] - t[2 + i] for t, e in zip(gtab, ends)] for i in range(2, 6)]
-        # the groups' rowwise scales: their rows (one width: a split of the rows)
-        self.scale_rows = [scale_shape(mg, nsc, swz)[0] for mg in sizes]
-        self.scale_cols = scale_shape(0, nsc, swz)[1]
-        self.view_shapes = [(scale_shape(k, mg // 16, swz), (mg, k // 64), (k, mg // 64))
-                            for mg in sizes]
+        self.ar_len, self.ac_len = ar_len, ac_len  # the amaxes' lengths
+        self.scales_2d = (s_rows, scale_shape(0, nsc, swz)[1])  # the flat rowwise scales
         self.alias = scaling == "tensor" and not recipe.twin_rht  # columnwise amax = rowwise amax
         self.launch = row0 > 0 and k > 0
         self.tensor_amax = self.token_amax = None  # AmaxTensor / AmaxToken (see below)
@@ -699,12 +685,12 @@ def _flat_u8(t: torch.Tensor) -> torch.Tensor:
 
 
 def _run(x2: torch.Tensor, sizes: List[int], recipe: Recipe, seed: int, offset: int,
-         shapes, amax_reduce=None, rng_state: Optional[torch.Tensor] = None,
-         column_sum: Optional[torch.Tensor] = None,
-         into: Optional[NVFP4Tensor] = None) -> List[NVFP4Tensor]:
-    """into (one group): a checked NVFP4Tensor whose data and scales the cast writes; the
-    amaxes (kernel-side buffers have another layout: zeroed or partials, shared) are copied
-    into it."""
+         amax_reduce=None, rng_state: Optional[torch.Tensor] = None,
+         column_sum: Optional[torch.Tensor] = None, into: Optional[NVFP4Tensor] = None):
+    """The groups' fields, flat (FIELDS order, absent ones None; grouped.GroupedNVFP4Tensor's
+    layout). into (one group): a checked NVFP4Tensor whose data and scales the cast writes;
+    the amaxes (kernel-side buffers have another layout: zeroed or partials, shared) are
+    copied into it; returns None."""
     check_seed_offset(seed, offset)
     dev = x2.device
     m, k = x2.shape
@@ -808,33 +794,18 @@ def _run(x2: torch.Tensor, sizes: List[int], recipe: Recipe, seed: int, offset: 
                      s if row else dummy, qt if col else dummy, st if col else dummy, rng,
                      plan.n_kt)
 
-    g_n = len(sizes)
-    qt_lens, st_lens, ar_lens, ac_lens = plan.view_lens
-    none = [None] * g_n
-    # split_with_sizes, not Tensor.split (a Python wrapper of it)
-    data = q[:q_len].view(m, k // 2).split_with_sizes(sizes) if row else none
-    scales = none
-    if row:
-        scales = s[:s_len].view(torch.float8_e4m3fn).view(
-            sum(plan.scale_rows), plan.scale_cols).split_with_sizes(plan.scale_rows)
-    data_t = qt[:qt_len].split_with_sizes(qt_lens) if col else none
-    scales_t = st[:st_len].view(torch.float8_e4m3fn).split_with_sizes(st_lens) if col else none
-    amax = amax_r[:plan.ar_len].split_with_sizes(ar_lens) if row else none
-    amax_t = amax_c[:plan.ac_len].split_with_sizes(ac_lens) if col else none
-    window = scaling == "window64"
-    out = []
-    for g, mg in enumerate(sizes):
-        st_shape, a_shape, at_shape = plan.view_shapes[g]
-        out.append(NVFP4Tensor(
-            data=data[g], scales=scales[g],
-            amax=amax[g].view(a_shape) if row and window else amax[g],
-            data_t=data_t[g].view(k, mg // 2) if col else None,
-            scales_t=scales_t[g].view(st_shape) if col else None,
-            amax_t=amax_t[g].view(at_shape) if col and window else amax_t[g],
-            recipe=recipe, shape=shapes[g], dtype=x2.dtype))
-    if into is not None:
-        return [copy_fields(into, out[0], ("amax", "amax_t"))]
-    return out
+    f8 = torch.float8_e4m3fn
+    if into is not None:  # its data and scales written; the amaxes copied in
+        for t, a, n in ((into.amax, amax_r, plan.ar_len), (into.amax_t, amax_c, plan.ac_len)):
+            if t is not None:
+                t.view(-1).copy_(a[:n])
+        return None
+    return (q[:q_len].view(m, k // 2) if row else None,
+            s[:s_len].view(f8).view(plan.scales_2d) if row else None,
+            amax_r[:plan.ar_len] if row else None,
+            qt[:qt_len] if col else None,
+            st[:st_len].view(f8) if col else None,
+            amax_c[:plan.ac_len] if col else None)
 
 
 def _reduce_amaxes(amax_reduce, recipe: Recipe, amax_r: torch.Tensor, amax_c: torch.Tensor,
@@ -874,8 +845,11 @@ def quantize_recipe(x: torch.Tensor, recipe: Recipe = Recipe(), *, seed: int = 0
     if amax_reduce is not None and not callable(amax_reduce):
         raise TypeError("amax_reduce must be a callable reducing a float32 tensor in place")
     seed, offset = _rng_seed_offset(x, seed, offset, rng_state)
-    return _run(x2, [x2.shape[0]], recipe, seed, offset, [tuple(x.shape)], amax_reduce,
-                rng_state, column_sum, out)[0]
+    flat = _run(x2, [x2.shape[0]], recipe, seed, offset, amax_reduce, rng_state, column_sum,
+                out)
+    if out is not None:
+        return out
+    return split_groups(flat, [x2.shape[0]], x2.shape[1], recipe, x.dtype, [tuple(x.shape)])[0]
 
 
 def _rng_seed_offset(x: torch.Tensor, seed: int, offset: int,
@@ -892,9 +866,10 @@ def _rng_seed_offset(x: torch.Tensor, seed: int, offset: int,
 
 def quantize_grouped(x: torch.Tensor, split_sizes: Sequence[int], recipe: Recipe = Recipe(), *,
                      seed: int = 0, offset: int = 0, amax_reduce=None,
-                     rng_state: Optional[torch.Tensor] = None) -> List[NVFP4Tensor]:
+                     rng_state: Optional[torch.Tensor] = None) -> GroupedNVFP4Tensor:
     """Quantize the row groups of a CUDA [sum(M_i), K] tensor independently, in one launch
-    (plus one amax launch for scaling "tensor" / "token"); equals per-group `quantize`.
+    (plus one amax launch for scaling "tensor" / "token"); equals per-group `quantize`
+    (GroupedNVFP4Tensor: the groups' fields back to back, and their NVFP4Tensor views).
     Tensor-parallel amax reduction is not supported for grouped inputs (ValueError).
     rng_state: as quantize_recipe's."""
     if amax_reduce is not None:
@@ -909,5 +884,6 @@ def quantize_grouped(x: torch.Tensor, split_sizes: Sequence[int], recipe: Recipe
     for i, mg in enumerate(sizes):
         _check_rows(mg, recipe, f"split_sizes[{i}]")
     seed, offset = _rng_seed_offset(x, seed, offset, rng_state)
-    return _run(x2, sizes, recipe, seed, offset, [(mg, x2.shape[1]) for mg in sizes],
-                rng_state=rng_state)
+    flat = _run(x2, sizes, recipe, seed, offset, rng_state=rng_state)
+    return GroupedNVFP4Tensor(*flat, split_sizes=sizes, cols=x2.shape[1], recipe=recipe,
+                              dtype=x.dtype)

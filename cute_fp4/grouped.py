@@ -1,0 +1,139 @@
+"""`GroupedNVFP4Tensor`: the result of `quantize_grouped`, every group's fields back to back in
+flat buffers, and the groups' `NVFP4Tensor` views made on first access.
+
+A grouped call's host time was mostly its per-group views (6-8 tensors per group, ~1-2.5 us
+each: 8 groups ~2x one single-tensor call, 64 groups ~8x; notes/quant_recipes.md "Session
+50"); a consumer of the flat buffers (a grouped GEMM) does not need them."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from typing import List, Optional, Tuple
+
+import torch
+
+from .recipe import Recipe
+from .ref.swizzle import scale_shape
+from .tensor import FIELDS, NVFP4Tensor
+
+
+def group_lengths(rows: int, cols: int, recipe: Recipe) -> Tuple[int, ...]:
+    """The elements of each field (FIELDS order) of the NVFP4Tensor of a [rows, cols] group,
+    as a GroupedNVFP4Tensor lays them back to back: packed data bytes, scales (padded when
+    swizzled), amaxes (one, one per row / column, one per 64-wide window of a row / column)."""
+    sr, sc = scale_shape(rows, cols // 16, recipe.swizzle)
+    tr, tc = scale_shape(cols, rows // 16, recipe.swizzle)
+    if recipe.scaling == "tensor":
+        a, at = 1, 1
+    elif recipe.scaling == "token":
+        a, at = rows, cols
+    else:
+        a, at = rows * (cols // 64), cols * (rows // 64)
+    return rows * cols // 2, sr * sc, a, cols * rows // 2, tr * tc, at
+
+
+@functools.lru_cache(maxsize=256)
+def _piece_lens(sizes: Tuple[int, ...], cols: int, recipe: Recipe) -> Tuple[Tuple[int, ...], ...]:
+    """Per field (FIELDS order), the lengths of the groups' pieces of the flat field along its
+    first dimension (data and scales: rows, the others: elements). Cached: a grouped call's
+    split sizes often repeat."""
+    lens = list(zip(*(group_lengths(mg, cols, recipe) for mg in sizes)))
+    lens[0] = sizes
+    lens[1] = tuple(scale_shape(mg, cols // 16, recipe.swizzle)[0] for mg in sizes)
+    return tuple(lens)
+
+
+def split_groups(flat: Tuple[Optional[torch.Tensor], ...], sizes: Sequence[int], cols: int,
+                 recipe: Recipe, dtype: torch.dtype,
+                 shapes: Optional[Sequence[tuple]] = None) -> List[NVFP4Tensor]:
+    """Each group's NVFP4Tensor of flat fields laid out as GroupedNVFP4Tensor's (absent ones
+    None); shapes: the groups' original shapes ([M_g, cols] by default). One group takes its
+    fields' views without splitting them (a single-tensor quantize)."""
+    swz, window = recipe.swizzle, recipe.scaling == "window64"
+    if shapes is None:
+        shapes = [(mg, cols) for mg in sizes]
+    if len(sizes) == 1:
+        parts = [None if t is None else (t,) for t in flat]
+    else:
+        parts = [None if t is None else t.split_with_sizes(lens)
+                 for t, lens in zip(flat, _piece_lens(tuple(sizes), cols, recipe))]
+    none = (None,) * len(sizes)
+    d, sc, a, dt, st, at = (none if p is None else p for p in parts)
+    if flat[3] is not None:
+        dt = [t.view(cols, mg // 2) for t, mg in zip(dt, sizes)]
+    if flat[4] is not None:
+        st = [t.view(scale_shape(cols, mg // 16, swz)) for t, mg in zip(st, sizes)]
+    if window:
+        if flat[2] is not None:
+            a = [t.view(mg, cols // 64) for t, mg in zip(a, sizes)]
+        if flat[5] is not None:
+            at = [t.view(cols, mg // 64) for t, mg in zip(at, sizes)]
+    return [NVFP4Tensor(*f, recipe=recipe, shape=tuple(shape), dtype=dtype)
+            for f, shape in zip(zip(d, sc, a, dt, st, at), shapes)]
+
+
+class GroupedNVFP4Tensor(Sequence):
+    """The row groups of a [sum(M_g), K] input quantized independently (`quantize_grouped`):
+    a sequence of the groups' NVFP4Tensor (`result[g]`, iteration, len), and their fields
+    back to back in group order, for consumers of flat buffers (grouped GEMMs):
+
+    data: uint8 [sum(M_g), K/2]; scales: float8_e4m3fn [sum of the groups' scale rows, scale
+    columns] (swizzled: each group's padded to 128 rows); amax: float32, each group's amaxes
+    flattened; data_t, scales_t, amax_t: 1D, each group's twin flattened (group g's data_t is
+    [K, M_g / 2]). Absent outputs are None. `offsets(name)`: where each group's piece starts.
+    The groups' NVFP4Tensor views of these buffers are made on first access (host time: 6-8
+    tensors per group)."""
+
+    def __init__(self, data, scales, amax, data_t, scales_t, amax_t, *,
+                 split_sizes: Sequence[int], cols: int, recipe: Recipe, dtype: torch.dtype):
+        self.data, self.scales, self.amax = data, scales, amax
+        self.data_t, self.scales_t, self.amax_t = data_t, scales_t, amax_t
+        self.split_sizes = tuple(split_sizes)
+        self.cols, self.recipe, self.dtype = cols, recipe, dtype
+        self._groups = None
+
+    @classmethod
+    def from_groups(cls, groups: List[NVFP4Tensor], split_sizes: Sequence[int], cols: int,
+                    recipe: Recipe, dtype: torch.dtype) -> "GroupedNVFP4Tensor":
+        """The grouped tensor of per-group results (the CPU reference): their fields
+        concatenated (its groups are then views of those, as on the GPU)."""
+        flat = []
+        for name in FIELDS:
+            ts = [getattr(t, name) for t in groups]
+            if ts[0] is None:
+                flat.append(None)
+            elif name in ("data", "scales"):
+                flat.append(torch.cat(ts))
+            else:
+                flat.append(torch.cat([t.reshape(-1) for t in ts]))
+        return cls(*flat, split_sizes=split_sizes, cols=cols, recipe=recipe, dtype=dtype)
+
+    def groups(self) -> List[NVFP4Tensor]:
+        """Every group's NVFP4Tensor (views of the flat fields, made once)."""
+        if self._groups is None:
+            flat = tuple(getattr(self, name) for name in FIELDS)
+            self._groups = split_groups(flat, self.split_sizes, self.cols, self.recipe,
+                                        self.dtype)
+        return self._groups
+
+    def __len__(self) -> int:
+        return len(self.split_sizes)
+
+    def __getitem__(self, g):
+        return self.groups()[g]
+
+    def __iter__(self):
+        return iter(self.groups())
+
+    def offsets(self, name: str) -> List[int]:
+        """The element offset of each group's piece of flat field `name` (one of FIELDS),
+        and the field's length last (data and scales: their rows)."""
+        out = [0]
+        for n in _piece_lens(self.split_sizes, self.cols, self.recipe)[FIELDS.index(name)]:
+            out.append(out[-1] + n)
+        return out
+
+    def __repr__(self) -> str:
+        return (f"GroupedNVFP4Tensor(split_sizes={list(self.split_sizes)}, cols={self.cols}, "
+                f"recipe={self.recipe}, dtype={self.dtype})")
