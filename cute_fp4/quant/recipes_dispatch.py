@@ -188,8 +188,15 @@ def token_row_streams(sizes) -> torch.Tensor:
 def strip_groups(sizes) -> torch.Tensor:
     """K1 with row groups' table (AmaxToken groups; groups of multiples of 16 rows): int32,
     the group of each 16-row strip."""
-    return torch.repeat_interleave(torch.arange(len(sizes), dtype=torch.int32),
-                                   torch.tensor(sizes, dtype=torch.int64) // 16)
+    strips = [mg // 16 for mg in sizes]
+    return _group_ids(len(sizes)).repeat_interleave(torch.tensor(strips), 0,
+                                                    output_size=sum(strips))
+
+
+@functools.lru_cache(maxsize=16)
+def _group_ids(n: int) -> torch.Tensor:
+    """int32 [n]: 0 .. n - 1 (strip_groups)."""
+    return torch.arange(n, dtype=torch.int32)
 
 
 # Tile rows walked together (CastKernel band, at most) by the row-group cast of groups whose
