@@ -13,9 +13,11 @@ cast's stochastic encoder where every block has enc >= 2^-14)."""
 import itertools
 import math
 import os
+import random
 import re
 
 import numpy as np
+
 import pytest
 import torch
 
@@ -33,7 +35,8 @@ from cute_fp4.quant.recipes_dispatch import (amax_recipe_kernel, amax_tiles_per_
                                              plain_cast_walk, ROW_GROUPS_MAX,
                                              row_group_groups, row_group_padding,
                                              row_group_tables, row_group_walk, strip_groups,
-                                             token_amax_k1, token_row_streams)
+                                             token_amax_k1, token_row_streams,
+                                             RAGGED_LIST_MAX, ragged_table)
 
 ARCHS = ["sm_90a", "sm_100a"]
 RECIPES = [
@@ -587,6 +590,32 @@ def test_token_row_streams():
     assert got.dtype == torch.int32 and got.tolist() == want
     assert want == [0, 0, 0, 0, 0, 0, 4, 3, 4, 3, 6, 5]
     assert token_row_streams([0, 0]).numel() == 0
+
+
+@pytest.mark.parametrize("per_group", [0, 1, 3, 40, 300])
+@pytest.mark.parametrize("cols", [1, 2, 3])
+def test_ragged_table(cols, per_group):
+    """A plan's ragged tables (counts[g] rows of group g, the i-th rows[g] + i * steps), from
+    Python lists below RAGGED_LIST_MAX values and by tensor ops above, against their
+    expansion; token_row_streams and strip_groups of large groups too."""
+    rnd = random.Random(cols * 1000 + per_group)
+    g = 7
+    rows = [tuple(rnd.randint(-5000, 5000) for _ in range(cols)) for _ in range(g)]
+    counts = [rnd.randint(0, 2 * per_group) for _ in range(g)]
+    steps = tuple(rnd.choice([0, 1, -3, 256]) for _ in range(cols))
+    big = sum(counts) * cols > RAGGED_LIST_MAX  # the tensor-op path
+    assert big if per_group == 300 else not big or per_group == 40
+    for st in (steps, None):
+        want = [[v + i * d for v, d in zip(r, st or (0,) * cols)]
+                for r, k in zip(rows, counts) for i in range(k)]
+        got = ragged_table(rows, counts, st)
+        assert got.dtype == torch.int32 and got.is_contiguous()
+        assert got.shape == (sum(counts), cols) and got.tolist() == want
+    sizes = [16 * rnd.randint(0, 2 * per_group) for _ in range(g)]
+    assert strip_groups(sizes).tolist() == [g for g, mg in enumerate(sizes)
+                                            for _ in range(mg // 16)]
+    assert token_row_streams(sizes).tolist() == [
+        v for g, mg in enumerate(sizes) for _ in range(mg) for v in (2 * g, sum(sizes[:g]))]
 
 
 def test_strip_groups():

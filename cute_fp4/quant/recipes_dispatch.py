@@ -179,24 +179,53 @@ def on_token_rows(recipe: Recipe, sizes, col_sum: bool) -> bool:
 def token_row_streams(sizes) -> torch.Tensor:
     """TokenRowCast grouped's table (on_token_rows): int32 [M * 2], row r's Philox stream
     (2g for group g, ref.quantize_grouped) at 2r and its group's first row at 2r + 1."""
-    counts = torch.tensor(sizes, dtype=torch.int64)
-    first = torch.cumsum(counts, 0) - counts
-    rows = torch.stack([2 * torch.arange(len(sizes)), first], 1)
-    return torch.repeat_interleave(rows, counts, 0).flatten().to(torch.int32)
+    first = itertools.accumulate(sizes, initial=0)
+    return ragged_table([(2 * g, r0) for g, r0 in zip(range(len(sizes)), first)],
+                        sizes).view(-1)
 
 
 def strip_groups(sizes) -> torch.Tensor:
     """K1 with row groups' table (AmaxToken groups; groups of multiples of 16 rows): int32,
     the group of each 16-row strip."""
-    strips = [mg // 16 for mg in sizes]
-    return _group_ids(len(sizes)).repeat_interleave(torch.tensor(strips), 0,
-                                                    output_size=sum(strips))
+    return ragged_table([(g,) for g in range(len(sizes))], [mg // 16 for mg in sizes]).view(-1)
 
 
-@functools.lru_cache(maxsize=16)
-def _group_ids(n: int) -> torch.Tensor:
-    """int32 [n]: 0 .. n - 1 (strip_groups)."""
-    return torch.arange(n, dtype=torch.int32)
+# ragged_table: tables of at most this many values are built from Python lists, larger ones by
+# tensor ops (~30 us, whatever their size). Measured (2-core CPU, us, lists / tensor ops): 16
+# rows x 3 columns 22 / 34, 128 x 2 29 / 34, 1056 x 3 202 / 45, 4096 x 1 249 / 89.
+RAGGED_LIST_MAX = 256
+
+
+def ragged_table(rows, counts, steps=None) -> torch.Tensor:
+    """int32 [sum(counts), len(rows[0])]: for each g, counts[g] rows, the i-th rows[g] + i *
+    steps (a value per column; no steps: zeros), one group after another: the groups' entries
+    of a plan's table (a plan for new split sizes is host time on every MoE step:
+    RAGGED_LIST_MAX)."""
+    n, cols = sum(counts), len(rows[0])
+    if n * cols <= RAGGED_LIST_MAX:
+        steps = steps or (0,) * cols
+        columns = [list(itertools.chain.from_iterable(
+            range(r[c], r[c] + k * steps[c], steps[c]) if steps[c] else itertools.repeat(r[c], k)
+            for r, k in zip(rows, counts))) for c in range(cols)]
+        return torch.tensor(list(zip(*columns)), dtype=torch.int32).view(n, cols)
+    if steps is not None:  # row j of group g (its first row f): rows[g] - f * steps + j * steps
+        first = itertools.accumulate(counts, initial=0)
+        rows = [[v - f * d for v, d in zip(r, steps)] for r, f in zip(rows, first)]
+    table = torch.tensor(rows, dtype=torch.int32).repeat_interleave(torch.tensor(counts), 0,
+                                                                    output_size=n)
+    if steps is None:
+        return table
+    return table.addcmul_(_iota(n)[:, None], torch.tensor(steps, dtype=torch.int32))
+
+
+_IOTA = [torch.arange(0, dtype=torch.int32)]
+
+
+def _iota(n: int) -> torch.Tensor:
+    """int32 [n]: 0 .. n - 1 (a view of one tensor, made again only when n outgrows it)."""
+    if _IOTA[0].numel() < n:
+        _IOTA[0] = torch.arange(1 << (n - 1).bit_length(), dtype=torch.int32)
+    return _IOTA[0][:n]
 
 
 # Tile rows walked together (CastKernel band, at most) by the row-group cast of groups whose
@@ -303,22 +332,10 @@ def group_chunks(sizes, k: int, esize: int, num_sms: int) -> tuple:
     counts = [min(c, -(-n // AMAX_THREADS)) for n, c in zip(vecs, counts)]
     pfirst = list(itertools.accumulate(counts, initial=0))
     first = list(itertools.accumulate(vecs, initial=0))
-    # chunk j = pfirst[g] + i of group g: (first[g] + i * AMAX_THREADS, first[g + 1],
-    # counts[g] * AMAX_THREADS), i.e. group g's row (first[g] - pfirst[g] * AMAX_THREADS, ...)
-    # repeated counts[g] times, plus row j of _chunk_steps: few tensor ops (a plan for new
-    # split sizes is host time on every MoE step)
-    base = torch.tensor([(first[g] - pfirst[g] * AMAX_THREADS, first[g + 1], c * AMAX_THREADS)
-                         for g, c in enumerate(counts)], dtype=torch.int32)
-    chunks = base.repeat_interleave(torch.tensor(counts), 0, output_size=pfirst[-1])
-    return chunks.add_(_chunk_steps(pfirst[-1])), pfirst
-
-
-@functools.lru_cache(maxsize=16)
-def _chunk_steps(n: int) -> torch.Tensor:
-    """int32 [n, 3]: row j is (j * AMAX_THREADS, 0, 0) (group_chunks)."""
-    steps = torch.zeros(n, 3, dtype=torch.int32)
-    steps[:, 0] = torch.arange(n, dtype=torch.int32) * AMAX_THREADS
-    return steps
+    # chunk pfirst[g] + i of group g: (first[g] + i * AMAX_THREADS, first[g + 1],
+    # counts[g] * AMAX_THREADS)
+    rows = [(first[g], first[g + 1], c * AMAX_THREADS) for g, c in enumerate(counts)]
+    return ragged_table(rows, counts, (AMAX_THREADS, 0, 0)), pfirst
 
 
 def plain_cast_walk(m: int, k: int, esize: int, per_token: bool, compact_twin: bool,
@@ -549,17 +566,19 @@ class _Plan:
         def recipe_tables():
             """The recipe kernels' tables (RecipeAmax, RecipeCastKernel): tiles, groups,
             amax CTAs (the plain and row-group casts take none of them)."""
-            ttab, atab = [], []
-            per_cta = amax_tiles_per_cta(sum(_ceil(mg, TILE) for mg in sizes), k, esize, sms)
-            for g, mg in enumerate(sizes):
-                real = _ceil(mg, TILE)
-                tiles = 2 * _ceil(mg, 128) if (swz and row) else real
-                base = len(ttab)
-                ttab += [(g, TILE * i) for i in range(tiles)]
-                atab += [(base + i, min(per_cta, real - i)) for i in range(0, real, per_cta)]
-            self._table("tt", ttab, torch.int32)
+            real = [_ceil(mg, TILE) for mg in sizes]  # the groups' m tiles
+            tiles = [2 * _ceil(mg, 128) for mg in sizes] if (swz and row) else real
+            per_cta = amax_tiles_per_cta(sum(real), k, esize, sms)
+            ctas = [_ceil(r, per_cta) for r in real]
+            base = list(itertools.accumulate(tiles, initial=0))  # the groups' first tiles
+            # tile i of group g: (g, TILE * i); its amax CTA c: (base[g] + c * per_cta, the
+            # tiles left from there, at most per_cta)
+            self._table("tt", ragged_table([(g, 0) for g in range(len(sizes))], tiles,
+                                           (0, TILE)), torch.int32)
             self._table("gt", gtab, torch.int64)
-            self._table("at", atab if atab else ((0, 0),), torch.int32)
+            at = ragged_table(list(zip(base, real)), ctas, (per_cta, -per_cta))
+            at[:, 1].clamp_max_(per_cta)
+            self._table("at", at if at.shape[0] else ((0, 0),), torch.int32)
 
         arch = device_arch(dev)
         self.plain = on_plain_cast(recipe, len(sizes), name)
