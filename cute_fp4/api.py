@@ -8,7 +8,7 @@ from typing import Optional, Sequence, Tuple, Union
 
 import torch
 
-from . import ops, ref
+from . import ops
 from .grouped import GroupedNVFP4Tensor
 from .recipe import Recipe
 from .ref.formats import FLOAT_DTYPES as OUT_DTYPES
@@ -183,20 +183,11 @@ def quantize_grouped(x: torch.Tensor, split_sizes: Sequence[int], recipe: Recipe
     GroupedNVFP4Tensor (the groups' NVFP4Tensor as a sequence, and their fields back to back).
     rng_state: as quantize's, an int64 [seed, offset] on the CPU or on x's device replacing
     seed / offset (on the device: read by the kernel, so a CUDA graph of an MoE step advances
-    its stochastic rounding with the tensor)."""
+    its stochastic rounding with the tensor). Under torch.compile it is a custom op whose split
+    sizes are constants of the graph (new sizes trace again)."""
     _check_contiguous(x, "x")
     _check_rng_state(rng_state, x)
-    rng_device = None
-    if rng_state is not None:
-        seed, offset, rng_device = ops.rng_args(rng_state)
-    if x.is_cuda:
-        from .quant.recipes_dispatch import quantize_grouped as quantize_grouped_cuda
-
-        return quantize_grouped_cuda(x, split_sizes, recipe, seed=seed, offset=offset,
-                                     rng_state=rng_device)
-    groups = ref.quantize_grouped(x, split_sizes, recipe, seed=seed, offset=offset)
-    return GroupedNVFP4Tensor.from_groups(groups, [int(v) for v in split_sizes], x.shape[1],
-                                          recipe, x.dtype)
+    return ops.quantize_grouped(x, split_sizes, recipe, seed, offset, rng_state)
 
 
 def dequantize(t: NVFP4Tensor, dtype: torch.dtype = torch.bfloat16, *,

@@ -33,15 +33,43 @@ def group_lengths(rows: int, cols: int, recipe: Recipe) -> Tuple[int, ...]:
     return rows * cols // 2, sr * sc, a, cols * rows // 2, tr * tc, at
 
 
-@functools.lru_cache(maxsize=256)
 def _piece_lens(sizes: Tuple[int, ...], cols: int, recipe: Recipe) -> Tuple[Tuple[int, ...], ...]:
     """Per field (FIELDS order), the lengths of the groups' pieces of the flat field along its
-    first dimension (data and scales: rows, the others: elements). Cached: a grouped call's
-    split sizes often repeat."""
+    first dimension (data and scales: rows, the others: elements). Cached in eager calls (a
+    grouped call's split sizes often repeat); torch.compile traces it."""
     lens = list(zip(*(group_lengths(mg, cols, recipe) for mg in sizes)))
     lens[0] = sizes
     lens[1] = tuple(scale_shape(mg, cols // 16, recipe.swizzle)[0] for mg in sizes)
     return tuple(lens)
+
+
+_piece_lens_cached = functools.lru_cache(maxsize=256)(_piece_lens)
+
+
+def piece_lens(sizes: Tuple[int, ...], cols: int, recipe: Recipe) -> Tuple[Tuple[int, ...], ...]:
+    """_piece_lens, from its cache outside torch.compile."""
+    if torch.compiler.is_compiling():
+        return _piece_lens(sizes, cols, recipe)
+    return _piece_lens_cached(sizes, cols, recipe)
+
+
+def check_split_sizes(x: torch.Tensor, split_sizes: Sequence[int]) -> List[int]:
+    """The split sizes of a grouped quantize of x as ints (ValueError: x not 2D, a negative
+    size, sizes not summing to x's rows)."""
+    if not isinstance(x, torch.Tensor) or x.dim() != 2:
+        raise ValueError("quantize_grouped expects a 2D [sum(M_i), K] tensor")
+    sizes = [int(v) for v in split_sizes]
+    if any(v < 0 for v in sizes) or sum(sizes) != x.shape[0]:
+        raise ValueError(f"split_sizes {sizes} must be non-negative and sum to {x.shape[0]}")
+    return sizes
+
+
+def flat_shapes(sizes: Sequence[int], cols: int, recipe: Recipe) -> Tuple[tuple, ...]:
+    """The shapes of a GroupedNVFP4Tensor's flat fields (FIELDS order; absent outputs too)."""
+    lens = piece_lens(tuple(sizes), cols, recipe)
+    scale_cols = scale_shape(0, cols // 16, recipe.swizzle)[1]
+    return ((sum(sizes), cols // 2), (sum(lens[1]), scale_cols)) + tuple(
+        (sum(n),) for n in lens[2:])
 
 
 def split_groups(flat: Tuple[Optional[torch.Tensor], ...], sizes: Sequence[int], cols: int,
@@ -57,7 +85,7 @@ def split_groups(flat: Tuple[Optional[torch.Tensor], ...], sizes: Sequence[int],
         parts = [None if t is None else (t,) for t in flat]
     else:
         parts = [None if t is None else t.split_with_sizes(lens)
-                 for t, lens in zip(flat, _piece_lens(tuple(sizes), cols, recipe))]
+                 for t, lens in zip(flat, piece_lens(tuple(sizes), cols, recipe))]
     none = (None,) * len(sizes)
     d, sc, a, dt, st, at = (none if p is None else p for p in parts)
     if flat[3] is not None:
@@ -130,7 +158,7 @@ class GroupedNVFP4Tensor(Sequence):
         """The element offset of each group's piece of flat field `name` (one of FIELDS),
         and the field's length last (data and scales: their rows)."""
         out = [0]
-        for n in _piece_lens(self.split_sizes, self.cols, self.recipe)[FIELDS.index(name)]:
+        for n in piece_lens(self.split_sizes, self.cols, self.recipe)[FIELDS.index(name)]:
             out.append(out[-1] + n)
         return out
 

@@ -20,6 +20,7 @@ from .recipe import Recipe
 from .ref.formats import decode_scale
 from .ref.quantize import block_outer_amax
 from .ref.swizzle import scale_shape, swizzle_scales, unswizzle_scales
+from .grouped import GroupedNVFP4Tensor, check_split_sizes, flat_shapes
 from .tensor import FIELDS, NVFP4Tensor
 
 
@@ -79,9 +80,10 @@ def _cuda():
     from .gemm.factors import epilogue_operands
     from .quant.dequantize import dequantize
     from .quant.dispatch import plan_for, quantize
-    from .quant.recipes_dispatch import quantize_recipe
+    from .quant.recipes_dispatch import quantize_grouped, quantize_recipe
 
     return SimpleNamespace(quantize=quantize, plan_for=plan_for, quantize_recipe=quantize_recipe,
+                           quantize_grouped=quantize_grouped,
                            dequantize=dequantize, gemm_nvfp4=gemm_nvfp4, gemm_w4a16=gemm_w4a16,
                            epilogue_operands=epilogue_operands, device_arch=device_arch,
                            prepared_weights=prepared_weights)
@@ -225,6 +227,62 @@ def quantize(x2: Tensor, recipe: Recipe, shape, dtype, seed: int, offset: int,
     if out is not None:
         t = copy_fields(out, t)
     return (t, outs[6]) if column_sum else t
+
+
+def quantize_grouped_impl(x: Tensor, sizes: List[int], recipe: Recipe, seed: int, offset: int,
+                          rng_device: Optional[Tensor] = None) -> GroupedNVFP4Tensor:
+    """rng_device: as quantize_impl's."""
+    if x.is_cuda:
+        return _cuda().quantize_grouped(x, sizes, recipe, seed=seed, offset=offset,
+                                        rng_state=rng_device)
+    groups = ref.quantize_grouped(x, sizes, recipe, seed=seed, offset=offset)
+    return GroupedNVFP4Tensor.from_groups(groups, sizes, x.shape[1], recipe, x.dtype)
+
+
+_FIELD_DTYPES = (torch.uint8, torch.float8_e4m3fn, torch.float32) * 2
+
+
+@torch.library.custom_op("cute_fp4::quantize_grouped", mutates_args=())
+def quantize_grouped_op(x: Tensor, split_sizes: List[int], scaling: str, block_rows: int,
+                        rht: bool, sr: bool, four_over_six: str, e4m3_max: int, fast_math: bool,
+                        rowwise: bool, columnwise: bool, swizzle: bool,
+                        rng_state: Tensor) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor,
+                                                    Tensor]:
+    recipe = recipe_from_args(scaling, block_rows, rht, sr, four_over_six, e4m3_max, fast_math,
+                              rowwise, columnwise, swizzle)
+    seed, offset, rng_device = rng_args(rng_state)
+    g = quantize_grouped_impl(x, split_sizes, recipe, seed, offset, rng_device)
+    return _unaliased(tuple(_or_empty(getattr(g, f), x, dt)
+                            for f, dt in zip(FIELDS, _FIELD_DTYPES)))
+
+
+@quantize_grouped_op.register_fake
+def _(x, split_sizes, scaling, block_rows, rht, sr, four_over_six, e4m3_max, fast_math,
+      rowwise, columnwise, swizzle, rng_state):
+    recipe = recipe_from_args(scaling, block_rows, rht, sr, four_over_six, e4m3_max, fast_math,
+                              rowwise, columnwise, swizzle)
+    present = (rowwise,) * 3 + (columnwise,) * 3
+    return tuple(x.new_empty(shape if p else (0,), dtype=dt) for shape, p, dt in
+                 zip(flat_shapes(split_sizes, x.shape[1], recipe), present, _FIELD_DTYPES))
+
+
+def quantize_grouped(x: Tensor, split_sizes, recipe: Recipe, seed: int, offset: int,
+                     rng_state: Optional[Tensor] = None) -> GroupedNVFP4Tensor:
+    """Quantize the row groups of a contiguous 2D input; through the custom op while
+    torch.compile traces (the split sizes are constants of the traced graph: new sizes
+    trace again). rng_state: as quantize's."""
+    if not torch.compiler.is_compiling():
+        rng_device = None
+        if rng_state is not None:
+            seed, offset, rng_device = rng_args(rng_state)
+        return quantize_grouped_impl(x, split_sizes, recipe, seed, offset, rng_device)
+    sizes = check_split_sizes(x, split_sizes)
+    if rng_state is None:
+        rng_state = torch.tensor([seed, offset], dtype=torch.int64)
+    outs = quantize_grouped_op(x, sizes, *recipe_args(recipe), rng_state)
+    present = (recipe.rowwise,) * 3 + (recipe.columnwise,) * 3
+    return GroupedNVFP4Tensor(*(o if p else None for o, p in zip(outs, present)),
+                              split_sizes=sizes, cols=x.shape[1], recipe=recipe, dtype=x.dtype)
 
 
 def dequantize_impl(t: NVFP4Tensor, dtype, out: Optional[Tensor] = None) -> Tensor:

@@ -6,6 +6,7 @@ import dataclasses
 
 import pytest
 import torch
+from torch._dynamo.testing import CompileCounterWithBackend
 
 import cute_fp4
 from cute_fp4 import GroupedNVFP4Tensor, NVFP4Tensor, Recipe, ref
@@ -531,6 +532,33 @@ def test_grouped_tensor_layout(recipe):
                 assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)), (name, g)
     assert got[-1] is got.groups()[3] and got[1:3] == got.groups()[1:3]
     assert list(got) == got.groups() and len(got) == 4
+
+
+@pytest.mark.parametrize("recipe", [Recipe(columnwise=True, swizzle=True),
+                                    Recipe(scaling="token", stochastic_rounding=True,
+                                           columnwise=True)])
+def test_quantize_grouped_torch_compile(recipe):
+    """quantize_grouped inside torch.compile(fullgraph=True) is the custom op
+    cute_fp4::quantize_grouped: its flat fields equal eager's bytes (the fake gives their
+    shapes and dtypes), its groups too, indexed inside and outside the compiled function."""
+    x = torch.randn(112, 64, generator=torch.Generator().manual_seed(9))
+    sizes = [32, 0, 80]
+
+    def step(x):
+        g = cute_fp4.quantize_grouped(x, sizes, recipe, seed=3, offset=4)
+        return g, g[2].data.float().sum()
+
+    backend = CompileCounterWithBackend("aot_eager")
+    got, total = torch.compile(step, fullgraph=True, backend=backend)(x)
+    assert "cute_fp4.quantize_grouped" in str(backend.graphs[0].graph)
+    want = cute_fp4.quantize_grouped(x, sizes, recipe, seed=3, offset=4)
+    assert isinstance(got, GroupedNVFP4Tensor) and got.split_sizes == tuple(sizes)
+    for name in FIELDS:
+        a, b = getattr(got, name), getattr(want, name)
+        assert a.shape == b.shape and a.dtype == b.dtype, name
+        assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)), name
+    check_grouped_layout(got, list(want))
+    assert total.item() == want[2].data.float().sum().item()
 
 
 def test_quantize_grouped_rng_state():

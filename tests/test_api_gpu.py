@@ -334,3 +334,36 @@ def test_w4a4_remembered_weights_bit_equal(m, a_scaling, b_scaling, swizzle, out
                                         columnwise=False))
     assert prepared_weights(w).w4a4(other, out_dtype) is None
     _bits_equal(cute_fp4.gemm(other, w, out_dtype=out_dtype), got)
+
+
+@pytest.mark.parametrize("recipe", [
+    Recipe(columnwise=True, swizzle=True),  # the row-group cast
+    Recipe(scaling="token", stochastic_rounding=True, columnwise=True),  # the recipe kernel
+])
+def test_quantize_grouped_torch_compile_gpu(recipe):
+    """quantize_grouped inside torch.compile(fullgraph=True) (inductor; the custom op
+    cute_fp4::quantize_grouped) gives eager's bytes in every flat field, and so the
+    reference's groups; a CUDA graph of the compiled function replays them."""
+    g = torch.Generator(device="cuda").manual_seed(50)
+    x = torch.randn(272, 128, device="cuda", generator=g).to(torch.bfloat16)
+    sizes = [64, 0, 176, 32]
+    rng = torch.tensor([3, 4], dtype=torch.int64, device="cuda")
+    step = torch.compile(lambda x: cute_fp4.quantize_grouped(x, sizes, recipe, rng_state=rng),
+                         fullgraph=True)
+    got = step(x)
+    want = cute_fp4.quantize_grouped(x, sizes, recipe, seed=3, offset=4)
+    for name in ("data", "scales", "amax", "data_t", "scales_t", "amax_t"):
+        a, b = getattr(got, name), getattr(want, name)
+        assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)), name
+    for t, w in zip(got, ref.quantize_grouped(x, sizes, recipe, seed=3, offset=4)):
+        check(t, w, recipe)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        replayed = step(x)
+    for name in ("data", "scales_t"):
+        getattr(replayed, name).view(torch.uint8).fill_(0x7F)
+    graph.replay()
+    torch.cuda.synchronize()
+    for name in ("data", "scales_t"):
+        assert torch.equal(getattr(replayed, name).view(torch.uint8),
+                           getattr(want, name).view(torch.uint8)), name

@@ -48,7 +48,7 @@ import torch
 
 from ..common.jit import (KERNELS, compile_kernel, device_arch, dyn, env_stream, fake_tensor,
                           num_sms)
-from ..grouped import GroupedNVFP4Tensor, group_lengths, split_groups
+from ..grouped import GroupedNVFP4Tensor, check_split_sizes, group_lengths, split_groups
 from ..recipe import Recipe
 from ..ref.philox import check_seed_offset
 from ..ref.swizzle import scale_shape
@@ -901,12 +901,8 @@ def quantize_grouped(x: torch.Tensor, split_sizes: Sequence[int], recipe: Recipe
     if amax_reduce is not None:
         raise ValueError("quantize_grouped does not support amax_reduce (tensor-parallel amax "
                          "reduction of grouped inputs)")
-    if not isinstance(x, torch.Tensor) or x.dim() != 2:
-        raise ValueError("quantize_grouped expects a 2D [sum(M_i), K] tensor")
+    sizes = check_split_sizes(x, split_sizes)
     x2 = _check(x, recipe)
-    sizes = [int(v) for v in split_sizes]
-    if any(v < 0 for v in sizes) or sum(sizes) != x2.shape[0]:
-        raise ValueError(f"split_sizes {sizes} must be non-negative and sum to {x2.shape[0]}")
     for i, mg in enumerate(sizes):
         _check_rows(mg, recipe, f"split_sizes[{i}]")
     seed, offset = _rng_seed_offset(x, seed, offset, rng_state)
