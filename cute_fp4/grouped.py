@@ -15,7 +15,7 @@ import torch
 
 from .recipe import Recipe
 from .ref.swizzle import scale_shape
-from .tensor import FIELDS, NVFP4Tensor
+from .tensor import FIELD_DTYPES, FIELDS, NVFP4Tensor
 
 
 def group_lengths(rows: int, cols: int, recipe: Recipe) -> Tuple[int, ...]:
@@ -37,7 +37,7 @@ def _piece_lens(sizes: Tuple[int, ...], cols: int, recipe: Recipe) -> Tuple[Tupl
     """Per field (FIELDS order), the lengths of the groups' pieces of the flat field along its
     first dimension (data and scales: rows, the others: elements). Cached in eager calls (a
     grouped call's split sizes often repeat); torch.compile traces it."""
-    lens = list(zip(*(group_lengths(mg, cols, recipe) for mg in sizes)))
+    lens = list(zip(*(group_lengths(mg, cols, recipe) for mg in sizes))) or [()] * 6
     lens[0] = sizes
     lens[1] = tuple(scale_shape(mg, cols // 16, recipe.swizzle)[0] for mg in sizes)
     return tuple(lens)
@@ -127,14 +127,17 @@ class GroupedNVFP4Tensor(Sequence):
         """The grouped tensor of per-group results (the CPU reference): their fields
         concatenated (its groups are then views of those, as on the GPU)."""
         flat = []
-        for name in FIELDS:
-            ts = [getattr(t, name) for t in groups]
-            if ts[0] is None:
+        present = (recipe.rowwise,) * 3 + (recipe.columnwise,) * 3
+        for name, on, shape, dt in zip(FIELDS, present, flat_shapes(split_sizes, cols, recipe),
+                                       FIELD_DTYPES):
+            if not on:
                 flat.append(None)
+            elif not groups:
+                flat.append(torch.empty(shape, dtype=dt))
             elif name in ("data", "scales"):
-                flat.append(torch.cat(ts))
+                flat.append(torch.cat([getattr(t, name) for t in groups]))
             else:
-                flat.append(torch.cat([t.reshape(-1) for t in ts]))
+                flat.append(torch.cat([getattr(t, name).reshape(-1) for t in groups]))
         return cls(*flat, split_sizes=split_sizes, cols=cols, recipe=recipe, dtype=dtype)
 
     def groups(self) -> List[NVFP4Tensor]:

@@ -21,7 +21,7 @@ from .ref.formats import decode_scale
 from .ref.quantize import block_outer_amax
 from .ref.swizzle import scale_shape, swizzle_scales, unswizzle_scales
 from .grouped import GroupedNVFP4Tensor, check_split_sizes, flat_shapes
-from .tensor import FIELDS, NVFP4Tensor
+from .tensor import FIELD_DTYPES, FIELDS, NVFP4Tensor
 
 
 def recipe_args(recipe: Recipe) -> tuple:
@@ -239,9 +239,6 @@ def quantize_grouped_impl(x: Tensor, sizes: List[int], recipe: Recipe, seed: int
     return GroupedNVFP4Tensor.from_groups(groups, sizes, x.shape[1], recipe, x.dtype)
 
 
-_FIELD_DTYPES = (torch.uint8, torch.float8_e4m3fn, torch.float32) * 2
-
-
 @torch.library.custom_op("cute_fp4::quantize_grouped", mutates_args=())
 def quantize_grouped_op(x: Tensor, split_sizes: List[int], scaling: str, block_rows: int,
                         rht: bool, sr: bool, four_over_six: str, e4m3_max: int, fast_math: bool,
@@ -253,7 +250,7 @@ def quantize_grouped_op(x: Tensor, split_sizes: List[int], scaling: str, block_r
     seed, offset, rng_device = rng_args(rng_state)
     g = quantize_grouped_impl(x, split_sizes, recipe, seed, offset, rng_device)
     return _unaliased(tuple(_or_empty(getattr(g, f), x, dt)
-                            for f, dt in zip(FIELDS, _FIELD_DTYPES)))
+                            for f, dt in zip(FIELDS, FIELD_DTYPES)))
 
 
 @quantize_grouped_op.register_fake
@@ -263,7 +260,7 @@ def _(x, split_sizes, scaling, block_rows, rht, sr, four_over_six, e4m3_max, fas
                               rowwise, columnwise, swizzle)
     present = (rowwise,) * 3 + (columnwise,) * 3
     return tuple(x.new_empty(shape if p else (0,), dtype=dt) for shape, p, dt in
-                 zip(flat_shapes(split_sizes, x.shape[1], recipe), present, _FIELD_DTYPES))
+                 zip(flat_shapes(split_sizes, x.shape[1], recipe), present, FIELD_DTYPES))
 
 
 def quantize_grouped(x: Tensor, split_sizes, recipe: Recipe, seed: int, offset: int,

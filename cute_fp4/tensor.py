@@ -11,8 +11,9 @@ import torch
 from .recipe import Recipe
 
 
-# the tensor fields of an NVFP4Tensor, rowwise then columnwise
+# the tensor fields of an NVFP4Tensor, rowwise then columnwise, and their dtypes
 FIELDS = ("data", "scales", "amax", "data_t", "scales_t", "amax_t")
+FIELD_DTYPES = (torch.uint8, torch.float8_e4m3fn, torch.float32) * 2
 
 
 @dataclasses.dataclass

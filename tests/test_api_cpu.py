@@ -534,6 +534,21 @@ def test_grouped_tensor_layout(recipe):
     assert list(got) == got.groups() and len(got) == 4
 
 
+def test_quantize_grouped_no_rows():
+    """No groups, or only empty ones: empty flat fields of the recipe's dtypes, one (empty)
+    NVFP4Tensor per group."""
+    r = Recipe(scaling="token", columnwise=True, swizzle=True)
+    x = torch.zeros(0, 64)
+    none = cute_fp4.quantize_grouped(x, [], r)
+    assert len(none) == 0 and list(none) == [] and none.offsets("data") == [0]
+    two = cute_fp4.quantize_grouped(x, [0, 0], r)
+    assert len(two) == 2 and two[1].data.shape == (0, 32) and two[1].scales.shape == (0, 4)
+    for g in (none, two):
+        assert g.data.shape == (0, 32) and g.scales.shape == (0, 4)
+        assert g.data.dtype == torch.uint8 and g.scales.dtype == torch.float8_e4m3fn
+        assert g.amax_t.dtype == torch.float32 and g.amax_t.numel() == 64 * len(g)
+
+
 @pytest.mark.parametrize("recipe", [Recipe(columnwise=True, swizzle=True),
                                     Recipe(scaling="token", stochastic_rounding=True,
                                            columnwise=True)])
