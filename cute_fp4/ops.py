@@ -16,11 +16,11 @@ import torch
 from torch import Tensor
 
 from . import ref
+from .grouped import GroupedNVFP4Tensor, check_split_sizes, flat_shapes
 from .recipe import Recipe
 from .ref.formats import decode_scale
 from .ref.quantize import block_outer_amax
 from .ref.swizzle import scale_shape, swizzle_scales, unswizzle_scales
-from .grouped import GroupedNVFP4Tensor, check_split_sizes, flat_shapes
 from .tensor import FIELD_DTYPES, FIELDS, NVFP4Tensor
 
 
