@@ -157,6 +157,26 @@ class GroupedNVFP4Tensor(Sequence):
     def __iter__(self):
         return iter(self.groups())
 
+    def to(self, device) -> "GroupedNVFP4Tensor":
+        """The same grouped tensor with every present flat field on `device`."""
+        return GroupedNVFP4Tensor(
+            *(None if getattr(self, f) is None else getattr(self, f).to(device) for f in FIELDS),
+            split_sizes=self.split_sizes, cols=self.cols, recipe=self.recipe, dtype=self.dtype)
+
+    def dequantize(self, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+        """Every group's rowwise data back in high precision (`dtype`, default the input's),
+        one group after another: [sum(M_g), K] (one dequantize per nonempty group, into its
+        rows)."""
+        if self.data is None:
+            raise ValueError("this GroupedNVFP4Tensor has no rowwise data")
+        dtype = dtype or self.dtype
+        out = torch.empty((self.data.shape[0], self.cols), dtype=dtype, device=self.data.device)
+        offs = self.offsets("data")
+        for g, t in enumerate(self):
+            if offs[g + 1] > offs[g]:
+                t.dequantize(dtype, out=out[offs[g]:offs[g + 1]])
+        return out
+
     def offsets(self, name: str) -> List[int]:
         """The element offset of each group's piece of flat field `name` (one of FIELDS),
         and the field's length last (data and scales: their rows)."""

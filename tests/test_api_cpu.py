@@ -534,6 +534,26 @@ def test_grouped_tensor_layout(recipe):
     assert list(got) == got.groups() and len(got) == 4
 
 
+def test_grouped_tensor_dequantize_and_to():
+    """GroupedNVFP4Tensor.dequantize: every group's rowwise data one after another, equal to
+    each group's dequantize; .to moves every present flat field (its groups follow)."""
+    r = Recipe(scaling="token", columnwise=True, swizzle=True)
+    x = torch.randn(112, 64, generator=torch.Generator().manual_seed(4))
+    sizes = [48, 0, 64]
+    got = cute_fp4.quantize_grouped(x, sizes, r)
+    deq = got.dequantize()
+    assert deq.shape == (112, 64) and deq.dtype == torch.float32
+    want = torch.cat([cute_fp4.dequantize(t, torch.float32) for t in got])
+    assert torch.equal(deq, want) and torch.equal(got.dequantize(torch.bfloat16),
+                                                   want.to(torch.bfloat16))
+    assert (deq - x).abs().max() < 0.25 * x.abs().max()
+    meta = got.to("meta")
+    assert all(getattr(meta, f).device.type == "meta" for f in FIELDS)
+    assert meta[2].scales_t.device.type == "meta" and meta.split_sizes == got.split_sizes
+    with pytest.raises(ValueError, match="no rowwise data"):
+        cute_fp4.quantize_grouped(x, sizes, r.replace(rowwise=False)).dequantize()
+
+
 def test_quantize_grouped_no_rows():
     """No groups, or only empty ones: empty flat fields of the recipe's dtypes, one (empty)
     NVFP4Tensor per group."""

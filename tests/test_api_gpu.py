@@ -367,3 +367,19 @@ def test_quantize_grouped_torch_compile_gpu(recipe):
     for name in ("data", "scales_t"):
         assert torch.equal(getattr(replayed, name).view(torch.uint8),
                            getattr(want, name).view(torch.uint8)), name
+
+
+def test_grouped_tensor_dequantize_gpu():
+    """GroupedNVFP4Tensor.dequantize on the GPU: every group's rows, equal to the reference's
+    dequantize of the reference's groups (the quantized bytes are equal); .to("cpu") keeps
+    them."""
+    g = torch.Generator(device="cuda").manual_seed(51)
+    x = torch.randn(208, 256, device="cuda", generator=g).to(torch.bfloat16)
+    sizes = [16, 0, 128, 64]
+    recipe = Recipe(scaling="token", columnwise=True, swizzle=True)
+    got = cute_fp4.quantize_grouped(x, sizes, recipe)
+    deq = got.dequantize(torch.float32)
+    want = torch.cat([ref.dequantize(t, torch.float32)
+                      for t in ref.quantize_grouped(x, sizes, recipe)])
+    assert deq.shape == (208, 256) and torch.equal(deq, want)
+    assert torch.equal(got.to("cpu").dequantize(torch.float32), want.cpu())
