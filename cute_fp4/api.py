@@ -176,11 +176,13 @@ def _check_out(out, x: torch.Tensor, x2: torch.Tensor, recipe: Recipe):
         _last_out = _RememberedOut(out, x, recipe, checked)
 
 
-def quantize_grouped(x: torch.Tensor, split_sizes: Sequence[int], recipe: Recipe = Recipe(), *,
-                     seed: int = 0, offset: int = 0,
+def quantize_grouped(x: torch.Tensor, split_sizes: Union[Sequence[int], torch.Tensor],
+                     recipe: Recipe = Recipe(), *, seed: int = 0, offset: int = 0,
                      rng_state: Optional[torch.Tensor] = None) -> GroupedNVFP4Tensor:
     """Quantize the row groups of a [sum(M_i), K] tensor, each with its own outer scales: a
     GroupedNVFP4Tensor (the groups' NVFP4Tensor as a sequence, and their fields back to back).
+    split_sizes: ints, or a 1D integer tensor (a CUDA one is copied to the host once, which
+    waits for the GPU; under torch.compile pass ints).
     rng_state: as quantize's, an int64 [seed, offset] on the CPU or on x's device replacing
     seed / offset (on the device: read by the kernel, so a CUDA graph of an MoE step advances
     its stochastic rounding with the tensor). Under torch.compile it is a custom op whose split

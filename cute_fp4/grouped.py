@@ -53,11 +53,18 @@ def piece_lens(sizes: Tuple[int, ...], cols: int, recipe: Recipe) -> Tuple[Tuple
     return _piece_lens_cached(sizes, cols, recipe)
 
 
-def check_split_sizes(x: torch.Tensor, split_sizes: Sequence[int]) -> List[int]:
-    """The split sizes of a grouped quantize of x as ints (ValueError: x not 2D, a negative
-    size, sizes not summing to x's rows)."""
+def check_split_sizes(x: torch.Tensor, split_sizes) -> List[int]:
+    """The split sizes of a grouped quantize of x as ints, from a sequence of ints or a 1D
+    integer tensor (one device-to-host copy for a CUDA one, e.g. an MoE router's token counts;
+    it waits for the GPU); ValueError: x not 2D, a negative size, sizes not summing to x's
+    rows."""
     if not isinstance(x, torch.Tensor) or x.dim() != 2:
         raise ValueError("quantize_grouped expects a 2D [sum(M_i), K] tensor")
+    if isinstance(split_sizes, torch.Tensor):
+        if split_sizes.dim() != 1 or split_sizes.is_floating_point() or split_sizes.is_complex():
+            raise ValueError("split_sizes as a tensor must be a 1D integer tensor, got "
+                             f"{split_sizes.dtype} of shape {tuple(split_sizes.shape)}")
+        split_sizes = split_sizes.tolist()
     sizes = [int(v) for v in split_sizes]
     if any(v < 0 for v in sizes) or sum(sizes) != x.shape[0]:
         raise ValueError(f"split_sizes {sizes} must be non-negative and sum to {x.shape[0]}")

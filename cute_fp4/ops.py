@@ -265,15 +265,16 @@ def _(x, split_sizes, scaling, block_rows, rht, sr, four_over_six, e4m3_max, fas
 
 def quantize_grouped(x: Tensor, split_sizes, recipe: Recipe, seed: int, offset: int,
                      rng_state: Optional[Tensor] = None) -> GroupedNVFP4Tensor:
-    """Quantize the row groups of a contiguous 2D input; through the custom op while
-    torch.compile traces (the split sizes are constants of the traced graph: new sizes
-    trace again). rng_state: as quantize's."""
+    """Quantize the row groups of a contiguous 2D input (split_sizes: ints or a 1D integer
+    tensor, grouped.check_split_sizes); through the custom op while torch.compile traces (the
+    split sizes are constants of the traced graph: new sizes trace again). rng_state: as
+    quantize's."""
+    sizes = check_split_sizes(x, split_sizes)
     if not torch.compiler.is_compiling():
         rng_device = None
         if rng_state is not None:
             seed, offset, rng_device = rng_args(rng_state)
-        return quantize_grouped_impl(x, split_sizes, recipe, seed, offset, rng_device)
-    sizes = check_split_sizes(x, split_sizes)
+        return quantize_grouped_impl(x, sizes, recipe, seed, offset, rng_device)
     if rng_state is None:
         rng_state = torch.tensor([seed, offset], dtype=torch.int64)
     outs = quantize_grouped_op(x, sizes, *recipe_args(recipe), rng_state)

@@ -611,6 +611,18 @@ def test_quantize_grouped_rng_state():
         cute_fp4.quantize_grouped(x, [32, 32], r, rng_state=torch.tensor([1, 2, 3]))
 
 
+def test_quantize_grouped_tensor_sizes():
+    """split_sizes as a 1D integer tensor equals the same ints."""
+    x = torch.randn(96, 64, generator=torch.Generator().manual_seed(8))
+    r = Recipe(columnwise=True)
+    got = cute_fp4.quantize_grouped(x, torch.tensor([32, 0, 64], dtype=torch.int32), r)
+    want = cute_fp4.quantize_grouped(x, [32, 0, 64], r)
+    assert got.split_sizes == (32, 0, 64) and all(type(v) is int for v in got.split_sizes)
+    assert torch.equal(got.data, want.data) and torch.equal(got.data_t, want.data_t)
+    with pytest.raises(ValueError, match="1D integer tensor"):
+        cute_fp4.quantize_grouped(x, torch.tensor([32.0, 64.0]), r)
+
+
 @pytest.mark.parametrize("x,sizes,exc,match", [
     (torch.zeros(32, 64), [16, 8], ValueError, r"split_sizes \[16, 8\] must be non-negative and "
                                                r"sum to 32"),

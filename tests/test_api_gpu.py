@@ -372,7 +372,7 @@ def test_quantize_grouped_torch_compile_gpu(recipe):
 def test_grouped_tensor_dequantize_gpu():
     """GroupedNVFP4Tensor.dequantize on the GPU: every group's rows, equal to the reference's
     dequantize of the reference's groups (the quantized bytes are equal); .to("cpu") keeps
-    them."""
+    them; split sizes in a CUDA tensor give the same groups."""
     g = torch.Generator(device="cuda").manual_seed(51)
     x = torch.randn(208, 256, device="cuda", generator=g).to(torch.bfloat16)
     sizes = [16, 0, 128, 64]
@@ -383,3 +383,5 @@ def test_grouped_tensor_dequantize_gpu():
                       for t in ref.quantize_grouped(x, sizes, recipe)])
     assert deq.shape == (208, 256) and torch.equal(deq, want)
     assert torch.equal(got.to("cpu").dequantize(torch.float32), want.cpu())
+    on_device = cute_fp4.quantize_grouped(x, torch.tensor(sizes, device="cuda"), recipe)
+    assert on_device.split_sizes == tuple(sizes) and torch.equal(on_device.data, got.data)
