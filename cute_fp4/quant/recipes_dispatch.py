@@ -48,7 +48,8 @@ import torch
 
 from ..common.jit import (KERNELS, compile_kernel, device_arch, dyn, env_stream, fake_tensor,
                           num_sms)
-from ..grouped import GroupedNVFP4Tensor, check_split_sizes, group_lengths, split_groups
+from ..grouped import (GroupedNVFP4Tensor, check_split_sizes, flat_shapes, piece_lens,
+                       split_groups)
 from ..recipe import Recipe
 from ..ref.philox import check_seed_offset
 from ..ref.swizzle import scale_shape
@@ -531,23 +532,22 @@ class _Plan:
                offset: int, col_sum: bool):
         row, col, swz, scaling = recipe.rowwise, recipe.columnwise, recipe.swizzle, recipe.scaling
         nsc = k // 16
-        gtab = []
-        q_len = s_len = qt_len = st_len = ar_len = ac_len = s_rows = 0
-        row0 = 0
         seed_i64 = seed - (1 << 64) if seed >= 1 << 63 else seed
         esize, sms = _CUTLASS[name].width // 8, num_sms(dev)
-        # the groups' fields back to back (GroupedNVFP4Tensor's flat layout)
-        for mg in sizes:
-            gtab.append((row0, mg, q_len, s_len, qt_len, st_len, ar_len, ac_len))
-            lq, ls, la, lqt, lst, lat = group_lengths(mg, k, recipe)
-            q_len, s_len, qt_len, st_len = q_len + lq, s_len + ls, qt_len + lqt, st_len + lst
-            ar_len, ac_len = ar_len + la, ac_len + lat
-            s_rows += scale_shape(mg, nsc, swz)[0]
-            row0 += mg
+        # the groups' fields back to back (GroupedNVFP4Tensor's flat layout, whose piece
+        # lengths a call's views share): gtab rows (first row, rows, first data byte, scale
+        # byte, twin byte, twin scale byte, amax, twin amax), then the totals
+        rows, scale_rows, amaxes, twins, twin_scales, twin_amaxes = piece_lens(
+            tuple(sizes), k, recipe)
+        self.scales_2d = flat_shapes(sizes, k, recipe)[1]  # the flat rowwise scales
+        firsts = [list(itertools.accumulate(n, initial=0)) for n in (
+            rows, [mg * k // 2 for mg in rows], [r * self.scales_2d[1] for r in scale_rows],
+            twins, twin_scales, amaxes, twin_amaxes)]
+        gtab = list(zip(firsts[0], rows, *firsts[1:]))
+        row0, q_len, s_len, qt_len, st_len, ar_len, ac_len = (f[-1] for f in firsts)
         self.gtab = gtab
         self.lens = (q_len, s_len, qt_len, st_len)
         self.ar_len, self.ac_len = ar_len, ac_len  # the amaxes' lengths
-        self.scales_2d = (s_rows, scale_shape(0, nsc, swz)[1])  # the flat rowwise scales
         self.alias = scaling == "tensor" and not recipe.twin_rht  # columnwise amax = rowwise amax
         self.launch = row0 > 0 and k > 0
         self.tensor_amax = self.token_amax = None  # AmaxTensor / AmaxToken (see below)
