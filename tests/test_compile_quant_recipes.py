@@ -36,7 +36,7 @@ from cute_fp4.quant.recipes_dispatch import (amax_recipe_kernel, amax_tiles_per_
                                              row_group_groups, row_group_padding,
                                              row_group_tables, row_group_walk, strip_groups,
                                              token_amax_k1, token_row_streams,
-                                             RAGGED_LIST_MAX, ragged_table)
+                                             ragged_table)
 
 ARCHS = ["sm_90a", "sm_100a"]
 RECIPES = [
@@ -587,29 +587,27 @@ def test_token_row_streams():
     want = [v for g, mg in enumerate(sizes) for _ in range(mg)
             for v in (2 * g, sum(sizes[:g]))]
     got = token_row_streams(sizes)
-    assert got.dtype == torch.int32 and got.tolist() == want
+    assert got.dtype == np.int32 and got.tolist() == want
     assert want == [0, 0, 0, 0, 0, 0, 4, 3, 4, 3, 6, 5]
-    assert token_row_streams([0, 0]).numel() == 0
+    assert token_row_streams([0, 0]).size == 0
 
 
 @pytest.mark.parametrize("per_group", [0, 1, 3, 40, 300])
 @pytest.mark.parametrize("cols", [1, 2, 3])
 def test_ragged_table(cols, per_group):
-    """A plan's ragged tables (counts[g] rows of group g, the i-th rows[g] + i * steps), from
-    Python lists below RAGGED_LIST_MAX values and by tensor ops above, against their
-    expansion; token_row_streams and strip_groups of large groups too."""
+    """A plan's ragged tables (counts[g] rows of group g, the i-th rows[g] + i * steps, numpy
+    int32), against their expansion; token_row_streams and strip_groups of large groups
+    too."""
     rnd = random.Random(cols * 1000 + per_group)
     g = 7
     rows = [tuple(rnd.randint(-5000, 5000) for _ in range(cols)) for _ in range(g)]
     counts = [rnd.randint(0, 2 * per_group) for _ in range(g)]
     steps = tuple(rnd.choice([0, 1, -3, 256]) for _ in range(cols))
-    big = sum(counts) * cols > RAGGED_LIST_MAX  # the tensor-op path
-    assert big if per_group == 300 else not big or per_group == 40
     for st in (steps, None):
         want = [[v + i * d for v, d in zip(r, st or (0,) * cols)]
                 for r, k in zip(rows, counts) for i in range(k)]
         got = ragged_table(rows, counts, st)
-        assert got.dtype == torch.int32 and got.is_contiguous()
+        assert got.dtype == np.int32 and got.flags.c_contiguous
         assert got.shape == (sum(counts), cols) and got.tolist() == want
     sizes = [16 * rnd.randint(0, 2 * per_group) for _ in range(g)]
     assert strip_groups(sizes).tolist() == [g for g, mg in enumerate(sizes)
@@ -622,7 +620,7 @@ def test_strip_groups():
     """K1 with row groups' table: the group of each 16-row strip (empty groups take none)."""
     sizes = [32, 0, 16, 48]
     got = strip_groups(sizes)
-    assert got.dtype == torch.int32
+    assert got.dtype == np.int32
     assert got.tolist() == [g for g, mg in enumerate(sizes) for _ in range(mg // 16)]
     assert got.tolist() == [0, 0, 2, 3, 3, 3]
 
@@ -725,29 +723,37 @@ def test_row_group_padding():
 
 def test_pack_tables():
     """A plan's tables in one staging buffer (recipes_dispatch._upload, whose pinned copy
-    needs a GPU): int32 / int64 tables of any shape, empty ones too, each from a 16-byte
-    boundary with zero bytes between, and views of the packed buffer equal to them."""
-    from cute_fp4.quant.recipes_dispatch import _pack_tables, _unpack_tables
+    needs a GPU): int32 / int64 numpy tables of any shape, empty ones too, each from a 16-byte
+    boundary with zero bytes between (the buffer poisoned first), and typed views of the
+    packed buffer (one as_strided each) equal to them."""
+    from cute_fp4.quant.tables import pack, pack_offsets, typed_views
 
-    gen = torch.Generator().manual_seed(3)
+    gen = np.random.default_rng(3)
     for _ in range(50):
         tables = {}
-        for i in range(int(torch.randint(1, 7, (1,), generator=gen))):
-            dtype = (torch.int32, torch.int64)[int(torch.randint(2, (1,), generator=gen))]
-            n = int(torch.randint(0, 40, (1,), generator=gen))
+        for i in range(int(gen.integers(1, 7))):
+            dtype = (np.int32, np.int64)[int(gen.integers(2))]
+            n = int(gen.integers(0, 40))
             shape = (n,) if i % 2 else (n, 3)
-            tables[f"t{i}"] = torch.randint(-2**31, 2**31, shape, dtype=dtype, generator=gen)
-        pieces, offsets, n = _pack_tables(tables)
-        buf = torch.cat(pieces)
-        assert buf.dtype == torch.uint8 and buf.numel() == n and n % 16 == 0
-        assert all(o % 16 == 0 for o in offsets) and offsets == sorted(offsets)
+            tables[f"t{i}"] = gen.integers(-2**31, 2**31, shape).astype(dtype)
+        offsets, n = pack_offsets(tables)
+        assert n % 16 == 0 and all(o % 16 == 0 for o in offsets) and offsets == sorted(offsets)
+        assert n == sum(-(-t.nbytes // 16) * 16 for t in tables.values())
+        buf = torch.full((n,), 0xA5, dtype=torch.uint8)
+        pack(buf.numpy(), tables, offsets)
         used = torch.zeros(n, dtype=torch.bool)
         for t, o in zip(tables.values(), offsets):
-            used[o:o + t.numel() * t.element_size()] = True
+            used[o:o + t.nbytes] = True
         assert not bool(buf[~used].any())  # the gaps are zeros
-        for attr, view in _unpack_tables(buf, tables, offsets).items():
+        views = typed_views(buf, tables, offsets)
+        assert list(views) == list(tables)
+        for attr, view in views.items():
             t = tables[attr]
-            assert view.dtype == t.dtype and view.shape == t.shape and torch.equal(view, t)
+            assert view.dtype == {np.int32: torch.int32, np.int64: torch.int64}[t.dtype.type]
+            assert view.shape == t.shape and view.is_contiguous()
+            assert view.tolist() == t.tolist()
+            assert not t.size or view.data_ptr() == buf.data_ptr() + offsets[
+                list(tables).index(attr)]
 
 
 def test_padding_tiles():
@@ -775,9 +781,9 @@ def test_padding_tiles():
             real[side] = torch.cat(flags)
         for row, col in ((True, True), (True, False), (False, True)):
             tiles = padding_tiles(sizes, k, row, col)
-            assert len(set(tiles)) == len(tiles)
+            assert tiles.dtype == np.int64 and len(set(tiles.tolist())) == tiles.size
             zeroed = {"s": torch.zeros_like(real["s"]), "st": torch.zeros_like(real["st"])}
-            for v in tiles:
+            for v in tiles.tolist():
                 side, t = ("s", v) if v >= 0 else ("st", -1 - v)
                 tile = real[side][512 * t:512 * t + 512]
                 assert len(tile) == 512 and not bool(tile.all())
@@ -785,7 +791,7 @@ def test_padding_tiles():
             for side, on in (("s", row), ("st", col)):
                 assert bool((zeroed[side] | real[side]).all()) or not on, (sizes, k, side)
                 assert on or not bool(zeroed[side].any())
-            assert bool(tiles) == row_group_padding(sizes, k, row, col), (sizes, k)
+            assert bool(tiles.size) == row_group_padding(sizes, k, row, col), (sizes, k)
 
 
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])

@@ -88,7 +88,7 @@ def test_rht_token_amax_k1(shape, kind, dtype, gen):
     (144 rows: one strip in the second), a slab tail in K (272 columns) and one block."""
     x = make_input(shape, kind, dtype, gen)
     recipe = Recipe(scaling="token", rht=True, columnwise=True)
-    plan = rd._plan((shape[0],), shape[1], recipe, rd._DTYPE_NAMES[dtype], x.device, 0, 0, False)
+    plan = rd._plan((shape[0],), shape[1], recipe, rd._DTYPE_NAMES[dtype], x.device, False)
     assert plan.token_amax is not None and plan.amax_fn is None
     got, want = rd.quantize_recipe(x, recipe), ref.quantize(x, recipe)
     assert quant_checks.same_amax(got.amax, want.amax)
@@ -106,7 +106,7 @@ def test_rht_tensor_amax_k1(shape, kind, dtype, rowwise, gen):
     to the reference's (run_all's RHT rule), with and without the rowwise output."""
     x = make_input(shape, kind, dtype, gen)
     recipe = Recipe(rht=True, columnwise=True, rowwise=rowwise)
-    plan = rd._plan((shape[0],), shape[1], recipe, rd._DTYPE_NAMES[dtype], x.device, 0, 0, False)
+    plan = rd._plan((shape[0],), shape[1], recipe, rd._DTYPE_NAMES[dtype], x.device, False)
     assert plan.token_amax is not None and plan.amax_fn is None and plan.tensor_amax is None
     got, want = rd.quantize_recipe(x, recipe), ref.quantize(x, recipe)
     if rowwise:
@@ -316,13 +316,12 @@ def test_sr_plain_cast(shape, kind, dtype, rht, scaling, gen):
     # tensor), per token with both outputs AmaxToken (K1; with the RHT its transformed column
     # amaxes); rowwise only (no RHT to apply) per tensor AmaxTensor, per token one read by
     # TokenRowCast
-    plan = rd._plan((shape[0],), shape[1], recipe, rd._DTYPE_NAMES[dtype], x.device, seed,
-                    offset, False)
+    plan = rd._plan((shape[0],), shape[1], recipe, rd._DTYPE_NAMES[dtype], x.device, False)
     assert (plan.tensor_amax is not None) == (scaling == "tensor")
     assert (plan.token_rows is not None) == (scaling == "token")
     assert plan.token_amax is None
     both = rd._plan((shape[0],), shape[1], recipe.replace(columnwise=True),
-                    rd._DTYPE_NAMES[dtype], x.device, seed, offset, False)
+                    rd._DTYPE_NAMES[dtype], x.device, False)
     assert (both.token_amax is not None) == (scaling == "token" or rht)
     assert sum(f is not None for f in (both.tensor_amax, both.token_amax, both.amax_fn)) == 1
 
@@ -342,7 +341,7 @@ def test_block16_sr_plain_cast(shape, kind, dtype, gen):
     offset = 2**32 - 1 - int(torch.randint(0, 9, (1,), generator=gen))
     run_all(x, recipe, seed=seed, offset=offset)
     plan = rd._plan((shape[0],), shape[1], recipe.replace(columnwise=True),
-                    rd._DTYPE_NAMES[dtype], x.device, seed, offset, False)
+                    rd._DTYPE_NAMES[dtype], x.device, False)
     assert plan.plain and plan.tensor_amax is not None and plan.tt is None
 
 
@@ -693,7 +692,7 @@ def test_grouped_row_group_cast(swizzle, outputs, dtype, kind, scaling, gen):
     assert not rd.on_row_group_cast(recipe, [1232])
     check_grouped(x, ROW_GROUP_SPLITS, recipe)
     plan = rd._plan(tuple(ROW_GROUP_SPLITS), 1040, recipe, rd._DTYPE_NAMES[dtype], x.device,
-                    0, 0, False)
+                    False)
     # the groups' first block rows, first amax partials, swizzled their padded rowwise block
     # rows and their twin scales' 512-byte units
     if scaling == "token" and not outputs[1] and not swizzle:
@@ -716,7 +715,7 @@ def test_grouped_row_group_cast(swizzle, outputs, dtype, kind, scaling, gen):
         assert (plan.pad_tiles is not None) == (swizzle and outputs[1]) and not plan.k1_padding
         if plan.pad_tiles is not None:
             assert plan.pad_tiles.tolist() == rd.padding_tiles(ROW_GROUP_SPLITS, 1040,
-                                                               *outputs)
+                                                               *outputs).tolist()
     elif outputs == (True, True):  # K1 with the groups' column amaxes
         assert plan.chunks is None and plan.tensor_amax is None and plan.amax_fn is None
         assert plan.token_amax is not None and plan.tt is None
@@ -742,8 +741,8 @@ def test_grouped_row_group_cast_unpadded(scaling, dtype, gen):
             recipe = Recipe(scaling=scaling, rowwise=row, columnwise=col, swizzle=True)
             assert not rd.row_group_padding(splits, 1024, row, col)
             check_grouped(x, splits, recipe)
-            assert rd._plan(tuple(splits), 1024, recipe, rd._DTYPE_NAMES[dtype], x.device, 0,
-                            0, False).pad_tiles is None
+            assert rd._plan(tuple(splits), 1024, recipe, rd._DTYPE_NAMES[dtype], x.device,
+                            False).pad_tiles is None
         assert rd.row_group_padding(splits, 1024, True, True) == (splits[0] == 64)
 
 
@@ -774,7 +773,7 @@ def test_grouped_ragged_twin_band(scaling, gen):
         for swizzle in (False, True):
             recipe = Recipe(scaling=scaling, rowwise=outputs[0], columnwise=outputs[1],
                             swizzle=swizzle)
-            plan = rd._plan(tuple(splits), 256, recipe, "bf16", x.device, 0, 0, False)
+            plan = rd._plan(tuple(splits), 256, recipe, "bf16", x.device, False)
             # per token rowwise only with compact scales: TokenRowCast, no tile walk
             token_rows = scaling == "token" and not outputs[1] and not swizzle
             assert (plan.token_rows is not None) == token_rows and plan.row_groups != token_rows
@@ -844,7 +843,7 @@ def test_grouped_token_rows(sr, kind, dtype, gen):
                             ([128, 0, 128, 64, 48], True)]:
         x = grouped_scaled(splits, k, kind, dtype, gen)
         recipe = Recipe(scaling="token", swizzle=swizzle, stochastic_rounding=sr)
-        plan = rd._plan(tuple(splits), k, recipe, rd._DTYPE_NAMES[dtype], x.device, 0, 0, False)
+        plan = rd._plan(tuple(splits), k, recipe, rd._DTYPE_NAMES[dtype], x.device, False)
         on_rows = not swizzle or all(mg % 128 == 0 for mg in splits[:-1])
         assert (plan.token_rows is not None) == on_rows
         assert (plan.tt is None) == on_rows  # no recipe kernel tables
@@ -863,7 +862,7 @@ def test_grouped_sr_streams_and_rng_state(recipe, gen):
     only on TokenRowCast (its per-row table of streams), the rest on the recipe kernel."""
     part = make_input((64, 96), "normal", torch.bfloat16, gen)
     x = torch.cat([part, part])
-    plan = rd._plan((64, 64), 96, recipe, "bf16", x.device, 0, 0, False)
+    plan = rd._plan((64, 64), 96, recipe, "bf16", x.device, False)
     assert (plan.token_rows is not None) == (recipe.scaling == "token")
     a, b = rd.quantize_grouped(x, [64, 64], recipe, seed=9, offset=2)
     assert not torch.equal(a.data, b.data)
@@ -891,7 +890,9 @@ def test_grouped_new_sizes_no_sync(gen):
     reference. Row-group casts per tensor (chunks, group and padding tables) and per token
     (K1's strip table), TokenRowCast with grouped SR (its row table, the seed), the recipe
     kernel (its tile, group and amax tables). While a CUDA graph is being captured a new
-    configuration is a clear error (its tables could not be copied)."""
+    configuration is a clear error (its tables could not be copied). A new seed or offset
+    reuses the plan (rd._rng_table: one small copy, no sync) and under capture is the same
+    clear error."""
     splits = [272, 0, 48, 704, 16, 192]  # not multiples of 128 rows: padding
     x = grouped_scaled(splits, 1040, "outliers", torch.bfloat16, gen)
     stream = torch.cuda.current_stream()
@@ -901,7 +902,8 @@ def test_grouped_new_sizes_no_sync(gen):
                    Recipe(rht=True, columnwise=True)):
         rd.quantize_grouped(x, splits, recipe, seed=5)  # the kernels compiled
         torch.cuda.synchronize()
-        rd._plan.cache_clear()  # the next call builds its plan again
+        rd._plan.cache_clear()  # the next call builds its plan (and seed table) again
+        rd._rng_table.cache_clear()
         torch.cuda._sleep(1 << 30)  # ~0.5 s of the GPU
         got = rd.quantize_grouped(x, splits, recipe, seed=5)
         assert not stream.query(), recipe  # returned before the sleep ended: no sync
@@ -912,6 +914,18 @@ def test_grouped_new_sizes_no_sync(gen):
     with pytest.raises(RuntimeError, match="CUDA graph is being captured"):
         with torch.cuda.graph(graph):
             rd.quantize_grouped(x, [16] + splits[1:-1] + [448], Recipe(), seed=5)
+    sr = Recipe(scaling="token", stochastic_rounding=True)
+    misses = rd._plan.cache_info().misses
+    for offset in (11, 12):
+        torch.cuda._sleep(1 << 30)
+        got = rd.quantize_grouped(x, splits, sr, seed=5, offset=offset)
+        assert not stream.query()
+        torch.cuda.synchronize()
+        check_grouped(x, splits, sr, got=got, seed=5, offset=offset)
+    assert rd._plan.cache_info().misses == misses
+    with pytest.raises(RuntimeError, match="seed or offset"):
+        with torch.cuda.graph(torch.cuda.CUDAGraph()):
+            rd.quantize_grouped(x, splits, sr, seed=5, offset=13)
 
 
 def test_grouped_window64_and_rowwise_uneven(gen):

@@ -9,10 +9,12 @@ me = i mod nthr (i = me, me + nthr, ...) of the nthr threads of the launch."""
 
 import cutlass
 import cutlass.cute as cute
+import numpy as np
 from cutlass import Int32, Int64, Uint32
 
 from cute_fp4.common import encode as E
 from cute_fp4.common.scales import swizzled_scale_offset
+from cute_fp4.quant.tables import arith_runs
 
 # row groups: the groups' int32 tables (CastKernel.__call__'s `starts`, G + 1 entries each): the
 # first 16-row block row, the first AmaxTensor partial (recipes_dispatch.group_chunks),
@@ -21,37 +23,42 @@ from cute_fp4.common.scales import swizzled_scale_offset
 GROUP_FIRST, GROUP_PARTIALS, GROUP_ROW_SW, GROUP_TWIN_SW = range(4)
 
 
-def padding_tiles(sizes, k: int, rowwise: bool, columnwise: bool) -> list:
+def padding_tiles(sizes, k: int, rowwise: bool, columnwise: bool) -> np.ndarray:
     """The 512-byte tiles of the row groups' swizzled scales that hold padding (SPEC section
     4), for the chunked AmaxTensor to zero whole before the row-group cast writes the real
-    scales in them (AmaxTensor padding): v >= 0 tile v of the flat rowwise scales, v < 0
-    tile -1 - v of the flat twin scales (the groups' padded scales one after another, as
+    scales in them (AmaxTensor padding), int64: v >= 0 tile v of the flat rowwise scales,
+    v < 0 tile -1 - v of the flat twin scales (the groups' padded scales one after another, as
     recipes_dispatch lays them out). Rowwise, group g's last tile row when M_g is not a
     multiple of 128 and every tile row's last tile when k / 16 is not a multiple of 4; of
     its twin ([k, M_g / 16] scales) the last tile column when M_g / 16 is not a multiple of 4
-    and the last tile row when k is not a multiple of 128."""
+    and the last tile row when k is not a multiple of 128. Four arithmetic runs per group,
+    in group order (numpy: a plan for new split sizes builds this on every MoE step)."""
     nsc = k // 16
     row_tiles, k_tiles = -(-nsc // 4), -(-k // 128)
-    tiles, r0, unit = [], 0, 0  # r0: the group's first rowwise tile row, unit: its twin's tile
-    for mg in sizes:
-        rt, nblk = -(-mg // 128), mg // 16
-        twin_tiles = -(-nblk // 4)
-        if rowwise:  # tile rows r0 .. r0 + rt
-            whole = rt - bool(mg % 128)  # the tile rows before a padded last one
-            if nsc % 4:  # their last tiles
-                tiles += range((r0 + 1) * row_tiles - 1, (r0 + whole) * row_tiles, row_tiles)
-            if mg % 128:
-                tiles += range((r0 + rt - 1) * row_tiles, (r0 + rt) * row_tiles)
-        if columnwise:  # twin tiles unit .. unit + k_tiles * twin_tiles, as -1 - tile
-            whole = k_tiles - bool(k % 128)
-            if nblk % 4:  # the last tile of each of the tile rows before a padded last one
-                tiles += range(-unit - twin_tiles, -unit - (whole + 1) * twin_tiles, -twin_tiles)
-            if k % 128:
-                last = -1 - unit - (k_tiles - 1) * twin_tiles
-                tiles += range(last, last - twin_tiles, -1)
-        r0 += rt
-        unit += k_tiles * twin_tiles
-    return tiles
+    mg = np.asarray(sizes, dtype=np.int64)
+    rt, nblk = -(-mg // 128), mg // 16
+    twin_tiles = -(-nblk // 4)
+    r0 = np.cumsum(rt) - rt  # the group's first rowwise tile row
+    unit = np.cumsum(k_tiles * twin_tiles) - k_tiles * twin_tiles  # its twin's first tile
+    padded = mg % 128 != 0
+    starts, counts, steps = (np.zeros((mg.size, 4), dtype=np.int64) for _ in range(3))
+    if rowwise:
+        if nsc % 4:  # the last tiles of the tile rows before a padded last one
+            starts[:, 0] = (r0 + 1) * row_tiles - 1
+            counts[:, 0] = rt - padded
+            steps[:, 0] = row_tiles
+        starts[:, 1] = (r0 + rt - 1) * row_tiles  # a padded last tile row
+        counts[:, 1] = padded * row_tiles
+        steps[:, 1] = 1
+    if columnwise:  # twin tiles unit .. unit + k_tiles * twin_tiles, as -1 - tile
+        starts[:, 2] = -unit - twin_tiles  # the last tile of each of the tile rows before a
+        counts[:, 2] = (nblk % 4 != 0) * (k_tiles - bool(k % 128))  # padded last one
+        steps[:, 2] = -twin_tiles
+        if k % 128:
+            starts[:, 3] = -1 - unit - (k_tiles - 1) * twin_tiles
+            counts[:, 3] = twin_tiles
+            steps[:, 3] = -1
+    return arith_runs(starts.reshape(-1), counts.reshape(-1), steps.reshape(-1))
 
 
 def zero_tile(addr):

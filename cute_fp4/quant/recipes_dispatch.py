@@ -31,10 +31,11 @@ row amaxes are local). scaling "window64": nothing spans M (a window covers 64 r
 shard), so it is never called. Every rank calls it, also with an empty shard.
 
 Stochastic rounding reads the Philox seed and offset from an int64 [seed, offset] device tensor
-at run time: the plan's, made once from `seed=` / `offset=` (host integers), or `rng_state=`
-itself, a tensor on x's device passed straight to the cast: the call then makes no
-host-to-device copy, so a CUDA graph can capture it and each replay uses the values the tensor
-holds then (a module advances the offset on the device between steps).
+at run time: one made once per (seed, offset) pair from `seed=` / `offset=` (host integers;
+`_rng_table`, cached apart from the plans), or `rng_state=` itself, a tensor on x's device
+passed straight to the cast: the call then makes no host-to-device copy, so a CUDA graph can
+capture it and each replay uses the values the tensor holds then (a module advances the offset
+on the device between steps).
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ import itertools
 from typing import Callable, List, Optional, Sequence
 
 import cutlass
+import numpy as np
 import torch
 
 from ..common.jit import (KERNELS, compile_kernel, device_arch, dyn, env_stream, fake_tensor,
@@ -61,6 +63,7 @@ from .dispatch import (cast_groups, cast_kernel, cast_walk, l2_keep, row_group_r
                        run_tensor_amax, tensor_amax_fn, tensor_amax_words, token_amax_fn,
                        token_rows_fn, walk_run)
 from .padding import padding_tiles
+from .tables import pack, pack_offsets, ragged_table, typed_views
 from .token_rows import token_rows_config
 
 _DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
@@ -182,51 +185,14 @@ def token_row_streams(sizes) -> torch.Tensor:
     (2g for group g, ref.quantize_grouped) at 2r and its group's first row at 2r + 1."""
     first = itertools.accumulate(sizes, initial=0)
     return ragged_table([(2 * g, r0) for g, r0 in zip(range(len(sizes)), first)],
-                        sizes).view(-1)
+                        sizes).reshape(-1)
 
 
 def strip_groups(sizes) -> torch.Tensor:
     """K1 with row groups' table (AmaxToken groups; groups of multiples of 16 rows): int32,
     the group of each 16-row strip."""
-    return ragged_table([(g,) for g in range(len(sizes))], [mg // 16 for mg in sizes]).view(-1)
-
-
-# ragged_table: tables of at most this many values are built from Python lists, larger ones by
-# tensor ops (~30 us, whatever their size). Measured (2-core CPU, us, lists / tensor ops): 16
-# rows x 3 columns 22 / 34, 128 x 2 29 / 34, 1056 x 3 202 / 45, 4096 x 1 249 / 89.
-RAGGED_LIST_MAX = 256
-
-
-def ragged_table(rows, counts, steps=None) -> torch.Tensor:
-    """int32 [sum(counts), len(rows[0])]: for each g, counts[g] rows, the i-th rows[g] + i *
-    steps (a value per column; no steps: zeros), one group after another: the groups' entries
-    of a plan's table (a plan for new split sizes is host time on every MoE step:
-    RAGGED_LIST_MAX)."""
-    n, cols = sum(counts), len(rows[0])
-    if n * cols <= RAGGED_LIST_MAX:
-        steps = steps or (0,) * cols
-        columns = [list(itertools.chain.from_iterable(
-            range(r[c], r[c] + k * steps[c], steps[c]) if steps[c] else itertools.repeat(r[c], k)
-            for r, k in zip(rows, counts))) for c in range(cols)]
-        return torch.tensor(list(zip(*columns)), dtype=torch.int32).view(n, cols)
-    if steps is not None:  # row j of group g (its first row f): rows[g] - f * steps + j * steps
-        first = itertools.accumulate(counts, initial=0)
-        rows = [[v - f * d for v, d in zip(r, steps)] for r, f in zip(rows, first)]
-    table = torch.tensor(rows, dtype=torch.int32).repeat_interleave(torch.tensor(counts), 0,
-                                                                    output_size=n)
-    if steps is None:
-        return table
-    return table.addcmul_(_iota(n)[:, None], torch.tensor(steps, dtype=torch.int32))
-
-
-_IOTA = [torch.arange(0, dtype=torch.int32)]
-
-
-def _iota(n: int) -> torch.Tensor:
-    """int32 [n]: 0 .. n - 1 (a view of one tensor, made again only when n outgrows it)."""
-    if _IOTA[0].numel() < n:
-        _IOTA[0] = torch.arange(1 << (n - 1).bit_length(), dtype=torch.int32)
-    return _IOTA[0][:n]
+    return ragged_table([(g,) for g in range(len(sizes))],
+                        [mg // 16 for mg in sizes]).reshape(-1)
 
 
 # Tile rows walked together (CastKernel band, at most) by the row-group cast of groups whose
@@ -302,8 +268,8 @@ def row_group_groups(dtype: str, rowwise: bool, columnwise: bool, swizzle: bool,
 
 
 def group_chunks(sizes, k: int, esize: int, num_sms: int) -> tuple:
-    """The chunked AmaxTensor's work for the row-group cast: (chunks, an int32 [P, 3] CPU
-    tensor; a list of the first chunk of each group and then their count). The groups share
+    """The chunked AmaxTensor's work for the row-group cast: (chunks, an int32 [P, 3] numpy
+    array; a list of the first chunk of each group and then their count). The groups share
     max_tensor_partials chunks (one wave of AmaxTensor CTAs; more when there are more
     nonempty groups) in proportion to their 16-byte vectors (largest remainders; each
     nonempty group at least one chunk, no chunk below one CTA's loads);
@@ -334,7 +300,8 @@ def group_chunks(sizes, k: int, esize: int, num_sms: int) -> tuple:
     pfirst = list(itertools.accumulate(counts, initial=0))
     first = list(itertools.accumulate(vecs, initial=0))
     # chunk pfirst[g] + i of group g: (first[g] + i * AMAX_THREADS, first[g + 1],
-    # counts[g] * AMAX_THREADS)
+    # counts[g] * AMAX_THREADS); plain Python but the table: numpy's fixed costs are higher
+    # for the few groups of a call (8: 34 us against 52 with numpy throughout; 64: 77 / 54)
     rows = [(first[g], first[g + 1], c * AMAX_THREADS) for g, c in enumerate(counts)]
     return ragged_table(rows, counts, (AMAX_THREADS, 0, 0)), pfirst
 
@@ -465,41 +432,18 @@ def _check_rows(m: int, recipe: Recipe, what: str):
                          f"{recipe.scaling!r} twin")
 
 
-_ZEROS16 = torch.zeros(16, dtype=torch.uint8)
-
-
-def _pack_tables(tables: dict) -> tuple:
-    """(pieces, offsets, bytes) of _upload's staging buffer: each table's bytes (a CPU tensor,
-    any dtype and shape) from a 16-byte boundary, zero bytes between (torch.cat of the pieces
-    fills `bytes` bytes); offsets: each table's first byte."""
-    pieces, offsets, n = [], [], 0
-    for t in tables.values():
-        b = t.contiguous().view(-1).view(torch.uint8)
-        pad = -b.numel() % 16
-        offsets.append(n)
-        pieces += [b, _ZEROS16[:pad]]
-        n += b.numel() + pad
-    return pieces, offsets, n
-
-
-def _unpack_tables(buf: torch.Tensor, tables: dict, offsets) -> dict:
-    """The tables' views (dtype and shape as in `tables`) of a buffer packed by _pack_tables."""
-    return {attr: buf[o:o + t.numel() * t.element_size()].view(t.dtype).view(t.shape)
-            for (attr, t), o in zip(tables.items(), offsets)}
-
-
 def _upload(tables: dict, dev) -> dict:
-    """A plan's host tables (CPU tensors, by attribute) on the device without a host-device
-    sync, in one copy: packed (_pack_tables) into one pinned staging buffer and copied
+    """A plan's host tables (numpy arrays, by attribute) on the device without a host-device
+    sync, in one copy: packed (tables.pack) into one pinned staging buffer and copied
     asynchronously on the current stream (torch's caching host allocator keeps the staging
     buffer until the copy has run), so that a grouped call with new split sizes does not wait
     for the GPU's queued work; then a view of the device buffer per table. One copy, not one
     per table: a pinned block and a copy took ~20 us of host time each under the profiler on
     the device host (notes/quant_recipes.md "Session 48")."""
-    pieces, offsets, n = _pack_tables(tables)
+    offsets, n = pack_offsets(tables)
     staged = torch.empty(n, dtype=torch.uint8, pin_memory=True)
-    torch.cat(pieces, out=staged)
-    return _unpack_tables(staged.to(dev, non_blocking=True), tables, offsets)
+    pack(staged.numpy(), tables, offsets)
+    return typed_views(staged.to(dev, non_blocking=True), tables, offsets)
 
 
 class _Plan:
@@ -507,32 +451,25 @@ class _Plan:
     (`_plan`): the tile / group / amax tables on the device (_upload), the flat output
     lengths, and the compiled kernels. A call then allocates, launches and builds views."""
 
-    def __init__(self, sizes: tuple, k: int, recipe: Recipe, name: str, dev, seed: int,
-                 offset: int, col_sum: bool):
-        if torch.cuda.is_current_stream_capturing():
-            raise RuntimeError(
-                "cute_fp4 quantize: a new configuration (shape, split sizes, recipe, dtype, "
-                "seed or offset) while a CUDA graph is being captured: its tables must be "
-                "copied to the GPU first; run the same call once before the capture")
+    def __init__(self, sizes: tuple, k: int, recipe: Recipe, name: str, dev, col_sum: bool):
+        _check_not_capturing("shape, split sizes, recipe or dtype")
         self._tables = {}  # _table's host tables, by attribute, until _upload
-        self._build(sizes, k, recipe, name, dev, seed, offset, col_sum)
+        self._build(sizes, k, recipe, name, dev, col_sum)
         if self._tables:
             for attr, t in _upload(self._tables, dev).items():
                 setattr(self, attr, t)
         del self._tables
 
-    def _table(self, attr: str, data, dtype: torch.dtype):
-        """Attribute `attr`: a host table (a list or a CPU tensor of `dtype`) until __init__
-        uploads it with the others (_upload), then its device copy."""
-        t = data if isinstance(data, torch.Tensor) else torch.tensor(data, dtype=dtype)
+    def _table(self, attr: str, data, dtype):
+        """Attribute `attr`: a host table (a list or a numpy array of numpy `dtype`) until
+        __init__ uploads it with the others (_upload), then its device copy."""
+        t = np.ascontiguousarray(data, dtype=dtype)
         self._tables[attr] = t
         setattr(self, attr, t)
 
-    def _build(self, sizes: tuple, k: int, recipe: Recipe, name: str, dev, seed: int,
-               offset: int, col_sum: bool):
+    def _build(self, sizes: tuple, k: int, recipe: Recipe, name: str, dev, col_sum: bool):
         row, col, swz, scaling = recipe.rowwise, recipe.columnwise, recipe.swizzle, recipe.scaling
         nsc = k // 16
-        seed_i64 = seed - (1 << 64) if seed >= 1 << 63 else seed
         esize, sms = _CUTLASS[name].width // 8, num_sms(dev)
         # the groups' fields back to back (GroupedNVFP4Tensor's flat layout, whose piece
         # lengths a call's views share): gtab rows (first row, rows, first data byte, scale
@@ -560,7 +497,6 @@ class _Plan:
             return
         # device copies made here, once: repeated calls make no host-to-device copy, so they
         # can be captured in a CUDA graph once warmed up
-        self._table("rng", [seed_i64, offset], torch.int64)
         self.dummy = torch.empty(1, dtype=torch.uint8, device=dev)  # for absent outputs
 
         def recipe_tables():
@@ -574,11 +510,11 @@ class _Plan:
             # tile i of group g: (g, TILE * i); its amax CTA c: (base[g] + c * per_cta, the
             # tiles left from there, at most per_cta)
             self._table("tt", ragged_table([(g, 0) for g in range(len(sizes))], tiles,
-                                           (0, TILE)), torch.int32)
-            self._table("gt", gtab, torch.int64)
+                                           (0, TILE)), np.int32)
+            self._table("gt", gtab, np.int64)
             at = ragged_table(list(zip(base, real)), ctas, (per_cta, -per_cta))
-            at[:, 1].clamp_max_(per_cta)
-            self._table("at", at if at.shape[0] else ((0, 0),), torch.int32)
+            np.minimum(at[:, 1], per_cta, out=at[:, 1])
+            self._table("at", at if at.shape[0] else ((0, 0),), np.int32)
 
         arch = device_arch(dev)
         self.plain = on_plain_cast(recipe, len(sizes), name)
@@ -598,7 +534,7 @@ class _Plan:
                                             stochastic=recipe.stochastic_rounding,
                                             grouped=grouped_sr)
             if grouped_sr:
-                self._table("row_streams", token_row_streams(sizes), torch.int32)
+                self._table("row_streams", token_row_streams(sizes), np.int32)
             self.scale_shapes = (scale_shape(row0, nsc, swz), None)
             return
         keep = 0
@@ -619,7 +555,7 @@ class _Plan:
                 pfirst = [0] * (len(sizes) + 1)
                 if not per_token:
                     chunks, pfirst = group_chunks(sizes, k, esize, sms)
-                    self._table("chunks", chunks, torch.int32)
+                    self._table("chunks", chunks, np.int32)
                 starts = [t[0] // 16 for t in gtab] + [m // 16] + pfirst
                 if swz:
                     # the cast compiles no padding code where the amax pass zeroes the
@@ -634,13 +570,13 @@ class _Plan:
                     self.k1_padding = per_token and has_pad and token_amax_k1(recipe, col_sum)
                     if not per_token and has_pad and col:
                         tiles = padding_tiles(sizes, k, row, col)
-                        self._table("pad_tiles", tiles, torch.int32)
+                        self._table("pad_tiles", tiles, np.int32)
                     padding = ((not per_token or has_pad) and not self.k1_padding
                                and self.pad_tiles is None)
                     starts += itertools.accumulate((_ceil(mg, 128) * 8 for mg in sizes),
                                                    initial=0)
                     starts += [t[5] // 512 for t in gtab] + [st_len // 512]
-                self._table("starts", starts, torch.int32)
+                self._table("starts", starts, np.int32)
             else:
                 walk = plain_cast_walk(m, k, esize, per_token, col and not swz, row and not swz,
                                        sms, rht, sr)
@@ -668,7 +604,7 @@ class _Plan:
             # groups), the group of each 16-row strip in a table
             self.token_amax = token_amax_fn(name, keep, arch, groups=True,
                                             padding=self.k1_padding)
-            self._table("strips", strip_groups(sizes), torch.int32)
+            self._table("strips", strip_groups(sizes), np.int32)
         elif scaling != "window64":
             recipe_tables()
             do_row, do_col = row or self.alias, col and not self.alias
@@ -701,9 +637,27 @@ class _Plan:
 
 
 @functools.lru_cache(maxsize=256)
-def _plan(sizes: tuple, k: int, recipe: Recipe, name: str, dev, seed: int, offset: int,
-          col_sum: bool) -> _Plan:
-    return _Plan(sizes, k, recipe, name, dev, seed, offset, col_sum)
+def _plan(sizes: tuple, k: int, recipe: Recipe, name: str, dev, col_sum: bool) -> _Plan:
+    return _Plan(sizes, k, recipe, name, dev, col_sum)
+
+
+def _check_not_capturing(what: str):
+    """A host table cannot be copied to the GPU while a CUDA graph is being captured."""
+    if torch.cuda.is_current_stream_capturing():
+        raise RuntimeError(
+            f"cute_fp4 quantize: a new configuration ({what}) while a CUDA graph is being "
+            "captured: its tables must be copied to the GPU first; run the same call once "
+            "before the capture")
+
+
+@functools.lru_cache(maxsize=256)
+def _rng_table(seed: int, offset: int, dev) -> torch.Tensor:
+    """The int64 [seed, offset] on the device that the casts read when no rng_state is given.
+    Cached apart from the plans: a caller drawing new bits each step by a new offset makes one
+    16-byte copy per step, not a whole plan, and pushes no plan out of _plan's cache."""
+    _check_not_capturing("stochastic rounding's seed or offset")
+    seed_i64 = seed - (1 << 64) if seed >= 1 << 63 else seed
+    return _upload({"rng": np.array([seed_i64, offset], dtype=np.int64)}, dev)["rng"]
 
 
 def _flat_u8(t: torch.Tensor) -> torch.Tensor:
@@ -721,8 +675,7 @@ def _run(x2: torch.Tensor, sizes: List[int], recipe: Recipe, seed: int, offset: 
     dev = x2.device
     m, k = x2.shape
     row, col, scaling = recipe.rowwise, recipe.columnwise, recipe.scaling
-    plan = _plan(tuple(sizes), k, recipe, _DTYPE_NAMES[x2.dtype], dev, seed, offset,
-                 column_sum is not None)
+    plan = _plan(tuple(sizes), k, recipe, _DTYPE_NAMES[x2.dtype], dev, column_sum is not None)
     q_len, s_len, qt_len, st_len = plan.lens
     if into is not None:
         q, s, qt, st = (None if t is None else _flat_u8(t)
@@ -804,7 +757,8 @@ def _run(x2: torch.Tensor, sizes: List[int], recipe: Recipe, seed: int, offset: 
         f8 = torch.float8_e4m3fn
         rng = None
         if recipe.stochastic_rounding:
-            rng = plan.rng if rng_state is None else rng_state.contiguous()
+            rng = (_rng_table(seed, offset, dev) if rng_state is None
+                   else rng_state.contiguous())
         if plan.token_rows is not None:
             plan.token_rows(x2, amax_r, q.view(m, k // 2), s.view(s_shape).view(f8), rng,
                             plan.row_streams)
@@ -815,7 +769,10 @@ def _run(x2: torch.Tensor, sizes: List[int], recipe: Recipe, seed: int, offset: 
                          st.view(st_shape).view(f8) if col else d2.view(f8), rng, plan.starts)
     elif plan.launch:
         dummy = plan.dummy
-        rng = plan.rng if rng_state is None else rng_state.contiguous()
+        if rng_state is None:  # the recipe kernel takes one without stochastic rounding too
+            rng = _rng_table(*((seed, offset) if recipe.stochastic_rounding else (0, 0)), dev)
+        else:
+            rng = rng_state.contiguous()
         plan.cast_fn(x2, plan.tt, plan.gt, amax_r, amax_c, q if row else dummy,
                      s if row else dummy, qt if col else dummy, st if col else dummy, rng,
                      plan.n_kt)
@@ -880,8 +837,8 @@ def quantize_recipe(x: torch.Tensor, recipe: Recipe = Recipe(), *, seed: int = 0
 
 def _rng_seed_offset(x: torch.Tensor, seed: int, offset: int,
                      rng_state: Optional[torch.Tensor]):
-    """The plan's (seed, offset): the given ones, or (0, 0) when the cast reads rng_state (an
-    int64 [seed, offset] on x's device; one plan then serves every state)."""
+    """The call's (seed, offset): the given ones, or (0, 0) when the cast reads rng_state (an
+    int64 [seed, offset] on x's device)."""
     if rng_state is None:
         return int(seed), int(offset)
     if rng_state.device != x.device or rng_state.dtype != torch.int64 or tuple(
