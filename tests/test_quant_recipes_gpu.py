@@ -915,6 +915,7 @@ def test_grouped_new_sizes_no_sync(gen):
         with torch.cuda.graph(graph):
             rd.quantize_grouped(x, [16] + splits[1:-1] + [448], Recipe(), seed=5)
     sr = Recipe(scaling="token", stochastic_rounding=True)
+    rd.quantize_grouped(x, splits, sr, seed=5, offset=10)  # its plan (the loop cleared it)
     misses = rd._plan.cache_info().misses
     for offset in (11, 12):
         torch.cuda._sleep(1 << 30)
