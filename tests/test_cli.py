@@ -115,6 +115,14 @@ def test_perf_grouped_flags_need_grouped(flag, capsys):
     assert f"{flag} needs --grouped" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("args,rule", [(["--host-k", "100"], "--host-k must be"),
+                                       (["--host-rows", "16"], "--host-rows must be")])
+def test_perf_grouped_host_sizes_checked(args, rule, capsys):
+    with pytest.raises(SystemExit):
+        perf_main(["quant_recipes", "--grouped", "8", "--host-only"] + args)
+    assert rule in capsys.readouterr().err
+
+
 @pytest.mark.gpu
 def test_perf_grouped_host_table(tmp_path, capsys):
     """`perf quant_recipes --grouped N --host-only`: host microseconds per grouped call for N
@@ -122,10 +130,11 @@ def test_perf_grouped_host_table(tmp_path, capsys):
     compared: the device host's timings are too noisy for an order to hold every time), each
     without and with the groups' views."""
     out = tmp_path / "host.json"
-    assert perf_main(["quant_recipes", "--grouped", "4", "--host-only",
-                      "--json", str(out)]) == 0
+    assert perf_main(["quant_recipes", "--grouped", "4", "--host-only", "--host-k", "128",
+                      "--host-rows", "64", "--json", str(out)]) == 0
     rows = json.loads(out.read_text())["rows"]
     assert [r["groups"] for r in rows] == [4, 64]
+    assert [(r["rows"], r["K"]) for r in rows] == [(256, 128), (4096, 128)]
     for r in rows:
         assert all(0 < r[c] < 1e5 for c in ("one quantize_recipe", "cached sizes", "new sizes",
                                              "cached sizes + views", "new sizes + views"))

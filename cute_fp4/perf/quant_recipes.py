@@ -20,7 +20,8 @@ With --grouped N a second table gives the host time of a grouped call (grouped_h
 a small input, with the same split sizes every call (its plan cached) and with new ones every
 call (a plan built per call, as MoE routing changes the sizes every step), each without and
 with the groups' NVFP4Tensor views, for N and for ROW_GROUPS_MAX groups. `--host-only` prints
-just that table.
+just that table; `--host-k` / `--host-rows` set its input's K and rows per group (a plan's
+tables grow with the input's tiles: MoE sizes, e.g. `--host-k 4096 --host-rows 2048`).
 """
 
 from __future__ import annotations
@@ -104,9 +105,11 @@ def cases(args):
     return out
 
 
-def grouped_host_rows(recipe: Recipe, group_counts, dtype, calls: int = 300):
-    """Host microseconds per quantize_grouped call on a small input (K = 256, 96 rows per
-    group on average: the GPU work is a few microseconds) split at random multiples of 16
+def grouped_host_rows(recipe: Recipe, group_counts, dtype, calls: int = 300, k: int = 256,
+                      rows_per_group: int = 96):
+    """Host microseconds per quantize_grouped call on an input of K columns and rows_per_group
+    rows per group on average (by default small: the GPU work is a few microseconds; at MoE
+    sizes the cached calls' times may be the GPU's) split at random multiples of 16
     rows (64 for window64), per number of groups: the same split sizes every call (the plan
     cached: allocations, two launches, the GroupedNVFP4Tensor), new split sizes every call (a
     plan built per call: its tables made and copied to the device, and the call), each alone
@@ -120,10 +123,9 @@ def grouped_host_rows(recipe: Recipe, group_counts, dtype, calls: int = 300):
     from ..quant import recipes_dispatch as rd
 
     unit = 64 if recipe.scaling == "window64" else 16
-    k = 256
     rows = []
     for n in group_counts:
-        m = 96 * n
+        m = rows_per_group * n
         x = torch.randn(m, k, device="cuda", dtype=dtype)
         rnd = random.Random(n)
 
@@ -186,11 +188,18 @@ def main(argv=None):
     p.add_argument("--json", default=None)
     p.add_argument("--host-only", action="store_true",
                    help="with --grouped: only the host-time table")
+    p.add_argument("--host-k", type=int, default=256, help="the host-time table's K")
+    p.add_argument("--host-rows", type=int, default=96,
+                   help="the host-time table's rows per group (on average)")
     args = p.parse_args(argv)
     if args.ragged and not args.grouped:
         p.error("--ragged needs --grouped N")
     if args.host_only and not args.grouped:
         p.error("--host-only needs --grouped N")
+    if args.host_k <= 0 or args.host_k % 64:
+        p.error("--host-k must be a positive multiple of 64")
+    if args.host_rows < 64:
+        p.error("--host-rows must be at least 64 (groups split at multiples of 16 or 64 rows)")
 
     from ..ops import quantize_impl
     from ..quant.dispatch import quantize as plain
@@ -201,8 +210,8 @@ def main(argv=None):
     host_title = (f"Host time per grouped call, us, {todo[0][1]} ({args.dtype}), "
                   f"{torch.cuda.get_device_name()}")
     if args.host_only:
-        report(grouped_host_rows(todo[0][1], _host_groups(args.grouped), dtype), host_title,
-               args.json)
+        report(grouped_host_rows(todo[0][1], _host_groups(args.grouped), dtype, k=args.host_k,
+                                 rows_per_group=args.host_rows), host_title, args.json)
         return 0
     copy_bw = copy_bandwidth_gbs()
     rows = []
@@ -253,8 +262,8 @@ def main(argv=None):
     if args.grouped:
         print()
         host_json = args.json and os.path.splitext(args.json)[0] + "_host.json"
-        report(grouped_host_rows(todo[0][1], _host_groups(args.grouped), dtype), host_title,
-               host_json)
+        report(grouped_host_rows(todo[0][1], _host_groups(args.grouped), dtype, k=args.host_k,
+                                 rows_per_group=args.host_rows), host_title, host_json)
     return 0
 
 
