@@ -29,8 +29,8 @@ KINDS = ["normal", "outliers", "special"]
 
 @pytest.fixture(autouse=True)
 def poison(monkeypatch):
-    monkeypatch.setattr(rd, "_alloc", lambda shape, device: torch.full(
-        (shape,) if isinstance(shape, int) else shape, 0xFF, dtype=torch.uint8, device=device))
+    monkeypatch.setattr(rd, "_alloc", lambda shape, device, dtype=torch.uint8: torch.full(
+        shape, 0xFF, dtype=torch.uint8, device=device).view(dtype))
     monkeypatch.setattr(rd, "_alloc_f32", lambda n, device: torch.full(
         (n,), 12345.0, dtype=torch.float32, device=device))
 

@@ -50,8 +50,7 @@ import torch
 
 from ..common.jit import (KERNELS, compile_kernel, device_arch, dyn, env_stream, fake_tensor,
                           num_sms)
-from ..grouped import (GroupedNVFP4Tensor, check_split_sizes, flat_shapes, piece_lens,
-                       split_groups)
+from ..grouped import GroupedNVFP4Tensor, check_split_sizes, flat_shapes, piece_lens
 from ..recipe import Recipe
 from ..ref.philox import check_seed_offset
 from ..ref.swizzle import scale_shape
@@ -356,9 +355,9 @@ def plain_cast_walk(m: int, k: int, esize: int, per_token: bool, compact_twin: b
     return (2,) + walk[1:4] + (run, walk[5], preload)
 
 
-def _alloc(shape, device) -> torch.Tensor:
+def _alloc(shape, device, dtype=torch.uint8) -> torch.Tensor:
     """Output allocation (uninitialised; tests replace it with a poisoning one)."""
-    return torch.empty(shape, dtype=torch.uint8, device=device)
+    return torch.empty(shape, dtype=dtype, device=device)
 
 
 def _alloc_f32(n: int, device) -> torch.Tensor:
@@ -498,6 +497,8 @@ class _Plan:
         # device copies made here, once: repeated calls make no host-to-device copy, so they
         # can be captured in a CUDA graph once warmed up
         self.dummy = torch.empty(1, dtype=torch.uint8, device=dev)  # for absent outputs
+        self.dummy2 = self.dummy.view(1, 1)  # the same as a matrix, and as E4M3 scales
+        self.dummy2_f8 = self.dummy2.view(torch.float8_e4m3fn)
 
         def recipe_tables():
             """The recipe kernels' tables (RecipeAmax, RecipeCastKernel): tiles, groups,
@@ -664,27 +665,38 @@ def _flat_u8(t: torch.Tensor) -> torch.Tensor:
     return t.view(torch.uint8).view(-1)
 
 
+def _exact(t: torch.Tensor, n: int) -> torch.Tensor:
+    """t's first n elements (t itself when it has n: a slice is a tensor object, ~1-2 us)."""
+    return t if t.shape[0] == n else t[:n]
+
+
 def _run(x2: torch.Tensor, sizes: List[int], recipe: Recipe, seed: int, offset: int,
          amax_reduce=None, rng_state: Optional[torch.Tensor] = None,
-         column_sum: Optional[torch.Tensor] = None, into: Optional[NVFP4Tensor] = None):
-    """The groups' fields, flat (FIELDS order, absent ones None; grouped.GroupedNVFP4Tensor's
-    layout). into (one group): a checked NVFP4Tensor whose data and scales the cast writes;
-    the amaxes (kernel-side buffers have another layout: zeroed or partials, shared) are
-    copied into it; returns None."""
+         column_sum: Optional[torch.Tensor] = None, into: Optional[NVFP4Tensor] = None,
+         single: bool = False):
+    """The groups' fields (FIELDS order, absent ones None): flat, in
+    grouped.GroupedNVFP4Tensor's layout, or with `single` (one group) in the NVFP4Tensor's
+    shapes. The outputs are allocated in those shapes and handed to the kernels as they are
+    where the kernels take them so (each view or slice a tensor object: ~1-2 us of host time
+    on the device host). into (one group): a checked NVFP4Tensor whose data and scales the
+    cast writes; the amaxes (kernel-side buffers have another layout: zeroed or partials,
+    shared) are copied into it; returns None."""
     check_seed_offset(seed, offset)
     dev = x2.device
     m, k = x2.shape
     row, col, scaling = recipe.rowwise, recipe.columnwise, recipe.scaling
     plan = _plan(tuple(sizes), k, recipe, _DTYPE_NAMES[x2.dtype], dev, column_sum is not None)
     q_len, s_len, qt_len, st_len = plan.lens
+    f8 = torch.float8_e4m3fn
+    single = single or into is not None
     if into is not None:
-        q, s, qt, st = (None if t is None else _flat_u8(t)
-                        for t in (into.data, into.scales, into.data_t, into.scales_t))
-    else:
-        q = _alloc(max(q_len, 1), dev) if row else None
-        s = _alloc(max(s_len, 1), dev) if row else None
-        qt = _alloc(max(qt_len, 1), dev) if col else None
-        st = _alloc(max(st_len, 1), dev) if col else None
+        q, s, qt, st = into.data, into.scales, into.data_t, into.scales_t
+    else:  # the twin flat for groups, [K, M / 2] and its scale matrix for a single tensor
+        q = _alloc((m, k // 2), dev) if row else None
+        s = _alloc(plan.scales_2d, dev, f8) if row else None
+        qt = _alloc((k, m // 2) if single else (qt_len,), dev) if col else None
+        st = _alloc(scale_shape(k, m // 16, recipe.swizzle) if single else (st_len,), dev,
+                    f8) if col else None
     ar_len, ac_len = max(plan.ar_len, 1), max(plan.ac_len, 1)
     arg_r = arg_c = None  # per tensor on the plain cast: its [amax, partial] words per side
     if plan.launch and plan.row_groups and scaling == "tensor":
@@ -693,7 +705,8 @@ def _run(x2: torch.Tensor, sizes: List[int], recipe: Recipe, seed: int, offset: 
         words = torch.empty(g + plan.chunks.shape[0], dtype=torch.float32, device=dev)
         pad = (None, None, None)
         if plan.pad_tiles is not None:  # the tiles holding the groups' padding, zeroed
-            pad = (s if row else plan.dummy, st if col else plan.dummy, plan.pad_tiles)
+            pad = (_flat_u8(s) if row else plan.dummy, _flat_u8(st) if col else plan.dummy,
+                   plan.pad_tiles)
         plan.tensor_amax(x2, words[g - 1:], plan.chunks, *pad)  # partial c to words[g + c]
         arg_r = arg_c = words
         amax_r = amax_c = words[:g]
@@ -706,9 +719,10 @@ def _run(x2: torch.Tensor, sizes: List[int], recipe: Recipe, seed: int, offset: 
         # K1 per tensor (the RHT): [amax, (with amax_reduce: the reduced local amax,) its P
         # partials] per side, no zero-fill; the cast reduces the partials, writes amax[0]
         p, red = plan.k1_partials, int(amax_reduce is not None)
-        words = torch.empty(2 * (1 + red + p), dtype=torch.float32, device=dev)
-        side_r, side_c = words.view(2, 1 + red + p).unbind(0)
-        plan.token_amax(x2, side_r[red:], side_c[red:], None, None, None, None)
+        side_r, side_c = torch.empty((2, 1 + red + p), dtype=torch.float32,
+                                     device=dev).unbind(0)
+        plan.token_amax(x2, side_r[red:] if red else side_r, side_c[red:] if red else side_c,
+                        None, None, None, None)
         if red:
             for side in (side_r, side_c):
                 torch.amax(side[2:], dim=0, keepdim=True, out=side[1:2])
@@ -743,7 +757,8 @@ def _run(x2: torch.Tensor, sizes: List[int], recipe: Recipe, seed: int, offset: 
             if psum is not None:
                 torch.sum(psum, 0, out=column_sum)
         elif plan.token_amax is not None and not plan.k1_partials:
-            pad = (s, st, plan.starts) if plan.k1_padding else (None, None, None)
+            pad = ((_flat_u8(s), _flat_u8(st), plan.starts) if plan.k1_padding
+                   else (None, None, None))
             plan.token_amax(x2, amax_r, amax_c, plan.strips, *pad)
     if column_sum is not None and plan.amax_fn is None:  # nothing to sum (no rows or columns)
         column_sum.zero_()
@@ -752,43 +767,39 @@ def _run(x2: torch.Tensor, sizes: List[int], recipe: Recipe, seed: int, offset: 
     if plan.launch and (plan.plain or plan.row_groups or plan.token_rows is not None):
         if arg_r is None:
             arg_r, arg_c = amax_r, amax_c
-        s_shape, st_shape = plan.scale_shapes
-        d2 = plan.dummy.view(1, 1)
-        f8 = torch.float8_e4m3fn
         rng = None
         if recipe.stochastic_rounding:
             rng = (_rng_table(seed, offset, dev) if rng_state is None
                    else rng_state.contiguous())
-        if plan.token_rows is not None:
-            plan.token_rows(x2, amax_r, q.view(m, k // 2), s.view(s_shape).view(f8), rng,
-                            plan.row_streams)
-        else:
-            plan.cast_fn(x2, arg_r, arg_c, q.view(m, k // 2) if row else d2,
-                         s.view(s_shape).view(f8) if row else d2.view(f8),
-                         qt.view(k, m // 2) if col else d2,
-                         st.view(st_shape).view(f8) if col else d2.view(f8), rng, plan.starts)
+        if plan.token_rows is not None:  # q, s: [M, K / 2] and the flat scales' matrix
+            plan.token_rows(x2, amax_r, q, s, rng, plan.row_streams)
+        else:  # the twin's data and scales as matrices (a group's twins: one after another)
+            if col and not single:
+                qt, st = qt.view(k, m // 2), st.view(plan.scale_shapes[1])
+            plan.cast_fn(x2, arg_r, arg_c, q if row else plan.dummy2,
+                         s if row else plan.dummy2_f8, qt if col else plan.dummy2,
+                         st if col else plan.dummy2_f8, rng, plan.starts)
+            if col and not single:
+                qt, st = qt.view(-1), st.view(-1)
     elif plan.launch:
         dummy = plan.dummy
         if rng_state is None:  # the recipe kernel takes one without stochastic rounding too
             rng = _rng_table(*((seed, offset) if recipe.stochastic_rounding else (0, 0)), dev)
         else:
             rng = rng_state.contiguous()
-        plan.cast_fn(x2, plan.tt, plan.gt, amax_r, amax_c, q if row else dummy,
-                     s if row else dummy, qt if col else dummy, st if col else dummy, rng,
-                     plan.n_kt)
+        plan.cast_fn(x2, plan.tt, plan.gt, amax_r, amax_c, _flat_u8(q) if row else dummy,
+                     _flat_u8(s) if row else dummy, _flat_u8(qt) if col else dummy,
+                     _flat_u8(st) if col else dummy, rng, plan.n_kt)
 
-    f8 = torch.float8_e4m3fn
     if into is not None:  # its data and scales written; the amaxes copied in
         for t, a, n in ((into.amax, amax_r, plan.ar_len), (into.amax_t, amax_c, plan.ac_len)):
             if t is not None:
                 t.view(-1).copy_(a[:n])
         return None
-    return (q[:q_len].view(m, k // 2) if row else None,
-            s[:s_len].view(f8).view(plan.scales_2d) if row else None,
-            amax_r[:plan.ar_len] if row else None,
-            qt[:qt_len] if col else None,
-            st[:st_len].view(f8) if col else None,
-            amax_c[:plan.ac_len] if col else None)
+    amax_r, amax_c = _exact(amax_r, plan.ar_len), _exact(amax_c, plan.ac_len)
+    if single and scaling == "window64":  # one amax per 64-wide window of a row / column
+        amax_r, amax_c = amax_r.view(m, k // 64), amax_c.view(k, m // 64)
+    return (q, s, amax_r if row else None, qt, st, amax_c if col else None)
 
 
 def _reduce_amaxes(amax_reduce, recipe: Recipe, amax_r: torch.Tensor, amax_c: torch.Tensor,
@@ -828,11 +839,11 @@ def quantize_recipe(x: torch.Tensor, recipe: Recipe = Recipe(), *, seed: int = 0
     if amax_reduce is not None and not callable(amax_reduce):
         raise TypeError("amax_reduce must be a callable reducing a float32 tensor in place")
     seed, offset = _rng_seed_offset(x, seed, offset, rng_state)
-    flat = _run(x2, [x2.shape[0]], recipe, seed, offset, amax_reduce, rng_state, column_sum,
-                out)
+    fields = _run(x2, [x2.shape[0]], recipe, seed, offset, amax_reduce, rng_state, column_sum,
+                  out, single=True)
     if out is not None:
         return out
-    return split_groups(flat, [x2.shape[0]], x2.shape[1], recipe, x.dtype, [tuple(x.shape)])[0]
+    return NVFP4Tensor(*fields, recipe=recipe, shape=tuple(x.shape), dtype=x.dtype)
 
 
 def _rng_seed_offset(x: torch.Tensor, seed: int, offset: int,
