@@ -468,7 +468,6 @@ class _Plan:
 
     def _build(self, sizes: tuple, k: int, recipe: Recipe, name: str, dev, col_sum: bool):
         row, col, swz, scaling = recipe.rowwise, recipe.columnwise, recipe.swizzle, recipe.scaling
-        nsc = k // 16
         esize, sms = _CUTLASS[name].width // 8, num_sms(dev)
         # the groups' fields back to back (GroupedNVFP4Tensor's flat layout, whose piece
         # lengths a call's views share): gtab rows (first row, rows, first data byte, scale
@@ -480,9 +479,9 @@ class _Plan:
             rows, [mg * k // 2 for mg in rows], [r * self.scales_2d[1] for r in scale_rows],
             twins, twin_scales, amaxes, twin_amaxes)]
         gtab = list(zip(firsts[0], rows, *firsts[1:]))
-        row0, q_len, s_len, qt_len, st_len, ar_len, ac_len = (f[-1] for f in firsts)
+        row0, _, _, qt_len, st_len, ar_len, ac_len = (f[-1] for f in firsts)
         self.gtab = gtab
-        self.lens = (q_len, s_len, qt_len, st_len)
+        self.twin_lens = (qt_len, st_len)  # the flat twin's data and scales (groups)
         self.ar_len, self.ac_len = ar_len, ac_len  # the amaxes' lengths
         self.alias = scaling == "tensor" and not recipe.twin_rht  # columnwise amax = rowwise amax
         self.launch = row0 > 0 and k > 0
@@ -536,7 +535,6 @@ class _Plan:
                                             grouped=grouped_sr)
             if grouped_sr:
                 self._table("row_streams", token_row_streams(sizes), np.int32)
-            self.scale_shapes = (scale_shape(row0, nsc, swz), None)
             return
         keep = 0
         plain_cast = self.plain or self.row_groups  # CastKernel casts (the row groups' too)
@@ -622,12 +620,11 @@ class _Plan:
                              block2d=block2d, stochastic=sr, groups=groups, row_groups=tables,
                              padding=padding),
                 arch=arch))
-            self.scale_shapes = (scale_shape(m, nsc, swz), scale_shape(k, m // 16, swz))
-            if self.row_groups and swz:  # the groups' padded scales, one after another
-                self.scale_shapes = ((s_len // self.scale_shapes[0][1],
-                                      self.scale_shapes[0][1]),
-                                     (self.scale_shapes[1][0],
-                                      st_len // self.scale_shapes[1][0]))
+            # the twin's scales as the cast takes them: swizzled row groups' padded scales one
+            # after another, [padded K, their columns]
+            self.twin_scales_2d = scale_shape(k, m // 16, swz)
+            if self.row_groups and swz:
+                self.twin_scales_2d = (self.twin_scales_2d[0], st_len // self.twin_scales_2d[0])
             return
         if self.amax_fn is None:
             recipe_tables()
@@ -686,7 +683,7 @@ def _run(x2: torch.Tensor, sizes: List[int], recipe: Recipe, seed: int, offset: 
     m, k = x2.shape
     row, col, scaling = recipe.rowwise, recipe.columnwise, recipe.scaling
     plan = _plan(tuple(sizes), k, recipe, _DTYPE_NAMES[x2.dtype], dev, column_sum is not None)
-    q_len, s_len, qt_len, st_len = plan.lens
+    qt_len, st_len = plan.twin_lens
     f8 = torch.float8_e4m3fn
     single = single or into is not None
     if into is not None:
@@ -775,7 +772,7 @@ def _run(x2: torch.Tensor, sizes: List[int], recipe: Recipe, seed: int, offset: 
             plan.token_rows(x2, amax_r, q, s, rng, plan.row_streams)
         else:  # the twin's data and scales as matrices (a group's twins: one after another)
             if col and not single:
-                qt, st = qt.view(k, m // 2), st.view(plan.scale_shapes[1])
+                qt, st = qt.view(k, m // 2), st.view(plan.twin_scales_2d)
             plan.cast_fn(x2, arg_r, arg_c, q if row else plan.dummy2,
                          s if row else plan.dummy2_f8, qt if col else plan.dummy2,
                          st if col else plan.dummy2_f8, rng, plan.starts)
