@@ -929,6 +929,42 @@ def test_grouped_new_sizes_no_sync(gen):
             rd.quantize_grouped(x, splits, sr, seed=5, offset=13)
 
 
+def test_graph_keeps_its_tables(gen):
+    """A CUDA graph of recipe quantizes keeps their plans' device tables and seed tables (rd.
+    _CAPTURED): with the plan caches cleared and their memory handed out again (filled with
+    junk), a replay still equals the reference. A grouped row-group cast per tensor
+    swizzled (chunks, group and padding tables), a single stochastic-rounding quantize (its
+    seed table) and the recipe kernel (4over6: tile, group and amax tables, the (0, 0) seed
+    table)."""
+    splits = [272, 0, 48, 704, 16, 192]
+    x = grouped_scaled(splits, 1040, "outliers", torch.bfloat16, gen)
+    grouped, sr = Recipe(columnwise=True, swizzle=True), Recipe(stochastic_rounding=True,
+                                                                columnwise=True)
+    four = Recipe(four_over_six="mae", columnwise=True)
+    calls = (lambda: rd.quantize_grouped(x, splits, grouped),
+             lambda: rd.quantize_recipe(x, sr, seed=3, offset=41),
+             lambda: rd.quantize_recipe(x, four))
+    for call in calls:
+        call()  # the plans and seed tables made before the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = [call() for call in calls]
+    plans = [rd._plan(tuple(sz), 1040, r, "bf16", x.device, False)
+             for sz, r in ((splits, grouped), ([1232], sr), ([1232], four))]
+    assert all(any(p is kept for kept in rd._CAPTURED.values()) for p in plans)
+    rd._plan.cache_clear()
+    rd._rng_table.cache_clear()
+    del plans
+    junk = [torch.full((512 * i,), 0xFF, dtype=torch.uint8, device="cuda")
+            for i in range(1, 65) for _ in range(4)]
+    graph.replay()
+    torch.cuda.synchronize()
+    del junk
+    check_grouped(x, splits, grouped, got=outs[0])
+    check(outs[1], ref.quantize(x, sr, seed=3, offset=41), sr)
+    check(outs[2], ref.quantize(x, four), four)
+
+
 def test_grouped_window64_and_rowwise_uneven(gen):
     x = make_input((256, 128), "outliers", torch.float32, gen)
     splits = [64, 0, 128, 64]

@@ -648,6 +648,19 @@ def _check_not_capturing(what: str):
             "before the capture")
 
 
+# The plans and seed tables of calls captured in CUDA graphs: a graph replays their device
+# tables' addresses, so they outlive the LRU caches that would free them for reuse (a replay
+# after 256 newer configurations, e.g. MoE split sizes in eager steps, read freed memory)
+_CAPTURED = {}
+
+
+def _kept(held, capturing: bool):
+    """`held` (a plan, a seed table), kept for good when the call is being captured."""
+    if capturing:
+        _CAPTURED[id(held)] = held
+    return held
+
+
 @functools.lru_cache(maxsize=256)
 def _rng_table(seed: int, offset: int, dev) -> torch.Tensor:
     """The int64 [seed, offset] on the device that the casts read when no rng_state is given.
@@ -683,6 +696,8 @@ def _run(x2: torch.Tensor, sizes: List[int], recipe: Recipe, seed: int, offset: 
     m, k = x2.shape
     row, col, scaling = recipe.rowwise, recipe.columnwise, recipe.scaling
     plan = _plan(tuple(sizes), k, recipe, _DTYPE_NAMES[x2.dtype], dev, column_sum is not None)
+    capturing = torch.cuda.is_current_stream_capturing()
+    _kept(plan, capturing)
     qt_len, st_len = plan.twin_lens
     f8 = torch.float8_e4m3fn
     single = single or into is not None
@@ -766,7 +781,7 @@ def _run(x2: torch.Tensor, sizes: List[int], recipe: Recipe, seed: int, offset: 
             arg_r, arg_c = amax_r, amax_c
         rng = None
         if recipe.stochastic_rounding:
-            rng = (_rng_table(seed, offset, dev) if rng_state is None
+            rng = (_kept(_rng_table(seed, offset, dev), capturing) if rng_state is None
                    else rng_state.contiguous())
         if plan.token_rows is not None:  # q, s: [M, K / 2] and the flat scales' matrix
             plan.token_rows(x2, amax_r, q, s, rng, plan.row_streams)
@@ -781,7 +796,8 @@ def _run(x2: torch.Tensor, sizes: List[int], recipe: Recipe, seed: int, offset: 
     elif plan.launch:
         dummy = plan.dummy
         if rng_state is None:  # the recipe kernel takes one without stochastic rounding too
-            rng = _rng_table(*((seed, offset) if recipe.stochastic_rounding else (0, 0)), dev)
+            rng = _kept(_rng_table(*((seed, offset) if recipe.stochastic_rounding else (0, 0)),
+                                   dev), capturing)
         else:
             rng = rng_state.contiguous()
         plan.cast_fn(x2, plan.tt, plan.gt, amax_r, amax_c, _flat_u8(q) if row else dummy,
