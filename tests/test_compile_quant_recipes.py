@@ -616,6 +616,20 @@ def test_ragged_table(cols, per_group):
         v for g, mg in enumerate(sizes) for _ in range(mg) for v in (2 * g, sum(sizes[:g]))]
 
 
+def test_arith_runs():
+    """Runs of start + j * step (a step per run; empty runs, negative steps) one after another,
+    against their expansion."""
+    from cute_fp4.quant.tables import arith_runs
+
+    rnd = random.Random(4)
+    for _ in range(50):
+        runs = [(rnd.randint(-900, 900), rnd.choice([0, 0, 1, 5, 40]), rnd.choice([-7, -1, 1, 64]))
+                for _ in range(rnd.randint(1, 9))]
+        got = arith_runs(*zip(*runs))
+        assert got.dtype == np.int64
+        assert got.tolist() == [a + j * d for a, c, d in runs for j in range(c)]
+
+
 def test_strip_groups():
     """K1 with row groups' table: the group of each 16-row strip (empty groups take none)."""
     sizes = [32, 0, 16, 48]
