@@ -15,7 +15,7 @@ import torch
 
 from .recipe import Recipe
 from .ref.swizzle import scale_shape
-from .tensor import FIELD_DTYPES, FIELDS, NVFP4Tensor
+from .tensor import FIELD_DTYPES, FIELDS, NVFP4Tensor, present_fields
 
 
 def group_lengths(rows: int, cols: int, recipe: Recipe) -> Tuple[int, ...]:
@@ -134,9 +134,8 @@ class GroupedNVFP4Tensor(Sequence):
         """The grouped tensor of per-group results (the CPU reference): their fields
         concatenated (its groups are then views of those, as on the GPU)."""
         flat = []
-        present = (recipe.rowwise,) * 3 + (recipe.columnwise,) * 3
-        for name, on, shape, dt in zip(FIELDS, present, flat_shapes(split_sizes, cols, recipe),
-                                       FIELD_DTYPES):
+        for name, on, shape, dt in zip(FIELDS, present_fields(recipe),
+                                       flat_shapes(split_sizes, cols, recipe), FIELD_DTYPES):
             if not on:
                 flat.append(None)
             elif not groups:

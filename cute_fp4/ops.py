@@ -21,7 +21,7 @@ from .recipe import Recipe
 from .ref.formats import decode_scale
 from .ref.quantize import block_outer_amax
 from .ref.swizzle import scale_shape, swizzle_scales, unswizzle_scales
-from .tensor import FIELD_DTYPES, FIELDS, NVFP4Tensor
+from .tensor import FIELD_DTYPES, FIELDS, NVFP4Tensor, present_fields
 
 
 def recipe_args(recipe: Recipe) -> tuple:
@@ -220,9 +220,8 @@ def quantize(x2: Tensor, recipe: Recipe, shape, dtype, seed: int, offset: int,
         rng_state = torch.tensor([seed, offset], dtype=torch.int64)
     outs = quantize_op(x2, *recipe_args(recipe), rng_state,
                        "" if amax_group is None else amax_group.group_name, column_sum)
-    present = (recipe.rowwise,) * 3 + (recipe.columnwise,) * 3
-    data, scales, amax, data_t, scales_t, amax_t = (o if p else None
-                                                     for o, p in zip(outs, present))
+    data, scales, amax, data_t, scales_t, amax_t = (o if p else None for o, p in
+                                                     zip(outs, present_fields(recipe)))
     t = NVFP4Tensor(data, scales, amax, data_t, scales_t, amax_t, recipe, tuple(shape), dtype)
     if out is not None:
         t = copy_fields(out, t)
@@ -258,9 +257,9 @@ def _(x, split_sizes, scaling, block_rows, rht, sr, four_over_six, e4m3_max, fas
       rowwise, columnwise, swizzle, rng_state):
     recipe = recipe_from_args(scaling, block_rows, rht, sr, four_over_six, e4m3_max, fast_math,
                               rowwise, columnwise, swizzle)
-    present = (rowwise,) * 3 + (columnwise,) * 3
     return tuple(x.new_empty(shape if p else (0,), dtype=dt) for shape, p, dt in
-                 zip(flat_shapes(split_sizes, x.shape[1], recipe), present, FIELD_DTYPES))
+                 zip(flat_shapes(split_sizes, x.shape[1], recipe), present_fields(recipe),
+                     FIELD_DTYPES))
 
 
 def quantize_grouped(x: Tensor, split_sizes, recipe: Recipe, seed: int, offset: int,
@@ -278,8 +277,7 @@ def quantize_grouped(x: Tensor, split_sizes, recipe: Recipe, seed: int, offset: 
     if rng_state is None:
         rng_state = torch.tensor([seed, offset], dtype=torch.int64)
     outs = quantize_grouped_op(x, sizes, *recipe_args(recipe), rng_state)
-    present = (recipe.rowwise,) * 3 + (recipe.columnwise,) * 3
-    return GroupedNVFP4Tensor(*(o if p else None for o, p in zip(outs, present)),
+    return GroupedNVFP4Tensor(*(o if p else None for o, p in zip(outs, present_fields(recipe))),
                               split_sizes=sizes, cols=x.shape[1], recipe=recipe, dtype=x.dtype)
 
 

@@ -16,6 +16,11 @@ FIELDS = ("data", "scales", "amax", "data_t", "scales_t", "amax_t")
 FIELD_DTYPES = (torch.uint8, torch.float8_e4m3fn, torch.float32) * 2
 
 
+def present_fields(recipe: Recipe) -> Tuple[bool, ...]:
+    """Which FIELDS a quantize with `recipe` produces: the rowwise three and / or the twin's."""
+    return (recipe.rowwise,) * 3 + (recipe.columnwise,) * 3
+
+
 @dataclasses.dataclass
 class NVFP4Tensor:
     """An NVFP4-quantized 2D matrix [M, K] (the input flattened to 2D) and its twin.
