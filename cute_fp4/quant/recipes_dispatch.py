@@ -776,16 +776,17 @@ def _run(x2: torch.Tensor, sizes: List[int], recipe: Recipe, seed: int, offset: 
         column_sum.zero_()
     if amax_reduce is not None and plan.tensor_amax is None and not plan.k1_partials:
         _reduce_amaxes(amax_reduce, recipe, amax_r, amax_c, plan.alias)
-    if plan.launch and (plan.plain or plan.row_groups or plan.token_rows is not None):
-        if arg_r is None:
-            arg_r, arg_c = amax_r, amax_c
-        rng = None
-        if recipe.stochastic_rounding:
-            rng = (_kept(_rng_table(seed, offset, dev), capturing) if rng_state is None
-                   else rng_state.contiguous())
+    if plan.launch:
+        on_cast = plan.plain or plan.row_groups or plan.token_rows is not None
+        rng = None  # the seed table: with stochastic rounding; the recipe kernel takes one always
+        if recipe.stochastic_rounding or not on_cast:
+            rng = rng_state.contiguous() if rng_state is not None else _kept(_rng_table(
+                *((seed, offset) if recipe.stochastic_rounding else (0, 0)), dev), capturing)
         if plan.token_rows is not None:  # q, s: [M, K / 2] and the flat scales' matrix
             plan.token_rows(x2, amax_r, q, s, rng, plan.row_streams)
-        else:  # the twin's data and scales as matrices (a group's twins: one after another)
+        elif on_cast:  # the twin's data and scales as matrices (a group's: one after another)
+            if arg_r is None:
+                arg_r, arg_c = amax_r, amax_c
             if col and not single:
                 qt, st = qt.view(k, m // 2), st.view(plan.twin_scales_2d)
             plan.cast_fn(x2, arg_r, arg_c, q if row else plan.dummy2,
@@ -793,16 +794,11 @@ def _run(x2: torch.Tensor, sizes: List[int], recipe: Recipe, seed: int, offset: 
                          st if col else plan.dummy2_f8, rng, plan.starts)
             if col and not single:
                 qt, st = qt.view(-1), st.view(-1)
-    elif plan.launch:
-        dummy = plan.dummy
-        if rng_state is None:  # the recipe kernel takes one without stochastic rounding too
-            rng = _kept(_rng_table(*((seed, offset) if recipe.stochastic_rounding else (0, 0)),
-                                   dev), capturing)
         else:
-            rng = rng_state.contiguous()
-        plan.cast_fn(x2, plan.tt, plan.gt, amax_r, amax_c, _flat_u8(q) if row else dummy,
-                     _flat_u8(s) if row else dummy, _flat_u8(qt) if col else dummy,
-                     _flat_u8(st) if col else dummy, rng, plan.n_kt)
+            dummy = plan.dummy
+            plan.cast_fn(x2, plan.tt, plan.gt, amax_r, amax_c, _flat_u8(q) if row else dummy,
+                         _flat_u8(s) if row else dummy, _flat_u8(qt) if col else dummy,
+                         _flat_u8(st) if col else dummy, rng, plan.n_kt)
 
     if into is not None:  # its data and scales written; the amaxes copied in
         for t, a, n in ((into.amax, amax_r, plan.ar_len), (into.amax_t, amax_c, plan.ac_len)):
