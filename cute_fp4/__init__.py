@@ -18,6 +18,6 @@ from .tensor import NVFP4Tensor
 
 __version__ = "0.1.0"
 
-__all__ = ["Recipe", "LinearRecipe", "NVFP4Tensor", "GroupedNVFP4Tensor", "quantize", "quantize_dbias",
-           "quantize_grouped", "dequantize",
+__all__ = ["Recipe", "LinearRecipe", "NVFP4Tensor", "GroupedNVFP4Tensor", "quantize",
+           "quantize_dbias", "quantize_grouped", "dequantize",
            "gemm", "mxfp8_dequantize", "convert", "nn", "ref", "__version__"]

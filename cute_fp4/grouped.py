@@ -8,6 +8,7 @@ each: 8 groups ~2x one single-tensor call, 64 groups ~8x; notes/quant_recipes.md
 from __future__ import annotations
 
 import functools
+import itertools
 from collections.abc import Sequence
 from typing import List, Optional, Tuple
 
@@ -186,10 +187,8 @@ class GroupedNVFP4Tensor(Sequence):
     def offsets(self, name: str) -> List[int]:
         """The element offset of each group's piece of flat field `name` (one of FIELDS),
         and the field's length last (data and scales: their rows)."""
-        out = [0]
-        for n in piece_lens(self.split_sizes, self.cols, self.recipe)[FIELDS.index(name)]:
-            out.append(out[-1] + n)
-        return out
+        lens = piece_lens(self.split_sizes, self.cols, self.recipe)[FIELDS.index(name)]
+        return list(itertools.accumulate(lens, initial=0))
 
     def __repr__(self) -> str:
         return (f"GroupedNVFP4Tensor(split_sizes={list(self.split_sizes)}, cols={self.cols}, "

@@ -179,7 +179,7 @@ def on_token_rows(recipe: Recipe, sizes, col_sum: bool) -> bool:
     return len(sizes) == 1 or not (recipe.swizzle and any(mg % 128 for mg in sizes[:-1]))
 
 
-def token_row_streams(sizes) -> torch.Tensor:
+def token_row_streams(sizes) -> np.ndarray:
     """TokenRowCast grouped's table (on_token_rows): int32 [M * 2], row r's Philox stream
     (2g for group g, ref.quantize_grouped) at 2r and its group's first row at 2r + 1."""
     first = itertools.accumulate(sizes, initial=0)
@@ -187,7 +187,7 @@ def token_row_streams(sizes) -> torch.Tensor:
                         sizes).reshape(-1)
 
 
-def strip_groups(sizes) -> torch.Tensor:
+def strip_groups(sizes) -> np.ndarray:
     """K1 with row groups' table (AmaxToken groups; groups of multiples of 16 rows): int32,
     the group of each 16-row strip."""
     return ragged_table([(g,) for g in range(len(sizes))],
