@@ -231,6 +231,12 @@ def _prepared_fast(a, b: NVFP4Tensor, out_dtype: torch.dtype):
     (gemm.dispatch.prepared_weights: the weight checks done once): W4A16 on a CUDA activation
     the kernels take as it is, W4A4 at decode sizes (PreparedWeights.w4a4); else None (the
     general path)."""
+    if isinstance(a, NVFP4Tensor) and not (a.data is not None and a.data.is_cuda
+                                           and ops.stream_weights(a.data.shape[0])):
+        # W4A4 takes PreparedWeights only at decode sizes (PreparedWeights.w4a4): making them
+        # for a larger activation's weights is host time for nothing (~100 us on the device
+        # host), every step where they are new objects (a training step's twins: `.t()`)
+        return None
     w = ops.prepared_weights(b)
     if w is None:
         return None

@@ -76,7 +76,7 @@ def _cuda():
     from types import SimpleNamespace
 
     from .common.jit import device_arch
-    from .gemm.dispatch import gemm_nvfp4, gemm_w4a16, prepared_weights
+    from .gemm.dispatch import gemm_nvfp4, gemm_w4a16, prepared_weights, stream_weights
     from .gemm.factors import epilogue_operands
     from .quant.dequantize import dequantize
     from .quant.dispatch import plan_for, quantize
@@ -86,7 +86,7 @@ def _cuda():
                            quantize_grouped=quantize_grouped,
                            dequantize=dequantize, gemm_nvfp4=gemm_nvfp4, gemm_w4a16=gemm_w4a16,
                            epilogue_operands=epilogue_operands, device_arch=device_arch,
-                           prepared_weights=prepared_weights)
+                           prepared_weights=prepared_weights, stream_weights=stream_weights)
 
 
 def quantize_impl(x2: Tensor, recipe: Recipe, seed: int, offset: int, amax_group=None,
@@ -308,6 +308,12 @@ def dequantize_op(data: Tensor, scales: Tensor, amax: Tensor, scaling: str, bloc
 def _(data, scales, amax, scaling, block_rows, rht, sr, four_over_six, e4m3_max, fast_math,
       rowwise, columnwise, swizzle, cols, dtype):
     return data.new_empty((data.shape[0], cols), dtype=dtype)
+
+
+def stream_weights(rows: int) -> bool:
+    """Whether a CUDA GEMM with `rows` activation rows runs the weight-streaming kernel
+    (gemm.dispatch.stream_weights)."""
+    return _cuda().stream_weights(rows)
 
 
 def prepared_weights(t: NVFP4Tensor):

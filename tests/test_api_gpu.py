@@ -336,6 +336,30 @@ def test_w4a4_remembered_weights_bit_equal(m, a_scaling, b_scaling, swizzle, out
     _bits_equal(cute_fp4.gemm(other, w, out_dtype=out_dtype), got)
 
 
+@pytest.mark.parametrize("m", [8, 64])
+def test_w4a4_prepared_weights_only_at_decode_sizes(m):
+    """cute_fp4.gemm(xq, w.t()) makes the (new) twin's PreparedWeights only where the W4A4
+    decode path can use them (up to 16 activation rows): a training step's twins are new
+    objects every step. Bits as the general dispatch either way."""
+    from cute_fp4.common.jit import device_arch
+    from cute_fp4.gemm import dispatch
+    from cute_fp4.gemm.factors import epilogue_factors
+
+    k, n = 256, 512
+    r = Recipe(columnwise=True, swizzle=True)
+    w = cute_fp4.quantize(torch.randn(k, n, device="cuda"), r)
+    xq = cute_fp4.quantize(torch.randn(m, k, device="cuda"), r.replace(columnwise=False))
+    wt = w.t()
+    got = cute_fp4.gemm(xq, wt)
+    assert (id(wt) in dispatch._PREPARED_WEIGHTS) == (m <= 16)
+    alpha, _, _ = epilogue_factors("tensor", xq.amax, 448, "tensor", wt.amax, 448,
+                                   device_arch())
+    want = dispatch.gemm_nvfp4(xq.data, xq.scales, wt.data, wt.scales, alpha=alpha,
+                               scales_swizzled=True)
+    _bits_equal(got, want)
+    assert float(got.abs().max()) > 0
+
+
 @pytest.mark.parametrize("recipe", [
     Recipe(columnwise=True, swizzle=True),  # the row-group cast
     Recipe(scaling="token", stochastic_rounding=True, columnwise=True),  # the recipe kernel

@@ -20,6 +20,7 @@ from cutlass import Int32
 from ..common import encode as E
 from ..common.jit import KERNELS, compile_kernel, dyn, env_stream, fake_tensor
 from ..common.scales import decode_outer_scale
+from .operands import OuterAmax
 
 THREADS = 256
 # The outer-scale kinds that make epilogue factors (window64 amaxes are per-block factors
@@ -134,8 +135,6 @@ def epilogue_operands(a_scaling: str, a_amax: Optional[torch.Tensor], a_e4m3_max
     one per-tensor side's alpha) it is its amaxes as an `operands.OuterAmax`, decoded by the
     GEMM kernel itself (no launch here); only two per-tensor operands, whose alpha is a product
     of two decode scales, take the factors kernel (`epilogue_factors`, one launch)."""
-    from .operands import OuterAmax
-
     a_kind, b_kind = factor_kind(a_scaling), factor_kind(b_scaling)
     if a_kind == "tensor" and b_kind == "tensor":
         return epilogue_factors(a_scaling, a_amax, a_e4m3_max, b_scaling, b_amax, b_e4m3_max,
