@@ -86,6 +86,28 @@ def host_overhead_us(fn: Callable[[], object], iters: int = 2000) -> float:
     return elapsed / iters * 1e6
 
 
+def host_ms_gpu_busy(fn: Callable[[], object], calls: int = 10, repeats: int = 7) -> float:
+    """Median host milliseconds per call of `fn()` while the GPU is busy with queued work (a
+    `torch.cuda._sleep` longer than the calls), so the host never waits for the GPU: what an
+    eager loop spends enqueueing. When it exceeds the GPU time of a call, eager calls are
+    host-bound. Few calls per repeat, so that the CUDA launch queue (~1000 entries) never
+    fills (a full queue blocks the host until the sleep ends)."""
+    import time
+
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        torch.cuda._sleep(200_000_000)  # ~0.1 s at ~2 GHz
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        times.append((time.perf_counter() - start) / calls * 1e3)
+        torch.cuda.synchronize()
+    return statistics.median(times)
+
+
 def copy_bandwidth_gbs(nbytes: int = 1 << 30) -> float:
     """Device-to-device copy bandwidth in GB/s, counting bytes read plus bytes written."""
     src = torch.empty(nbytes, dtype=torch.uint8, device="cuda").random_()

@@ -1,9 +1,10 @@
 """`python -m cute_fp4.perf linear [--fwd|--bwd] [--shapes seed|deepseek|all] [--json F]`.
 
 Times `cute_fp4.nn.Linear` (per-tensor and per-token recipes) against a BF16 `torch.nn.Linear`
-of the same shape in the same run: forward, or forward + backward, eager and CUDA-graph replay.
-Ratios < 1 mean NVFP4 is faster. Target (SPEC 5): fwd+bwd <= 1.3x BF16 at 16384x7168 -> 2048
-(per-token recipe).
+of the same shape in the same run: forward, or forward + backward, eager and CUDA-graph replay,
+and the host time an eager step spends enqueueing (`host ms`, measured with the GPU busy: where
+it exceeds the graph time, eager steps are host-bound). Ratios < 1 mean NVFP4 is faster.
+Target (SPEC 5): fwd+bwd <= 1.3x BF16 at 16384x7168 -> 2048 (per-token recipe).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import torch
 
 from .. import api
 from ..nn import Linear, LinearRecipe, _with_outputs
-from .common import bench_graph_ms, bench_ms, progress, report
+from .common import bench_graph_ms, bench_ms, host_ms_gpu_busy, progress, report
 
 SEED_SHAPES = [(m, k, k) for m in (1024, 4096, 16384, 32768) for k in (2048, 4096, 8192)]
 DEEPSEEK_SHAPES = [(m, 7168, 2048) for m in (16384, 32768, 65536, 98304)]
@@ -44,7 +45,7 @@ def _time(module, x, g, backward: bool, graphs: bool):
             graph = bench_graph_ms(fn)
         except (RuntimeError, NotImplementedError) as e:
             graph = f"n/a ({type(e).__name__}: {str(e)[:60]})"
-    return eager, graph
+    return eager, graph, host_ms_gpu_busy(fn)
 
 
 def run(shapes, backward: bool, graphs: bool):
@@ -54,17 +55,23 @@ def run(shapes, backward: bool, graphs: bool):
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, requires_grad=backward)
         g = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
         base = torch.nn.Linear(k, n, device="cuda", dtype=torch.bfloat16)
-        bf16_eager, bf16_graph = _time(base, x, g, backward, graphs)
+        bf16_eager, bf16_graph, bf16_host = _time(base, x, g, backward, graphs)
         row = {"M": m, "K": k, "N": n, "bf16 ms": bf16_eager}
+        if graphs:
+            row["bf16 graph ms"] = bf16_graph
+        row["bf16 host ms"] = bf16_host
         per_tensor_ms = None
         for name, make in RECIPES.items():
             q = Linear.from_linear(base, make(stochastic_rounding=backward))
             try:
-                eager, graph = _time(q, x, g, backward, graphs)
+                eager, graph, host = _time(q, x, g, backward, graphs)
             except NotImplementedError as e:
                 row[f"{name} ms"] = f"n/a: {e}"[:60]
                 continue
             row[f"{name} ms"] = eager
+            if graphs:
+                row[f"{name} graph ms"] = graph
+            row[f"{name} host ms"] = host
             row[f"{name} / bf16"] = eager / bf16_eager
             if name == "per-tensor":
                 per_tensor_ms = eager
