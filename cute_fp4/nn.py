@@ -78,8 +78,7 @@ class LinearRecipe:
 
 @functools.lru_cache(maxsize=None)
 def _with_outputs(recipe: Recipe, rowwise: bool, columnwise: bool) -> Recipe:
-    # cached: three calls a step (Recipe.replace remembers its results too, after building
-    # its key from the keyword arguments)
+    # cached: Recipe.replace validates the new recipe (~10 us a call, three calls a step)
     # The RHT only touches the columnwise twin; without a twin it has nothing to do.
     return recipe.replace(rowwise=rowwise, columnwise=columnwise, rht=recipe.rht and columnwise)
 

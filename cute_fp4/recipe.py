@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import Optional, Tuple
 
 SCALINGS = ("tensor", "token", "window64")
@@ -82,17 +81,4 @@ class Recipe:
         return self.block[0]
 
     def replace(self, **changes) -> "Recipe":
-        """This recipe with `changes`, validated. Remembered per (recipe, changes): a Linear
-        step makes ~5 replaced recipes (the twins' `NVFP4Tensor.t()`, the outputs it asks
-        for) and a validating construction costs ~10-30 us of host time."""
-        try:
-            key = tuple(sorted(changes.items()))
-            hash(key)
-        except TypeError:  # an unhashable value (e.g. a list for block): not remembered
-            return dataclasses.replace(self, **changes)
-        return _replaced(self, key)
-
-
-@functools.lru_cache(maxsize=1024)
-def _replaced(recipe: Recipe, changes: tuple) -> Recipe:
-    return dataclasses.replace(recipe, **dict(changes))
+        return dataclasses.replace(self, **changes)
