@@ -163,10 +163,14 @@ class Linear(torch.nn.Linear):
         return new
 
     def quantized_weight(self, columnwise: bool = True) -> NVFP4Tensor:
-        """The weight in NVFP4 (rowwise, plus the twin when asked), cached by version."""
+        """The weight in NVFP4 (rowwise, plus the twin when asked), cached by version, except
+        in traced (torch.compile) and captured (CUDA graph) calls, which quantize it every
+        call: a graph replays no Python, so a cached weight would stay the one of the capture
+        after in-place updates between replays (an optimizer step)."""
         recipe = _with_outputs(self.recipe.weight, True, columnwise)
         w = self.weight
-        if torch.compiler.is_compiling():  # traced graphs quantize the weight every call
+        if torch.compiler.is_compiling() or (w.is_cuda
+                                             and torch.cuda.is_current_stream_capturing()):
             return api.quantize(w.detach(), recipe)
         key = (w._version, w.data_ptr(), w.dtype, columnwise)
         cached = self._weight_cache.get(key)

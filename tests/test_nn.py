@@ -360,6 +360,40 @@ def test_linear_gpu_training_step_cuda_graph_with_stochastic_rounding():
         assert torch.equal(xe.grad, dx) and torch.equal(q.weight.grad, dw)
 
 
+@pytest.mark.gpu
+def test_linear_gpu_cuda_graph_sees_weight_updates():
+    """A captured fwd+bwd step quantizes the weight inside the graph: after in-place updates of
+    the weight between replays (an optimizer step), each replay equals the eager step with the
+    updated weight (a weight quantized before the capture and cached would be replayed)."""
+    _, q, x, g = _setup(LinearRecipe.per_tensor(stochastic_rounding=False), device="cuda",
+                        dtype=torch.bfloat16, shape=(256, 256), out=128)
+    static_x = x.clone().requires_grad_()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            static_x.grad, q.weight.grad, q.bias.grad = None, None, None
+            q(static_x).backward(g)
+    torch.cuda.current_stream().wait_stream(side)
+    static_x.grad, q.weight.grad, q.bias.grad = None, None, None
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_y = q(static_x)
+        static_y.backward(g)
+    static_dx, static_dw = static_x.grad, q.weight.grad
+    for _ in range(2):
+        with torch.no_grad():
+            q.weight.add_(torch.randn_like(q.weight), alpha=0.1)
+        graph.replay()
+        torch.cuda.synchronize()
+        xe = x.clone().requires_grad_()
+        q.weight.grad = None
+        ye = q(xe)
+        ye.backward(g)
+        assert torch.equal(static_y, ye) and torch.equal(static_dx, xe.grad)
+        assert torch.equal(static_dw, q.weight.grad)
+
+
 def test_quantized_linear_weight_object_is_kept():
     """QuantizedLinear.weight is one NVFP4Tensor while the buffers stay the same tensors (the
     GEMM remembers its weight checks per NVFP4Tensor), and a new one once `.to()` or an
