@@ -126,7 +126,8 @@ class Linear(torch.nn.Linear):
     """`torch.nn.Linear` with NVFP4 GEMMs in forward and backward.
 
     recipe: a `LinearRecipe` (default `LinearRecipe.per_tensor()`). The quantized weight and
-    its twin are cached until the weight changes (its version counter moves). Under
+    its twin are cached until the weight changes (its version counter moves); CUDA-graph
+    captures and torch.compile quantize it in the graph instead. Under
     `torch.no_grad()` only the forward GEMM runs and no twins are made. Stochastic rounding
     of gradients uses Philox keyed by the buffer `rng_state` = [seed, offset] (int64, on the
     module's device, not saved in the state dict); each backward advances the offset.
