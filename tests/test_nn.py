@@ -325,14 +325,9 @@ def test_convert_transformer_block_gpu(weight_only):
     assert ref.snr_db(y_bf16, y_gpu) > (28.0 if weight_only else 25.0)
 
 
-@pytest.mark.gpu
-def test_linear_gpu_training_step_cuda_graph_with_stochastic_rounding():
-    """A whole fwd+bwd step (RHT + stochastic rounding) captured in a CUDA graph: each replay
-    advances the device-side Philox offset and equals the eager step at that offset."""
-    _, q, x, g = _setup(LinearRecipe.per_token(), device="cuda", dtype=torch.bfloat16,
-                        shape=(256, 256), out=128)
-    assert q.rng_state.is_cuda
-    static_x = x.clone().requires_grad_()
+def _captured_step(q, static_x, g):
+    """(a CUDA graph of one fwd + bwd step of q on static_x, its output), captured after two
+    warm-up steps on a side stream; the grads it writes are the ones set in the capture."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -343,7 +338,20 @@ def test_linear_gpu_training_step_cuda_graph_with_stochastic_rounding():
     static_x.grad, q.weight.grad, q.bias.grad = None, None, None
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        q(static_x).backward(g)
+        static_y = q(static_x)
+        static_y.backward(g)
+    return graph, static_y
+
+
+@pytest.mark.gpu
+def test_linear_gpu_training_step_cuda_graph_with_stochastic_rounding():
+    """A whole fwd+bwd step (RHT + stochastic rounding) captured in a CUDA graph: each replay
+    advances the device-side Philox offset and equals the eager step at that offset."""
+    _, q, x, g = _setup(LinearRecipe.per_token(), device="cuda", dtype=torch.bfloat16,
+                        shape=(256, 256), out=128)
+    assert q.rng_state.is_cuda
+    static_x = x.clone().requires_grad_()
+    graph, _ = _captured_step(q, static_x, g)
     offset = q.rng_state[1].item()
     results = []
     for step in (1, 2):
@@ -368,18 +376,7 @@ def test_linear_gpu_cuda_graph_sees_weight_updates():
     _, q, x, g = _setup(LinearRecipe.per_tensor(stochastic_rounding=False), device="cuda",
                         dtype=torch.bfloat16, shape=(256, 256), out=128)
     static_x = x.clone().requires_grad_()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            static_x.grad, q.weight.grad, q.bias.grad = None, None, None
-            q(static_x).backward(g)
-    torch.cuda.current_stream().wait_stream(side)
-    static_x.grad, q.weight.grad, q.bias.grad = None, None, None
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        static_y = q(static_x)
-        static_y.backward(g)
+    graph, static_y = _captured_step(q, static_x, g)
     static_dx, static_dw = static_x.grad, q.weight.grad
     for _ in range(2):
         with torch.no_grad():
