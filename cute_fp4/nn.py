@@ -125,9 +125,14 @@ class _LinearFunction(torch.autograd.Function):
 class Linear(torch.nn.Linear):
     """`torch.nn.Linear` with NVFP4 GEMMs in forward and backward.
 
-    recipe: a `LinearRecipe` (default `LinearRecipe.per_tensor()`). The quantized weight and
-    its twin are cached until the weight changes (its version counter moves); CUDA-graph
-    captures and torch.compile quantize it in the graph instead. Under
+    recipe: a `LinearRecipe` (default `LinearRecipe.per_tensor()`). The weight and its twin
+    are quantized at every forward (as TransformerEngine casts its weights without
+    `is_first_microbatch`). weight_cache=True (or setting the attribute) keeps the quantized
+    weight while the weight's version counter and storage stay (gradient accumulation, eval
+    loops): in-place updates by torch.optim and by in-place ops bump the counter, but writes
+    through `weight.data` (`p.data.copy_(...)` of some mixed-precision optimizers) do not and
+    would leave a stale quantized weight; CUDA-graph captures and torch.compile quantize it in
+    the graph either way. Under
     `torch.no_grad()` only the forward GEMM runs and no twins are made. Stochastic rounding
     of gradients uses Philox keyed by the buffer `rng_state` = [seed, offset] (int64, on the
     module's device, not saved in the state dict); each backward advances the offset.
@@ -140,7 +145,7 @@ class Linear(torch.nn.Linear):
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None,
                  dtype=None, recipe: Optional[LinearRecipe] = None, seed: int = 0,
-                 amax_group=None):
+                 amax_group=None, weight_cache: bool = False):
         super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
         if in_features % 16 or out_features % 16:
             raise ValueError(f"NVFP4 Linear needs in_features and out_features divisible by "
@@ -149,14 +154,15 @@ class Linear(torch.nn.Linear):
         self.register_buffer("rng_state", torch.tensor([seed, 0], dtype=torch.int64,
                                                        device=device), persistent=False)
         self.amax_group = amax_group
+        self.weight_cache = weight_cache
         self._weight_cache: Dict[tuple, NVFP4Tensor] = {}
 
     @classmethod
     def from_linear(cls, linear: torch.nn.Linear, recipe: Optional[LinearRecipe] = None,
-                    seed: int = 0, amax_group=None) -> "Linear":
+                    seed: int = 0, amax_group=None, weight_cache: bool = False) -> "Linear":
         new = cls(linear.in_features, linear.out_features, linear.bias is not None,
                   device=linear.weight.device, dtype=linear.weight.dtype, recipe=recipe, seed=seed,
-                  amax_group=amax_group)
+                  amax_group=amax_group, weight_cache=weight_cache)
         with torch.no_grad():
             new.weight.copy_(linear.weight)
             if linear.bias is not None:
@@ -164,14 +170,14 @@ class Linear(torch.nn.Linear):
         return new
 
     def quantized_weight(self, columnwise: bool = True) -> NVFP4Tensor:
-        """The weight in NVFP4 (rowwise, plus the twin when asked), cached by version, except
-        in traced (torch.compile) and captured (CUDA graph) calls, which quantize it every
-        call: a graph replays no Python, so a cached weight would stay the one of the capture
-        after in-place updates between replays (an optimizer step)."""
+        """The weight in NVFP4 (rowwise, plus the twin when asked); with weight_cache kept by
+        version and storage, except in traced (torch.compile) and captured (CUDA graph) calls:
+        a graph replays no Python, so a kept weight would stay the one of the capture after
+        in-place updates between replays (an optimizer step)."""
         recipe = _with_outputs(self.recipe.weight, True, columnwise)
         w = self.weight
-        if torch.compiler.is_compiling() or (w.is_cuda
-                                             and torch.cuda.is_current_stream_capturing()):
+        if not self.weight_cache or torch.compiler.is_compiling() or (
+                w.is_cuda and torch.cuda.is_current_stream_capturing()):
             return api.quantize(w.detach(), recipe)
         key = (w._version, w.data_ptr(), w.dtype, columnwise)
         cached = self._weight_cache.get(key)

@@ -73,17 +73,34 @@ def test_linear_gradients_close_to_high_precision(name, device):
 
 def test_linear_weight_cache_follows_updates():
     lin, q, x, _ = _setup(LinearRecipe.per_tensor())
+    q.weight_cache = True
     with torch.no_grad():
         y0 = q(x)
-        assert torch.equal(q(x), y0)  # cached weight, same result
+        assert torch.equal(q(x), y0) and len(q._weight_cache) == 1  # kept weight, same result
         q.weight.mul_(2.0)  # in-place update bumps the version counter
         y1 = q(x)
     assert not torch.equal(y1, y0)
     assert torch.allclose(y1 - q.bias, 2 * (y0 - q.bias), rtol=1e-5, atol=1e-5)
 
 
+def test_linear_weight_quantized_every_forward_by_default():
+    """Without weight_cache every forward quantizes the weight: an update through
+    `weight.data` (which does not bump the version counter) is seen."""
+    lin, q, x, _ = _setup(LinearRecipe.per_tensor())
+    assert not q.weight_cache
+    with torch.no_grad():
+        y0 = q(x)
+        v = q.weight._version
+        q.weight.data.mul_(2.0)
+        assert q.weight._version == v  # what a version-keyed cache would miss
+        y1 = q(x)
+    assert not q._weight_cache
+    assert torch.allclose(y1 - q.bias, 2 * (y0 - q.bias), rtol=1e-5, atol=1e-5)
+
+
 def test_linear_no_grad_makes_no_twins():
     _, q, x, _ = _setup(LinearRecipe.per_tensor())
+    q.weight_cache = True
     with torch.no_grad():
         q(x)
     (key,) = q._weight_cache
