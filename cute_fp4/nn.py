@@ -83,6 +83,16 @@ def _with_outputs(recipe: Recipe, rowwise: bool, columnwise: bool) -> Recipe:
     return recipe.replace(rowwise=rowwise, columnwise=columnwise, rht=recipe.rht and columnwise)
 
 
+def _autocast_input(x: torch.Tensor) -> torch.Tensor:
+    """x as torch.nn.Linear takes it under torch.autocast: a floating x in the autocast dtype
+    where autocast is on for its device, so that the output has that dtype (the weight is
+    quantized from its own dtype: no rounding to the autocast dtype first)."""
+    kind = x.device.type
+    if x.is_floating_point() and torch.is_autocast_enabled(kind):
+        return x.to(torch.get_autocast_dtype(kind))
+    return x
+
+
 class _LinearFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, module, recipe: LinearRecipe):
@@ -189,6 +199,7 @@ class Linear(torch.nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[-1] != self.in_features:
             raise ValueError(f"expected input [..., {self.in_features}], got {tuple(x.shape)}")
+        x = _autocast_input(x)
         if not x.is_contiguous():
             x = x.contiguous()
         return _LinearFunction.apply(x, self.weight, self.bias, self, self.recipe)
@@ -233,7 +244,7 @@ class QuantizedLinear(torch.nn.Module):
         return w
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x.contiguous()
+        x = _autocast_input(x).contiguous()
         if self.weight_only:
             a = x if x.dtype in (torch.bfloat16, torch.float16) else x.to(torch.bfloat16)
         else:

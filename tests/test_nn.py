@@ -98,6 +98,35 @@ def test_linear_weight_quantized_every_forward_by_default():
     assert torch.allclose(y1 - q.bias, 2 * (y0 - q.bias), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_linear_under_autocast_computes_in_the_autocast_dtype(device):
+    """Under torch.autocast a Linear of FP32 parameters takes x in the autocast dtype, as
+    torch.nn.Linear does: the output is BF16 and equals the Linear applied to x cast to BF16
+    outside autocast (the weight quantized from FP32 either way); x.grad stays FP32 and equals
+    the explicit cast's; torch.compile traces the same."""
+    _, q, x, _ = _setup(LinearRecipe.per_tensor(stochastic_rounding=False), device=device,
+                        shape=(2, 32, 128))
+    g = torch.randn(x.shape[:-1] + (q.out_features,), dtype=torch.bfloat16, device=device)
+    xa = x.clone().requires_grad_()
+    with torch.autocast(device, dtype=torch.bfloat16):
+        ya = q(xa)
+    ya.backward(g)
+    dw_autocast, q.weight.grad, q.bias.grad = q.weight.grad, None, None
+    xb = x.clone().requires_grad_()
+    yb = q(xb.to(torch.bfloat16))
+    yb.backward(g)
+    assert ya.dtype == torch.bfloat16 and torch.equal(ya, yb)
+    assert xa.grad.dtype == torch.float32 and torch.equal(xa.grad, xb.grad)
+    assert torch.equal(dw_autocast, q.weight.grad) and dw_autocast.dtype == torch.float32
+    with torch.no_grad(), torch.autocast(device, dtype=torch.bfloat16):
+        compiled = torch.compile(q, fullgraph=True, backend="eager")
+        assert torch.equal(compiled(x), q(x))
+    inference = cute_fp4.convert(torch.nn.Sequential(torch.nn.Linear(128, 64, device=device)))
+    with torch.no_grad(), torch.autocast(device, dtype=torch.bfloat16):
+        yi = inference(x)
+    assert yi.dtype == torch.bfloat16 and torch.equal(yi, inference(x.to(torch.bfloat16)))
+
+
 def test_linear_no_grad_makes_no_twins():
     _, q, x, _ = _setup(LinearRecipe.per_tensor())
     q.weight_cache = True

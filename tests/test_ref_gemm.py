@@ -269,3 +269,15 @@ def test_twin_dequantize_is_the_transpose_of_the_quantized_input():
     assert xt_hat.shape == (64, 32)
     direct = ref.dequantize(cute_fp4.quantize(x.t().contiguous(), Recipe(scaling="token")), F32)
     assert xt_hat.equal(direct)
+
+
+def test_gemm_ignores_autocast():
+    """The reference GEMM's block products stay FP32 under the caller's torch.autocast (which
+    would run the matmuls in BF16), so the CPU fallback of cute_fp4.gemm gives the same bits."""
+    g = torch.Generator().manual_seed(52)
+    a = cute_fp4.quantize(torch.randn(32, 64, generator=g), Recipe())
+    b = cute_fp4.quantize(torch.randn(48, 64, generator=g), Recipe())
+    want = cute_fp4.gemm(a, b, out_dtype=torch.float32)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = cute_fp4.gemm(a, b, out_dtype=torch.float32)
+    assert got.dtype == torch.float32 and torch.equal(got, want)

@@ -66,9 +66,11 @@ def gemm(a: torch.Tensor, a_factors: Optional[torch.Tensor], b: torch.Tensor,
     if va.shape[1] != vb.shape[1]:
         raise ValueError(f"K mismatch: a has {va.shape[1] * 16}, b has {vb.shape[1] * 16}")
     acc = torch.zeros(m, n, dtype=torch.float32, device=b.device)
-    for kb in range(vb.shape[1]):
-        dot = va[:, kb, :] @ vb[:, kb, :].t()
-        acc = acc + torch.outer(fa[:, kb], fb[:, kb]) * dot
+    # FP32 block products whatever the caller's torch.autocast (it would run them in BF16)
+    with torch.autocast(b.device.type, enabled=False):
+        for kb in range(vb.shape[1]):
+            dot = va[:, kb, :] @ vb[:, kb, :].t()
+            acc = acc + torch.outer(fa[:, kb], fb[:, kb]) * dot
     if alpha is not None:
         acc = acc * alpha.to(torch.float32).reshape(())
     if row is not None:
