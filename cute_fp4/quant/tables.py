@@ -34,11 +34,11 @@ def ragged_table(rows, counts, steps=None) -> np.ndarray:
     counts = np.asarray(counts, dtype=np.int64)
     rows = np.asarray(rows, dtype=np.int64).reshape(counts.size, -1)
     table = np.repeat(rows, counts, axis=0)
-    within = None
-    for c, step in enumerate(steps or ()):
-        if step:  # the columns that step only (the chunk table's 1 of 3: 26 -> 16 us)
-            within = _within(counts) if within is None else within
-            table[:, c] += within * step
+    if steps is not None:
+        within = _within(counts)
+        for c, step in enumerate(steps):
+            if step:  # the columns that step only (the chunk table's 1 of 3: 26 -> 16 us)
+                table[:, c] += within * step
     return table.astype(np.int32)
 
 
