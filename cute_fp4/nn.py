@@ -165,7 +165,7 @@ class Linear(torch.nn.Linear):
                                                        device=device), persistent=False)
         self.amax_group = amax_group
         self.weight_cache = weight_cache
-        self._weight_cache: Dict[tuple, NVFP4Tensor] = {}
+        self._kept_weight: Dict[tuple, NVFP4Tensor] = {}
 
     @classmethod
     def from_linear(cls, linear: torch.nn.Linear, recipe: Optional[LinearRecipe] = None,
@@ -190,10 +190,10 @@ class Linear(torch.nn.Linear):
                 w.is_cuda and torch.cuda.is_current_stream_capturing()):
             return api.quantize(w.detach(), recipe)
         key = (w._version, w.data_ptr(), w.dtype, columnwise)
-        cached = self._weight_cache.get(key)
+        cached = self._kept_weight.get(key)
         if cached is None:
             cached = api.quantize(w.detach(), recipe)
-            self._weight_cache = {key: cached}
+            self._kept_weight = {key: cached}
         return cached
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -76,7 +76,7 @@ def test_linear_weight_cache_follows_updates():
     q.weight_cache = True
     with torch.no_grad():
         y0 = q(x)
-        assert torch.equal(q(x), y0) and len(q._weight_cache) == 1  # kept weight, same result
+        assert torch.equal(q(x), y0) and len(q._kept_weight) == 1  # kept weight, same result
         q.weight.mul_(2.0)  # in-place update bumps the version counter
         y1 = q(x)
     assert not torch.equal(y1, y0)
@@ -94,7 +94,7 @@ def test_linear_weight_quantized_every_forward_by_default():
         q.weight.data.mul_(2.0)
         assert q.weight._version == v  # what a version-keyed cache would miss
         y1 = q(x)
-    assert not q._weight_cache
+    assert not q._kept_weight
     assert torch.allclose(y1 - q.bias, 2 * (y0 - q.bias), rtol=1e-5, atol=1e-5)
 
 
@@ -132,8 +132,8 @@ def test_linear_no_grad_makes_no_twins():
     q.weight_cache = True
     with torch.no_grad():
         q(x)
-    (key,) = q._weight_cache
-    assert key[-1] is False and q._weight_cache[key].data_t is None
+    (key,) = q._kept_weight
+    assert key[-1] is False and q._kept_weight[key].data_t is None
 
 
 def test_linear_stochastic_rounding_advances_offset():
