@@ -227,23 +227,13 @@ def _check_operand(t: NVFP4Tensor, name: str):
 
 
 def _prepared_fast(a, b: NVFP4Tensor, out_dtype: torch.dtype):
-    """A GEMM without bias through the weights' remembered PreparedWeights
-    (gemm.dispatch.prepared_weights: the weight checks done once): W4A16 on a CUDA activation
-    the kernels take as it is, W4A4 at decode sizes (PreparedWeights.w4a4); else None (the
-    general path)."""
-    if isinstance(a, NVFP4Tensor) and not (a.data is not None and a.data.is_cuda
-                                           and ops.stream_weights(a.data.shape[0])):
-        # W4A4 takes PreparedWeights only at decode sizes (PreparedWeights.w4a4): making them
-        # for a larger activation's weights is host time for nothing (~100 us on the device
-        # host), every step where they are new objects (a training step's twins: `.t()`)
+    """A W4A16 GEMM without bias through the weights' remembered PreparedWeights
+    (gemm.dispatch.prepared_weights: the weight checks done once) for a CUDA activation the
+    kernels take as it is; else None (the general path)."""
+    if not isinstance(a, torch.Tensor):
         return None
     w = ops.prepared_weights(b)
     if w is None:
-        return None
-    if isinstance(a, NVFP4Tensor):
-        d = w.w4a4(a, out_dtype)
-        return d if d is None or len(a.shape) == 2 else d.view(tuple(a.shape[:-1]) + (w.n,))
-    if not isinstance(a, torch.Tensor):
         return None
     if (a.dtype not in (torch.bfloat16, torch.float16) or a.dim() < 2 or a.shape[-1] != w.k
             or not a.is_cuda or not a.is_contiguous() or a.get_device() != w.device.index):
@@ -264,10 +254,21 @@ def gemm(a: Union[NVFP4Tensor, torch.Tensor], b: NVFP4Tensor, *,
         raise TypeError(f"b must be an NVFP4Tensor, got {type(b).__name__}")
     if out_dtype not in OUT_DTYPES:
         raise TypeError(f"out_dtype must be float32, bfloat16 or float16, got {out_dtype}")
-    if bias is None and not torch.compiler.is_compiling():
-        out = _prepared_fast(a, b, out_dtype)
-        if out is not None:
-            return out
+    if not torch.compiler.is_compiling():
+        if isinstance(a, NVFP4Tensor):
+            key = ops.gemm_key(a, b, bias, out_dtype)
+            if key is not None:
+                return ops.planned_gemm(key, a, b, bias, out_dtype, _gemm)
+        elif bias is None:
+            out = _prepared_fast(a, b, out_dtype)
+            if out is not None:
+                return out
+    return _gemm(a, b, bias, out_dtype)
+
+
+def _gemm(a: Union[NVFP4Tensor, torch.Tensor], b: NVFP4Tensor, bias: Optional[torch.Tensor],
+          out_dtype: torch.dtype) -> torch.Tensor:
+    """gemm's general path: every check, then ops.gemm."""
     _check_operand(b, "b")
     n, k = b.rows, b.cols
     if bias is not None and (bias.dim() != 1 or bias.shape[0] != n):

@@ -76,8 +76,9 @@ def _cuda():
     from types import SimpleNamespace
 
     from .common.jit import device_arch
-    from .gemm.dispatch import gemm_nvfp4, gemm_w4a16, prepared_weights, stream_weights
+    from .gemm.dispatch import gemm_nvfp4, gemm_w4a16, prepared_weights
     from .gemm.factors import epilogue_operands
+    from .gemm.plan import gemm as planned_gemm, gemm_key
     from .quant.dequantize import dequantize
     from .quant.dispatch import plan_for, quantize
     from .quant.recipes_dispatch import quantize_grouped, quantize_recipe
@@ -86,7 +87,8 @@ def _cuda():
                            quantize_grouped=quantize_grouped,
                            dequantize=dequantize, gemm_nvfp4=gemm_nvfp4, gemm_w4a16=gemm_w4a16,
                            epilogue_operands=epilogue_operands, device_arch=device_arch,
-                           prepared_weights=prepared_weights, stream_weights=stream_weights)
+                           prepared_weights=prepared_weights, gemm_key=gemm_key,
+                           planned_gemm=planned_gemm)
 
 
 def quantize_impl(x2: Tensor, recipe: Recipe, seed: int, offset: int, amax_group=None,
@@ -310,10 +312,18 @@ def _(data, scales, amax, scaling, block_rows, rht, sr, four_over_six, e4m3_max,
     return data.new_empty((data.shape[0], cols), dtype=dtype)
 
 
-def stream_weights(rows: int) -> bool:
-    """Whether a CUDA GEMM with `rows` activation rows runs the weight-streaming kernel
-    (gemm.dispatch.stream_weights)."""
-    return _cuda().stream_weights(rows)
+def gemm_key(a: NVFP4Tensor, b: NVFP4Tensor, bias: Optional[Tensor], out_dtype: torch.dtype):
+    """The GEMM plan key of two NVFP4 operands on a CUDA device (gemm.plan.gemm_key), else
+    None (CPU operands, absent rowwise data: the general path)."""
+    if a.data is None or not a.data.is_cuda:
+        return None
+    return _cuda().gemm_key(a, b, bias, out_dtype)
+
+
+def planned_gemm(key: tuple, a: NVFP4Tensor, b: NVFP4Tensor, bias: Optional[Tensor],
+                 out_dtype: torch.dtype, general) -> Tensor:
+    """cute_fp4.gemm through its configuration's plan (gemm.plan.gemm)."""
+    return _cuda().planned_gemm(key, a, b, bias, out_dtype, general)
 
 
 def prepared_weights(t: NVFP4Tensor):

@@ -306,58 +306,101 @@ def test_w4a16_remembered_weights_input_errors():
         cute_fp4.gemm(torch.randn(4, 128, device="cuda"), w)
 
 
-@pytest.mark.parametrize("m", [1, 5, 16])
-@pytest.mark.parametrize("a_scaling,b_scaling", [("token", "tensor"), ("tensor", "token"),
-                                                 ("token", "token"), ("tensor", "tensor")])
-@pytest.mark.parametrize("swizzle,out_dtype", [(False, torch.bfloat16), (True, torch.float32)])
-def test_w4a4_remembered_weights_bit_equal(m, a_scaling, b_scaling, swizzle, out_dtype):
-    """cute_fp4.gemm(xq, wq) at decode sizes through the weights' PreparedWeights.w4a4 gives
-    the bits of gemm_nvfp4's weight_stream path with the factors kernel, for a 3-D
-    activation too; an activation with the other scale layout takes the general path."""
+def _w4a4_general(a, b, bias, out_dtype, path="auto"):
+    """a @ b.T through gemm_nvfp4 with the factors kernel's alpha / row / col (what
+    cute_fp4.gemm ran before its plans), in a's leading shape."""
     from cute_fp4.common.jit import device_arch
-    from cute_fp4.gemm.dispatch import gemm_nvfp4, prepared_weights
+    from cute_fp4.gemm.dispatch import gemm_nvfp4
     from cute_fp4.gemm.factors import epilogue_factors
 
-    k, n = 512, 1000
-    w = cute_fp4.quantize(torch.randn(n, k, device="cuda"),
-                          Recipe(scaling=b_scaling, swizzle=swizzle, columnwise=False))
-    x = torch.randn(2, m, k, device="cuda")
-    xq = cute_fp4.quantize(x, Recipe(scaling=a_scaling, swizzle=swizzle, columnwise=False))
-    alpha, row, col = epilogue_factors(a_scaling, xq.amax, 448, b_scaling, w.amax, 448,
-                                       device_arch())
-    want = gemm_nvfp4(xq.data, xq.scales, w.data, w.scales, alpha=alpha, row=row, col=col,
-                      out_dtype=out_dtype, scales_swizzled=swizzle, path="weight_stream")
-    got = cute_fp4.gemm(xq, w, out_dtype=out_dtype)
-    assert prepared_weights(w) is not None
-    _bits_equal(got, want.view(2, m, n))
-    other = cute_fp4.quantize(x, Recipe(scaling=a_scaling, swizzle=not swizzle,
-                                        columnwise=False))
-    assert prepared_weights(w).w4a4(other, out_dtype) is None
-    _bits_equal(cute_fp4.gemm(other, w, out_dtype=out_dtype), got)
+    ra, rb = a.recipe, b.recipe
+    alpha, row, col = epilogue_factors(ra.scaling, a.amax, ra.e4m3_max, rb.scaling, b.amax,
+                                       rb.e4m3_max, device_arch())
+    d = gemm_nvfp4(a.data, a.scales, b.data, b.scales, alpha=alpha, row=row, col=col,
+                   bias=bias, out_dtype=out_dtype, scales_swizzled=rb.swizzle, path=path)
+    return d.view(tuple(a.shape[:-1]) + (b.rows,))
 
 
-@pytest.mark.parametrize("m", [8, 64])
-def test_w4a4_prepared_weights_only_at_decode_sizes(m):
-    """cute_fp4.gemm(xq, w.t()) makes the (new) twin's PreparedWeights only where the W4A4
-    decode path can use them (up to 16 activation rows): a training step's twins are new
-    objects every step. Bits as the general dispatch either way."""
-    from cute_fp4.common.jit import device_arch
-    from cute_fp4.gemm import dispatch
-    from cute_fp4.gemm.factors import epilogue_factors
+# (a rows, b rows, K): the predecode path with B decoded (a larger) and with A decoded (the
+# kernel writes D^T), the weight_stream path with A streamed as tokens and with B
+@pytest.mark.parametrize("m,n,k,path", [(272, 160, 256, "predecode"), (48, 400, 384, "predecode"),
+                                        (5, 1000, 512, "weight_stream"),
+                                        (700, 16, 160, "weight_stream")])
+@pytest.mark.parametrize("a_scaling,b_scaling,e4m3_max", [
+    ("tensor", "tensor", 448), ("token", "tensor", 256),  # 4over6 activations
+    ("tensor", "token", 448), ("token", "token", 448)])
+@pytest.mark.parametrize("bias_dtype,out_dtype", [(None, torch.bfloat16),
+                                                  (torch.bfloat16, torch.bfloat16),
+                                                  (torch.float32, torch.float32)])
+def test_gemm_plan_bit_equal(m, n, k, path, a_scaling, b_scaling, e4m3_max, bias_dtype,
+                             out_dtype):
+    """cute_fp4.gemm of two NVFP4 operands through its configuration's plan (gemm.plan): the
+    first call runs the general path and makes the plan, later calls with new operands of the
+    same configuration run it; every call gives the bits of gemm_nvfp4 with the factors
+    kernel, for both paths, both operand orders, every pair of outer scalings, a bias or none
+    and a 3-D activation."""
+    from cute_fp4.gemm import plan as plans
 
-    k, n = 256, 512
-    r = Recipe(columnwise=True, swizzle=True)
-    w = cute_fp4.quantize(torch.randn(k, n, device="cuda"), r)
-    xq = cute_fp4.quantize(torch.randn(m, k, device="cuda"), r.replace(columnwise=False))
-    wt = w.t()
-    got = cute_fp4.gemm(xq, wt)
-    assert (id(wt) in dispatch._PREPARED_WEIGHTS) == (m <= 16)
-    alpha, _, _ = epilogue_factors("tensor", xq.amax, 448, "tensor", wt.amax, 448,
-                                   device_arch())
-    want = dispatch.gemm_nvfp4(xq.data, xq.scales, wt.data, wt.scales, alpha=alpha,
-                               scales_swizzled=True)
-    _bits_equal(got, want)
-    assert float(got.abs().max()) > 0
+    ra = Recipe(scaling=a_scaling, swizzle=True, e4m3_max=e4m3_max,
+                four_over_six="mse" if e4m3_max == 256 else None)
+    rb = Recipe(scaling=b_scaling, swizzle=True)
+    for call in range(3):
+        a = cute_fp4.quantize(torch.randn(1, m, k, device="cuda"), ra)
+        b = cute_fp4.quantize(torch.randn(n, k, device="cuda"), rb)
+        bias = None if bias_dtype is None else torch.randn(n, device="cuda").to(bias_dtype)
+        got = cute_fp4.gemm(a, b, bias=bias, out_dtype=out_dtype)
+        _bits_equal(got, _w4a4_general(a, b, bias, out_dtype))
+        assert float(got.abs().max()) > 0
+        plan = plans._PLANS[plans.gemm_key(a, b, bias, out_dtype)]
+        assert isinstance(plan, plans.GemmPlan) and plan.path == path
+
+
+def test_gemm_plan_only_where_it_applies():
+    """Configurations a plan does not take keep the general path at every call (their key maps
+    to None), with the reference's results: scale layouts that differ, compact scales or
+    K % 128 != 0 on the predecode path, a misaligned field, a window64 operand."""
+    from cute_fp4.gemm import plan as plans
+
+    def operands(m, n, k, ra, rb, misalign=False):
+        a = cute_fp4.quantize(torch.randn(m, k, device="cuda"), ra)
+        b = cute_fp4.quantize(torch.randn(n, k, device="cuda"), rb)
+        if misalign:  # b's data at an address 8 bytes past 16-byte alignment
+            buf = torch.empty(b.data.numel() + 8, dtype=torch.uint8, device="cuda")
+            b.data = buf[8:].view(b.data.shape).copy_(b.data)
+        return a, b
+
+    swz, cmp = Recipe(swizzle=True), Recipe()
+    cases = [(64, 96, 256, swz, cmp, False), (64, 96, 256, cmp, cmp, False),
+             (64, 96, 160, swz, swz, False), (64, 96, 256, swz, swz, True),
+             (64, 96, 256, Recipe(scaling="window64", swizzle=True), swz, False)]
+    for m, n, k, ra, rb, misalign in cases:
+        for _ in range(2):
+            a, b = operands(m, n, k, ra, rb, misalign)
+            got = cute_fp4.gemm(a, b)
+            want = cute_fp4.gemm(a.to("cpu"), b.to("cpu"), out_dtype=torch.float32)
+            assert _rel(got.cpu(), want) < TOL[torch.bfloat16]
+            key = plans.gemm_key(a, b, None, torch.bfloat16)
+            assert key in plans._PLANS and plans._PLANS[key] is None
+
+
+def test_gemm_plan_keeps_the_general_checks():
+    """A planned configuration does not hide bad operands: a field that differs from the
+    planned one (shape, dtype) changes the key, and the general path raises its error."""
+    r = Recipe(swizzle=True)
+    a = cute_fp4.quantize(torch.randn(64, 256, device="cuda"), r)
+    b = cute_fp4.quantize(torch.randn(128, 256, device="cuda"), r)
+    for _ in range(2):
+        cute_fp4.gemm(a, b)
+    with pytest.raises(ValueError, match="bias must be 1D of length N=128"):
+        cute_fp4.gemm(a, b, bias=torch.zeros(64, device="cuda", dtype=torch.bfloat16))
+    bad = dataclasses.replace(b, scales=b.scales[:64])
+    with pytest.raises(ValueError, match="b_scales"):
+        cute_fp4.gemm(a, bad)
+    bad = dataclasses.replace(b, data=b.data.view(torch.int8))
+    with pytest.raises(TypeError, match="uint8"):
+        cute_fp4.gemm(a, bad)
+    with pytest.raises(ValueError, match="K mismatch"):
+        cute_fp4.gemm(cute_fp4.quantize(torch.randn(64, 128, device="cuda"), r), b)
 
 
 @pytest.mark.parametrize("recipe", [

@@ -351,10 +351,10 @@ def gemm_w4a16(a: torch.Tensor, b_data: torch.Tensor, b_scales: torch.Tensor, *,
 
 
 class PreparedWeights:
-    """NVFP4 weights [N, K/2] checked once for repeated GEMM calls with other activations
-    (`cute_fp4.gemm` keeps one per weight NVFP4Tensor, `prepared_weights`): what
-    `gemm_w4a16_sm90` / `gemm_mixed_sm90` / `gemm_nvfp4` check and derive per call about the
-    weights (dtypes, shapes, the flat scales, their epilogue OuterAmax vectors, the device's
+    """NVFP4 weights [N, K/2] checked once for repeated W4A16 GEMM calls with other
+    activations (`cute_fp4.gemm` keeps one per weight NVFP4Tensor, `prepared_weights`; NVFP4
+    activations take the per-configuration plans of `gemm.plan`): what `gemm_w4a16_sm90` /
+    `gemm_mixed_sm90` check and derive per call about the weights (dtypes, shapes, the flat scales, their epilogue OuterAmax vectors, the device's
     arch and SM count) is done here, so a call checks only its activation (W4A16: ~20 us less
     host time per call on the H100). Nothing is copied: the kernels read the weights',
     scales' and amax's current values on every call. Built only on sm_90a, for contiguous
@@ -396,32 +396,6 @@ class PreparedWeights:
         return launch_mixed(self.data, self.sf, permute_k(a, k_pad(self.k // 2), self.arch), out,
                             self.alpha_t, None, self.col_t, None, transposed=True,
                             unscale_exp=unscale, arch=self.arch, decode=self.decode)
-
-    def w4a4(self, a: NVFP4Tensor, out_dtype: torch.dtype) -> Optional[torch.Tensor]:
-        """D [M, N] for an NVFP4 activation a [M, K] of at most as many rows as the weights,
-        at decode sizes (`stream_weights`: the weight_stream path of gemm_nvfp4 without its
-        per-call weight checks), with scales in the weights' layout, on their device; None
-        when any of that does not hold (the caller takes the general path). The activation's
-        fields are checked here."""
-        data, scales, amax, recipe = a.data, a.scales, a.amax, a.recipe
-        if (data is None or recipe.swizzle != self.swizzled
-                or recipe.scaling not in ("tensor", "token") or not data.is_cuda
-                or data.get_device() != self.device.index):
-            return None
-        m = data.shape[0] if data.dim() == 2 else -1
-        if m < 1 or m > self.n or not stream_weights(m):
-            return None
-        sfa = _check_operand(data, scales, "a", self.swizzled, to_swizzled=False)
-        if data.shape[1] * 2 != self.k:
-            raise ValueError(f"K mismatch: a is [{m}, {data.shape[1] * 2}], b is "
-                             f"[{self.n}, {self.k}]")
-        alpha, row, col = epilogue_operands(recipe.scaling, amax, recipe.e4m3_max,
-                                            self.scaling, self.amax, self.e4m3_max, self.arch)
-        alpha, row, col, _, decode = _epilogue(alpha, row, col, None, m, self.n, out_dtype,
-                                               self.device)
-        out = torch.empty((m, self.n), dtype=out_dtype, device=self.device)
-        return _gemm_weight_stream(data, sfa, self.data, self.sf, alpha, row, col, None, out,
-                                   self.arch, decode, self.swizzled)
 
 
 # id(NVFP4Tensor) -> (weak reference to it, its fields when prepared, PreparedWeights)

@@ -118,34 +118,50 @@ def epilogue_factors(a_scaling: str, a_amax: Optional[torch.Tensor], a_e4m3_max:
     col = out[first + m:] if b_kind == "token" else None
     if (row is not None and m == 0) or (col is not None and n == 0):
         return alpha, row, col  # an empty GEMM: nothing to compute
+    factors_launcher(a_kind, b_kind, a_e4m3_max, b_e4m3_max, arch)(a_amax, b_amax, alpha, row,
+                                                                   col)
+    return alpha, row, col
+
+
+def factors_launcher(a_kind: Optional[str], b_kind: Optional[str], a_e4m3_max: int,
+                     b_e4m3_max: int, arch: str):
+    """The compiled EpilogueFactors (its TVM-FFI function) for factor kinds a_kind / b_kind
+    (`factor_kind`), called with (a_amax, b_amax, alpha, row, col), absent ones None."""
     key = ("epilogue_factors", a_kind, b_kind, a_e4m3_max, b_e4m3_max)
 
     def build():
         op, args = factors_kernel(a_kind, b_kind, a_e4m3_max, b_e4m3_max)
         return compile_kernel(op, *args, arch=arch)
 
-    KERNELS.get(key, build)(a_amax, b_amax, alpha, row, col)
-    return alpha, row, col
+    return KERNELS.ffi(key, build)
+
+
+def amax_roles(a_kind: Optional[str], b_kind: Optional[str]):
+    """Which operand's outer amaxes ("a", "b" or None) the GEMM kernels take as alpha, row and
+    col for factor kinds a_kind / b_kind (`factor_kind`), decoding them to 1 / S_enc
+    themselves: a per-token side gives row (a) or col (b), the one per-tensor side alpha.
+    None when both sides are per tensor: alpha is then a product of two decode scales, which
+    the factors kernel makes (`epilogue_factors`)."""
+    if a_kind == "tensor" and b_kind == "tensor":
+        return None
+    roles = [None, None, None]
+    for side, kind in (("a", a_kind), ("b", b_kind)):
+        if kind == "tensor":
+            roles[0] = side
+        elif kind == "token":
+            roles[1 if side == "a" else 2] = side
+    return tuple(roles)
 
 
 def epilogue_operands(a_scaling: str, a_amax: Optional[torch.Tensor], a_e4m3_max: int,
                       b_scaling: str, b_amax: torch.Tensor, b_e4m3_max: int, arch: str):
     """(alpha, row, col) for the CUDA GEMMs, equal to `ref.gemm.epilogue_factors` once
-    decoded: where one operand makes a factor on its own (a per-token side's row / col, the
-    one per-tensor side's alpha) it is its amaxes as an `operands.OuterAmax`, decoded by the
-    GEMM kernel itself (no launch here); only two per-tensor operands, whose alpha is a product
-    of two decode scales, take the factors kernel (`epilogue_factors`, one launch)."""
-    a_kind, b_kind = factor_kind(a_scaling), factor_kind(b_scaling)
-    if a_kind == "tensor" and b_kind == "tensor":
+    decoded: where one operand makes a factor on its own (`amax_roles`) it is its amaxes as an
+    `operands.OuterAmax`, decoded by the GEMM kernel itself (no launch here); only two
+    per-tensor operands take the factors kernel (`epilogue_factors`, one launch)."""
+    roles = amax_roles(factor_kind(a_scaling), factor_kind(b_scaling))
+    if roles is None:
         return epilogue_factors(a_scaling, a_amax, a_e4m3_max, b_scaling, b_amax, b_e4m3_max,
                                 arch)
-    alpha = row = col = None
-    if a_kind == "tensor":
-        alpha = OuterAmax(a_amax, a_e4m3_max)
-    elif a_kind == "token":
-        row = OuterAmax(a_amax, a_e4m3_max)
-    if b_kind == "tensor":
-        alpha = OuterAmax(b_amax, b_e4m3_max)
-    elif b_kind == "token":
-        col = OuterAmax(b_amax, b_e4m3_max)
-    return alpha, row, col
+    sides = {"a": (a_amax, a_e4m3_max), "b": (b_amax, b_e4m3_max)}
+    return tuple(None if side is None else OuterAmax(*sides[side]) for side in roles)

@@ -931,13 +931,20 @@ def predecode_nvfp4(data: torch.Tensor, sf_flat: torch.Tensor, arch: str) -> tor
         data = padded
     out = torch.empty((rows, kp), dtype=torch.bfloat16, device=data.device)
     if rows:
-        def build():
-            op, args = predecode_kernel()
-            return compile_kernel(op, *args, arch=arch)
-
-        KERNELS.ffi(("predecode_nvfp4_sm90", arch), build)(
-            data.view(torch.int32), sf_flat.view(torch.int32), out.view(torch.int32))
+        predecode_launcher(arch)(data.view(torch.int32), sf_flat.view(torch.int32),
+                                 out.view(torch.int32))
     return out
+
+
+def predecode_launcher(arch: str):
+    """The compiled Sm90PredecodeNVFP4 (its TVM-FFI function): called with int32 views of the
+    packed data [rows, K/2] (K % 128 == 0), its flat swizzled scales and the BF16 output
+    [rows, K]."""
+    def build():
+        op, args = predecode_kernel()
+        return compile_kernel(op, *args, arch=arch)
+
+    return KERNELS.ffi(("predecode_nvfp4_sm90", arch), build)
 
 
 def launch_mixed(x_data, sfx, y, out, alpha, row, col, bias, *, transposed: bool,
@@ -950,10 +957,30 @@ def launch_mixed(x_data, sfx, y, out, alpha, row, col, bias, *, transposed: bool
     unscale_exp UNSCALE_W4A16_FP16) in the kernel's K order with 16-byte
     row pitch, out [M, N] contiguous, the epilogue operands and `decode` as
     `operands._epilogue` returns them."""
-    sms = num_sms(out.device)
-    elt = out.element_size()
+    flags = (alpha is not None, row is not None, col is not None, bias is not None)
+    vec_store = (out.shape[1] * out.element_size()) % 16 == 0 and out.data_ptr() % 16 == 0
+    fn = mixed_launcher(x_data.shape[0], y.shape[0], out.dtype, flags,
+                        bias.dtype if bias is not None else None, transposed=transposed,
+                        unscale_exp=unscale_exp, vec_store=vec_store,
+                        fp16=y.dtype == torch.float16, sms=num_sms(out.device), arch=arch,
+                        tile_n=tile_n, stages=stages, ctas_per_sm=ctas_per_sm, k_split=k_split,
+                        k_slices=k_slices, decode=decode)
+    fn(x_data, sfx, y, out, alpha, row, col, bias)
+    return out
+
+
+def mixed_launcher(p: int, q: int, out_dtype: torch.dtype, flags, bias_dtype, *,
+                   transposed: bool, unscale_exp: int, vec_store: bool, fp16: bool, sms: int,
+                   arch: str, tile_n: Optional[int] = None, stages: Optional[int] = None,
+                   ctas_per_sm: Optional[int] = None, k_split: Optional[bool] = None,
+                   k_slices: Optional[int] = None, decode=(None, None, None)):
+    """The compiled Sm90GemmMixed (its TVM-FFI function) that `launch_mixed` calls for P
+    register-operand rows x Q TMA-operand rows: the configuration `pick_mixed_config` picks
+    unless tile_n (and the options after it) are given. flags: which of alpha, row, col,
+    bias exist; vec_store: D's rows are 16-byte aligned."""
+    elt = out_dtype.itemsize
     if tile_n is None:
-        picked = pick_mixed_config(x_data.shape[0], y.shape[0], sms, elt, transposed)
+        picked = pick_mixed_config(p, q, sms, elt, transposed)
         tile_n = picked.tile_n
         ctas_per_sm = ctas_per_sm or picked.ctas_per_sm
         k_split = picked.k_split if k_split is None else k_split
@@ -962,21 +989,16 @@ def launch_mixed(x_data, sfx, y, out, alpha, row, col, bias, *, transposed: bool
     k_split = bool(k_split)
     k_slices = k_slices or 1
     stages = stages or max_stages(tile_n, elt, transposed, ctas_per_sm, k_split)
-    flags = (alpha is not None, row is not None, col is not None, bias is not None)
-    bias_dtype = bias.dtype if bias is not None else None
-    vec_store = (out.shape[1] * elt) % 16 == 0 and out.data_ptr() % 16 == 0
-    fp16 = y.dtype == torch.float16
-    key = ("gemm_mixed_sm90", out.dtype, tile_n, stages, flags, bias_dtype, transposed,
+    key = ("gemm_mixed_sm90", out_dtype, tile_n, stages, flags, bias_dtype, transposed,
            unscale_exp, vec_store, sms, ctas_per_sm, k_split, fp16, decode, k_slices)
 
     def build():
-        op, args = mixed_kernel(out.dtype, tile_n, stages, flags, bias_dtype, transposed,
+        op, args = mixed_kernel(out_dtype, tile_n, stages, flags, bias_dtype, transposed,
                                 unscale_exp, vec_store, sms, ctas_per_sm, k_split, fp16,
                                 decode, k_slices)
         return compile_kernel(op, *args, arch=arch)
 
-    KERNELS.ffi(key, build)(x_data, sfx, y, out, alpha, row, col, bias)
-    return out
+    return KERNELS.ffi(key, build)
 
 
 def gemm_mixed_sm90(w_data: torch.Tensor, w_scales: torch.Tensor, a: torch.Tensor, *,

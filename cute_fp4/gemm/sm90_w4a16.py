@@ -474,23 +474,33 @@ def launch_w4a16(a, b_data, sf, out, alpha, row, col, bias, *, swizzled: bool,
     checked: contiguous a [M, K] and b_data [N, K/2] (realigned here when needed), flat uint8
     scales `sf`, out of the output's shape, epilogue vectors and `decode` as
     `operands._epilogue` returns them; M, N > 0."""
-    m, k = a.shape
-    tile_m, row_tiles, k_warps, unroll, row_warps = config or pick_w4a16_config(
-        m, b_data.shape[0])
-    wide = k % 32 == 0
     flags = (alpha is not None, col is not None, bias is not None)
-    bias_dtype = bias.dtype if bias is not None else None
-    has_row, transposed, swizzled = row is not None, bool(transposed), bool(swizzled)
-    key = ("gemm_w4a16_sm90", a.dtype, out.dtype, tile_m, row_tiles, k_warps, unroll,
+    fn = w4a16_launcher(a.dtype, out.dtype, a.shape[0], b_data.shape[0], a.shape[1], flags,
+                        bias.dtype if bias is not None else None, has_row=row is not None,
+                        transposed=transposed, swizzled=swizzled, arch=arch, config=config,
+                        decode=decode)
+    fn(_aligned(a), _aligned(b_data), sf, out, alpha, row, col, bias)
+    return out
+
+
+def w4a16_launcher(act_dtype: torch.dtype, out_dtype: torch.dtype, m: int, n: int, k: int,
+                   flags, bias_dtype, *, has_row: bool, transposed: bool, swizzled: bool,
+                   arch: str, config: Optional[tuple] = None, decode=(None, None, None)):
+    """The compiled Sm90GemmW4A16 (its TVM-FFI function) that `launch_w4a16` calls for M
+    tokens x N weight rows x K: `pick_w4a16_config`'s configuration unless `config` is given.
+    flags = (has_alpha, has_col, has_bias)."""
+    tile_m, row_tiles, k_warps, unroll, row_warps = config or pick_w4a16_config(m, n)
+    wide = k % 32 == 0
+    has_row, transposed, swizzled = bool(has_row), bool(transposed), bool(swizzled)
+    key = ("gemm_w4a16_sm90", act_dtype, out_dtype, tile_m, row_tiles, k_warps, unroll,
            row_warps, wide, swizzled, flags, bias_dtype, has_row, transposed, decode)
 
     def build():
-        op, args = w4a16_kernel(a.dtype, out.dtype, tile_m=tile_m, row_tiles=row_tiles,
+        op, args = w4a16_kernel(act_dtype, out_dtype, tile_m=tile_m, row_tiles=row_tiles,
                                 k_warps=k_warps, unroll=unroll, row_warps=row_warps,
                                 wide=wide, swizzled=swizzled, flags=flags,
                                 bias_dtype=bias_dtype, has_row=has_row, transposed=transposed,
                                 decode=decode)
         return compile_kernel(op, *args, arch=arch)
 
-    KERNELS.ffi(key, build)(_aligned(a), _aligned(b_data), sf, out, alpha, row, col, bias)
-    return out
+    return KERNELS.ffi(key, build)

@@ -336,12 +336,17 @@ def dequantize(t: NVFP4Tensor, dtype: torch.dtype, out: torch.Tensor = None) -> 
     device = data.device
     if out is None:
         out = torch.empty((data.shape[0], t.cols), dtype=dtype, device=device)
-    arch = device_arch(device)
-    key = ("dequantize_nvfp4", dtype, recipe.scaling, recipe.swizzle, recipe.e4m3_max, arch)
-    fn = KERNELS.ffi(key, lambda: compile_kernel(
-        *nvfp4_kernel(dtype, recipe.scaling, recipe.swizzle, recipe.e4m3_max), arch=arch))
-    fn(data, t.scales, t.amax, out)
+    nvfp4_launcher(dtype, recipe.scaling, recipe.swizzle, recipe.e4m3_max,
+                   device_arch(device))(data, t.scales, t.amax, out)
     return out if len(t.shape) == 2 else out.view(t.shape)
+
+
+def nvfp4_launcher(dtype: torch.dtype, scaling: str, swizzled: bool, e4m3_max: int, arch: str):
+    """The compiled DequantizeNVFP4 (its TVM-FFI function) for one configuration: called with
+    the packed data [rows, K/2], its E4M3 scales, its outer amax and the output [rows, K]."""
+    key = ("dequantize_nvfp4", dtype, scaling, swizzled, e4m3_max, arch)
+    return KERNELS.ffi(key, lambda: compile_kernel(
+        *nvfp4_kernel(dtype, scaling, swizzled, e4m3_max), arch=arch))
 
 
 def mxfp8_dequantize(data: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype = torch.bfloat16,
