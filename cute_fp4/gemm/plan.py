@@ -166,7 +166,8 @@ class GemmPlan:
         if self.path == "predecode":
             self.predecode(small.data.view(torch.int32),
                            small.scales.view(torch.int32).view(-1), y.view(torch.int32))
-        else:
+            self.gemm(big.data, sf, y, out, alpha, row, col, bias)
+        else:  # the streaming kernel takes its tokens first
             self.predecode(small.data, small.scales, _unit_amax(device), y)
-        self.gemm(big.data, sf, y, out, alpha, row, col, bias)
+            self.gemm(y, big.data, sf, out, alpha, row, col, bias)
         return out if self.view_shape is None else out.view(self.view_shape)
