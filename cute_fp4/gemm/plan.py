@@ -51,7 +51,7 @@ def gemm_key(a: NVFP4Tensor, b: NVFP4Tensor, bias: Optional[torch.Tensor],
              out_dtype: torch.dtype) -> Optional[tuple]:
     """The plan key of cute_fp4.gemm(a, b, bias=bias, out_dtype=out_dtype) for CUDA NVFP4
     operands with rowwise data, else None (the general path, which raises for bad ones)."""
-    if a.data is None or b.data is None or a.scales is None or b.scales is None:
+    if any(f is None for f in (a.data, a.scales, a.amax, b.data, b.scales, b.amax)):
         return None
     bias_sig = None if bias is None else (bias.dtype, bias.shape, bias.device,
                                           bias.is_contiguous())
