@@ -338,7 +338,8 @@ def gemm_w4a16(a: torch.Tensor, b_data: torch.Tensor, b_scales: torch.Tensor, *,
         raise ValueError(f"a must be [M, {k}], got {tuple(a.shape)}")
     gemm_dtype = a.dtype if out_dtype == a.dtype else torch.float32
     weights = decode_values(b_data, b_scales, scales_swizzled, gemm_dtype)
-    acc = (a.to(gemm_dtype) @ weights.t()).to(torch.float32)
+    with torch.autocast(a.device.type, enabled=False):  # the caller's autocast: not here
+        acc = (a.to(gemm_dtype) @ weights.t()).to(torch.float32)
     alpha, col = (decode_scale(v.amax, v.e4m3_max) if isinstance(v, OuterAmax) else v
                   for v in (alpha, col))
     if alpha is not None:
