@@ -6,7 +6,7 @@ import dataclasses
 import pytest
 import torch
 
-from quant_checks import check
+from quant_checks import check, rht_exact_blocks
 
 import cute_fp4
 from cute_fp4 import Recipe, api, ref
@@ -199,6 +199,25 @@ def test_quantize_out_in_place(shape, recipe, path, distinct_amax):
     graph.replay()
     torch.cuda.synchronize()
     check(out, cute_fp4.quantize(x, recipe, seed=4), recipe)
+
+
+@pytest.mark.parametrize("recipe", [Recipe(stochastic_rounding=True, columnwise=True),
+                                    Recipe(scaling="token", rht=True, columnwise=True),
+                                    Recipe(scaling="window64", columnwise=True)],
+                         ids=["sr", "token_rht", "window64"])
+def test_recipe_quantize_layout_errors(recipe):
+    """The recipe kernels' own layout requirements hold through the public API, which
+    validates everything else once: a misaligned input and rows of less than 16 bytes are
+    refused with their errors, and a valid input of the same shape still quantizes."""
+    base = torch.randn(128 * 64 + 1, device="cuda")
+    with pytest.raises(ValueError, match=r"x must be 16-byte aligned"):
+        cute_fp4.quantize(base[1:].view(128, 64), recipe)
+    with pytest.raises(ValueError, match=r"rows of 4 elements are not a multiple of 16 bytes"):
+        cute_fp4.quantize(torch.randn(128, 4, device="cuda", dtype=torch.bfloat16),
+                          recipe.replace(rowwise=False))
+    x = base[:-1].view(128, 64)
+    rht = {"twin_agree": 0.999, "twin_exact": rht_exact_blocks(x)} if recipe.rht else {}
+    check(cute_fp4.quantize(x, recipe), ref.quantize(x, recipe), recipe, **rht)
 
 
 def test_quantize_out_alignment():
