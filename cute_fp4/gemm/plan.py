@@ -128,27 +128,27 @@ class GemmPlan:
         bias_dtype = None if bias is None else bias.dtype
         if path == "predecode":
             # the smaller operand (B on ties) decoded once to BF16, the other one in registers
-            self.swap = self.a_small = m < n
-            rows_y = m if self.swap else n
+            swap = self.a_small = m < n
+            rows_y = m if swap else n
             self.y_shape = (rows_y, k)
-            self.predecode = predecode_launcher(arch)
+            self.decode_small = predecode_launcher(arch)
             out_bytes = n * out_dtype.itemsize
             self.gemm = mixed_launcher(
-                n if self.swap else m, rows_y, out_dtype, flags + (bias is not None,),
-                bias_dtype, transposed=self.swap, unscale_exp=UNSCALE_W4A4,
+                n if swap else m, rows_y, out_dtype, flags + (bias is not None,),
+                bias_dtype, transposed=swap, unscale_exp=UNSCALE_W4A4,
                 vec_store=out_bytes % 16 == 0, fp16=False, sms=num_sms(device), arch=arch,
                 decode=decode)
         else:
             # the smaller operand (A on ties) decoded to BF16 as the streaming kernel's tokens
-            self.swap = n < m
-            self.a_small = not self.swap
-            rows_x = n if self.swap else m
+            swap = n < m
+            self.a_small = not swap
+            rows_x = n if swap else m
             self.y_shape = (rows_x, k)
-            self.predecode = nvfp4_launcher(torch.bfloat16, "tensor", ra.swizzle, 448, arch)
+            self.decode_small = nvfp4_launcher(torch.bfloat16, "tensor", ra.swizzle, 448, arch)
             self.gemm = w4a16_launcher(
-                torch.bfloat16, out_dtype, rows_x, m if self.swap else n, k,
+                torch.bfloat16, out_dtype, rows_x, m if swap else n, k,
                 (flags[0], flags[2], bias is not None), bias_dtype, has_row=flags[1],
-                transposed=self.swap, swizzled=ra.swizzle, arch=arch, decode=decode)
+                transposed=swap, swizzled=ra.swizzle, arch=arch, decode=decode)
 
     def __call__(self, a: NVFP4Tensor, b: NVFP4Tensor,
                  bias: Optional[torch.Tensor]) -> torch.Tensor:
@@ -164,10 +164,10 @@ class GemmPlan:
         out = torch.empty(self.out_shape, dtype=self.out_dtype, device=device)
         sf = big.scales.view(torch.uint8).view(-1)
         if self.path == "predecode":
-            self.predecode(small.data.view(torch.int32),
+            self.decode_small(small.data.view(torch.int32),
                            small.scales.view(torch.int32).view(-1), y.view(torch.int32))
             self.gemm(big.data, sf, y, out, alpha, row, col, bias)
         else:  # the streaming kernel takes its tokens first
-            self.predecode(small.data, small.scales, _unit_amax(device), y)
+            self.decode_small(small.data, small.scales, _unit_amax(device), y)
             self.gemm(y, big.data, sf, out, alpha, row, col, bias)
         return out if self.view_shape is None else out.view(self.view_shape)
