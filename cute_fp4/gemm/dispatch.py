@@ -355,12 +355,12 @@ class PreparedWeights:
     """NVFP4 weights [N, K/2] checked once for repeated W4A16 GEMM calls with other
     activations (`cute_fp4.gemm` keeps one per weight NVFP4Tensor, `prepared_weights`; NVFP4
     activations take the per-configuration plans of `gemm.plan`): what `gemm_w4a16_sm90` /
-    `gemm_mixed_sm90` check and derive per call about the weights (dtypes, shapes, the flat scales, their epilogue OuterAmax vectors, the device's
-    arch and SM count) is done here, so a call checks only its activation (W4A16: ~20 us less
-    host time per call on the H100). Nothing is copied: the kernels read the weights',
-    scales' and amax's current values on every call. Built only on sm_90a, for contiguous
-    data, contiguous scales and tensor / token outer amaxes (`prepared_weights` returns None
-    otherwise)."""
+    `gemm_mixed_sm90` check and derive per call about the weights (dtypes, shapes, the flat
+    scales, their epilogue OuterAmax vectors, the device's arch and SM count) is done here,
+    so a call checks only its activation (W4A16: ~20 us less host time per call on the H100).
+    Nothing is copied: the kernels read the weights', scales' and amax's current values on
+    every call. Built only on sm_90a, for contiguous data, contiguous scales and tensor /
+    token outer amaxes (`prepared_weights` returns None otherwise)."""
 
     def __init__(self, data: torch.Tensor, scales: torch.Tensor, amax: torch.Tensor,
                  scaling: str, e4m3_max: int, swizzled: bool):
