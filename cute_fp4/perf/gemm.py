@@ -8,8 +8,11 @@ replayed from a CUDA graph that rotates over distinct operands (column "graph se
 to fill four times the L2, at most 8). `--paths` adds
 gemm_nvfp4 with named paths (e.g. predecode,weight_stream: both at the decode sizes);
 `--variants` adds the "decode_both" kernel (sm90_w4a4) and the predecode path's GEMM kernel
-alone (its predecoded BF16 operand made once, outside the timing). TFLOP/s count 2*M*N*K;
-ratios are against cuBLAS BF16 (and dequantize-then-cuBLAS) of the same mode.
+alone (its predecoded BF16 operand made once, outside the timing). `--window64` times
+1x64 local-encode operands instead (Recipe(scaling="window64") quantizes of random BF16, both
+operands): the NVFP4 GEMM is then `cute_fp4.gemm(a, b)` and dequantize-then-cuBLAS dequantizes
+them with `cute_fp4.dequantize`. TFLOP/s count 2*M*N*K; ratios are against cuBLAS BF16 (and
+dequantize-then-cuBLAS) of the same mode.
 """
 
 from __future__ import annotations
@@ -69,13 +72,29 @@ def _kernel_only_fn(a, sa, b, sb, out):
                                 unscale_exp=UNSCALE_W4A4, arch=arch)
 
 
+def _window64_fns(m: int, n: int, k: int, sets: int) -> dict:
+    """dequantize-then-cuBLAS and cute_fp4.gemm on `sets` distinct pairs of window64 operands."""
+    from .. import dequantize, gemm, quantize
+    from ..recipe import Recipe
+
+    recipe = Recipe(scaling="window64", columnwise=False)
+    pairs = [tuple(quantize(torch.randn(rows, k, device="cuda", dtype=torch.bfloat16), recipe)
+                   for rows in (m, n)) for _ in range(sets)]
+    return {
+        "dequant+cublas": [lambda a=a, b=b: torch.matmul(dequantize(a), dequantize(b).t())
+                           for a, b in pairs],
+        "nvfp4": [functools.partial(gemm, a, b) for a, b in pairs],
+    }
+
+
 def bench_shape(m: int, n: int, k: int, graphs: bool, variants: bool = False,
-                paths: Tuple[str, ...] = ()) -> dict:
+                paths: Tuple[str, ...] = (), window64: bool = False) -> dict:
     from ..gemm.dispatch import gemm_nvfp4
 
     # graph mode rotates over distinct operand sets (graph_sets): no call finds its operands
     # in L2 from the calls before
-    sets = [_operands(m, n, k) for _ in range(graph_sets((m + n) * (k // 2 + k // 16)))]
+    n_sets = graph_sets((m + n) * (k // 2 + k // 16))
+    sets = [] if window64 else [_operands(m, n, k) for _ in range(n_sets)]
     sets16 = [(torch.randn(m, k, device="cuda", dtype=torch.bfloat16),
                torch.randn(n, k, device="cuda", dtype=torch.bfloat16))
               for _ in range(graph_sets((m + n) * k * 2))]
@@ -93,6 +112,8 @@ def bench_shape(m: int, n: int, k: int, graphs: bool, variants: bool = False,
         "nvfp4": each(lambda a, sa, b, sb: functools.partial(
             gemm_nvfp4, a, sa, b, sb, scales_swizzled=True, out=out)),
     }
+    if window64:
+        fns.update(_window64_fns(m, n, k, n_sets))
     for path in paths:
         fns[path] = each(lambda a, sa, b, sb, path=path: functools.partial(
             gemm_nvfp4, a, sa, b, sb, scales_swizzled=True, out=out, path=path))
@@ -101,7 +122,8 @@ def bench_shape(m: int, n: int, k: int, graphs: bool, variants: bool = False,
             gemm_nvfp4, a, sa, b, sb, scales_swizzled=True, out=out, path="decode_both"))
         fns["kernel_only"] = each(lambda a, sa, b, sb: _kernel_only_fn(a, sa, b, sb, out))
     flop = 2.0 * m * n * k
-    row = {"M": m, "N": n, "K": k, "graph sets": len(sets)}
+    row = {"M": m, "N": n, "K": k, "operands": "window64" if window64 else "plain",
+           "graph sets": n_sets}
     modes: List[Tuple[str, object]] = [("eager", lambda fns: bench_ms(fns[0]))]
     if graphs:
         modes.append(("graph", bench_graph_ms))
@@ -130,8 +152,12 @@ def main(argv=None) -> int:
     p.add_argument("--paths", type=str, default="",
                    help="comma-separated gemm_nvfp4 paths to time besides auto "
                         "(weight_stream, predecode, decode_both)")
+    p.add_argument("--window64", action="store_true",
+                   help="1x64 local-encode operands (both), through cute_fp4.gemm")
     p.add_argument("--json", type=str, default=None, help="write the rows to this JSON file")
     args = p.parse_args(argv)
+    if args.window64 and (args.variants or args.paths):
+        raise SystemExit("--window64 takes neither --variants nor --paths")
     if args.shapes:
         shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
     else:
@@ -145,7 +171,7 @@ def main(argv=None) -> int:
     for i, (m, n, k) in enumerate(shapes):
         progress(i, len(shapes), f"{m}x{n}x{k}")
         rows.append(bench_shape(m, n, k, graphs=not args.no_graphs, variants=args.variants,
-                                paths=paths))
+                                paths=paths, window64=args.window64))
         torch.cuda.empty_cache()
     progress(len(shapes), len(shapes), "done")
     report(rows, f"NVFP4 GEMM on {torch.cuda.get_device_name()}", args.json)
