@@ -226,10 +226,10 @@ def _check_operand(t: NVFP4Tensor, name: str):
                          f"{name}.t() to use its columnwise twin")
 
 
-def _prepared_fast(a, b: NVFP4Tensor, out_dtype: torch.dtype):
-    """A W4A16 GEMM without bias through the weights' remembered PreparedWeights
-    (gemm.dispatch.prepared_weights: the weight checks done once) for a CUDA activation the
-    kernels take as it is; else None (the general path)."""
+def _prepared_fast(a, b: NVFP4Tensor, bias: Optional[torch.Tensor], out_dtype: torch.dtype):
+    """A W4A16 GEMM through the weights' remembered PreparedWeights
+    (gemm.dispatch.prepared_weights: the weight checks done once) for a CUDA activation and
+    bias the kernels take as they are; else None (the general path, with its errors)."""
     if not isinstance(a, torch.Tensor):
         return None
     w = ops.prepared_weights(b)
@@ -238,9 +238,14 @@ def _prepared_fast(a, b: NVFP4Tensor, out_dtype: torch.dtype):
     if (a.dtype not in (torch.bfloat16, torch.float16) or a.dim() < 2 or a.shape[-1] != w.k
             or not a.is_cuda or not a.is_contiguous() or a.get_device() != w.device.index):
         return None
+    if bias is not None and (not isinstance(bias, torch.Tensor)
+                             or bias.dtype not in (out_dtype, torch.float32) or bias.dim() != 1
+                             or bias.shape[0] != w.n or not bias.is_contiguous()
+                             or bias.get_device() != w.device.index):
+        return None
     if a.dim() == 2:
-        return w.w4a16(a, out_dtype)
-    return w.w4a16(a.view(-1, w.k), out_dtype).view(a.shape[:-1] + (w.n,))
+        return w.w4a16(a, out_dtype, bias)
+    return w.w4a16(a.view(-1, w.k), out_dtype, bias).view(a.shape[:-1] + (w.n,))
 
 
 def gemm(a: Union[NVFP4Tensor, torch.Tensor], b: NVFP4Tensor, *,
@@ -259,8 +264,8 @@ def gemm(a: Union[NVFP4Tensor, torch.Tensor], b: NVFP4Tensor, *,
             key = ops.gemm_key(a, b, bias, out_dtype)
             if key is not None:
                 return ops.planned_gemm(key, a, b, bias, out_dtype, _gemm)
-        elif bias is None:
-            out = _prepared_fast(a, b, out_dtype)
+        else:
+            out = _prepared_fast(a, b, bias, out_dtype)
             if out is not None:
                 return out
     return _gemm(a, b, bias, out_dtype)

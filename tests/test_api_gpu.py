@@ -239,7 +239,7 @@ def test_quantize_out_alignment():
         cute_fp4.quantize(x, Recipe(), out=out.to("cpu"))
 
 
-def _w4a16_general(a, w, out_dtype):
+def _w4a16_general(a, w, out_dtype, bias=None):
     """The W4A16 GEMM through the general dispatch with the factors kernel's alpha / col (what
     cute_fp4.gemm ran before its remembered-weights path)."""
     from cute_fp4.common.jit import device_arch
@@ -248,7 +248,7 @@ def _w4a16_general(a, w, out_dtype):
 
     alpha, _, col = epilogue_factors("dense", None, 448, w.recipe.scaling, w.amax,
                                      w.recipe.e4m3_max, device_arch())
-    d = gemm_w4a16(a.reshape(-1, w.cols), w.data, w.scales, alpha=alpha, col=col,
+    d = gemm_w4a16(a.reshape(-1, w.cols), w.data, w.scales, alpha=alpha, col=col, bias=bias,
                    out_dtype=out_dtype, scales_swizzled=w.recipe.swizzle)
     return d.view(a.shape[:-1] + (w.rows,))
 
@@ -266,12 +266,14 @@ def _bits_equal(x, y):
                                                       ("tensor", False, 448)])
 @pytest.mark.parametrize("act_dtype,out_dtype", [(torch.bfloat16, torch.bfloat16),
                                                  (torch.float16, torch.float32)])
+@pytest.mark.parametrize("bias_dtype", [None, "out", torch.float32])
 def test_w4a16_remembered_weights_bit_equal(m, scaling, swizzle, e4m3_max, act_dtype,
-                                            out_dtype):
-    """cute_fp4.gemm(a, w) through the remembered PreparedWeights of w (no factors kernel; the
-    weight checks done once) gives the bits of the general dispatch with the factors kernel,
-    for the streaming and the mixed kernels, both scale layouts and a 3-D activation."""
-    from cute_fp4.gemm.dispatch import prepared_weights
+                                            out_dtype, bias_dtype, monkeypatch):
+    """cute_fp4.gemm(a, w, bias=) through the remembered PreparedWeights of w (no factors
+    kernel; the weight checks done once) gives the bits of the general dispatch with the
+    factors kernel, for the streaming and the mixed kernels, both scale layouts, a bias of
+    the output dtype, an FP32 bias or none, and a 3-D activation."""
+    from cute_fp4.gemm import dispatch
 
     n, k = 4400, 256  # > 32 x 132 rows: the mixed kernel from 17 tokens
     w = cute_fp4.quantize(torch.randn(n, k, device="cuda"),
@@ -279,10 +281,21 @@ def test_w4a16_remembered_weights_bit_equal(m, scaling, swizzle, e4m3_max, act_d
                                  four_over_six="mae" if e4m3_max == 256 else None,
                                  columnwise=False))
     a = torch.randn(2, m, k, device="cuda").to(act_dtype)
-    got = cute_fp4.gemm(a, w, out_dtype=out_dtype)
-    assert prepared_weights(w) is not None
-    _bits_equal(got, _w4a16_general(a, w, out_dtype))
-    _bits_equal(cute_fp4.gemm(a[0], w, out_dtype=out_dtype), _w4a16_general(a[0], w, out_dtype))
+    bias = None if bias_dtype is None else torch.randn(n, device="cuda").to(
+        out_dtype if bias_dtype == "out" else bias_dtype)
+    calls = []
+    fast = dispatch.PreparedWeights.w4a16
+
+    def counted(self, *args):
+        calls.append(args)
+        return fast(self, *args)
+
+    monkeypatch.setattr(dispatch.PreparedWeights, "w4a16", counted)
+    got = cute_fp4.gemm(a, w, bias=bias, out_dtype=out_dtype)
+    got_2d = cute_fp4.gemm(a[0], w, bias=bias, out_dtype=out_dtype)
+    assert len(calls) == 2 and dispatch.prepared_weights(w) is not None
+    _bits_equal(got, _w4a16_general(a, w, out_dtype, bias))
+    _bits_equal(got_2d, _w4a16_general(a[0], w, out_dtype, bias))
 
 
 def test_w4a16_remembered_weights_follow_the_tensor():
@@ -314,7 +327,7 @@ def test_w4a16_remembered_weights_follow_the_tensor():
 
 
 def test_w4a16_remembered_weights_input_errors():
-    """Activations the fast path does not take go the general way, with its errors."""
+    """Activations and biases the fast path does not take go the general way, with its errors."""
     w = cute_fp4.quantize(torch.randn(256, 128, device="cuda"), Recipe(columnwise=False))
     a = torch.randn(128, 8, device="cuda", dtype=torch.bfloat16).t()
     with pytest.raises(ValueError, match="a must be contiguous"):
@@ -323,6 +336,11 @@ def test_w4a16_remembered_weights_input_errors():
         cute_fp4.gemm(torch.randn(4, 64, device="cuda", dtype=torch.bfloat16), w)
     with pytest.raises(TypeError, match="bfloat16 or float16"):
         cute_fp4.gemm(torch.randn(4, 128, device="cuda"), w)
+    good = torch.randn(4, 128, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="bias must be 1D of length N=256"):
+        cute_fp4.gemm(good, w, bias=torch.zeros(128, device="cuda", dtype=torch.bfloat16))
+    with pytest.raises(TypeError, match="bias must be torch.bfloat16 or float32"):
+        cute_fp4.gemm(good, w, bias=torch.zeros(256, device="cuda", dtype=torch.float16))
 
 
 def _w4a4_general(a, b, bias, out_dtype, path="auto"):

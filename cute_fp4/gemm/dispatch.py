@@ -379,23 +379,26 @@ class PreparedWeights:
         # usable as they are (else those calls take gemm_mixed_sm90, which prepares copies)
         self.tma_ready = self.swizzled and _prepare_data(data) is data
 
-    def w4a16(self, a: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+    def w4a16(self, a: torch.Tensor, out_dtype: torch.dtype,
+              bias: Optional[torch.Tensor] = None) -> torch.Tensor:
         """D [M, N] for a CUDA activation a [M, K] (bf16 / fp16, contiguous, on the weights'
-        device: the caller checks it)."""
+        device) and an optional bias [N] (out_dtype or float32, contiguous, on that device):
+        the caller checks them."""
         m = a.shape[0]
         out = torch.empty((m, self.n), dtype=out_dtype, device=self.device)
         if m == 0 or self.n == 0:
             return out
         if stream_weights(m):
             return launch_w4a16(a, self.data, self.sf, out, self.alpha_t, None, self.col_t,
-                                None, swizzled=self.swizzled, transposed=False, arch=self.arch,
+                                bias, swizzled=self.swizzled, transposed=False, arch=self.arch,
                                 decode=self.decode)
         if not self.tma_ready:
             return gemm_mixed_sm90(self.data, self.scales, a, alpha=self.alpha, col=self.col,
-                                   out_dtype=out_dtype, scales_swizzled=self.swizzled, out=out)
+                                   bias=bias, out_dtype=out_dtype, scales_swizzled=self.swizzled,
+                                   out=out)
         unscale = UNSCALE_W4A16_FP16 if a.dtype == torch.float16 else UNSCALE_W4A16
         return launch_mixed(self.data, self.sf, permute_k(a, k_pad(self.k // 2), self.arch), out,
-                            self.alpha_t, None, self.col_t, None, transposed=True,
+                            self.alpha_t, None, self.col_t, bias, transposed=True,
                             unscale_exp=unscale, arch=self.arch, decode=self.decode)
 
 
