@@ -66,6 +66,70 @@ def test_w4a4_sm90_window64_ptx(windows):
     assert len(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n128k16", ptx)) == 4 * BUFFERS
 
 
+@pytest.mark.parametrize("tile_n,windows,out_dtype", [(128, (True, True), torch.bfloat16),
+                                                     (128, (True, False), torch.float32),
+                                                     (64, (False, True), torch.float16)])
+def test_window_sm90_ptx(tile_n, windows, out_dtype):
+    """The window64 GEMM (sm90_window): SS wgmma (both operands from shared memory by TMA, no
+    decode in the kernel), the window factors by TMA with the stage, each k-tile's wgmmas into
+    one of two part tiles (the first overwrites: scale-d from a predicate) while the update of
+    the previous k-tile (wait depth 1) adds it to the accumulators in FP32; register
+    reallocation inside the launch bound of one CTA per SM."""
+    from cute_fp4.gemm.sm90_window import window_kernel, window_max_stages
+
+    stages = window_max_stages(tile_n, torch.empty((), dtype=out_dtype).element_size())
+    op, args = window_kernel(out_dtype, tile_n, stages, (True, True, False, True),
+                             torch.float32, True, 132, windows)
+    ptx = compile_ptx(op, *args, arch="sm_90a")
+    assert ptx_target(ptx) == "sm_90a"
+    wgmma = re.findall(rf"wgmma\.mma_async\.sync\.aligned\.m64n{tile_n}k16\.f32\.bf16\.bf16"
+                       r" \{[^}]*\}, (\S+), (\S+),", ptx)
+    # k-tile 0, the loop's pair, the even tail: 4 sites of four k16 wgmmas, A and B both
+    # shared-memory descriptors (64-bit registers), none from registers
+    assert len(wgmma) == 16 and all(a.startswith("%rd") and b.startswith("%rd") for a, b in wgmma)
+    assert "mul.rn.bf16x2" not in ptx  # nothing decoded here
+    # x, y and the window factors: one TMA load site
+    assert len(re.findall(r"cp\.async\.bulk\.tensor\.2d", ptx)) == 2 + sum(windows)
+    per_thread = 64 * tile_n // 128
+    # the update at 6 sites (two in the loop, three in the tails, ...): acc += f * part
+    assert len(re.findall(r"fma\.rn\.f32", ptx)) >= 5 * per_thread
+    assert (len(re.findall(r"mul(\.rn)?\.f32", ptx)) >= 5 * per_thread) == all(windows)
+    assert len(re.findall(r"wgmma\.wait_group\.sync\.aligned\s+1;", ptx)) == 3
+    dec = int(re.search(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+(\d+);", ptx).group(1))
+    inc = int(re.search(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+(\d+);", ptx).group(1))
+    assert dec * 128 + inc * 256 <= LAUNCH_REGS[1] * 384
+    assert int(re.search(r"\.minnctapersm\s+(\d+)", ptx).group(1)) == 1
+
+
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
+def test_window_factors_ptx(arch):
+    """The window64 factors kernel: the reference's IEEE division and reciprocal
+    (ref.formats.decode_scale), one store per thread."""
+    import cutlass
+
+    from cute_fp4.common.jit import dyn, env_stream, fake_tensor
+    from cute_fp4.gemm.factors import WindowFactors
+
+    ptx = compile_ptx(WindowFactors(256), fake_tensor(cutlass.Float32, (dyn(), dyn()), align=4),
+                      fake_tensor(cutlass.Float32, (dyn(), dyn(4))), env_stream(), arch=arch)
+    assert ptx_target(ptx) == arch
+    assert missing_instructions(ptx, [r"div\.rn\.f32", r"rcp\.rn\.f32"]) == []
+    assert len(re.findall(r"st\.global", ptx)) == 1
+
+
+def test_window_sm90_config_errors():
+    import cutlass
+
+    from cute_fp4.gemm.sm90_window import Sm90GemmWindow
+
+    with pytest.raises(ValueError, match="tile_n must be one of"):
+        Sm90GemmWindow(cutlass.BFloat16, tile_n=256)
+    with pytest.raises(ValueError, match="at least one window64 operand"):
+        Sm90GemmWindow(cutlass.BFloat16, windows=(False, False))
+    with pytest.raises(ValueError, match="stages must be 2.."):
+        Sm90GemmWindow(cutlass.BFloat16, stages=9)
+
+
 def test_window64_needs_tile_n_128():
     from cute_fp4.gemm.sm90_w4a4 import Sm90GemmNVFP4
     import cutlass

@@ -1,6 +1,6 @@
-"""GPU tests of the NVFP4 GEMM (cute_fp4.gemm.dispatch.gemm_nvfp4, both sm_90a paths:
+"""GPU tests of the NVFP4 GEMM (cute_fp4.gemm.dispatch.gemm_nvfp4, its sm_90a paths:
 "predecode" = sm90_mixed with the smaller operand predecoded, roles swapped when M < N;
-"decode_both" = sm90_w4a4) and of the mixed-input W4A16 entry (sm90_mixed.gemm_mixed_sm90)
+"decode_both" = sm90_w4a4; "window" = sm90_window for window64 operands) and of the mixed-input W4A16 entry (sm90_mixed.gemm_mixed_sm90)
 against a float64 dequantize-and-matmul and against cute_fp4.ref.gemm.
 
 Error bound. Every product a*b is exact (BF16 wgmma inputs hold e2m1 * e4m3 exactly); the
@@ -353,17 +353,29 @@ def run_windowed(a, sa, b, sb, a_amax, b_amax, e4m3_max, **kw):
                e4m3_max=e4m3_max, **kw)
 
 
+WINDOW_SHAPES = [(200, 300, 512, 448), (130, 136, 1024, 256), (1, 64, 64, 448),
+                 (384, 520, 2048, 448), (1000, 20, 320, 448), (40, 700, 192, 256),
+                 (2000, 2100, 320, 448), (300, 260, 128, 448)]
+
+
+@pytest.mark.parametrize("path", ["window", "decode_both"])
 @pytest.mark.parametrize("which", ["a", "b", "both"])
-@pytest.mark.parametrize("m,n,k,e4m3_max", [(200, 300, 512, 448), (130, 136, 1024, 256),
-                                            (1, 64, 64, 448), (384, 520, 2048, 448)])
-def test_window64_vs_float64_and_ref(which, m, n, k, e4m3_max, gen):
+@pytest.mark.parametrize("m,n,k,e4m3_max", WINDOW_SHAPES)
+def test_window64_vs_float64_and_ref(which, m, n, k, e4m3_max, path, gen):
+    """Both kernels that take window64 operands, within the bound of the float64 result and
+    within FP32 summation-order noise of ref.gemm; shapes: one, two, three and five k-tiles
+    of 64 (the window kernel's odd and even tails), 20 columns (tile_n 64), more tiles than
+    SMs (2000 x 2100: several tiles per persistent CTA), e4m3_max 448 and 256."""
+    if path == "decode_both" and m * n > 10**6:
+        pytest.skip("decode_both: covered by the smaller shapes")
     a, sa = rand_fp4(m, k, gen)
     b, sb = rand_fp4(n, k, gen)
     a_amax = window_amax(m, k, gen) if which in ("a", "both") else None
     b_amax = window_amax(n, k, gen) if which in ("b", "both") else None
     fa = sa.to(torch.float32) if a_amax is None else window_factors(sa, a_amax, e4m3_max)
     fb = sb.to(torch.float32) if b_amax is None else window_factors(sb, b_amax, e4m3_max)
-    out = run_windowed(a, sa, b, sb, a_amax, b_amax, e4m3_max, out_dtype=torch.float32)
+    out = run_windowed(a, sa, b, sb, a_amax, b_amax, e4m3_max, out_dtype=torch.float32,
+                       path=path)
     d64, mag = expected(a, fa, b, fb, None, None, None, None)
     check(out, d64, mag, k, torch.float32)
     r = ref.gemm(a, fa, b, fb, out_dtype=torch.float32)
@@ -372,9 +384,13 @@ def test_window64_vs_float64_and_ref(which, m, n, k, e4m3_max, gen):
     assert float(((out.cpu().double() - r.double()).abs() / (mag + 1e-30)).max()) < k * 2.0**-22
 
 
-def test_window64_epilogue_and_swizzled(gen):
-    """window64 with alpha / row / col / bias, BF16 out, swizzled scales."""
-    m, n, k = 160, 272, 512
+@pytest.mark.parametrize("path", ["window", "decode_both"])
+@pytest.mark.parametrize("m,n,out_dtype", [(160, 272, torch.bfloat16), (272, 160, torch.float16),
+                                           (130, 200, torch.float32)])
+def test_window64_epilogue_and_swizzled(m, n, out_dtype, path, gen):
+    """window64 with alpha / row / col / bias, 16-bit and FP32 outputs (N = 200 x 2 bytes: rows
+    not 16-byte aligned, the staged epilogue's element stores), swizzled scales."""
+    k = 512
     a, sa = rand_fp4(m, k, gen)
     b, sb = rand_fp4(n, k, gen)
     a_amax, b_amax = window_amax(m, k, gen), window_amax(n, k, gen)
@@ -383,23 +399,25 @@ def test_window64_epilogue_and_swizzled(gen):
     col = torch.rand(n, generator=gen) + 0.5
     bias = torch.randn(n, generator=gen) * 8
     out = run_windowed(a, sa, b, sb, a_amax, b_amax, 448, alpha=alpha, row=row, col=col,
-                       bias=bias, swizzled=True)
+                       bias=bias, swizzled=True, out_dtype=out_dtype, path=path)
     d64, mag = expected(a, window_factors(sa, a_amax, 448), b, window_factors(sb, b_amax, 448),
                         alpha, row, col, bias)
-    check(out, d64, mag, k, torch.bfloat16)
+    check(out, d64, mag, k, out_dtype)
 
 
-def test_window64_exact_small_sums(gen):
+@pytest.mark.parametrize("path", ["window", "decode_both"])
+@pytest.mark.parametrize("m,n", [(192, 320), (320, 192), (300, 48)])
+def test_window64_exact_small_sums(m, n, path, gen):
     """Power-of-two window factors (amax = 2688 * 2**j -> S_dec = 2**j) and small integer
     values: every FP32 sum is exact, so the result is bit-exact."""
-    m, n, k = 192, 320, 512
+    k = 512
     a, _ = rand_fp4(m, k, gen)
     b, _ = rand_fp4(n, k, gen)
     sa = torch.ones(m, k // 16).to(torch.float8_e4m3fn)
     sb = torch.full((n, k // 16), 2.0).to(torch.float8_e4m3fn)
     a_amax = 2688.0 * torch.exp2(torch.randint(-2, 3, (m, k // 64), generator=gen).float())
     b_amax = 2688.0 * torch.exp2(torch.randint(-2, 3, (n, k // 64), generator=gen).float())
-    out = run_windowed(a, sa, b, sb, a_amax, b_amax, 448, out_dtype=torch.float32)
+    out = run_windowed(a, sa, b, sb, a_amax, b_amax, 448, out_dtype=torch.float32, path=path)
     d64, _ = expected(a, window_factors(sa, a_amax, 448), b, window_factors(sb, b_amax, 448),
                       None, None, None, None)
     assert torch.equal(out.double().cpu(), d64)
@@ -416,6 +434,36 @@ def test_window64_argument_errors(gen):
     with pytest.raises(ValueError, match="a_window_amax must be float32"):
         gemm_nvfp4(a.cuda(), sa.cuda(), a.cuda(), sa.cuda(),
                    a_window_amax=torch.ones(64, 3, device="cuda"))
+    win = torch.ones(64, 2, device="cuda")
+    for path in ("predecode", "weight_stream"):
+        with pytest.raises(NotImplementedError, match="take path 'window' or 'decode_both'"):
+            gemm_nvfp4(a.cuda(), sa.cuda(), a.cuda(), sa.cuda(), path=path, a_window_amax=win)
+    with pytest.raises(ValueError, match="path 'window' is for window64 operands"):
+        gemm_nvfp4(a.cuda(), sa.cuda(), a.cuda(), sa.cuda(), path="window")
+    with pytest.raises(ValueError, match="not the window path"):
+        gemm_nvfp4(a.cuda(), sa.cuda(), a.cuda(), sa.cuda(), path="window", tile_n=128,
+                   a_window_amax=win)
+
+
+@pytest.mark.parametrize("rows,windows", [(1, 1), (37, 5), (256, 128), (1001, 3)])
+@pytest.mark.parametrize("e4m3_max", [448, 256])
+def test_window_factors_bit_equal(rows, windows, e4m3_max, gen):
+    """gemm_nvfp4's window64 factors (one launch) are the reference's decode scales bit for
+    bit, special amaxes included (0, subnormals, S_enc overflow / underflow, Inf, NaN),
+    transposed with zero padding rows up to a multiple of 4."""
+    from cute_fp4.gemm.factors import window_factors
+    from cute_fp4.ref.formats import decode_scale
+
+    amax = _amax_values(rows * windows, gen)[torch.randperm(rows * windows, generator=gen)]
+    amax = amax.view(rows, windows).cuda()
+    got = window_factors(amax, e4m3_max, "sm_90a")
+    pad = -(-rows // 4) * 4
+    assert tuple(got.shape) == (pad, windows) and got.stride() == (1, pad)
+    want, got_rows = decode_scale(amax, e4m3_max), got[:rows]
+    assert torch.equal(got_rows.isnan(), want.isnan())  # NaN payloads aside, bit for bit
+    assert torch.equal(got_rows.nan_to_num(0.0).view(torch.int32),
+                       want.nan_to_num(0.0).view(torch.int32))
+    assert torch.equal(got[rows:], torch.zeros(pad - rows, windows, device="cuda"))
 
 
 def _amax_values(count, gen):

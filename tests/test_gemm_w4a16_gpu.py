@@ -408,7 +408,7 @@ def test_weight_stream_exact_small_sums(small, gen):
 
 def test_weight_stream_dispatch(weight_stream_calls, gen):
     """"auto" takes weight_stream exactly when `stream_weights` says so (up to 16 rows) and no
-    window64 operand is given (else predecode / decode_both)."""
+    window64 operand is given (else predecode / window)."""
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     k = 64
     many = 32 * sms + 1

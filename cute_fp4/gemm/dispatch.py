@@ -14,11 +14,12 @@ from ..recipe import Recipe
 from ..ref.formats import decode_scale
 from ..ref.swizzle import scale_shape, swizzle_scales
 from ..tensor import NVFP4Tensor
-from .factors import epilogue_operands
+from .factors import epilogue_operands, window_factors
 from .operands import OuterAmax, _check_operand, _check_operands, _epilogue, _prepare_data
 from .sm90_mixed import (UNSCALE_W4A4, UNSCALE_W4A16, UNSCALE_W4A16_FP16, gemm_mixed_sm90,
                          k_pad, launch_mixed, permute_k, predecode_nvfp4)
 from .sm90_w4a16 import _aligned, gemm_w4a16_sm90, launch_w4a16
+from .sm90_window import gemm_window_sm90, window_fake
 
 
 
@@ -35,13 +36,6 @@ def _w4a4_kernel(out_dtype, tile_n, stages, flags, bias_dtype, windows=(False, F
                        has_bias=has_bias, has_a_window=has_a_window,
                        has_b_window=has_b_window, decode=decode)
     m, n, kh = dyn(), dyn(), dyn(16)
-
-    def window(present):
-        # [rows (padded to 4), K/64] FP32 with the rows contiguous (see _window_factors)
-        if not present:
-            return None
-        return fake_tensor(cutlass.Float32, (dyn(4), dyn()), stride_order=(0, 1))
-
     args = (
         fake_tensor(cutlass.Uint8, (m, kh)),
         fake_tensor(cutlass.Uint8, (n, kh)),
@@ -54,8 +48,8 @@ def _w4a4_kernel(out_dtype, tile_n, stages, flags, bias_dtype, windows=(False, F
         fake_tensor(cutlass.Float32, (n,), align=4) if has_col else None,
         fake_tensor(torch_to_cutlass(bias_dtype), (n,),
                     align=torch.empty((), dtype=bias_dtype).element_size()) if has_bias else None,
-        window(has_a_window),
-        window(has_b_window),
+        window_fake(has_a_window),
+        window_fake(has_b_window),
         env_stream(),
     )
     return op, args
@@ -63,9 +57,9 @@ def _w4a4_kernel(out_dtype, tile_n, stages, flags, bias_dtype, windows=(False, F
 
 def _window_factors(amax: Optional[torch.Tensor], rows: int, k: int, e4m3_max: int,
                     name: str, device) -> Optional[torch.Tensor]:
-    """S_dec per 1x64 window (SPEC 1: 1 / S_enc(amax), computed by the reference formula) as
-    a [rows padded to 4, K/64] FP32 view whose rows are contiguous (one TMA box per tile and
-    k-tile; padding rows are 0)."""
+    """S_dec per 1x64 window (SPEC 1: 1 / S_enc(amax), the reference formula bit for bit) as a
+    [rows padded to 4, K/64] FP32 view whose rows are contiguous (one TMA box per tile and
+    k-tile; padding rows are 0): `factors.window_factors`, one launch."""
     if amax is None:
         return None
     if amax.dtype != torch.float32 or tuple(amax.shape) != (rows, k // 64):
@@ -73,9 +67,7 @@ def _window_factors(amax: Optional[torch.Tensor], rows: int, k: int, e4m3_max: i
                          f"{amax.dtype} {tuple(amax.shape)}")
     if amax.device != device:
         raise ValueError(f"{name}_window_amax must be on {device}, got {amax.device}")
-    factors = torch.zeros((k // 64, -(-rows // 4) * 4), dtype=torch.float32, device=device)
-    factors[:, :rows] = decode_scale(amax, e4m3_max).t()
-    return factors.t()
+    return window_factors(amax.contiguous(), e4m3_max, device_arch(device))
 
 
 def pick_w4a4_config(m: int, n: int, k: int, windowed: bool = False):
@@ -121,9 +113,11 @@ def gemm_nvfp4(a_data: torch.Tensor, a_scales: torch.Tensor, b_data: torch.Tenso
     `transposed`); "predecode" (the "auto" choice for larger operands) decodes the smaller
     operand (B on ties) once to BF16 (`sm90_mixed.predecode_nvfp4`, a temporary of min(M, N) x
     K BF16 per call) and runs `sm90_mixed.Sm90GemmMixed` with the other operand decoded in
-    registers (D^T = B A^T when A is the smaller); "decode_both" (the "auto" choice with
-    window64 operands, whose FP32 window factors are not exact in a BF16 operand) runs
-    `sm90_w4a4.Sm90GemmNVFP4`, which decodes both operands per k-tile. sm_100a devices run
+    registers (D^T = B A^T when A is the smaller). With window64 operands, whose FP32 window
+    factors are not exact in a BF16 operand: "window" (the "auto" choice) decodes both
+    operands once to BF16 block values and runs `sm90_window.Sm90GemmWindow`, which applies the
+    factors per k-tile in FP32; "decode_both" runs `sm90_w4a4.Sm90GemmNVFP4`, which decodes
+    both operands per k-tile (slower: kept as an explicit path). sm_100a devices run
     `sm100_blockscaled.gemm_nvfp4_sm100` (no window64 operands there yet)."""
     # compact scales stay compact for the weight_stream path (its kernels read either layout);
     # the TMA kernels get them swizzled (`_swizzled`)
@@ -166,6 +160,12 @@ def gemm_nvfp4(a_data: torch.Tensor, a_scales: torch.Tensor, b_data: torch.Tenso
                                tile_n, stages, decode)
     a_win = _window_factors(a_window_amax, m, k, e4m3_max, "a", device)
     b_win = _window_factors(b_window_amax, n, k, e4m3_max, "b", device)
+    if path == "window":
+        if tile_n is not None or stages is not None:
+            raise ValueError("tile_n and stages configure the predecode and decode_both "
+                             "kernels, not the window path")
+        return gemm_window_sm90(a_data, sfa, b_data, sfb, a_win, b_win, alpha, row, col, bias,
+                                out, decode, arch)
     auto_tile_n, auto_stages = pick_w4a4_config(m, n, k, windowed)
     tile_n = tile_n or auto_tile_n
     stages = stages or auto_stages
@@ -184,7 +184,7 @@ def gemm_nvfp4(a_data: torch.Tensor, a_scales: torch.Tensor, b_data: torch.Tenso
     return out
 
 
-SM90_PATHS = ("auto", "weight_stream", "predecode", "decode_both")
+SM90_PATHS = ("auto", "weight_stream", "predecode", "decode_both", "window")
 
 
 def stream_weights(rows: int) -> bool:
@@ -204,12 +204,15 @@ def pick_sm90_path(path: str, m: int, n: int, windowed: bool) -> str:
     the named paths, checked against the operands)."""
     if path not in SM90_PATHS:
         raise ValueError(f"path must be one of {SM90_PATHS}, got {path!r}")
-    if windowed and path not in ("auto", "decode_both"):
-        raise NotImplementedError("window64 operands need path 'decode_both'")
+    if windowed and path not in ("auto", "window", "decode_both"):
+        raise NotImplementedError("window64 operands take path 'window' or 'decode_both'")
+    if path == "window" and not windowed:
+        raise ValueError("path 'window' is for window64 operands (a_window_amax / "
+                         "b_window_amax)")
     if path != "auto":
         return path
     if windowed:
-        return "decode_both"
+        return "window"
     return "weight_stream" if stream_weights(min(m, n)) else "predecode"
 
 

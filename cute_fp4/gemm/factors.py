@@ -136,6 +136,55 @@ def factors_launcher(a_kind: Optional[str], b_kind: Optional[str], a_e4m3_max: i
     return KERNELS.ffi(key, build)
 
 
+class WindowFactors:
+    """The window64 decode factors S_dec(amax) (`decode_outer_scale`, ref.formats.decode_scale
+    bit for bit) of window amaxes [rows, W] into out [W, rows_pad] (rows_pad >= rows; the
+    padding gets 0): transposed, so that out.t() is the [rows_pad, W] view with contiguous rows
+    whose [rows] k-tile vectors the window64 GEMMs load by TMA. One thread per output element
+    (stores coalesced; the amax reads are strided, 4 bytes per element)."""
+
+    def __init__(self, e4m3_max: int):
+        self.e4m3_max = float(e4m3_max)
+
+    @cute.jit
+    def __call__(self, mAmax: cute.Tensor, mOut: cute.Tensor, stream):
+        total = mOut.shape[0] * mOut.shape[1]
+        self.kernel(mAmax, mOut).launch(grid=(cute.ceil_div(total, THREADS), 1, 1),
+                                        block=(THREADS, 1, 1), stream=stream)
+
+    @cute.kernel
+    def kernel(self, mAmax: cute.Tensor, mOut: cute.Tensor):
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        i = bidx * THREADS + tidx
+        rows_pad = mOut.shape[1]
+        if i < mOut.shape[0] * rows_pad:
+            w = i // rows_pad
+            r = i - w * rows_pad
+            v = cutlass.Float32(0.0)
+            if r < mAmax.shape[0]:
+                v = decode_outer_scale(mAmax[r, w], self.e4m3_max)
+            mOut[w, r] = v
+
+
+def window_factors(amax: torch.Tensor, e4m3_max: int, arch: str) -> torch.Tensor:
+    """S_dec per 1x64 window (FP32 amax [rows, W] on a CUDA device, contiguous) as the
+    [rows padded to 4, W] FP32 view with contiguous rows that the window64 GEMMs read (padding
+    rows 0), in one launch (`WindowFactors`)."""
+    rows, windows = amax.shape
+    rows_pad = -(-rows // 4) * 4
+    out = torch.empty((windows, rows_pad), dtype=torch.float32, device=amax.device)
+    if out.numel():
+        def build():
+            op = WindowFactors(e4m3_max)
+            args = (fake_tensor(cutlass.Float32, (dyn(), dyn()), align=4),
+                    fake_tensor(cutlass.Float32, (dyn(), dyn(4)), align=16), env_stream())
+            return compile_kernel(op, *args, arch=arch)
+
+        KERNELS.ffi(("window_factors", e4m3_max, arch), build)(amax, out)
+    return out.t()
+
+
 def amax_roles(a_kind: Optional[str], b_kind: Optional[str]):
     """Which operand's outer amaxes ("a", "b" or None) the GEMM kernels take as alpha, row and
     col for factor kinds a_kind / b_kind (`factor_kind`), decoding them to 1 / S_enc

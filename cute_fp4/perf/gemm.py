@@ -3,15 +3,16 @@
 Per shape (M x N x K), in one process: cuBLAS BF16 (torch.matmul on BF16 operands),
 dequantize-then-cuBLAS (cute_fp4.dequantize of both NVFP4 operands, then torch.matmul) and the
 NVFP4 GEMM (gemm_nvfp4, swizzled scales, BF16 out, path "auto": "weight_stream" when
-min(M, N) <= 32, else "predecode"), each eager (do_bench flushes L2 before every call) and
+min(M, N) <= 16, else "predecode"), each eager (do_bench flushes L2 before every call) and
 replayed from a CUDA graph that rotates over distinct operands (column "graph sets": enough
 to fill four times the L2, at most 8). `--paths` adds
 gemm_nvfp4 with named paths (e.g. predecode,weight_stream: both at the decode sizes);
 `--variants` adds the "decode_both" kernel (sm90_w4a4) and the predecode path's GEMM kernel
 alone (its predecoded BF16 operand made once, outside the timing). `--window64` times
 1x64 local-encode operands instead (Recipe(scaling="window64") quantizes of random BF16, both
-operands): the NVFP4 GEMM is then `cute_fp4.gemm(a, b)` and dequantize-then-cuBLAS dequantizes
-them with `cute_fp4.dequantize`. TFLOP/s count 2*M*N*K; ratios are against cuBLAS BF16 (and
+operands): the NVFP4 GEMM is then `cute_fp4.gemm(a, b)` (the "window" path), dequantize-then-
+cuBLAS dequantizes them with `cute_fp4.dequantize`, and "decode_both" is gemm_nvfp4's slower
+window64 kernel. TFLOP/s count 2*M*N*K; ratios are against cuBLAS BF16 (and
 dequantize-then-cuBLAS) of the same mode.
 """
 
@@ -77,6 +78,8 @@ def _window64_fns(m: int, n: int, k: int, sets: int) -> dict:
     from .. import dequantize, gemm, quantize
     from ..recipe import Recipe
 
+    from ..gemm.dispatch import gemm_nvfp4
+
     recipe = Recipe(scaling="window64", columnwise=False)
     pairs = [tuple(quantize(torch.randn(rows, k, device="cuda", dtype=torch.bfloat16), recipe)
                    for rows in (m, n)) for _ in range(sets)]
@@ -84,6 +87,9 @@ def _window64_fns(m: int, n: int, k: int, sets: int) -> dict:
         "dequant+cublas": [lambda a=a, b=b: torch.matmul(dequantize(a), dequantize(b).t())
                            for a, b in pairs],
         "nvfp4": [functools.partial(gemm, a, b) for a, b in pairs],
+        "decode_both": [functools.partial(gemm_nvfp4, a.data, a.scales, b.data, b.scales,
+                                          a_window_amax=a.amax, b_window_amax=b.amax,
+                                          path="decode_both") for a, b in pairs],
     }
 
 
@@ -133,6 +139,8 @@ def bench_shape(m: int, n: int, k: int, graphs: bool, variants: bool = False,
             row[f"{name} {mode} TFLOP/s"] = flop / t / 1e9
         row[f"nvfp4/cublas {mode}"] = ms["cublas_bf16"] / ms["nvfp4"]
         row[f"nvfp4/dequant+cublas {mode}"] = ms["dequant+cublas"] / ms["nvfp4"]
+        if window64:
+            row[f"nvfp4/decode_both {mode}"] = ms["decode_both"] / ms["nvfp4"]
         for path in paths:
             row[f"nvfp4/{path} {mode}"] = ms[path] / ms["nvfp4"]
     return row
