@@ -353,8 +353,11 @@ def _w4a4_general(a, b, bias, out_dtype, path="auto"):
     ra, rb = a.recipe, b.recipe
     alpha, row, col = epilogue_factors(ra.scaling, a.amax, ra.e4m3_max, rb.scaling, b.amax,
                                        rb.e4m3_max, device_arch())
+    windows = [t.amax if t.recipe.scaling == "window64" else None for t in (a, b)]
     d = gemm_nvfp4(a.data, a.scales, b.data, b.scales, alpha=alpha, row=row, col=col,
-                   bias=bias, out_dtype=out_dtype, scales_swizzled=rb.swizzle, path=path)
+                   bias=bias, out_dtype=out_dtype, scales_swizzled=rb.swizzle, path=path,
+                   a_window_amax=windows[0], b_window_amax=windows[1],
+                   e4m3_max=ra.e4m3_max if windows[0] is not None else rb.e4m3_max)
     return d.view(tuple(a.shape[:-1]) + (b.rows,))
 
 
@@ -392,10 +395,39 @@ def test_gemm_plan_bit_equal(m, n, k, path, a_scaling, b_scaling, e4m3_max, bias
         assert isinstance(plan, plans.GemmPlan) and plan.path == path
 
 
+@pytest.mark.parametrize("m,n,k", [(272, 160, 256), (48, 400, 320)])
+@pytest.mark.parametrize("a_scaling,b_scaling,e4m3_max", [
+    ("window64", "window64", 448), ("window64", "tensor", 256), ("token", "window64", 448),
+    ("tensor", "window64", 448)])
+@pytest.mark.parametrize("bias_dtype,out_dtype", [(None, torch.bfloat16),
+                                                  (torch.float32, torch.float32)])
+def test_gemm_plan_window_bit_equal(m, n, k, a_scaling, b_scaling, e4m3_max, bias_dtype,
+                                    out_dtype):
+    """window64 operands through their configuration's plan (the "window" path: both operands
+    decoded, the window factors by one launch each): every call gives the bits of gemm_nvfp4
+    with the factors kernel, one or both operands window64, the other's outer scale decoded
+    in the epilogue, a bias or none, a 3-D activation, an odd k-tile count (K = 320)."""
+    from cute_fp4.gemm import plan as plans
+
+    ra = Recipe(scaling=a_scaling, swizzle=True, e4m3_max=e4m3_max,
+                four_over_six="mse" if e4m3_max == 256 else None)
+    rb = Recipe(scaling=b_scaling, swizzle=True)
+    for call in range(3):
+        a = cute_fp4.quantize(torch.randn(1, m, k, device="cuda"), ra)
+        b = cute_fp4.quantize(torch.randn(n, k, device="cuda"), rb)
+        bias = None if bias_dtype is None else torch.randn(n, device="cuda").to(bias_dtype)
+        got = cute_fp4.gemm(a, b, bias=bias, out_dtype=out_dtype)
+        _bits_equal(got, _w4a4_general(a, b, bias, out_dtype))
+        assert float(got.abs().max()) > 0
+        plan = plans._PLANS[plans.gemm_key(a, b, bias, out_dtype)]
+        assert isinstance(plan, plans.GemmPlan) and plan.path == "window"
+
+
 def test_gemm_plan_only_where_it_applies():
     """Configurations a plan does not take keep the general path at every call (their key maps
     to None), with the reference's results: scale layouts that differ, compact scales or
-    K % 128 != 0 on the predecode path, a misaligned field, a window64 operand."""
+    K % 128 != 0 on the predecode path, a misaligned field, window64 operands with compact
+    scales."""
     from cute_fp4.gemm import plan as plans
 
     def operands(m, n, k, ra, rb, misalign=False):
@@ -409,7 +441,7 @@ def test_gemm_plan_only_where_it_applies():
     swz, cmp = Recipe(swizzle=True), Recipe()
     cases = [(64, 96, 256, swz, cmp, False), (64, 96, 256, cmp, cmp, False),
              (64, 96, 160, swz, swz, False), (64, 96, 256, swz, swz, True),
-             (64, 96, 256, Recipe(scaling="window64", swizzle=True), swz, False)]
+             (64, 96, 256, Recipe(scaling="window64"), cmp, False)]
     for m, n, k, ra, rb, misalign in cases:
         for _ in range(2):
             a, b = operands(m, n, k, ra, rb, misalign)

@@ -12,9 +12,10 @@ only allocates its output (and the temporary) and launches.
 
 The first call of a configuration runs the general path (its checks, its errors); the plan is
 made after that call succeeded, with the general path's kernels and kernel configurations,
-so both give the same bits. Configurations a plan does not take (window64 operands, compact
-scales on the predecode path, K % 128 != 0 there, misaligned or non-contiguous fields, scale
-layouts that differ, other architectures) keep the general path: their key maps to None.
+so both give the same bits. Configurations a plan does not take (compact scales on the
+predecode and window paths, K % 128 != 0 on the predecode path, misaligned or non-contiguous
+fields, scale layouts that differ, other architectures) keep the general path: their key
+maps to None.
 """
 
 from __future__ import annotations
@@ -28,9 +29,10 @@ from ..quant.dequantize import nvfp4_launcher
 from ..ref.swizzle import scale_shape
 from ..tensor import NVFP4Tensor
 from .dispatch import _unit_amax, pick_sm90_path
-from .factors import amax_roles, factor_kind, factors_launcher
+from .factors import amax_roles, factor_kind, factors_launcher, window_factors
 from .sm90_mixed import UNSCALE_W4A4, k_pad, mixed_launcher, predecode_launcher
 from .sm90_w4a16 import w4a16_launcher
+from .sm90_window import window_launcher
 
 # plans (or None: the general path) by key; cleared when full (a process cycling through
 # more configurations than this makes them again)
@@ -79,8 +81,10 @@ def gemm(key: tuple, a: NVFP4Tensor, b: NVFP4Tensor, bias: Optional[torch.Tensor
 class GemmPlan:
     """cute_fp4.gemm(a, b, bias=, out_dtype=) of one configuration on sm_90a, on the path
     `pick_sm90_path` chooses: "predecode" (the smaller operand decoded to BF16 by one kernel,
-    the mixed wgmma kernel) or "weight_stream" (the smaller operand decoded by the dequantize
-    kernel, the weight-streaming kernel), as `gemm_nvfp4` runs them."""
+    the mixed wgmma kernel), "weight_stream" (the smaller operand decoded by the dequantize
+    kernel, the weight-streaming kernel) or, with window64 operands, "window" (both operands
+    decoded to BF16, their window factors by one launch each, the window kernel), as
+    `gemm_nvfp4` runs them."""
 
     @classmethod
     def make(cls, a: NVFP4Tensor, b: NVFP4Tensor, bias: Optional[torch.Tensor],
@@ -91,8 +95,9 @@ class GemmPlan:
         fields = (a.data, a.scales, b.data, b.scales)
         device = a.data.device
         m, n, k = a.data.shape[0], b.data.shape[0], b.data.shape[1] * 2
+        windowed = "window64" in (ra.scaling, rb.scaling)
         if (device_arch(device) != "sm_90a" or ra.swizzle != rb.swizzle
-                or factor_kind(ra.scaling) is None or factor_kind(rb.scaling) is None
+                or any(r.scaling not in ("tensor", "token", "window64") for r in (ra, rb))
                 or any(not t.is_contiguous() or t.data_ptr() % 16 for t in fields)
                 or a.scales.dtype != torch.float8_e4m3fn or b.scales.dtype != torch.float8_e4m3fn
                 or tuple(a.scales.shape) != scale_shape(m, k // 16, ra.swizzle)
@@ -101,8 +106,9 @@ class GemmPlan:
                 or not (a.amax.is_contiguous() and b.amax.is_contiguous())
                 or (bias is not None and not bias.is_contiguous())):
             return None
-        path = pick_sm90_path("auto", m, n, False)
-        if m == 0 or n == 0 or (path == "predecode" and (not ra.swizzle or k_pad(k // 2) != k)):
+        path = pick_sm90_path("auto", m, n, windowed)
+        if m == 0 or n == 0 or (path in ("predecode", "window")
+                                and (not ra.swizzle or k_pad(k // 2) != k)):
             return None
         return cls(a, b, bias, out_dtype, path)
 
@@ -126,7 +132,17 @@ class GemmPlan:
             decode = tuple(None if side is None else e4m3[side] for side in self.roles)
             flags = tuple(side is not None for side in self.roles)
         bias_dtype = None if bias is None else bias.dtype
-        if path == "predecode":
+        self.windows = tuple(r.scaling == "window64" for r in (ra, rb))
+        self.arch = arch
+        if path == "window":
+            # both operands decoded to BF16 block values, each window64 one's factors
+            self.shapes = ((m, k), (n, k))
+            self.decode = predecode_launcher(arch)
+            out_bytes = n * out_dtype.itemsize
+            self.gemm = window_launcher(n, out_dtype, flags + (bias is not None,), bias_dtype,
+                                        out_bytes % 16 == 0, self.windows, decode,
+                                        num_sms(device), arch)
+        elif path == "predecode":
             # the smaller operand (B on ties) decoded once to BF16, the other one in registers
             swap = self.a_small = m < n
             rows_y = m if swap else n
@@ -159,13 +175,24 @@ class GemmPlan:
         else:
             alpha, row, col = torch.empty(1, dtype=torch.float32, device=device), None, None
             self.factors(a.amax, b.amax, alpha, None, None)
+        out = torch.empty(self.out_shape, dtype=self.out_dtype, device=device)
+        if self.path == "window":
+            values, factors = [], []
+            for t, shape, windowed in zip((a, b), self.shapes, self.windows):
+                v = torch.empty(shape, dtype=torch.bfloat16, device=device)
+                self.decode(t.data.view(torch.int32), t.scales.view(torch.int32).view(-1),
+                            v.view(torch.int32))
+                values.append(v)
+                factors.append(window_factors(t.amax, t.recipe.e4m3_max, self.arch)
+                               if windowed else None)
+            self.gemm(*values, out, alpha, row, col, bias, *factors)
+            return out if self.view_shape is None else out.view(self.view_shape)
         small, big = (a, b) if self.a_small else (b, a)
         y = torch.empty(self.y_shape, dtype=torch.bfloat16, device=device)
-        out = torch.empty(self.out_shape, dtype=self.out_dtype, device=device)
         sf = big.scales.view(torch.uint8).view(-1)
         if self.path == "predecode":
             self.decode_small(small.data.view(torch.int32),
-                           small.scales.view(torch.int32).view(-1), y.view(torch.int32))
+                              small.scales.view(torch.int32).view(-1), y.view(torch.int32))
             self.gemm(big.data, sf, y, out, alpha, row, col, bias)
         else:  # the streaming kernel takes its tokens first
             self.decode_small(small.data, small.scales, _unit_amax(device), y)

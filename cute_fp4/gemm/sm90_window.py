@@ -331,22 +331,30 @@ def gemm_window_sm90(a_data: torch.Tensor, sfa: torch.Tensor, b_data: torch.Tens
     (two temporaries of (M + N) x K BF16), then Sm90GemmWindow."""
     x = predecode_nvfp4(a_data, sfa, arch)
     y = predecode_nvfp4(b_data, sfb, arch)
-    m, n = out.shape
-    tile_n = 64 if n <= 64 else 128
-    elt = out.element_size()
-    stages = window_max_stages(tile_n, elt)
-    vec_store = (n * elt) % 16 == 0 and out.data_ptr() % 16 == 0
     flags = (alpha is not None, row is not None, col is not None, bias is not None)
-    windows = (a_win is not None, b_win is not None)
-    bias_dtype = bias.dtype if bias is not None else None
-    sms = num_sms(out.device)
-    key = ("gemm_window_sm90", out.dtype, tile_n, stages, flags, bias_dtype, vec_store, sms,
+    vec_store = (out.shape[1] * out.element_size()) % 16 == 0 and out.data_ptr() % 16 == 0
+    fn = window_launcher(out.shape[1], out.dtype, flags, bias.dtype if bias is not None else None,
+                         vec_store, (a_win is not None, b_win is not None), decode,
+                         num_sms(out.device), arch)
+    fn(x, y, out, alpha, row, col, bias, a_win, b_win)
+    return out
+
+
+def window_launcher(n: int, out_dtype: torch.dtype, flags, bias_dtype, vec_store: bool,
+                    windows, decode, sms: int, arch: str):
+    """The compiled Sm90GemmWindow (its TVM-FFI function) for N columns of D: tile_n 64 up to
+    64 columns, else 128, the deepest pipeline that fits. flags: which of alpha, row, col,
+    bias exist; windows: whether x / y have window factors. Called with (x, y, out, alpha,
+    row, col, bias, x_window, y_window)."""
+    tile_n = 64 if n <= 64 else 128
+    stages = window_max_stages(tile_n, out_dtype.itemsize)
+    windows = tuple(bool(w) for w in windows)
+    key = ("gemm_window_sm90", out_dtype, tile_n, stages, flags, bias_dtype, vec_store, sms,
            windows, decode)
 
     def build():
-        op, args = window_kernel(out.dtype, tile_n, stages, flags, bias_dtype, vec_store, sms,
+        op, args = window_kernel(out_dtype, tile_n, stages, flags, bias_dtype, vec_store, sms,
                                  windows, decode)
         return compile_kernel(op, *args, arch=arch)
 
-    KERNELS.ffi(key, build)(x, y, out, alpha, row, col, bias, a_win, b_win)
-    return out
+    return KERNELS.ffi(key, build)
