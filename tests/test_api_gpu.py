@@ -361,6 +361,26 @@ def _w4a4_general(a, b, bias, out_dtype, path="auto"):
     return d.view(tuple(a.shape[:-1]) + (b.rows,))
 
 
+def _check_plan_calls(m, n, k, path, a_scaling, b_scaling, e4m3_max, bias_dtype, out_dtype):
+    """Three cute_fp4.gemm calls of one configuration with fresh operands (a 3-D activation):
+    the first runs the general path and makes the plan, the others run the plan on `path`;
+    each gives the bits of gemm_nvfp4 with the factors kernel (`_w4a4_general`)."""
+    from cute_fp4.gemm import plan as plans
+
+    ra = Recipe(scaling=a_scaling, swizzle=True, e4m3_max=e4m3_max,
+                four_over_six="mse" if e4m3_max == 256 else None)
+    rb = Recipe(scaling=b_scaling, swizzle=True)
+    for call in range(3):
+        a = cute_fp4.quantize(torch.randn(1, m, k, device="cuda"), ra)
+        b = cute_fp4.quantize(torch.randn(n, k, device="cuda"), rb)
+        bias = None if bias_dtype is None else torch.randn(n, device="cuda").to(bias_dtype)
+        got = cute_fp4.gemm(a, b, bias=bias, out_dtype=out_dtype)
+        _bits_equal(got, _w4a4_general(a, b, bias, out_dtype))
+        assert float(got.abs().max()) > 0
+        plan = plans._PLANS[plans.gemm_key(a, b, bias, out_dtype)]
+        assert isinstance(plan, plans.GemmPlan) and plan.path == path
+
+
 # (a rows, b rows, K): the predecode path with B decoded (a larger) and with A decoded (the
 # kernel writes D^T), the weight_stream path with A streamed as tokens and with B
 @pytest.mark.parametrize("m,n,k,path", [(272, 160, 256, "predecode"), (48, 400, 384, "predecode"),
@@ -379,20 +399,7 @@ def test_gemm_plan_bit_equal(m, n, k, path, a_scaling, b_scaling, e4m3_max, bias
     same configuration run it; every call gives the bits of gemm_nvfp4 with the factors
     kernel, for both paths, both operand orders, every pair of outer scalings, a bias or none
     and a 3-D activation."""
-    from cute_fp4.gemm import plan as plans
-
-    ra = Recipe(scaling=a_scaling, swizzle=True, e4m3_max=e4m3_max,
-                four_over_six="mse" if e4m3_max == 256 else None)
-    rb = Recipe(scaling=b_scaling, swizzle=True)
-    for call in range(3):
-        a = cute_fp4.quantize(torch.randn(1, m, k, device="cuda"), ra)
-        b = cute_fp4.quantize(torch.randn(n, k, device="cuda"), rb)
-        bias = None if bias_dtype is None else torch.randn(n, device="cuda").to(bias_dtype)
-        got = cute_fp4.gemm(a, b, bias=bias, out_dtype=out_dtype)
-        _bits_equal(got, _w4a4_general(a, b, bias, out_dtype))
-        assert float(got.abs().max()) > 0
-        plan = plans._PLANS[plans.gemm_key(a, b, bias, out_dtype)]
-        assert isinstance(plan, plans.GemmPlan) and plan.path == path
+    _check_plan_calls(m, n, k, path, a_scaling, b_scaling, e4m3_max, bias_dtype, out_dtype)
 
 
 @pytest.mark.parametrize("m,n,k", [(272, 160, 256), (48, 400, 320)])
@@ -407,20 +414,8 @@ def test_gemm_plan_window_bit_equal(m, n, k, a_scaling, b_scaling, e4m3_max, bia
     decoded, the window factors by one launch each): every call gives the bits of gemm_nvfp4
     with the factors kernel, one or both operands window64, the other's outer scale decoded
     in the epilogue, a bias or none, a 3-D activation, an odd k-tile count (K = 320)."""
-    from cute_fp4.gemm import plan as plans
-
-    ra = Recipe(scaling=a_scaling, swizzle=True, e4m3_max=e4m3_max,
-                four_over_six="mse" if e4m3_max == 256 else None)
-    rb = Recipe(scaling=b_scaling, swizzle=True)
-    for call in range(3):
-        a = cute_fp4.quantize(torch.randn(1, m, k, device="cuda"), ra)
-        b = cute_fp4.quantize(torch.randn(n, k, device="cuda"), rb)
-        bias = None if bias_dtype is None else torch.randn(n, device="cuda").to(bias_dtype)
-        got = cute_fp4.gemm(a, b, bias=bias, out_dtype=out_dtype)
-        _bits_equal(got, _w4a4_general(a, b, bias, out_dtype))
-        assert float(got.abs().max()) > 0
-        plan = plans._PLANS[plans.gemm_key(a, b, bias, out_dtype)]
-        assert isinstance(plan, plans.GemmPlan) and plan.path == "window"
+    _check_plan_calls(m, n, k, "window", a_scaling, b_scaling, e4m3_max, bias_dtype,
+                      out_dtype)
 
 
 def test_gemm_plan_only_where_it_applies():

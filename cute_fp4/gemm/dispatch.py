@@ -16,6 +16,7 @@ from ..ref.swizzle import scale_shape, swizzle_scales
 from ..tensor import NVFP4Tensor
 from .factors import epilogue_operands, window_factors
 from .operands import OuterAmax, _check_operand, _check_operands, _epilogue, _prepare_data
+from .parts import epilogue_fakes
 from .sm90_mixed import (UNSCALE_W4A4, UNSCALE_W4A16, UNSCALE_W4A16_FP16, gemm_mixed_sm90,
                          k_pad, launch_mixed, permute_k, predecode_nvfp4)
 from .sm90_w4a16 import _aligned, gemm_w4a16_sm90, launch_w4a16
@@ -43,11 +44,7 @@ def _w4a4_kernel(out_dtype, tile_n, stages, flags, bias_dtype, windows=(False, F
         fake_tensor(cutlass.Uint8, (dyn(512),)),
         fake_tensor(torch_to_cutlass(out_dtype), (m, n), align=4 if out_dtype == torch.float32
                     else 2),
-        fake_tensor(cutlass.Float32, (1,), align=4) if has_alpha else None,
-        fake_tensor(cutlass.Float32, (m,), align=4) if has_row else None,
-        fake_tensor(cutlass.Float32, (n,), align=4) if has_col else None,
-        fake_tensor(torch_to_cutlass(bias_dtype), (n,),
-                    align=torch.empty((), dtype=bias_dtype).element_size()) if has_bias else None,
+        *epilogue_fakes(flags, bias_dtype, m, n),
         window_fake(has_a_window),
         window_fake(has_b_window),
         env_stream(),

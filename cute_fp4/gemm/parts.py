@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
+import torch
 from cutlass import Float32, const_expr
 from cutlass.cute.nvgpu import cpasync
 
+from ..common.jit import fake_tensor, torch_to_cutlass
 from ..common.scales import decode_outer_scale
 
 
@@ -77,6 +79,21 @@ class EpilogueOperands:
         if const_expr(self.has_bias) and ("bias", key_n) not in cache:
             cache["bias", key_n] = bias[cutlass.min(n, n_cols - 1)].to(Float32)
         return (cache.get(("row", key_m)), cache.get(("col", key_n)), cache.get(("bias", key_n)))
+
+
+def epilogue_fakes(flags, bias_dtype, rows, cols) -> tuple:
+    """The fakes of the optional epilogue operands for compiling a GEMM: alpha [1], row
+    [rows of D], col and bias [cols of D] (FP32 vectors, bias of `bias_dtype` aligned to its
+    element), None where flags = (has_alpha, has_row, has_col, has_bias) say absent."""
+    has_alpha, has_row, has_col, has_bias = flags
+    return (
+        fake_tensor(cutlass.Float32, (1,), align=4) if has_alpha else None,
+        fake_tensor(cutlass.Float32, (rows,), align=4) if has_row else None,
+        fake_tensor(cutlass.Float32, (cols,), align=4) if has_col else None,
+        fake_tensor(torch_to_cutlass(bias_dtype), (cols,),
+                    align=torch.empty((), dtype=bias_dtype).element_size())
+        if has_bias else None,
+    )
 
 
 def prefetch_tma(*atoms):

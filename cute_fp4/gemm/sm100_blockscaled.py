@@ -48,7 +48,7 @@ from cutlass.tensor_utils import LayoutEnum
 from ..common.jit import KERNELS, compile_kernel, device_arch, dyn, env_stream, fake_tensor, \
     num_sms, torch_to_cutlass
 from ..ref.formats import FLOAT_DTYPES as OUT_DTYPES
-from .parts import EpilogueOperands, prefetch_tma, tma_slices
+from .parts import EpilogueOperands, epilogue_fakes, prefetch_tma, tma_slices
 
 ARCH = "sm_100a"
 TILE_M = 128
@@ -510,11 +510,7 @@ def sm100_gemm_kernel(out_dtype: torch.dtype = torch.bfloat16, tile_n: int = 256
         fake_tensor(cutlass.Uint8, (dyn(512),)),
         fake_tensor(cutlass.Uint8, (dyn(512),)),
         fake_tensor(out, (m, n)),
-        fake_tensor(cutlass.Float32, (1,), align=4) if has_alpha else None,
-        fake_tensor(cutlass.Float32, (m,), align=4) if has_row else None,
-        fake_tensor(cutlass.Float32, (n,), align=4) if has_col else None,
-        fake_tensor(torch_to_cutlass(bias_dtype), (n,), align=bias_dtype.itemsize)
-        if has_bias else None,
+        *epilogue_fakes(flags, bias_dtype, m, n),
         env_stream(),
     )
 

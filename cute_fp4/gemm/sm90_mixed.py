@@ -58,7 +58,7 @@ from ..common.jit import (KERNELS, compile_kernel, dyn, env_stream, fake_tensor,
 from ..common.ptx import ld_global, ld_shared, ld_shared_cluster, prmt, st_global
 from ..common.stores import warp_buffer, warp_linear_store
 from ..ref.dequantize import check_out_tensor
-from .parts import EpilogueOperands, prefetch_tma, tma_slices
+from .parts import EpilogueOperands, epilogue_fakes, prefetch_tma, tma_slices
 
 TILE_M = 128
 TILE_K = 64  # elements per k-tile: 4 NVFP4 blocks, 32 packed bytes, 128 BF16 bytes per row
@@ -856,11 +856,7 @@ def mixed_kernel(out_dtype, tile_n, stages, flags, bias_dtype, transposed, unsca
         fake_tensor(cutlass.Uint8, (dyn(512),)),
         fake_tensor(cutlass.Float16 if fp16 else cutlass.BFloat16, (q, dyn(8))),
         fake_tensor(torch_to_cutlass(out_dtype), (m, n), align=16 if vec_store else elt),
-        fake_tensor(cutlass.Float32, (1,), align=4) if has_alpha else None,
-        fake_tensor(cutlass.Float32, (m,), align=4) if has_row else None,
-        fake_tensor(cutlass.Float32, (n,), align=4) if has_col else None,
-        fake_tensor(torch_to_cutlass(bias_dtype), (n,),
-                    align=torch.empty((), dtype=bias_dtype).element_size()) if has_bias else None,
+        *epilogue_fakes(flags, bias_dtype, m, n),
         env_stream(),
     )
     return op, args

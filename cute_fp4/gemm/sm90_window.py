@@ -40,7 +40,7 @@ from cutlass.tensor_utils import LayoutEnum
 
 from ..common.jit import KERNELS, compile_kernel, dyn, env_stream, fake_tensor, num_sms, \
     torch_to_cutlass
-from .parts import prefetch_tma, tma_slices
+from .parts import epilogue_fakes, prefetch_tma, tma_slices
 from .sm90_mixed import (SMEM_BYTES, TILE_K, TILE_M, UNSCALE_W4A4, Sm90Gemm, predecode_nvfp4,
                          smem_array, staging_bytes, tma_load)
 
@@ -310,11 +310,7 @@ def window_kernel(out_dtype, tile_n, stages, flags, bias_dtype, vec_store, num_c
         fake_tensor(cutlass.BFloat16, (m, dyn(64))),
         fake_tensor(cutlass.BFloat16, (n, dyn(64))),
         fake_tensor(torch_to_cutlass(out_dtype), (m, n), align=16 if vec_store else elt),
-        fake_tensor(cutlass.Float32, (1,), align=4) if has_alpha else None,
-        fake_tensor(cutlass.Float32, (m,), align=4) if has_row else None,
-        fake_tensor(cutlass.Float32, (n,), align=4) if has_col else None,
-        fake_tensor(torch_to_cutlass(bias_dtype), (n,),
-                    align=torch.empty((), dtype=bias_dtype).element_size()) if has_bias else None,
+        *epilogue_fakes(flags, bias_dtype, m, n),
         *(window_fake(present) for present in windows),
         env_stream(),
     )
