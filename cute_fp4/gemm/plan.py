@@ -137,7 +137,7 @@ class GemmPlan:
         if path == "window":
             # both operands decoded to BF16 block values, each window64 one's factors
             self.shapes = ((m, k), (n, k))
-            self.decode = predecode_launcher(arch)
+            self.predecode = predecode_launcher(arch)
             out_bytes = n * out_dtype.itemsize
             self.gemm = window_launcher(n, out_dtype, flags + (bias is not None,), bias_dtype,
                                         out_bytes % 16 == 0, self.windows, decode,
@@ -180,8 +180,8 @@ class GemmPlan:
             values, factors = [], []
             for t, shape, windowed in zip((a, b), self.shapes, self.windows):
                 v = torch.empty(shape, dtype=torch.bfloat16, device=device)
-                self.decode(t.data.view(torch.int32), t.scales.view(torch.int32).view(-1),
-                            v.view(torch.int32))
+                self.predecode(t.data.view(torch.int32), t.scales.view(torch.int32).view(-1),
+                               v.view(torch.int32))
                 values.append(v)
                 factors.append(window_factors(t.amax, t.recipe.e4m3_max, self.arch)
                                if windowed else None)

@@ -9,7 +9,7 @@ register tile of their own (`part`), which is then added to the accumulator with
 
 Why both operands predecoded: with an operand decoded in registers (`sm90_mixed`) each warp
 spends its issue slots on that decode and on the window update, one after the other, behind a
-wgmma.wait of depth 0 per k-tile (H200, 8192^3: 0.49x cuBLAS BF16). Here the MMA warps only
+wgmma.wait of depth 0 per k-tile (H200, 8192^3: 0.47x cuBLAS BF16). Here the MMA warps only
 issue wgmmas and update: the wgmmas of k-tile i go to part buffer i % 2 while the update of
 k-tile i - 1 reads the other one (wait depth 1), so the FP32 update overlaps the tensor cores.
 Cost: a pre-pass decoding both operands (`predecode_nvfp4`, 2 bytes per element written and
