@@ -142,9 +142,6 @@ def test_quantize_rng_state_equals_seed_offset():
     assert a.data.equal(b.data) and a.data_t.equal(b.data_t)
 
 
-FIELDS = ("data", "scales", "amax", "data_t", "scales_t", "amax_t")
-
-
 def _fill(t: NVFP4Tensor, byte: int):
     for name in FIELDS:
         f = getattr(t, name)
