@@ -326,6 +326,12 @@ class Sm90Gemm(Sm90Epilogue):
             cta_layout_vmnk=cute.make_layout((1, 1, 1, 1)),
         )
 
+    @staticmethod
+    def tile_coords(t, p_tiles):
+        """(p_tile, q_tile) of the t-th tile of a persistent walk, p fastest (measured against
+        bands of 4, 8 and 16 p-tiles: no consistent difference, notes/gemm.md)."""
+        return t % p_tiles, t // p_tiles
+
     def consumer_state(self, kt):
         """The mainloop pipeline's consumer state of the CTA's kt-th k-tile."""
         kt = Int32(kt)
@@ -625,12 +631,6 @@ class Sm90GemmMixed(Sm90Gemm):
                 for j in cutlass.range_constexpr(cute.size(acc)):
                     acc[j] = acc[j] + ld_shared_cluster(base + (j * 128 + t) * 4, Int32(r))
         return rank == 0
-
-    @staticmethod
-    def tile_coords(t, p_tiles):
-        """(p_tile, q_tile) of the t-th tile, p fastest (measured against bands of 4, 8 and
-        16 p-tiles: no consistent difference, notes/gemm.md)."""
-        return t % p_tiles, t // p_tiles
 
     @cute.jit
     def decode_stage(self, mainloop, kt, x_base, sf_base, sf_shift, rA):

@@ -284,11 +284,6 @@ class Sm90GemmWindow(Sm90Gemm):
         window_update(acc, part, coords, sWX, sWY, state.index, x_window, y_window)
         mainloop.consumer_release(state)
 
-    @staticmethod
-    def tile_coords(t, p_tiles):
-        """(p_tile, q_tile) of the t-th tile, p fastest."""
-        return t % p_tiles, t // p_tiles
-
 
 def window_max_stages(tile_n: int, out_elt: int) -> int:
     """The deepest pipeline (at most 8) that fits next to the epilogue's staging buffer."""
