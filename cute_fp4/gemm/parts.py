@@ -96,6 +96,29 @@ def epilogue_fakes(flags, bias_dtype, rows, cols) -> tuple:
     )
 
 
+def window_update(acc, part, coords, sWX, sWY, s, x_window: bool, y_window: bool):
+    """acc += (wx[p] * wy[q]) * part (the factor present alone with one window operand) with
+    the window factors of pipeline stage `s` (sWX / sWY: [rows, 1, stages] FP32); each factor
+    loaded once per thread, keyed by its trace-time row / column offset within the fragment
+    (`coords`: the thread's partition of the tile's identity tensor). Plain Python at trace
+    time, like `EpilogueOperands.load_operands`. Both window64 GEMMs use it (`sm90_window`,
+    `sm90_w4a4`)."""
+    cache = {}
+    for i in range(cute.size(acc)):
+        p, q = coords[i]
+        kp, kq = coords.layout(i)
+        f = None
+        if x_window:
+            if ("x", kp) not in cache:
+                cache["x", kp] = sWX[p, 0, s]
+            f = cache["x", kp]
+        if y_window:
+            if ("y", kq) not in cache:
+                cache["y", kq] = sWY[q, 0, s]
+            f = cache["y", kq] if f is None else f * cache["y", kq]
+        acc[i] = acc[i] + f * part[i]
+
+
 def prefetch_tma(*atoms):
     """Prefetch the descriptors of TMA atoms (absent ones: None)."""
     for atom in atoms:

@@ -49,7 +49,7 @@ from cutlass.tensor_utils import LayoutEnum
 
 from ..common.decode import DECODE_EXP_SHIFT, decode_e2m1x8, e4m3_to_bf16x2_scale
 from ..common.ptx import ld_shared, st_shared
-from .parts import prefetch_tma, tma_slices
+from .parts import prefetch_tma, tma_slices, window_update
 from .sm90_mixed import (SF_TILE_BYTES, TILE_K, TILE_M, Sm90Gemm, a_fragment_offsets,
                          decode_a_fragment, extents, packed_stages, rs_tiled_mma, scale_stages,
                          scale_tiles, smem_array, tma_load)
@@ -291,20 +291,11 @@ class Sm90GemmNVFP4(Sm90Gemm):
             cute.gemm(tiled_mma, acc, rA[(None, None, kb)], tCrB[(None, None, kb, buf)], acc)
         warpgroup.commit_group()
 
-    @cute.jit
     def window_update(self, acc, part, tCcT, sWA, sWB, s):
-        """acc += (wa[m] * wb[n]) * part with the window factors of pipeline stage `s`;
-        part = 0."""
-        for i in cutlass.range_constexpr(cute.size(acc)):
-            m, n = tCcT[i]
-            if const_expr(self.has_a_window and self.has_b_window):
-                f = sWA[m, 0, s] * sWB[n, 0, s]
-            elif const_expr(self.has_a_window):
-                f = sWA[m, 0, s]
-            else:
-                f = sWB[n, 0, s]
-            acc[i] = acc[i] + f * part[i]
-            part[i] = Float32(0.0)
+        """acc += (wa[m] * wb[n]) * part with the window factors of pipeline stage `s`
+        (`parts.window_update`); part = 0. Plain Python at trace time."""
+        window_update(acc, part, tCcT, sWA, sWB, s, self.has_a_window, self.has_b_window)
+        part.fill(0.0)
 
     @cute.jit
     def load_tile(self, mainloop, loads, kt, m_tile, n_tile, k_tiles):

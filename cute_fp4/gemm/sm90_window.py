@@ -40,7 +40,7 @@ from cutlass.tensor_utils import LayoutEnum
 
 from ..common.jit import KERNELS, compile_kernel, dyn, env_stream, fake_tensor, num_sms, \
     torch_to_cutlass
-from .parts import epilogue_fakes, prefetch_tma, tma_slices
+from .parts import epilogue_fakes, prefetch_tma, tma_slices, window_update
 from .sm90_mixed import (SMEM_BYTES, TILE_K, TILE_M, UNSCALE_W4A4, Sm90Gemm, predecode_nvfp4,
                          smem_array, staging_bytes, tma_load)
 
@@ -53,28 +53,6 @@ def window_fake(present: bool):
     if not present:
         return None
     return fake_tensor(cutlass.Float32, (dyn(4), dyn()), stride_order=(0, 1))
-
-
-def window_update(acc, part, coords, sWX, sWY, s, x_window: bool, y_window: bool):
-    """acc += (wx[p] * wy[q]) * part (the factor present alone with one window operand) with
-    the window factors of pipeline stage `s` (sWX / sWY: [rows, 1, stages] FP32); each factor
-    loaded once per thread, keyed by its trace-time row / column offset within the fragment
-    (`coords`: the thread's partition of the tile's identity tensor). Plain Python at trace
-    time, like `parts.EpilogueOperands.load_operands`."""
-    cache = {}
-    for i in range(cute.size(acc)):
-        p, q = coords[i]
-        kp, kq = coords.layout(i)
-        f = None
-        if x_window:
-            if ("x", kp) not in cache:
-                cache["x", kp] = sWX[p, 0, s]
-            f = cache["x", kp]
-        if y_window:
-            if ("y", kq) not in cache:
-                cache["y", kq] = sWY[q, 0, s]
-            f = cache["y", kq] if f is None else f * cache["y", kq]
-        acc[i] = acc[i] + f * part[i]
 
 
 class Sm90GemmWindow(Sm90Gemm):
@@ -232,7 +210,7 @@ class Sm90GemmWindow(Sm90Gemm):
             acc = cute.make_rmem_tensor(tCcT.shape, Float32)
             # k-tile kl's wgmmas write parts[kl % 2] (the first of them overwrites it)
             parts = [cute.make_rmem_tensor(tCcT.shape, Float32) for _ in range(2)]
-            windows = (sWX, sWY, self.x_window, self.y_window)
+            windows = (sWX, sWY)
             for i in cutlass.range(my_tiles, unroll=1):
                 p_tile, q_tile = self.tile_coords(bid + i * n_ctas, p_tiles)
                 g0 = i * k_tiles  # pipeline position of this tile's first k-tile
@@ -279,9 +257,9 @@ class Sm90GemmWindow(Sm90Gemm):
         """acc += the window-scaled products of the CTA's kt-th k-tile (`part`, complete),
         then release its stage (which holds its window factors). Plain Python at trace
         time."""
-        sWX, sWY, x_window, y_window = windows
+        sWX, sWY = windows
         state = self.consumer_state(kt)
-        window_update(acc, part, coords, sWX, sWY, state.index, x_window, y_window)
+        window_update(acc, part, coords, sWX, sWY, state.index, self.x_window, self.y_window)
         mainloop.consumer_release(state)
 
 
