@@ -359,10 +359,9 @@ def gemm_impl(a: Tensor, a_scales: Optional[Tensor], a_amax: Optional[Tensor], a
         alpha, row, col = _cuda().epilogue_operands(*factors_args,
                                                     _cuda().device_arch(a.device))
         if a_scales is None:
-            if b_win is not None:
-                raise NotImplementedError("the CUDA W4A16 GEMM does not take window64 weights")
             return gemm_w4a16(a, b, b_scales, alpha=alpha, col=col, bias=bias,
-                              out_dtype=out_dtype, scales_swizzled=b_swizzled)
+                              out_dtype=out_dtype, scales_swizzled=b_swizzled,
+                              b_window_amax=b_win, e4m3_max=win_e4m3_max)
         if a_swizzled != b_swizzled:  # bring a's scales to b's layout
             a_scales = (swizzle_scales(a_scales) if b_swizzled
                         else unswizzle_scales(a_scales, a.shape[0], k // 16))

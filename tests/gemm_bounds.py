@@ -1,6 +1,6 @@
-"""Helpers shared by the GPU GEMM tests: random NVFP4 operands, their float64 values, the
-float64 expected result with its magnitude, and the elementwise error bound (stated in each
-test module's docstring)."""
+"""Helpers shared by the GPU GEMM tests: random NVFP4 operands (and window64 amaxes with their
+reference block factors), their float64 values, the float64 expected result with its
+magnitude, and the elementwise error bound (stated in each test module's docstring)."""
 
 import torch
 
@@ -50,3 +50,22 @@ def check(out, d64, mag, k, out_dtype):
     bad = err > tol
     assert not bad.any(), (f"{int(bad.sum())} of {bad.numel()} outside the bound; worst "
                            f"err/tol {float((err / tol).max()):.3g}")
+
+
+def window_amax(rows, k, gen, outliers=True):
+    """FP32 window amax [rows, K/64]: 2**U(-3, 3) * 2688, with outlier windows (x 2**+-12) and
+    all-zero windows (amax 0 -> S_dec 1) when asked."""
+    amax = torch.exp2(torch.rand(rows, k // 64, generator=gen) * 6 - 3) * 2688.0
+    if outliers:
+        pick = torch.rand(rows, k // 64, generator=gen)
+        amax = torch.where(pick < 0.05, amax * 2.0**12, amax)
+        amax = torch.where((pick >= 0.05) & (pick < 0.10), amax * 2.0**-12, amax)
+        amax = torch.where((pick >= 0.10) & (pick < 0.13), torch.zeros_like(amax), amax)
+    return amax
+
+
+def window_factors(scales, amax, e4m3_max):
+    """The reference's per-block FP32 factors: scale * S_dec(window amax)."""
+    from cute_fp4.ref.formats import decode_scale
+
+    return scales.to(torch.float32) * decode_scale(amax, e4m3_max).repeat_interleave(4, dim=1)

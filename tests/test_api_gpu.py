@@ -25,7 +25,7 @@ TOL = {torch.bfloat16: 1e-2, torch.float16: 2e-3, torch.float32: 1e-5}
 
 @pytest.mark.parametrize("m", [1, 16, 64, 65, 300])
 @pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("scaling", ["tensor", "token"])
+@pytest.mark.parametrize("scaling", ["tensor", "token", "window64"])
 def test_w4a16_decode_and_prefill(m, out_dtype, scaling):
     w = cute_fp4.quantize(torch.randn(256, 512, device="cuda"), Recipe(scaling=scaling))
     a = torch.randn(m, 512, device="cuda", dtype=torch.bfloat16)

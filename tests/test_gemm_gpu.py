@@ -17,7 +17,7 @@ import torch
 from cute_fp4 import ref
 from cute_fp4.ref.swizzle import swizzle_scales
 
-from gemm_bounds import rand_fp4, values64, expected64, check
+from gemm_bounds import check, expected64, rand_fp4, values64, window_amax, window_factors
 
 pytestmark = pytest.mark.gpu
 
@@ -327,25 +327,6 @@ def test_w4a16_dispatch(monkeypatch, gen):
 
 
 # ---- 1x64 local-encode (window64) operands ----
-
-def window_amax(rows, k, gen, outliers=True):
-    """FP32 window amax [rows, K/64]: 2**U(-3, 3) * 2688, with outlier windows (x 2**+-12) and
-    all-zero windows (amax 0 -> S_dec 1) when asked."""
-    amax = torch.exp2(torch.rand(rows, k // 64, generator=gen) * 6 - 3) * 2688.0
-    if outliers:
-        pick = torch.rand(rows, k // 64, generator=gen)
-        amax = torch.where(pick < 0.05, amax * 2.0**12, amax)
-        amax = torch.where((pick >= 0.05) & (pick < 0.10), amax * 2.0**-12, amax)
-        amax = torch.where((pick >= 0.10) & (pick < 0.13), torch.zeros_like(amax), amax)
-    return amax
-
-
-def window_factors(scales, amax, e4m3_max):
-    """The reference's per-block FP32 factors: scale * S_dec(window amax)."""
-    from cute_fp4.ref.formats import decode_scale
-
-    return scales.to(torch.float32) * decode_scale(amax, e4m3_max).repeat_interleave(4, dim=1)
-
 
 def run_windowed(a, sa, b, sb, a_amax, b_amax, e4m3_max, **kw):
     cu = lambda t: None if t is None else t.to("cuda")  # noqa: E731

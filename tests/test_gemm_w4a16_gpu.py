@@ -19,7 +19,7 @@ import torch
 from cute_fp4 import ref
 from cute_fp4.ref.swizzle import swizzle_scales
 
-from gemm_bounds import rand_fp4, values64, expected64, check
+from gemm_bounds import check, expected64, rand_fp4, values64, window_amax, window_factors
 
 pytestmark = pytest.mark.gpu
 
@@ -224,6 +224,47 @@ def test_chained_launches(graph, gen):
     for o, w in zip(outs, want[1:]):
         assert torch.equal(o, w)
     assert want[-1].abs().max() > 0
+
+
+@pytest.mark.parametrize("m", [1, 16, 70, 300])
+@pytest.mark.parametrize("e4m3_max,swizzled", [(448, False), (256, True)])
+@pytest.mark.parametrize("out_dtype,has_bias", [(torch.bfloat16, False), (torch.float32, True)])
+def test_window64_weights(m, e4m3_max, swizzled, out_dtype, has_bias, gen):
+    """W4A16 with window64 weights (gemm_w4a16's window path: the window kernel at every M,
+    the activations K-permuted as they are): within the float64 bound of the reference's
+    FP32 block factors scale * S_dec(window amax), outlier and all-zero windows included,
+    compact and swizzled scales, an odd count of 64-wide windows (K = 320)."""
+    from cute_fp4.gemm.dispatch import gemm_w4a16
+
+    n, k = 200, 320
+    a = rand_act(m, k, torch.bfloat16, gen)
+    b, sb = rand_fp4(n, k, gen)
+    amax = window_amax(n, k, gen)
+    bias = torch.randn(n, generator=gen) * 4 if has_bias else None
+    out = gemm_w4a16(a.cuda(), b.cuda(), (swizzle_scales(sb) if swizzled else sb).cuda(),
+                     bias=None if bias is None else bias.cuda(), out_dtype=out_dtype,
+                     scales_swizzled=swizzled, b_window_amax=amax.cuda(), e4m3_max=e4m3_max)
+    d64, mag = expected64(a.double(), values64(b, window_factors(sb, amax, e4m3_max)), None,
+                          None, None, bias)
+    check(out, d64, mag, k, out_dtype)
+
+
+def test_window64_weights_errors(gen):
+    from cute_fp4.gemm.dispatch import gemm_w4a16
+
+    b, sb = (t.cuda() for t in rand_fp4(64, 128, gen))
+    amax = torch.ones(64, 2, device="cuda")
+    a16 = torch.randn(4, 128, device="cuda", dtype=torch.float16)
+    with pytest.raises(NotImplementedError, match="2D bfloat16 activations"):
+        gemm_w4a16(a16, b, sb, b_window_amax=amax)
+    with pytest.raises(ValueError, match="a must be"):
+        gemm_w4a16(a16.to(torch.bfloat16)[:, :64], b, sb, b_window_amax=amax)
+    with pytest.raises(ValueError, match="b_window_amax must be float32"):
+        gemm_w4a16(a16.to(torch.bfloat16), b, sb, b_window_amax=amax[:, :1])
+    b, sb = (t.cuda() for t in rand_fp4(64, 96, gen))
+    with pytest.raises(ValueError, match="K % 64"):
+        gemm_w4a16(torch.randn(4, 96, device="cuda", dtype=torch.bfloat16), b, sb,
+                   b_window_amax=torch.ones(64, 1, device="cuda"))
 
 
 def test_argument_errors(gen):

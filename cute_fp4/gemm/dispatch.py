@@ -20,7 +20,7 @@ from .parts import epilogue_fakes
 from .sm90_mixed import (UNSCALE_W4A4, UNSCALE_W4A16, UNSCALE_W4A16_FP16, gemm_mixed_sm90,
                          k_pad, launch_mixed, permute_k, predecode_nvfp4)
 from .sm90_w4a16 import _aligned, gemm_w4a16_sm90, launch_w4a16
-from .sm90_window import gemm_window_sm90, window_fake
+from .sm90_window import gemm_w4a16_window_sm90, gemm_window_sm90, window_fake
 
 
 
@@ -314,11 +314,15 @@ _UNIT_SCALE_AMAX = 2688.0
 def gemm_w4a16(a: torch.Tensor, b_data: torch.Tensor, b_scales: torch.Tensor, *,
                alpha: Optional[torch.Tensor] = None, col: Optional[torch.Tensor] = None,
                bias: Optional[torch.Tensor] = None, out_dtype: torch.dtype = torch.bfloat16,
-               scales_swizzled: bool = False) -> torch.Tensor:
+               scales_swizzled: bool = False, b_window_amax: Optional[torch.Tensor] = None,
+               e4m3_max: int = 448) -> torch.Tensor:
     """BF16/FP16 activations [M, K] x NVFP4 weights [N, K/2] (E4M3 block scales, compact or
     swizzled): D = cast(alpha * col[n] * sum_k a[m, k] * b[n, k] + bias[n]); alpha and col
     are FP32 factors or `operands.OuterAmax` (the weights' outer amaxes, decoded in the
-    kernel).
+    kernel). 1x64 local-encode (window64) weights: their FP32 window amax [N, K/64] as
+    b_window_amax with the recipe's e4m3_max (K % 64 == 0); b[n, k] then carries the factor
+    S_dec(amax[n, k // 64]), applied in FP32 per window by `sm90_window` (BF16 activations,
+    sm_90a only: NotImplementedError elsewhere).
 
     On sm_90a, BF16 and FP16 activations run the weight-streaming W4A16 kernel (`sm90_w4a16`)
     where `stream_weights(M)` says it is faster (up to 16 tokens) and the mixed wgmma kernel
@@ -327,6 +331,9 @@ def gemm_w4a16(a: torch.Tensor, b_data: torch.Tensor, b_scales: torch.Tensor, *,
     once (exact e2m1 * scale, in the activation dtype) and cuBLAS runs, then the epilogue in
     FP32: the same sum up to its rounding (the dense GEMM rounds its result to the activation
     dtype before the epilogue when out_dtype is 16-bit; fp32 outputs use an FP32 GEMM)."""
+    if b_window_amax is not None:
+        return _gemm_w4a16_window(a, b_data, b_scales, b_window_amax, e4m3_max, alpha, col,
+                                  bias, out_dtype, scales_swizzled)
     if a.dim() == 2 and a.is_cuda and device_arch(a.device) == "sm_90a":
         if not stream_weights(a.shape[0]):
             return gemm_mixed_sm90(b_data, b_scales, a, alpha=alpha, col=col, bias=bias,
@@ -349,6 +356,34 @@ def gemm_w4a16(a: torch.Tensor, b_data: torch.Tensor, b_scales: torch.Tensor, *,
     if bias is not None:
         acc = acc + bias.to(torch.float32).view(1, n)
     return acc.to(out_dtype)
+
+
+def _gemm_w4a16_window(a, b_data, b_scales, b_window_amax, e4m3_max, alpha, col, bias,
+                       out_dtype, swizzled):
+    """gemm_w4a16 with window64 weights: checks, then `gemm_w4a16_window_sm90`."""
+    if not a.is_cuda or device_arch(a.device) != "sm_90a":
+        raise NotImplementedError("W4A16 with window64 weights runs on sm_90a CUDA devices only")
+    if a.dtype != torch.bfloat16 or a.dim() != 2:
+        raise NotImplementedError(f"W4A16 with window64 weights takes 2D bfloat16 activations, "
+                                  f"got {a.dtype} {tuple(a.shape)}")
+    sfb = _swizzled(_check_operand(b_data, b_scales, "b", swizzled, to_swizzled=False),
+                    b_data.shape[0], b_data.shape[1] * 2, swizzled)
+    m, n, k = a.shape[0], b_data.shape[0], b_data.shape[1] * 2
+    if a.shape[1] != k:
+        raise ValueError(f"a must be [M, {k}], got {tuple(a.shape)}")
+    if b_data.device != a.device:
+        raise ValueError("gemm_w4a16 needs a and b_data on one CUDA device")
+    if k % 64:
+        raise ValueError(f"window64 weights need K % 64 == 0, got K={k}")
+    if e4m3_max not in (448, 256):
+        raise ValueError(f"e4m3_max must be 448 or 256, got {e4m3_max}")
+    b_win = _window_factors(b_window_amax, n, k, e4m3_max, "b", a.device)
+    alpha, _, col, bias, decode = _epilogue(alpha, None, col, bias, m, n, out_dtype, a.device)
+    out = torch.empty((m, n), dtype=out_dtype, device=a.device)
+    if m == 0 or n == 0:
+        return out
+    return gemm_w4a16_window_sm90(a.contiguous(), b_data, sfb, b_win, alpha, col, bias, out,
+                                  decode, device_arch(a.device))
 
 
 class PreparedWeights:
