@@ -13,7 +13,10 @@ four times the L2: a decode step does not find its layer's weights in L2). Repor
 speedups over cuBLAS of the same mode and the W4A16 kernel's weight bandwidth (packed bytes +
 scales, GB/s). Column "cute_fp4.gemm": the public call on the same weights as a per-tensor
 NVFP4Tensor (its alpha decoded from the amax in the kernel's epilogue), i.e. what a user's
-call costs beyond the kernel (automatic configuration only).
+call costs beyond the kernel (automatic configuration only). `--window64`: the weights are
+Recipe(scaling="window64") quantizes of random BF16 (1x64 local-encode outer scales), the
+W4A16 GEMM is `cute_fp4.gemm(x, w)` (the window64 kernel, `gemm/sm90_window.py`, column
+"kernel" = window) and dequantize-then-cuBLAS dequantizes those weights.
 """
 
 from __future__ import annotations
@@ -104,6 +107,38 @@ def bench_configs(m: int, n: int, k: int, graphs: bool, configs,
     return rows
 
 
+def bench_window64(m: int, n: int, k: int, graphs: bool) -> List[dict]:
+    """One row: cute_fp4.gemm of BF16 activations and window64 weights vs the baselines."""
+    from .. import dequantize, gemm, quantize
+    from ..recipe import Recipe
+
+    recipe = Recipe(scaling="window64", columnwise=False)
+    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    weight_bytes = n * (k // 2) + n * (k // 16) + n * (k // 64) * 4
+    weights = [quantize(torch.randn(n, k, device="cuda", dtype=torch.bfloat16), recipe)
+               for _ in range(graph_sets(weight_bytes))]
+    b16s = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+            for _ in range(graph_sets(n * k * 2))]
+    fns = {
+        "cublas_bf16": [lambda b16=b16: torch.matmul(a, b16.t()) for b16 in b16s],
+        "dequant+cublas": [lambda w=w: torch.matmul(a, dequantize(w).t()) for w in weights],
+        "w4a16": [lambda w=w: gemm(a, w) for w in weights],
+    }
+    row = {"M": m, "N": n, "K": k, "act": "bfloat16", "kernel": "window",
+           "graph sets": len(weights)}
+    modes: List[Tuple[str, object]] = [("eager", lambda fns: bench_ms(fns[0]))]
+    if graphs:
+        modes.append(("graph", bench_graph_ms))
+    for mode, timer in modes:
+        ms = {name: timer(f) for name, f in fns.items()}
+        for name, t in ms.items():
+            row[f"{name} {mode} us"] = t * 1e3
+        row[f"w4a16/cublas {mode}"] = ms["cublas_bf16"] / ms["w4a16"]
+        row[f"w4a16/dequant+cublas {mode}"] = ms["dequant+cublas"] / ms["w4a16"]
+        row[f"w4a16 {mode} GB/s"] = weight_bytes / ms["w4a16"] / 1e6
+    return [row]
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m cute_fp4.perf gemm_w4a16", description=__doc__)
     p.add_argument("--shapes", type=str, default=None,
@@ -116,8 +151,12 @@ def main(argv=None) -> int:
                         "each (a sweep)")
     p.add_argument("--act-dtype", choices=("bf16", "fp16"), default="bf16",
                    help="activation (and output, cuBLAS weight) dtype")
+    p.add_argument("--window64", action="store_true",
+                   help="window64 (1x64 local-encode) weights through cute_fp4.gemm")
     p.add_argument("--json", type=str, default=None, help="write the rows to this JSON file")
     args = p.parse_args(argv)
+    if args.window64 and (args.config or args.act_dtype != "bf16"):
+        raise SystemExit("--window64 takes neither --config nor --act-dtype fp16")
     act_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.act_dtype]
     if args.shapes:
         shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
@@ -130,7 +169,8 @@ def main(argv=None) -> int:
     rows = []
     for i, (m, n, k) in enumerate(shapes):
         progress(i, len(shapes), f"{m}x{n}x{k}")
-        rows += bench_configs(m, n, k, not args.no_graphs, configs, act_dtype)
+        rows += (bench_window64(m, n, k, not args.no_graphs) if args.window64
+                 else bench_configs(m, n, k, not args.no_graphs, configs, act_dtype))
         torch.cuda.empty_cache()
     progress(len(shapes), len(shapes), "done")
     report(rows, f"W4A16 GEMM on {torch.cuda.get_device_name()}", args.json)
