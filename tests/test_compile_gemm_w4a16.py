@@ -65,6 +65,8 @@ def test_config_errors():
         w4a16_kernel(k_warps=8, row_warps=8)
     with pytest.raises(TypeError):
         w4a16_kernel(torch.float32)
+    with pytest.raises(ValueError, match="K % 64"):
+        w4a16_kernel(wide=False, window=True)
 
 
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
@@ -85,6 +87,34 @@ def test_w4a16_row_vector_ptx(arch, transposed):
                             r"st\.global\.b16")]
     assert counts[True] == [counts[False][0] + 1, counts[False][1] + 1] + counts[False][2:]
     assert counts[True][2] == 2 * 8 * 2 * 2  # loop + masked tail, k16 steps, row tiles, tokens
+
+
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
+@pytest.mark.parametrize("tile_m,swizzled", [(8, False), (16, True)])
+def test_w4a16_window_ptx(arch, tile_m, swizzled):
+    """Window64 weights: a thread's two blocks of a chunk lie one window apart, so the weights
+    come in two 8-byte loads (no 16-byte ones), and each chunk adds its two windows' partial
+    tiles to the accumulators with one FP32 fma per element and window (the plain kernel has
+    none); two factor loads per row half and chunk; as many MMAs as the plain kernel, in the
+    loop and the masked tail (no next-stage prefetch: its extra registers spilled)."""
+    counts = {}
+    for window in (False, True):
+        op, args = w4a16_kernel(torch.bfloat16, torch.bfloat16, tile_m=tile_m,
+                                swizzled=swizzled, flags=(True, True, False), window=window)
+        ptx = compile_ptx(op, *args, arch=arch)
+        assert ptx_target(ptx) == arch
+        counts[window] = {name: len(re.findall(p, ptx)) for name, p in (
+            ("mma", r"mma\.sync\.aligned\.m16n8k16"),
+            ("w8", r"ld\.global\.nc\.L1::no_allocate\.L2::256B\.v2\.u32"),
+            ("w16", r"ld\.global\.nc\.L1::no_allocate\.L2::256B\.v4\.u32"),
+            ("fma", r"fma\.rn\.f32"),
+            ("factor", r"ld\.global\.nc\.u32"))}
+    copies, tokens, row_halves = 2, tile_m // 8, 4
+    assert counts[True] == {"mma": copies * 8 * 2 * tokens, "w8": copies * row_halves * 2,
+                            "w16": 0, "fma": copies * 2 * tokens * 2 * 4,
+                            "factor": copies * row_halves * 2}
+    assert counts[False]["fma"] == counts[False]["factor"] == 0
+    assert counts[False]["mma"] == (3 if tile_m == 8 else 2) * 8 * 2 * tokens
 
 
 def test_pick_w4a16_config():

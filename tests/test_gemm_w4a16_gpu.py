@@ -226,17 +226,20 @@ def test_chained_launches(graph, gen):
     assert want[-1].abs().max() > 0
 
 
-@pytest.mark.parametrize("m", [1, 16, 70, 300])
+@pytest.mark.parametrize("m,k", [(1, 320), (16, 320), (70, 320), (300, 320), (1, 2112),
+                                 (13, 2112)])
 @pytest.mark.parametrize("e4m3_max,swizzled", [(448, False), (256, True)])
 @pytest.mark.parametrize("out_dtype,has_bias", [(torch.bfloat16, False), (torch.float32, True)])
-def test_window64_weights(m, e4m3_max, swizzled, out_dtype, has_bias, gen):
-    """W4A16 with window64 weights (gemm_w4a16's window path: the window kernel at every M,
-    the activations K-permuted as they are): within the float64 bound of the reference's
-    FP32 block factors scale * S_dec(window amax), outlier and all-zero windows included,
-    compact and swizzled scales, an odd count of 64-wide windows (K = 320)."""
+def test_window64_weights(m, k, e4m3_max, swizzled, out_dtype, has_bias, gen):
+    """W4A16 with window64 weights (gemm_w4a16's window path: up to 16 tokens the streaming
+    kernel with its per-window partial tiles, beyond the window kernel with the activations
+    K-permuted as they are): within the float64 bound of the reference's FP32 block factors
+    scale * S_dec(window amax), outlier and all-zero windows included, compact and swizzled
+    scales, odd counts of 64-wide windows (K = 320: a half chunk in the masked tail; K = 2112:
+    full stages too)."""
     from cute_fp4.gemm.dispatch import gemm_w4a16
 
-    n, k = 200, 320
+    n = 200
     a = rand_act(m, k, torch.bfloat16, gen)
     b, sb = rand_fp4(n, k, gen)
     amax = window_amax(n, k, gen)

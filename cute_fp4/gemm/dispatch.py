@@ -16,11 +16,11 @@ from ..ref.swizzle import scale_shape, swizzle_scales
 from ..tensor import NVFP4Tensor
 from .factors import epilogue_operands, window_factors
 from .operands import OuterAmax, _check_operand, _check_operands, _epilogue, _prepare_data
-from .parts import epilogue_fakes
+from .parts import epilogue_fakes, window_fake
 from .sm90_mixed import (UNSCALE_W4A4, UNSCALE_W4A16, UNSCALE_W4A16_FP16, gemm_mixed_sm90,
                          k_pad, launch_mixed, permute_k, predecode_nvfp4)
 from .sm90_w4a16 import _aligned, gemm_w4a16_sm90, launch_w4a16
-from .sm90_window import gemm_w4a16_window_sm90, gemm_window_sm90, window_fake
+from .sm90_window import gemm_w4a16_window_sm90, gemm_window_sm90
 
 
 
@@ -360,14 +360,14 @@ def gemm_w4a16(a: torch.Tensor, b_data: torch.Tensor, b_scales: torch.Tensor, *,
 
 def _gemm_w4a16_window(a, b_data, b_scales, b_window_amax, e4m3_max, alpha, col, bias,
                        out_dtype, swizzled):
-    """gemm_w4a16 with window64 weights: checks, then `gemm_w4a16_window_sm90`."""
+    """gemm_w4a16 with window64 weights: checks, then the weight-streaming kernel with window
+    factors (`sm90_w4a16`, window) where `stream_weights(M)`, else `gemm_w4a16_window_sm90`."""
     if not a.is_cuda or device_arch(a.device) != "sm_90a":
         raise NotImplementedError("W4A16 with window64 weights runs on sm_90a CUDA devices only")
     if a.dtype != torch.bfloat16 or a.dim() != 2:
         raise NotImplementedError(f"W4A16 with window64 weights takes 2D bfloat16 activations, "
                                   f"got {a.dtype} {tuple(a.shape)}")
-    sfb = _swizzled(_check_operand(b_data, b_scales, "b", swizzled, to_swizzled=False),
-                    b_data.shape[0], b_data.shape[1] * 2, swizzled)
+    sfb = _check_operand(b_data, b_scales, "b", swizzled, to_swizzled=False)
     m, n, k = a.shape[0], b_data.shape[0], b_data.shape[1] * 2
     if a.shape[1] != k:
         raise ValueError(f"a must be [M, {k}], got {tuple(a.shape)}")
@@ -382,8 +382,13 @@ def _gemm_w4a16_window(a, b_data, b_scales, b_window_amax, e4m3_max, alpha, col,
     out = torch.empty((m, n), dtype=out_dtype, device=a.device)
     if m == 0 or n == 0:
         return out
-    return gemm_w4a16_window_sm90(a.contiguous(), b_data, sfb, b_win, alpha, col, bias, out,
-                                  decode, device_arch(a.device))
+    arch = device_arch(a.device)
+    if stream_weights(m):
+        return launch_w4a16(a.contiguous(), b_data, sfb, out, alpha, None, col, bias,
+                            swizzled=swizzled, transposed=False, arch=arch, decode=decode,
+                            window=b_win)
+    return gemm_w4a16_window_sm90(a.contiguous(), b_data, _swizzled(sfb, n, k, swizzled), b_win,
+                                  alpha, col, bias, out, decode, arch)
 
 
 class PreparedWeights:

@@ -18,7 +18,7 @@ import torch
 from cutlass import Float32, const_expr
 from cutlass.cute.nvgpu import cpasync
 
-from ..common.jit import fake_tensor, torch_to_cutlass
+from ..common.jit import dyn, fake_tensor, torch_to_cutlass
 from ..common.scales import decode_outer_scale
 
 
@@ -131,3 +131,11 @@ def tma_slices(tma, smem: cute.Tensor, gmem: cute.Tensor, modes: int = 2):
     of the staged shared-memory tensor and of the tiled global tensor are one box."""
     return cpasync.tma_partition(tma, 0, cute.make_layout(1), cute.group_modes(smem, 0, modes),
                                  cute.group_modes(gmem, 0, modes))
+
+
+def window_fake(present: bool):
+    """The fake of an optional window64 factor tensor: [rows padded to 4, K/64] FP32 with the
+    rows contiguous (`dispatch._window_factors`)."""
+    if not present:
+        return None
+    return fake_tensor(cutlass.Float32, (dyn(4), dyn()), stride_order=(0, 1))

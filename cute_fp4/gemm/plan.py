@@ -196,5 +196,5 @@ class GemmPlan:
             self.gemm(big.data, sf, y, out, alpha, row, col, bias)
         else:  # the streaming kernel takes its tokens first
             self.decode_small(small.data, small.scales, _unit_amax(device), y)
-            self.gemm(y, big.data, sf, out, alpha, row, col, bias)
+            self.gemm(y, big.data, sf, out, alpha, row, col, bias, None)
         return out if self.view_shape is None else out.view(self.view_shape)

@@ -25,6 +25,13 @@ clamped (their results are dropped); K past the end is masked to zero on both op
 BF16 activations use `common.decode` (values * 2**-7); FP16 activations use the FP16 decode
 below (e2m1 * e4m3 * 2**-14 is exact in FP16, subnormals included); the epilogue removes the
 power of two exactly.
+
+Window64 weights (`window`, K % 64 == 0): b[n, k] also carries the FP32 factor S_dec of its 1x64
+window, not exact in a 16-bit operand, so each window's products get accumulators of their own.
+A chunk (128 K) is two windows; quad position t then takes K [16t, 16t + 16) of each (one block
+per window: two 8-byte weight loads, two scale bytes, two factors per row), so MMA steps 0-3
+sum window 0 and steps 4-7 window 1 into two partial tiles, added to the accumulators with the
+rows' factors in FP32 after the chunk: acc += f0[n] * P0 + f1[n] * P1.
 """
 
 from __future__ import annotations
@@ -43,10 +50,11 @@ from ..common.decode import (DECODE_EXP_SHIFT, FP16_DECODE_EXP_SHIFT, decode_e2m
 from ..common.jit import KERNELS, compile_kernel, device_arch, dyn, env_stream, fake_tensor, \
     torch_to_cutlass
 from ..common.ptx import ld_global, mma_16816, prmt
+from ..common.scales import bits_to_f32
 from ..ref.formats import FLOAT_DTYPES as OUT_DTYPES
 from ..ref.swizzle import swizzled_shape
 from .operands import _epilogue
-from .parts import EpilogueOperands
+from .parts import EpilogueOperands, window_fake
 
 CHUNK_K = 128  # K values per warp step: 4 threads x 32
 
@@ -57,16 +65,19 @@ class Sm90GemmW4A16(EpilogueOperands):
     side by side along N: a CTA owns row_warps * row_tiles * 16 weight rows and reads each
     activation chunk once for all of them), unroll (chunks per pipeline stage), wide (K % 32
     == 0: 16-byte weight loads and 2-byte scale loads; else per-block 8-byte / 1-byte loads),
-    swizzled scales, which epilogue operands exist, transposed (D^T). `__call__` takes a
-    [M, K], packed b [N, K/2] uint8, scales as a flat uint8 tensor (compact [N, K/16] or
-    swizzled), d [M, N] ([N, M] when transposed) and optional alpha [1], row [rows of d],
-    col [columns of d], bias [columns of d]."""
+    swizzled scales, which epilogue operands exist, transposed (D^T), window (window64
+    weights). `__call__` takes a [M, K], packed b [N, K/2] uint8, scales as a flat uint8 tensor
+    (compact [N, K/16] or swizzled), d [M, N] ([N, M] when transposed), optional alpha [1],
+    row [rows of d], col [columns of d], bias [columns of d] and, with `window`, the weights'
+    window factors ([N padded to 4, K/64] FP32 with the rows contiguous,
+    `dispatch._window_factors`)."""
 
     def __init__(self, act_dtype: Type[cutlass.Numeric], out_dtype: Type[cutlass.Numeric], *,
                  tile_m: int = 8, row_tiles: int = 2, k_warps: int = 8, unroll: int = 1,
                  row_warps: int = 1, wide: bool = True, swizzled: bool = False,
                  has_alpha: bool = False, has_row: bool = False, has_col: bool = False,
-                 has_bias: bool = False, transposed: bool = False, decode=(None, None, None)):
+                 has_bias: bool = False, transposed: bool = False, decode=(None, None, None),
+                 window: bool = False):
         if act_dtype not in (cutlass.BFloat16, cutlass.Float16):
             raise TypeError(f"activations must be BFloat16 or Float16, got {act_dtype}")
         if tile_m not in (8, 16, 32, 64):
@@ -87,6 +98,9 @@ class Sm90GemmW4A16(EpilogueOperands):
         self.swizzled = swizzled
         self.set_epilogue_flags(has_alpha, has_row, has_col, has_bias, decode)
         self.transposed = transposed
+        if window and not wide:
+            raise ValueError("window64 weights need K % 64 == 0 (wide)")
+        self.window = window
         # up to 16 tokens the decode keeps its cheap K order (v_i, v_{i+4}) and the
         # activations are permuted to match (4 byte permutes per 8 activations of a token
         # tile instead of 4 per 8 weights); beyond, permuting the weights is cheaper
@@ -94,7 +108,7 @@ class Sm90GemmW4A16(EpilogueOperands):
         # Loading the next stage's weights before decoding the current one holds 10 more
         # registers per 16 rows and chunk: a gain at tile_m 8, a loss (spills, fewer resident
         # warps) with the larger activation fragments (H100 sweep, notes/gemm_w4a16.md).
-        self.prefetch = tile_m == 8
+        self.prefetch = tile_m == 8 and not window
         # Register budget: two CTAs of up to 256 threads per SM (ptxas then keeps at most 128
         # registers) where the accumulators are small; otherwise ptxas chooses (tile_m 64
         # needs 64 accumulator registers alone).
@@ -112,7 +126,7 @@ class Sm90GemmW4A16(EpilogueOperands):
     def __call__(self, mA: cute.Tensor, mB: cute.Tensor, mSF: cute.Tensor, mD: cute.Tensor,
                  mAlpha: Optional[cute.Tensor], mRow: Optional[cute.Tensor],
                  mCol: Optional[cute.Tensor], mBias: Optional[cute.Tensor],
-                 stream: cuda.CUstream):
+                 mWin: Optional[cute.Tensor], stream: cuda.CUstream):
         rows = self.row_warps * self.row_tiles * 16
         # token stride rows + 1 (odd): a warp reading 32 tokens of one row (the transposed
         # epilogue) hits 32 banks, one reading 32 rows of one token too
@@ -125,13 +139,13 @@ class Sm90GemmW4A16(EpilogueOperands):
 
         self.shared_storage = SharedStorage
         grid = (cute.ceil_div(mB.shape[0], rows), cute.ceil_div(mA.shape[0], self.tile_m), 1)
-        self.kernel(mA, mB, mSF, mD, (mAlpha, mRow, mCol, mBias), red_layout).launch(
+        self.kernel(mA, mB, mSF, mD, (mAlpha, mRow, mCol, mBias), mWin, red_layout).launch(
             grid=grid, block=[32 * self.k_warps * self.row_warps, 1, 1], stream=stream,
             min_blocks_per_mp=self.min_blocks, preferred_smem_carveout=self.smem_carveout)
 
     @cute.kernel
     def kernel(self, mA: cute.Tensor, mB: cute.Tensor, mSF: cute.Tensor, mD: cute.Tensor,
-               epi: tuple, red_layout: cute.Layout):
+               epi: tuple, mWin: Optional[cute.Tensor], red_layout: cute.Layout):
         RT = self.row_tiles
         NT = self.tile_m // 8
         KW = self.k_warps
@@ -158,12 +172,18 @@ class Sm90GemmW4A16(EpilogueOperands):
         a_base = mA.iterator.toint()
         sf_base = mSF.iterator.toint()
         tiles_per_row = (ks + 3) // 4
+        # a thread's first weight byte and activation of a chunk: 32 values at 32t, or with
+        # `window` 16 at 16t (and 16 more one window later)
+        span = 16 if const_expr(self.window) else 32
         b_addr = []
         sf_addr = []
+        win_addr = []
         for rt in cutlass.range_constexpr(RT):
             for h in cutlass.range_constexpr(2):
                 row = cutlass.min(n0 + rt * 16 + h * 8 + g, n_rows - 1)
-                b_addr.append(b_base + Int64(row) * Int64(kh) + Int64(t * 16))
+                b_addr.append(b_base + Int64(row) * Int64(kh) + Int64(t * (span // 2)))
+                if const_expr(self.window):
+                    win_addr.append(mWin.iterator.toint() + Int64(row) * Int64(4))
                 if const_expr(self.swizzled):
                     rr = row % 128
                     part = ((row // 128) * tiles_per_row * 512 + (rr % 32) * 16
@@ -174,7 +194,7 @@ class Sm90GemmW4A16(EpilogueOperands):
         a_addr = []
         for nt in cutlass.range_constexpr(NT):
             tok = cutlass.min(m0 + nt * 8 + g, m_rows - 1)
-            a_addr.append(a_base + Int64(tok) * Int64(k * 2) + Int64(t * 64))
+            a_addr.append(a_base + Int64(tok) * Int64(k * 2) + Int64(t * span * 2))
 
         acc = cute.make_rmem_tensor((4, NT, RT), Float32)
         acc.fill(0.0)
@@ -182,26 +202,27 @@ class Sm90GemmW4A16(EpilogueOperands):
         # chunks are all complete run unpredicated (with `prefetch`, the next stage's weights
         # and scales are loaded before this one is decoded); the last, partial stage (if any)
         # is masked.
-        words = 5 * 2 * RT  # 4 packed words + 1 scale pair per row half
+        words = self._words()
         stage_chunks = KW * UNR
         full_stages = (k // CHUNK_K) // stage_chunks
         buf = cute.make_rmem_tensor((words * UNR,), Int32)
+        addrs = (b_addr, sf_addr, win_addr, mWin.stride[1] if const_expr(self.window) else 0)
         if const_expr(self.prefetch):
             if full_stages > 0:
-                self._load_stage(buf, b_addr, sf_addr, 0, wk, t, k, False)
+                self._load_stage(buf, addrs, 0, wk, t, k, False)
                 for st in cutlass.range(full_stages - 1, unroll=1):
                     cur = [buf[i] for i in range(words * UNR)]
-                    self._load_stage(buf, b_addr, sf_addr, st + 1, wk, t, k, False)
+                    self._load_stage(buf, addrs, st + 1, wk, t, k, False)
                     self._compute_stage(acc, cur, a_addr, st, wk, t, k, False)
                 cur = [buf[i] for i in range(words * UNR)]
                 self._compute_stage(acc, cur, a_addr, full_stages - 1, wk, t, k, False)
         else:
             for st in cutlass.range(full_stages, unroll=1):
-                self._load_stage(buf, b_addr, sf_addr, st, wk, t, k, False)
+                self._load_stage(buf, addrs, st, wk, t, k, False)
                 cur = [buf[i] for i in range(words * UNR)]
                 self._compute_stage(acc, cur, a_addr, st, wk, t, k, False)
         if full_stages * stage_chunks * CHUNK_K < k:
-            self._load_stage(buf, b_addr, sf_addr, full_stages, wk, t, k, True)
+            self._load_stage(buf, addrs, full_stages, wk, t, k, True)
             cur = [buf[i] for i in range(words * UNR)]
             self._compute_stage(acc, cur, a_addr, full_stages, wk, t, k, True)
 
@@ -238,28 +259,47 @@ class Sm90GemmW4A16(EpilogueOperands):
                 mD[d_row, d_col] = self.apply_operands(v * scale, d_row, d_col,
                                                        epi).to(self.out_dtype)
 
+    def _words(self):
+        """Words per chunk in a stage buffer: per row half 4 packed words and a scale pair,
+        with `window` then two window factors (FP32 bits)."""
+        return (7 if self.window else 5) * 2 * self.row_tiles
+
     def _chunk_preds(self, c, t, k, predicated):
-        """(first 16, last 16) K-valid predicates of the 32 values of chunk c of quad
-        position t, or (None, None) for a complete chunk."""
+        """K-valid predicates of the two 16-value blocks of chunk c of quad position t (K
+        32t + 16j, or with `window` 16t + 64j), or (None, None) for a complete chunk."""
         if not predicated:
             return None, None
+        if const_expr(self.window):  # K % 64 == 0: a chunk holds 0, 1 or 2 whole windows
+            kk = c * CHUNK_K
+            return Int32(kk + 64 <= k), Int32(kk + 128 <= k)
         kk = c * CHUNK_K + t * 32
         return Int32(kk + 16 <= k), Int32(kk + 32 <= k)
 
-    def _load_stage(self, buf, b_addr, sf_addr, stage, wk, t, k, predicated):
+    def _load_stage(self, buf, addrs, stage, wk, t, k, predicated):
         """Weights and block-scale pairs of the stage's UNR chunks into buf (per chunk: 4
-        words per row half, then one scale pair per row half)."""
+        words per row half, then one scale pair per row half, then with `window` the two
+        window factors per row half). addrs: the per-row-half weight, scale and window
+        factor addresses and the factors' window stride."""
+        b_addr, sf_addr, win_addr, win_stride = addrs
         RT2 = 2 * self.row_tiles
-        words = 5 * RT2
+        words = self._words()
         for u in range(self.unroll):
             c = (stage * self.unroll + u) * self.k_warps + wk
             v0, v1 = self._chunk_preds(c, t, k, predicated)
-            kb = c * 8 + t * 2  # first of this thread's two blocks
+            # this thread's two blocks: adjacent, or with `window` one per window
+            kb = c * 8 + t if const_expr(self.window) else c * 8 + t * 2
             for i in range(RT2):
                 off = Int64(c * (CHUNK_K // 2))
                 # weights are read once: not allocated in L1; L2 fetches 256 bytes around
                 # each access (the warp reads 64 bytes of a row, the next warps the rest)
-                if const_expr(self.wide):
+                if const_expr(self.window):
+                    lo = ld_global(b_addr[i] + off, 2, ty="u32", nc=True, no_allocate=True,
+                                   l2_prefetch=256, pred=v0, volatile=False)
+                    hi = ld_global(b_addr[i] + off + Int64(CHUNK_K // 4), 2, ty="u32",
+                                   nc=True, no_allocate=True, l2_prefetch=256, pred=v1,
+                                   volatile=False)
+                    w = (lo[0], lo[1], hi[0], hi[1])
+                elif const_expr(self.wide):
                     w = ld_global(b_addr[i] + off, 4, ty="u32", nc=True, no_allocate=True,
                                   l2_prefetch=256, pred=v0, volatile=False)
                 else:
@@ -275,26 +315,39 @@ class Sm90GemmW4A16(EpilogueOperands):
                     sfo = sf_addr[i] + Int64((kb // 4) * 512 + kb % 4)
                 else:
                     sfo = sf_addr[i] + Int64(kb)
-                if const_expr(self.wide):
+                if const_expr(self.wide and not self.window):
                     sf = ld_global(sfo, ty="u16", nc=True, pred=v0, volatile=False)
                 else:
+                    # the second block: the next byte, or with `window` the same position one
+                    # 4-block group later (kb + 4)
+                    step = (512 if self.swizzled else 4) if self.window else 1
                     sf = (ld_global(sfo, ty="u8", nc=True, pred=v0, volatile=False)
-                          | (ld_global(sfo + Int64(1), ty="u8", nc=True, pred=v1,
+                          | (ld_global(sfo + Int64(step), ty="u8", nc=True, pred=v1,
                                        volatile=False) << 8))
                 buf[u * words + 4 * RT2 + i] = sf
+                if const_expr(self.window):
+                    wo = win_addr[i] + Int64(2 * c) * Int64(win_stride) * Int64(4)
+                    buf[u * words + 5 * RT2 + 2 * i] = ld_global(
+                        wo, ty="u32", nc=True, pred=v0, volatile=False)
+                    buf[u * words + 5 * RT2 + 2 * i + 1] = ld_global(
+                        wo + Int64(win_stride) * Int64(4), ty="u32", nc=True, pred=v1,
+                        volatile=False)
 
     def _activations(self, a_addr, c, t, k, predicated):
         """This thread's 16 activation words (K 32t .. 32t + 31 of chunk c) per token tile,
         in the decode's K order: natural, or per 8 values (x0, x4), (x1, x5), (x2, x6),
         (x3, x7)."""
         v0, v1 = self._chunk_preds(c, t, k, predicated)
+        # the second block's activations: the next 16, or with `window` one window later
+        second = CHUNK_K if const_expr(self.window) else 32
         x = []
         for nt in range(len(a_addr)):
             base = a_addr[nt] + Int64(c * (CHUNK_K * 2))
             xs = []
             for q in range(4):
-                xs += list(ld_global(base + Int64(q * 16), 4, ty="u32", nc=True,
-                                     pred=v0 if q < 2 else v1, volatile=False))
+                xs += list(ld_global(base + Int64((q // 2) * second + (q % 2) * 16), 4,
+                                     ty="u32", nc=True, pred=v0 if q < 2 else v1,
+                                     volatile=False))
             if const_expr(not self.natural_order):
                 perm = []
                 for q in range(4):
@@ -311,7 +364,7 @@ class Sm90GemmW4A16(EpilogueOperands):
         activations, and accumulate the MMAs."""
         RT = self.row_tiles
         RT2 = 2 * RT
-        words = 5 * RT2
+        words = self._words()
         for u in range(self.unroll):
             c = (stage * self.unroll + u) * self.k_warps + wk
             x = self._activations(a_addr, c, t, k, predicated)
@@ -336,16 +389,34 @@ class Sm90GemmW4A16(EpilogueOperands):
                             pairs += list(decode_e2m1x8(w[2 * blk + 1], sc,
                                                         self.natural_order))
                     dec.append(pairs)
-                for j in range(8):
-                    a_frag = (dec[0][2 * j], dec[1][2 * j], dec[0][2 * j + 1],
-                              dec[1][2 * j + 1])
+                if const_expr(self.window):
+                    # factors[blk][h]: window blk of row half h
+                    factors = [[bits_to_f32(cur[u * words + 5 * RT2 + 2 * (rt * 2 + h) + blk])
+                                for h in range(2)] for blk in range(2)]
                     for nt in range(len(a_addr)):
-                        b_frag = (x[nt][2 * j], x[nt][2 * j + 1])
-                        cur_acc = (acc[0, nt, rt], acc[1, nt, rt], acc[2, nt, rt],
-                                   acc[3, nt, rt])
-                        d = mma_16816(a_frag, b_frag, cur_acc, fp16=self.fp16)
-                        for e in range(4):
-                            acc[e, nt, rt] = d[e]
+                        for blk in range(2):  # MMA steps 4 blk .. 4 blk + 3: window blk
+                            part = (Float32(0.0),) * 4
+                            for j in range(4 * blk, 4 * blk + 4):
+                                part = mma_16816(self._a_frag(dec, j),
+                                                 (x[nt][2 * j], x[nt][2 * j + 1]), part,
+                                                 fp16=self.fp16)
+                            for e in range(4):
+                                acc[e, nt, rt] = acc[e, nt, rt] + factors[blk][e // 2] * part[e]
+                else:
+                    for j in range(8):
+                        for nt in range(len(a_addr)):
+                            b_frag = (x[nt][2 * j], x[nt][2 * j + 1])
+                            cur_acc = (acc[0, nt, rt], acc[1, nt, rt], acc[2, nt, rt],
+                                       acc[3, nt, rt])
+                            d = mma_16816(self._a_frag(dec, j), b_frag, cur_acc,
+                                          fp16=self.fp16)
+                            for e in range(4):
+                                acc[e, nt, rt] = d[e]
+
+    @staticmethod
+    def _a_frag(dec, j):
+        """The A fragment of MMA step j from the decoded pairs of the two row halves."""
+        return dec[0][2 * j], dec[1][2 * j], dec[0][2 * j + 1], dec[1][2 * j + 1]
 
 
 ACT_DTYPES = (torch.bfloat16, torch.float16)
@@ -366,11 +437,12 @@ def pick_w4a16_config(m: int, n: int):
 def w4a16_kernel(act_dtype=torch.bfloat16, out_dtype=torch.bfloat16, *, tile_m=8, row_tiles=2,
                  k_warps=8, unroll=1, row_warps=1, wide=True, swizzled=False,
                  flags=(False, False, False), bias_dtype=None, has_row=False,
-                 transposed=False, decode=(None, None, None)):
+                 transposed=False, decode=(None, None, None), window=False):
     """(op, *fake_args) of one W4A16 configuration, for compiling (host calls and tests).
     flags = (has_alpha, has_col, has_bias); has_row adds the per-row vector of D,
     transposed makes D [N, M] (row [N], col and bias [M]); decode: which of alpha, row, col
-    hold outer amaxes (parts.EpilogueOperands)."""
+    hold outer amaxes (parts.EpilogueOperands); window: window64 weights (their factors the
+    last tensor argument)."""
     import cutlass
 
     has_alpha, has_col, has_bias = flags
@@ -378,7 +450,7 @@ def w4a16_kernel(act_dtype=torch.bfloat16, out_dtype=torch.bfloat16, *, tile_m=8
                        row_tiles=row_tiles, k_warps=k_warps, unroll=unroll,
                        row_warps=row_warps, wide=wide, swizzled=swizzled,
                        has_alpha=has_alpha, has_row=has_row, has_col=has_col,
-                       has_bias=has_bias, transposed=transposed, decode=decode)
+                       has_bias=has_bias, transposed=transposed, decode=decode, window=window)
     m, n = dyn(), dyn()
     d_rows, d_cols = (n, m) if transposed else (m, n)
     args = (
@@ -391,6 +463,7 @@ def w4a16_kernel(act_dtype=torch.bfloat16, out_dtype=torch.bfloat16, *, tile_m=8
         fake_tensor(cutlass.Float32, (d_rows,), align=4) if has_row else None,
         fake_tensor(cutlass.Float32, (d_cols,), align=4) if has_col else None,
         fake_tensor(torch_to_cutlass(bias_dtype), (d_cols,), align=2) if has_bias else None,
+        window_fake(window),
         env_stream(),
     )
     return op, args
@@ -469,38 +542,43 @@ def gemm_w4a16_sm90(a: torch.Tensor, b_data: torch.Tensor, b_scales: torch.Tenso
 
 def launch_w4a16(a, b_data, sf, out, alpha, row, col, bias, *, swizzled: bool,
                  transposed: bool, arch: str, config: Optional[tuple] = None,
-                 decode=(None, None, None)) -> torch.Tensor:
+                 decode=(None, None, None), window: Optional[torch.Tensor] = None
+                 ) -> torch.Tensor:
     """The launch behind `gemm_w4a16_sm90`, for operands it (or `dispatch.gemm_nvfp4`) has
     checked: contiguous a [M, K] and b_data [N, K/2] (realigned here when needed), flat uint8
     scales `sf`, out of the output's shape, epilogue vectors and `decode` as
-    `operands._epilogue` returns them; M, N > 0."""
+    `operands._epilogue` returns them, the window64 weights' factors
+    (`dispatch._window_factors`, K % 64 == 0) or None; M, N > 0."""
     flags = (alpha is not None, col is not None, bias is not None)
     fn = w4a16_launcher(a.dtype, out.dtype, a.shape[0], b_data.shape[0], a.shape[1], flags,
                         bias.dtype if bias is not None else None, has_row=row is not None,
                         transposed=transposed, swizzled=swizzled, arch=arch, config=config,
-                        decode=decode)
-    fn(_aligned(a), _aligned(b_data), sf, out, alpha, row, col, bias)
+                        decode=decode, window=window is not None)
+    fn(_aligned(a), _aligned(b_data), sf, out, alpha, row, col, bias, window)
     return out
 
 
 def w4a16_launcher(act_dtype: torch.dtype, out_dtype: torch.dtype, m: int, n: int, k: int,
                    flags, bias_dtype, *, has_row: bool, transposed: bool, swizzled: bool,
-                   arch: str, config: Optional[tuple] = None, decode=(None, None, None)):
+                   arch: str, config: Optional[tuple] = None, decode=(None, None, None),
+                   window: bool = False):
     """The compiled Sm90GemmW4A16 (its TVM-FFI function) that `launch_w4a16` calls for M
     tokens x N weight rows x K: `pick_w4a16_config`'s configuration unless `config` is given.
-    flags = (has_alpha, has_col, has_bias)."""
+    flags = (has_alpha, has_col, has_bias); window: window64 weights. Called with (a, b_data,
+    sf, out, alpha, row, col, bias, window factors or None)."""
     tile_m, row_tiles, k_warps, unroll, row_warps = config or pick_w4a16_config(m, n)
     wide = k % 32 == 0
     has_row, transposed, swizzled = bool(has_row), bool(transposed), bool(swizzled)
     key = ("gemm_w4a16_sm90", act_dtype, out_dtype, tile_m, row_tiles, k_warps, unroll,
-           row_warps, wide, swizzled, flags, bias_dtype, has_row, transposed, decode)
+           row_warps, wide, swizzled, flags, bias_dtype, has_row, transposed, decode,
+           bool(window))
 
     def build():
         op, args = w4a16_kernel(act_dtype, out_dtype, tile_m=tile_m, row_tiles=row_tiles,
                                 k_warps=k_warps, unroll=unroll, row_warps=row_warps,
                                 wide=wide, swizzled=swizzled, flags=flags,
                                 bias_dtype=bias_dtype, has_row=has_row, transposed=transposed,
-                                decode=decode)
+                                decode=decode, window=bool(window))
         return compile_kernel(op, *args, arch=arch)
 
     return KERNELS.ffi(key, build)

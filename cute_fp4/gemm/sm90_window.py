@@ -40,19 +40,11 @@ from cutlass.tensor_utils import LayoutEnum
 
 from ..common.jit import KERNELS, compile_kernel, dyn, env_stream, fake_tensor, num_sms, \
     torch_to_cutlass
-from .parts import epilogue_fakes, prefetch_tma, tma_slices, window_update
+from .parts import epilogue_fakes, prefetch_tma, tma_slices, window_fake, window_update
 from .sm90_mixed import (SMEM_BYTES, TILE_K, TILE_M, UNSCALE_W4A4, UNSCALE_W4A16, Sm90Gemm,
                          k_pad, permute_k, predecode_nvfp4, smem_array, staging_bytes, tma_load)
 
 WINDOW_TILE_NS = (64, 128)
-
-
-def window_fake(present: bool):
-    """The fake of an optional window64 factor tensor: [rows padded to 4, K/64] FP32 with the
-    rows contiguous (`dispatch._window_factors`)."""
-    if not present:
-        return None
-    return fake_tensor(cutlass.Float32, (dyn(4), dyn()), stride_order=(0, 1))
 
 
 class Sm90GemmWindow(Sm90Gemm):
