@@ -66,7 +66,9 @@ def test_config_errors():
     with pytest.raises(TypeError):
         w4a16_kernel(torch.float32)
     with pytest.raises(ValueError, match="K % 64"):
-        w4a16_kernel(wide=False, window=True)
+        w4a16_kernel(wide=False, window=448)
+    with pytest.raises(ValueError, match="e4m3_max"):
+        w4a16_kernel(window=300)
 
 
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
@@ -95,10 +97,12 @@ def test_w4a16_window_ptx(arch, tile_m, swizzled):
     """Window64 weights: a thread's two blocks of a chunk lie one window apart, so the weights
     come in two 8-byte loads (no 16-byte ones), and each chunk adds its two windows' partial
     tiles to the accumulators with one FP32 fma per element and window (the plain kernel has
-    none); two factor loads per row half and chunk; as many MMAs as the plain kernel, in the
-    loop and the masked tail (no next-stage prefetch: its extra registers spilled)."""
+    none). Per chunk a thread loads the two window amaxes of one row half and decodes them
+    (IEEE division and reciprocal), and 8 more shuffles share the quad's 4 row halves x 2 windows;
+    as many MMAs as the plain kernel, in the loop and the masked tail (no next-stage prefetch:
+    its extra registers spilled)."""
     counts = {}
-    for window in (False, True):
+    for window in (0, 448):
         op, args = w4a16_kernel(torch.bfloat16, torch.bfloat16, tile_m=tile_m,
                                 swizzled=swizzled, flags=(True, True, False), window=window)
         ptx = compile_ptx(op, *args, arch=arch)
@@ -108,13 +112,18 @@ def test_w4a16_window_ptx(arch, tile_m, swizzled):
             ("w8", r"ld\.global\.nc\.L1::no_allocate\.L2::256B\.v2\.u32"),
             ("w16", r"ld\.global\.nc\.L1::no_allocate\.L2::256B\.v4\.u32"),
             ("fma", r"fma\.rn\.f32"),
-            ("factor", r"ld\.global\.nc\.u32"))}
+            ("amax", r"ld\.global\.nc\.u32"),
+            ("div", r"div\.rn\.f32"),
+            ("rcp", r"rcp\.rn\.f32"),
+            ("shfl", r"shfl\.sync\.idx"))}
     copies, tokens, row_halves = 2, tile_m // 8, 4
-    assert counts[True] == {"mma": copies * 8 * 2 * tokens, "w8": copies * row_halves * 2,
-                            "w16": 0, "fma": copies * 2 * tokens * 2 * 4,
-                            "factor": copies * row_halves * 2}
-    assert counts[False]["fma"] == counts[False]["factor"] == 0
-    assert counts[False]["mma"] == (3 if tile_m == 8 else 2) * 8 * 2 * tokens
+    plain = counts[0]
+    assert counts[448] == {"mma": copies * 8 * 2 * tokens, "w8": copies * row_halves * 2,
+                           "w16": 0, "fma": copies * 2 * tokens * 2 * 4, "amax": copies * 2,
+                           "div": copies * 2, "rcp": copies * 2,
+                           "shfl": plain["shfl"] + copies * 8}  # the plain: warp-uniform indices
+    assert plain["fma"] == plain["amax"] == plain["div"] == 0
+    assert plain["mma"] == (3 if tile_m == 8 else 2) * 8 * 2 * tokens
 
 
 def test_pick_w4a16_config():

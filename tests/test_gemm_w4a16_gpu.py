@@ -226,14 +226,14 @@ def test_chained_launches(graph, gen):
     assert want[-1].abs().max() > 0
 
 
-@pytest.mark.parametrize("m,k", [(1, 320), (16, 320), (70, 320), (300, 320), (1, 2112),
-                                 (13, 2112)])
+@pytest.mark.parametrize("m,k", [(1, 320), (16, 320), (64, 320), (70, 320), (300, 320),
+                                 (1, 2112), (20, 2112), (40, 2112)])
 @pytest.mark.parametrize("e4m3_max,swizzled", [(448, False), (256, True)])
 @pytest.mark.parametrize("out_dtype,has_bias", [(torch.bfloat16, False), (torch.float32, True)])
 def test_window64_weights(m, k, e4m3_max, swizzled, out_dtype, has_bias, gen):
-    """W4A16 with window64 weights (gemm_w4a16's window path: up to 16 tokens the streaming
-    kernel with its per-window partial tiles, beyond the window kernel with the activations
-    K-permuted as they are): within the float64 bound of the reference's FP32 block factors
+    """W4A16 with window64 weights (gemm_w4a16's window path: up to 64 tokens the streaming
+    kernel with its per-window partial tiles, token tiles of 8 to 64, beyond the window kernel
+    with the activations K-permuted as they are): within the float64 bound of the reference's FP32 block factors
     scale * S_dec(window amax), outlier and all-zero windows included, compact and swizzled
     scales, odd counts of 64-wide windows (K = 320: a half chunk in the masked tail; K = 2112:
     full stages too)."""

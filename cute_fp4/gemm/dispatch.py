@@ -59,12 +59,16 @@ def _window_factors(amax: Optional[torch.Tensor], rows: int, k: int, e4m3_max: i
     k-tile; padding rows are 0): `factors.window_factors`, one launch."""
     if amax is None:
         return None
+    _check_window_amax(amax, rows, k, name, device)
+    return window_factors(amax.contiguous(), e4m3_max, device_arch(device))
+
+
+def _check_window_amax(amax: torch.Tensor, rows: int, k: int, name: str, device):
     if amax.dtype != torch.float32 or tuple(amax.shape) != (rows, k // 64):
         raise ValueError(f"{name}_window_amax must be float32 [{rows}, {k // 64}], got "
                          f"{amax.dtype} {tuple(amax.shape)}")
     if amax.device != device:
         raise ValueError(f"{name}_window_amax must be on {device}, got {amax.device}")
-    return window_factors(amax.contiguous(), e4m3_max, device_arch(device))
 
 
 def pick_w4a4_config(m: int, n: int, k: int, windowed: bool = False):
@@ -307,6 +311,12 @@ def _gemm_sm100(a_data, sfa, b_data, sfb, alpha, row, col, bias, out_dtype, out,
 # the weights once per 64 tokens (0.26x cuBLAS at M = 512, notes/gemm_w4a16.md), for
 # dequantize-then-cuBLAS (the mixed wgmma kernel takes BF16 activations only).
 W4A16_MAX_DECODE_ROWS = 64
+# W4A16 with window64 weights: the streaming kernel up to 64 tokens, the window kernel beyond.
+# H200 graphs, K = 8192 (perf/results/logs/w4a16_window_session55_h200.md): 32 / 64 tokens x
+# 8192 rows 43.6 / 73.3 us against 115 / 114 on the window kernel, x 28672 rows 142 / 248
+# against 371 / 337; the window kernel runs 512 x 8192 in 218 us, 64-token grid rows of the
+# streaming kernel would take ~8 x 73.
+W4A16_WINDOW_STREAM_ROWS = 64
 # S_enc = 448 * 6 / 2688 = 1: the dequantize kernel then returns e2m1 * scale exactly.
 _UNIT_SCALE_AMAX = 2688.0
 
@@ -377,16 +387,17 @@ def _gemm_w4a16_window(a, b_data, b_scales, b_window_amax, e4m3_max, alpha, col,
         raise ValueError(f"window64 weights need K % 64 == 0, got K={k}")
     if e4m3_max not in (448, 256):
         raise ValueError(f"e4m3_max must be 448 or 256, got {e4m3_max}")
-    b_win = _window_factors(b_window_amax, n, k, e4m3_max, "b", a.device)
+    _check_window_amax(b_window_amax, n, k, "b", a.device)
     alpha, _, col, bias, decode = _epilogue(alpha, None, col, bias, m, n, out_dtype, a.device)
     out = torch.empty((m, n), dtype=out_dtype, device=a.device)
     if m == 0 or n == 0:
         return out
     arch = device_arch(a.device)
-    if stream_weights(m):
+    if m <= W4A16_WINDOW_STREAM_ROWS:
         return launch_w4a16(a.contiguous(), b_data, sfb, out, alpha, None, col, bias,
                             swizzled=swizzled, transposed=False, arch=arch, decode=decode,
-                            window=b_win)
+                            window_amax=b_window_amax.contiguous(), e4m3_max=e4m3_max)
+    b_win = window_factors(b_window_amax.contiguous(), e4m3_max, arch)
     return gemm_w4a16_window_sm90(a.contiguous(), b_data, _swizzled(sfb, n, k, swizzled), b_win,
                                   alpha, col, bias, out, decode, arch)
 

@@ -29,9 +29,12 @@ power of two exactly.
 Window64 weights (`window`, K % 64 == 0): b[n, k] also carries the FP32 factor S_dec of its 1x64
 window, not exact in a 16-bit operand, so each window's products get accumulators of their own.
 A chunk (128 K) is two windows; quad position t then takes K [16t, 16t + 16) of each (one block
-per window: two 8-byte weight loads, two scale bytes, two factors per row), so MMA steps 0-3
-sum window 0 and steps 4-7 window 1 into two partial tiles, added to the accumulators with the
-rows' factors in FP32 after the chunk: acc += f0[n] * P0 + f1[n] * P1.
+per window: two 8-byte weight loads, two scale bytes), so MMA steps 0-3 sum window 0 and steps
+4-7 window 1 into two partial tiles, added to the accumulators with the rows' factors in FP32
+after the chunk: acc += f0[n] * P0 + f1[n] * P1. The kernel reads the window amaxes and
+decodes the factors itself (`decode_outer_scale`, bit-exact; a factors kernel before each call
+cost 8.6 us at N = K = 8192 on the H200): quad position t decodes the two windows of row half
+t (of 4: 16-row tile t // 2, rows g or g + 8), the quad shares them by shuffles.
 """
 
 from __future__ import annotations
@@ -50,11 +53,11 @@ from ..common.decode import (DECODE_EXP_SHIFT, FP16_DECODE_EXP_SHIFT, decode_e2m
 from ..common.jit import KERNELS, compile_kernel, device_arch, dyn, env_stream, fake_tensor, \
     torch_to_cutlass
 from ..common.ptx import ld_global, mma_16816, prmt
-from ..common.scales import bits_to_f32
+from ..common.scales import bits_to_f32, decode_outer_scale
 from ..ref.formats import FLOAT_DTYPES as OUT_DTYPES
 from ..ref.swizzle import swizzled_shape
 from .operands import _epilogue
-from .parts import EpilogueOperands, window_fake
+from .parts import EpilogueOperands
 
 CHUNK_K = 128  # K values per warp step: 4 threads x 32
 
@@ -69,15 +72,15 @@ class Sm90GemmW4A16(EpilogueOperands):
     weights). `__call__` takes a [M, K], packed b [N, K/2] uint8, scales as a flat uint8 tensor
     (compact [N, K/16] or swizzled), d [M, N] ([N, M] when transposed), optional alpha [1],
     row [rows of d], col [columns of d], bias [columns of d] and, with `window`, the weights'
-    window factors ([N padded to 4, K/64] FP32 with the rows contiguous,
-    `dispatch._window_factors`)."""
+    window amaxes (FP32 [N, K/64], contiguous); `window` is their recipe's e4m3_max (448 or
+    256), 0 for other weights."""
 
     def __init__(self, act_dtype: Type[cutlass.Numeric], out_dtype: Type[cutlass.Numeric], *,
                  tile_m: int = 8, row_tiles: int = 2, k_warps: int = 8, unroll: int = 1,
                  row_warps: int = 1, wide: bool = True, swizzled: bool = False,
                  has_alpha: bool = False, has_row: bool = False, has_col: bool = False,
                  has_bias: bool = False, transposed: bool = False, decode=(None, None, None),
-                 window: bool = False):
+                 window: int = 0):
         if act_dtype not in (cutlass.BFloat16, cutlass.Float16):
             raise TypeError(f"activations must be BFloat16 or Float16, got {act_dtype}")
         if tile_m not in (8, 16, 32, 64):
@@ -98,9 +101,13 @@ class Sm90GemmW4A16(EpilogueOperands):
         self.swizzled = swizzled
         self.set_epilogue_flags(has_alpha, has_row, has_col, has_bias, decode)
         self.transposed = transposed
+        if window not in (0, 448, 256):
+            raise ValueError(f"window must be 0 or a window64 e4m3_max (448, 256), got {window}")
         if window and not wide:
             raise ValueError("window64 weights need K % 64 == 0 (wide)")
         self.window = window
+        # window amax slots per thread and chunk: one row half each (of 2 * row_tiles)
+        self.win_halves = -(-2 * row_tiles // 4)
         # up to 16 tokens the decode keeps its cheap K order (v_i, v_{i+4}) and the
         # activations are permuted to match (4 byte permutes per 8 activations of a token
         # tile instead of 4 per 8 weights); beyond, permuting the weights is cheaper
@@ -177,13 +184,10 @@ class Sm90GemmW4A16(EpilogueOperands):
         span = 16 if const_expr(self.window) else 32
         b_addr = []
         sf_addr = []
-        win_addr = []
         for rt in cutlass.range_constexpr(RT):
             for h in cutlass.range_constexpr(2):
                 row = cutlass.min(n0 + rt * 16 + h * 8 + g, n_rows - 1)
                 b_addr.append(b_base + Int64(row) * Int64(kh) + Int64(t * (span // 2)))
-                if const_expr(self.window):
-                    win_addr.append(mWin.iterator.toint() + Int64(row) * Int64(4))
                 if const_expr(self.swizzled):
                     rr = row % 128
                     part = ((row // 128) * tiles_per_row * 512 + (rr % 32) * 16
@@ -191,6 +195,14 @@ class Sm90GemmW4A16(EpilogueOperands):
                     sf_addr.append(sf_base + Int64(part))
                 else:
                     sf_addr.append(sf_base + Int64(row) * Int64(ks))
+        # the window amax rows this thread decodes: row half j * 4 + t (the last one where
+        # fewer exist)
+        win_addr = []
+        if const_expr(self.window):
+            for j in cutlass.range_constexpr(self.win_halves):
+                i = cutlass.min(j * 4 + t, 2 * RT - 1)
+                row = cutlass.min(n0 + (i // 2) * 16 + (i % 2) * 8 + g, n_rows - 1)
+                win_addr.append(mWin.iterator.toint() + Int64(row) * Int64(k // 64 * 4))
         a_addr = []
         for nt in cutlass.range_constexpr(NT):
             tok = cutlass.min(m0 + nt * 8 + g, m_rows - 1)
@@ -206,7 +218,7 @@ class Sm90GemmW4A16(EpilogueOperands):
         stage_chunks = KW * UNR
         full_stages = (k // CHUNK_K) // stage_chunks
         buf = cute.make_rmem_tensor((words * UNR,), Int32)
-        addrs = (b_addr, sf_addr, win_addr, mWin.stride[1] if const_expr(self.window) else 0)
+        addrs = (b_addr, sf_addr, win_addr)
         if const_expr(self.prefetch):
             if full_stages > 0:
                 self._load_stage(buf, addrs, 0, wk, t, k, False)
@@ -261,8 +273,8 @@ class Sm90GemmW4A16(EpilogueOperands):
 
     def _words(self):
         """Words per chunk in a stage buffer: per row half 4 packed words and a scale pair,
-        with `window` then two window factors (FP32 bits)."""
-        return (7 if self.window else 5) * 2 * self.row_tiles
+        with `window` then the two window amaxes (FP32 bits) of each row half it decodes."""
+        return 5 * 2 * self.row_tiles + (2 * self.win_halves if self.window else 0)
 
     def _chunk_preds(self, c, t, k, predicated):
         """K-valid predicates of the two 16-value blocks of chunk c of quad position t (K
@@ -278,9 +290,9 @@ class Sm90GemmW4A16(EpilogueOperands):
     def _load_stage(self, buf, addrs, stage, wk, t, k, predicated):
         """Weights and block-scale pairs of the stage's UNR chunks into buf (per chunk: 4
         words per row half, then one scale pair per row half, then with `window` the two
-        window factors per row half). addrs: the per-row-half weight, scale and window
-        factor addresses and the factors' window stride."""
-        b_addr, sf_addr, win_addr, win_stride = addrs
+        window amaxes of each row half this thread decodes). addrs: the per-row-half weight
+        and scale addresses and the window amax row addresses."""
+        b_addr, sf_addr, win_addr = addrs
         RT2 = 2 * self.row_tiles
         words = self._words()
         for u in range(self.unroll):
@@ -325,13 +337,13 @@ class Sm90GemmW4A16(EpilogueOperands):
                           | (ld_global(sfo + Int64(step), ty="u8", nc=True, pred=v1,
                                        volatile=False) << 8))
                 buf[u * words + 4 * RT2 + i] = sf
-                if const_expr(self.window):
-                    wo = win_addr[i] + Int64(2 * c) * Int64(win_stride) * Int64(4)
-                    buf[u * words + 5 * RT2 + 2 * i] = ld_global(
+            if const_expr(self.window):
+                for j in range(self.win_halves):
+                    wo = win_addr[j] + Int64(c * 8)  # windows 2c, 2c + 1
+                    buf[u * words + 5 * RT2 + 2 * j] = ld_global(
                         wo, ty="u32", nc=True, pred=v0, volatile=False)
-                    buf[u * words + 5 * RT2 + 2 * i + 1] = ld_global(
-                        wo + Int64(win_stride) * Int64(4), ty="u32", nc=True, pred=v1,
-                        volatile=False)
+                    buf[u * words + 5 * RT2 + 2 * j + 1] = ld_global(
+                        wo + Int64(4), ty="u32", nc=True, pred=v1, volatile=False)
 
     def _activations(self, a_addr, c, t, k, predicated):
         """This thread's 16 activation words (K 32t .. 32t + 31 of chunk c) per token tile,
@@ -368,6 +380,8 @@ class Sm90GemmW4A16(EpilogueOperands):
         for u in range(self.unroll):
             c = (stage * self.unroll + u) * self.k_warps + wk
             x = self._activations(a_addr, c, t, k, predicated)
+            if const_expr(self.window):
+                factors = self._window_factors(cur[u * words + 5 * RT2:(u + 1) * words], t)
             for rt in range(RT):
                 dec = []
                 for h in range(2):
@@ -390,9 +404,6 @@ class Sm90GemmW4A16(EpilogueOperands):
                                                         self.natural_order))
                     dec.append(pairs)
                 if const_expr(self.window):
-                    # factors[blk][h]: window blk of row half h
-                    factors = [[bits_to_f32(cur[u * words + 5 * RT2 + 2 * (rt * 2 + h) + blk])
-                                for h in range(2)] for blk in range(2)]
                     for nt in range(len(a_addr)):
                         for blk in range(2):  # MMA steps 4 blk .. 4 blk + 3: window blk
                             part = (Float32(0.0),) * 4
@@ -401,7 +412,8 @@ class Sm90GemmW4A16(EpilogueOperands):
                                                  (x[nt][2 * j], x[nt][2 * j + 1]), part,
                                                  fp16=self.fp16)
                             for e in range(4):
-                                acc[e, nt, rt] = acc[e, nt, rt] + factors[blk][e // 2] * part[e]
+                                f = factors[2 * (rt * 2 + e // 2) + blk]
+                                acc[e, nt, rt] = acc[e, nt, rt] + f * part[e]
                 else:
                     for j in range(8):
                         for nt in range(len(a_addr)):
@@ -412,6 +424,15 @@ class Sm90GemmW4A16(EpilogueOperands):
                                           fp16=self.fp16)
                             for e in range(4):
                                 acc[e, nt, rt] = d[e]
+
+    def _window_factors(self, amax_bits, t):
+        """The chunk's window factors S_dec of every row half i and window w at index 2 i + w,
+        from the window amaxes this thread loaded (`_load_stage`): each quad position decodes
+        its row halves' two, the quad shares them."""
+        own = [decode_outer_scale(bits_to_f32(b), self.window) for b in amax_bits]
+        quad = cute.arch.lane_idx() - t  # lane of quad position 0
+        return [cute.arch.shuffle_sync(own[2 * (i // 4) + w], quad + i % 4)
+                for i in range(2 * self.row_tiles) for w in range(2)]
 
     @staticmethod
     def _a_frag(dec, j):
@@ -437,12 +458,12 @@ def pick_w4a16_config(m: int, n: int):
 def w4a16_kernel(act_dtype=torch.bfloat16, out_dtype=torch.bfloat16, *, tile_m=8, row_tiles=2,
                  k_warps=8, unroll=1, row_warps=1, wide=True, swizzled=False,
                  flags=(False, False, False), bias_dtype=None, has_row=False,
-                 transposed=False, decode=(None, None, None), window=False):
+                 transposed=False, decode=(None, None, None), window=0):
     """(op, *fake_args) of one W4A16 configuration, for compiling (host calls and tests).
     flags = (has_alpha, has_col, has_bias); has_row adds the per-row vector of D,
     transposed makes D [N, M] (row [N], col and bias [M]); decode: which of alpha, row, col
-    hold outer amaxes (parts.EpilogueOperands); window: window64 weights (their factors the
-    last tensor argument)."""
+    hold outer amaxes (parts.EpilogueOperands); window: the e4m3_max of window64 weights
+    (their window amaxes the last tensor argument), 0 for others."""
     import cutlass
 
     has_alpha, has_col, has_bias = flags
@@ -463,7 +484,7 @@ def w4a16_kernel(act_dtype=torch.bfloat16, out_dtype=torch.bfloat16, *, tile_m=8
         fake_tensor(cutlass.Float32, (d_rows,), align=4) if has_row else None,
         fake_tensor(cutlass.Float32, (d_cols,), align=4) if has_col else None,
         fake_tensor(torch_to_cutlass(bias_dtype), (d_cols,), align=2) if has_bias else None,
-        window_fake(window),
+        fake_tensor(cutlass.Float32, (n, dyn()), align=4) if window else None,
         env_stream(),
     )
     return op, args
@@ -542,43 +563,43 @@ def gemm_w4a16_sm90(a: torch.Tensor, b_data: torch.Tensor, b_scales: torch.Tenso
 
 def launch_w4a16(a, b_data, sf, out, alpha, row, col, bias, *, swizzled: bool,
                  transposed: bool, arch: str, config: Optional[tuple] = None,
-                 decode=(None, None, None), window: Optional[torch.Tensor] = None
-                 ) -> torch.Tensor:
+                 decode=(None, None, None), window_amax: Optional[torch.Tensor] = None,
+                 e4m3_max: int = 448) -> torch.Tensor:
     """The launch behind `gemm_w4a16_sm90`, for operands it (or `dispatch.gemm_nvfp4`) has
     checked: contiguous a [M, K] and b_data [N, K/2] (realigned here when needed), flat uint8
     scales `sf`, out of the output's shape, epilogue vectors and `decode` as
-    `operands._epilogue` returns them, the window64 weights' factors
-    (`dispatch._window_factors`, K % 64 == 0) or None; M, N > 0."""
+    `operands._epilogue` returns them, window64 weights' window amaxes (FP32 [N, K/64],
+    contiguous; K % 64 == 0) with their e4m3_max, or None; M, N > 0."""
     flags = (alpha is not None, col is not None, bias is not None)
     fn = w4a16_launcher(a.dtype, out.dtype, a.shape[0], b_data.shape[0], a.shape[1], flags,
                         bias.dtype if bias is not None else None, has_row=row is not None,
                         transposed=transposed, swizzled=swizzled, arch=arch, config=config,
-                        decode=decode, window=window is not None)
-    fn(_aligned(a), _aligned(b_data), sf, out, alpha, row, col, bias, window)
+                        decode=decode, window=0 if window_amax is None else e4m3_max)
+    fn(_aligned(a), _aligned(b_data), sf, out, alpha, row, col, bias, window_amax)
     return out
 
 
 def w4a16_launcher(act_dtype: torch.dtype, out_dtype: torch.dtype, m: int, n: int, k: int,
                    flags, bias_dtype, *, has_row: bool, transposed: bool, swizzled: bool,
                    arch: str, config: Optional[tuple] = None, decode=(None, None, None),
-                   window: bool = False):
+                   window: int = 0):
     """The compiled Sm90GemmW4A16 (its TVM-FFI function) that `launch_w4a16` calls for M
     tokens x N weight rows x K: `pick_w4a16_config`'s configuration unless `config` is given.
-    flags = (has_alpha, has_col, has_bias); window: window64 weights. Called with (a, b_data,
-    sf, out, alpha, row, col, bias, window factors or None)."""
+    flags = (has_alpha, has_col, has_bias); window: the e4m3_max of window64 weights, 0 for
+    others. Called with (a, b_data, sf, out, alpha, row, col, bias, window amaxes or None)."""
     tile_m, row_tiles, k_warps, unroll, row_warps = config or pick_w4a16_config(m, n)
     wide = k % 32 == 0
     has_row, transposed, swizzled = bool(has_row), bool(transposed), bool(swizzled)
     key = ("gemm_w4a16_sm90", act_dtype, out_dtype, tile_m, row_tiles, k_warps, unroll,
            row_warps, wide, swizzled, flags, bias_dtype, has_row, transposed, decode,
-           bool(window))
+           window)
 
     def build():
         op, args = w4a16_kernel(act_dtype, out_dtype, tile_m=tile_m, row_tiles=row_tiles,
                                 k_warps=k_warps, unroll=unroll, row_warps=row_warps,
                                 wide=wide, swizzled=swizzled, flags=flags,
                                 bias_dtype=bias_dtype, has_row=has_row, transposed=transposed,
-                                decode=decode, window=bool(window))
+                                decode=decode, window=window)
         return compile_kernel(op, *args, arch=arch)
 
     return KERNELS.ffi(key, build)
