@@ -69,6 +69,8 @@ def test_config_errors():
         w4a16_kernel(wide=False, window=448)
     with pytest.raises(ValueError, match="e4m3_max"):
         w4a16_kernel(window=300)
+    with pytest.raises(ValueError, match="row_tiles"):
+        w4a16_kernel(row_tiles=4, window=448)
 
 
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
@@ -98,7 +100,7 @@ def test_w4a16_window_ptx(arch, tile_m, swizzled):
     come in two 8-byte loads (no 16-byte ones), and each chunk adds its two windows' partial
     tiles to the accumulators with one FP32 fma per element and window (the plain kernel has
     none). Per chunk a thread loads the two window amaxes of one row half and decodes them
-    (IEEE division and reciprocal), and 8 more shuffles share the quad's 4 row halves x 2 windows;
+    (fast where the warp's amaxes allow, by a vote, else IEEE), and 8 more shuffles share the quad's 4 row halves x 2 windows;
     as many MMAs as the plain kernel, in the loop and the masked tail (no next-stage prefetch:
     its extra registers spilled)."""
     counts = {}
@@ -115,14 +117,20 @@ def test_w4a16_window_ptx(arch, tile_m, swizzled):
             ("amax", r"ld\.global\.nc\.u32"),
             ("div", r"div\.rn\.f32"),
             ("rcp", r"rcp\.rn\.f32"),
+            ("rcp_approx", r"rcp\.approx\.ftz\.f32"),
+            ("vote", r"vote\.sync\.all"),
             ("shfl", r"shfl\.sync\.idx"))}
     copies, tokens, row_halves = 2, tile_m // 8, 4
     plain = counts[0]
+    # per factor the fast decode has 2 approximate reciprocals and 6 fma (division and
+    # reciprocal with their corrections), the IEEE one (taken when a warp's amaxes leave the
+    # fast domain) a div.rn and an rcp.rn
     assert counts[448] == {"mma": copies * 8 * 2 * tokens, "w8": copies * row_halves * 2,
-                           "w16": 0, "fma": copies * 2 * tokens * 2 * 4, "amax": copies * 2,
-                           "div": copies * 2, "rcp": copies * 2,
+                           "w16": 0, "fma": copies * (2 * tokens * 2 * 4 + 2 * 6),
+                           "amax": copies * 2, "div": copies * 2, "rcp": copies * 2,
+                           "rcp_approx": copies * 2 * 2, "vote": copies,
                            "shfl": plain["shfl"] + copies * 8}  # the plain: warp-uniform indices
-    assert plain["fma"] == plain["amax"] == plain["div"] == 0
+    assert plain["fma"] == plain["amax"] == plain["div"] == plain["vote"] == 0
     assert plain["mma"] == (3 if tile_m == 8 else 2) * 8 * 2 * tokens
 
 

@@ -53,8 +53,22 @@ def outer_encode_scale(amax: Float32, e4m3_max: cutlass.Constexpr[float],
 
 
 @cute.jit
-def decode_outer_scale(amax: Float32, e4m3_max: cutlass.Constexpr[float]) -> Float32:
-    """S_dec = 1 / S_enc (ref.formats.decode_scale: IEEE reciprocal, subnormals kept)."""
+def outer_fast_ok(amax: Float32):
+    """Whether the fast outer scales (outer_encode_scale, decode_outer_scale and
+    outer_block_scales with fast) are the IEEE ones for this amax: 0 or in [OUTER_FAST_MIN,
+    OUTER_FAST_MAX]."""
+    return (amax == Float32(0.0)) | ((amax >= Float32(OUTER_FAST_MIN))
+                                     & (amax <= Float32(OUTER_FAST_MAX)))
+
+
+@cute.jit
+def decode_outer_scale(amax: Float32, e4m3_max: cutlass.Constexpr[float],
+                       fast: cutlass.Constexpr[bool] = False) -> Float32:
+    """S_dec = 1 / S_enc (ref.formats.decode_scale: IEEE reciprocal, subnormals kept). fast:
+    the division and the reciprocal without their slow-path branches (exact where
+    `outer_fast_ok`)."""
+    if cutlass.const_expr(fast):
+        return rcp_fast(outer_encode_scale(amax, e4m3_max, fast))
     return rcp_rn(outer_encode_scale(amax, e4m3_max))
 
 

@@ -53,7 +53,7 @@ from ..common.decode import (DECODE_EXP_SHIFT, FP16_DECODE_EXP_SHIFT, decode_e2m
 from ..common.jit import KERNELS, compile_kernel, device_arch, dyn, env_stream, fake_tensor, \
     torch_to_cutlass
 from ..common.ptx import ld_global, mma_16816, prmt
-from ..common.scales import bits_to_f32, decode_outer_scale
+from ..common.scales import bits_to_f32, decode_outer_scale, outer_fast_ok
 from ..ref.formats import FLOAT_DTYPES as OUT_DTYPES
 from ..ref.swizzle import swizzled_shape
 from .operands import _epilogue
@@ -105,9 +105,10 @@ class Sm90GemmW4A16(EpilogueOperands):
             raise ValueError(f"window must be 0 or a window64 e4m3_max (448, 256), got {window}")
         if window and not wide:
             raise ValueError("window64 weights need K % 64 == 0 (wide)")
+        if window and row_tiles > 2:
+            raise ValueError(f"window64 weights take row_tiles 1 or 2 (one row half of amaxes "
+                             f"per quad position), got {row_tiles}")
         self.window = window
-        # window amax slots per thread and chunk: one row half each (of 2 * row_tiles)
-        self.win_halves = -(-2 * row_tiles // 4)
         # up to 16 tokens the decode keeps its cheap K order (v_i, v_{i+4}) and the
         # activations are permuted to match (4 byte permutes per 8 activations of a token
         # tile instead of 4 per 8 weights); beyond, permuting the weights is cheaper
@@ -195,14 +196,12 @@ class Sm90GemmW4A16(EpilogueOperands):
                     sf_addr.append(sf_base + Int64(part))
                 else:
                     sf_addr.append(sf_base + Int64(row) * Int64(ks))
-        # the window amax rows this thread decodes: row half j * 4 + t (the last one where
-        # fewer exist)
-        win_addr = []
+        # the window amax row this thread decodes: row half t (the last one where fewer exist)
+        win_addr = None
         if const_expr(self.window):
-            for j in cutlass.range_constexpr(self.win_halves):
-                i = cutlass.min(j * 4 + t, 2 * RT - 1)
-                row = cutlass.min(n0 + (i // 2) * 16 + (i % 2) * 8 + g, n_rows - 1)
-                win_addr.append(mWin.iterator.toint() + Int64(row) * Int64(k // 64 * 4))
+            i = cutlass.min(t, 2 * RT - 1)
+            row = cutlass.min(n0 + (i // 2) * 16 + (i % 2) * 8 + g, n_rows - 1)
+            win_addr = mWin.iterator.toint() + Int64(row) * Int64(k // 64 * 4)
         a_addr = []
         for nt in cutlass.range_constexpr(NT):
             tok = cutlass.min(m0 + nt * 8 + g, m_rows - 1)
@@ -273,8 +272,8 @@ class Sm90GemmW4A16(EpilogueOperands):
 
     def _words(self):
         """Words per chunk in a stage buffer: per row half 4 packed words and a scale pair,
-        with `window` then the two window amaxes (FP32 bits) of each row half it decodes."""
-        return 5 * 2 * self.row_tiles + (2 * self.win_halves if self.window else 0)
+        with `window` then the two window amaxes (FP32 bits) of the row half it decodes."""
+        return 5 * 2 * self.row_tiles + (2 if self.window else 0)
 
     def _chunk_preds(self, c, t, k, predicated):
         """K-valid predicates of the two 16-value blocks of chunk c of quad position t (K
@@ -290,8 +289,8 @@ class Sm90GemmW4A16(EpilogueOperands):
     def _load_stage(self, buf, addrs, stage, wk, t, k, predicated):
         """Weights and block-scale pairs of the stage's UNR chunks into buf (per chunk: 4
         words per row half, then one scale pair per row half, then with `window` the two
-        window amaxes of each row half this thread decodes). addrs: the per-row-half weight
-        and scale addresses and the window amax row addresses."""
+        window amaxes of the row half this thread decodes). addrs: the per-row-half weight
+        and scale addresses and the window amax row address."""
         b_addr, sf_addr, win_addr = addrs
         RT2 = 2 * self.row_tiles
         words = self._words()
@@ -338,12 +337,11 @@ class Sm90GemmW4A16(EpilogueOperands):
                                        volatile=False) << 8))
                 buf[u * words + 4 * RT2 + i] = sf
             if const_expr(self.window):
-                for j in range(self.win_halves):
-                    wo = win_addr[j] + Int64(c * 8)  # windows 2c, 2c + 1
-                    buf[u * words + 5 * RT2 + 2 * j] = ld_global(
-                        wo, ty="u32", nc=True, pred=v0, volatile=False)
-                    buf[u * words + 5 * RT2 + 2 * j + 1] = ld_global(
-                        wo + Int64(4), ty="u32", nc=True, pred=v1, volatile=False)
+                wo = win_addr + Int64(c * 8)  # windows 2c, 2c + 1
+                buf[u * words + 5 * RT2] = ld_global(wo, ty="u32", nc=True, pred=v0,
+                                                     volatile=False)
+                buf[u * words + 5 * RT2 + 1] = ld_global(wo + Int64(4), ty="u32", nc=True,
+                                                         pred=v1, volatile=False)
 
     def _activations(self, a_addr, c, t, k, predicated):
         """This thread's 16 activation words (K 32t .. 32t + 31 of chunk c) per token tile,
@@ -381,7 +379,8 @@ class Sm90GemmW4A16(EpilogueOperands):
             c = (stage * self.unroll + u) * self.k_warps + wk
             x = self._activations(a_addr, c, t, k, predicated)
             if const_expr(self.window):
-                factors = self._window_factors(cur[u * words + 5 * RT2:(u + 1) * words], t)
+                factors = self._window_factors(cur[u * words + 5 * RT2],
+                                               cur[u * words + 5 * RT2 + 1], t)
             for rt in range(RT):
                 dec = []
                 for h in range(2):
@@ -425,13 +424,21 @@ class Sm90GemmW4A16(EpilogueOperands):
                             for e in range(4):
                                 acc[e, nt, rt] = d[e]
 
-    def _window_factors(self, amax_bits, t):
+    @cute.jit
+    def _window_factors(self, bits0: Int32, bits1: Int32, t: Int32):
         """The chunk's window factors S_dec of every row half i and window w at index 2 i + w,
-        from the window amaxes this thread loaded (`_load_stage`): each quad position decodes
-        its row halves' two, the quad shares them."""
-        own = [decode_outer_scale(bits_to_f32(b), self.window) for b in amax_bits]
+        from the window amaxes of row half t this thread loaded (`_load_stage`): each quad
+        position decodes its two, the quad shares them. The decode without the IEEE
+        division's and reciprocal's slow-path branches where the warp's amaxes allow it
+        (bit-exact there, `outer_fast_ok`), else with them (a branch each)."""
+        a0, a1 = bits_to_f32(bits0), bits_to_f32(bits1)
+        f0 = decode_outer_scale(a0, self.window, True)
+        f1 = decode_outer_scale(a1, self.window, True)
+        if not cute.arch.vote_all_sync(outer_fast_ok(a0) & outer_fast_ok(a1)):
+            f0 = decode_outer_scale(a0, self.window)
+            f1 = decode_outer_scale(a1, self.window)
         quad = cute.arch.lane_idx() - t  # lane of quad position 0
-        return [cute.arch.shuffle_sync(own[2 * (i // 4) + w], quad + i % 4)
+        return [cute.arch.shuffle_sync(f0 if w == 0 else f1, quad + i)
                 for i in range(2 * self.row_tiles) for w in range(2)]
 
     @staticmethod

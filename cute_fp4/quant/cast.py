@@ -114,8 +114,7 @@ from cutlass.cute.nvgpu import cpasync
 from cute_fp4.common import encode as E
 from cute_fp4.common.philox import philox_call, rng_round_keys
 from cute_fp4.common.ptx import ldmatrix_x4_trans, mma_16816, prmt
-from cute_fp4.common.scales import (OUTER_FAST_MAX, OUTER_FAST_MIN, outer_block_scales,
-                                    swizzled_scale_offset)
+from cute_fp4.common.scales import outer_block_scales, outer_fast_ok, swizzled_scale_offset
 from cute_fp4.quant.amax import max_tensor_partials, vec_abs_max, vec_values
 from cute_fp4.quant.padding import (GROUP_FIRST, GROUP_PARTIALS, GROUP_ROW_SW, GROUP_TWIN_SW,
                                     zero_group_padding, zero_scale_columns, zero_twin_rows)
@@ -531,8 +530,7 @@ class CastKernel:
           fast_rcp)."""
         ok = self._fast_outer_ok(sdec)
         if cutlass.const_expr(self.per_token and self.fast_rcp):
-            ok = ok & ((amax == Float32(0.0)) | ((amax >= Float32(OUTER_FAST_MIN))
-                                                 & (amax <= Float32(OUTER_FAST_MAX))))
+            ok = ok & outer_fast_ok(amax)
         if cutlass.const_expr(self.rht and not self.per_token):
             ok = ok & self._fast_outer_ok(col_outer[1])
         if cutlass.const_expr(self.row_groups and self.per_token and self.columnwise):
