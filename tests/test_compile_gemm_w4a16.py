@@ -146,3 +146,7 @@ def test_pick_w4a16_config():
     assert pick_w4a16_config(16, 16385) == (16, 2, 4, 1, 1)
     assert pick_w4a16_config(17, 28672) == (32, 2, 8, 1, 1)
     assert pick_w4a16_config(100, 28672) == (64, 2, 8, 1, 1)
+    # window64 weights (H200 sweep, session 55)
+    assert pick_w4a16_config(1, 28672, window=True) == (8, 2, 8, 1, 1)
+    assert pick_w4a16_config(32, 8192, window=True) == (32, 2, 8, 1, 1)
+    assert pick_w4a16_config(33, 8192, window=True) == (64, 1, 4, 1, 1)

@@ -252,6 +252,31 @@ def test_window64_weights(m, k, e4m3_max, swizzled, out_dtype, has_bias, gen):
     check(out, d64, mag, k, out_dtype)
 
 
+@pytest.mark.parametrize("m", [1, 40])
+def test_window64_weights_outside_fast_domain(m, gen):
+    """The streaming kernel decodes its window factors without the IEEE slow paths only where a
+    warp's amaxes all lie in the fast domain (0 or [2**-100, 2**100]), else with them. Rows 0-31
+    (one CTA) have only windows of amax 2**-110 and 2**-140 (subnormal: S_enc capped at
+    FLT_MAX, S_dec subnormal), rows 32-63 normal windows with some of 2**110, rows 64-95 normal
+    ones: each block of rows within the bound of its own magnitude (the result scaled by
+    2**100 in float64, so that the tiny rows are not under the bound's absolute floor)."""
+    from cute_fp4.gemm.dispatch import gemm_w4a16
+
+    n, k = 96, 2112
+    a = rand_act(m, k, torch.bfloat16, gen)
+    b, sb = rand_fp4(n, k, gen)
+    amax = window_amax(n, k, gen, outliers=False)
+    pick = torch.rand(amax.shape, generator=gen)
+    amax[:32] = torch.where(pick[:32] < 0.2, 2.0**-140, 2.0**-110)
+    amax[32:64] = torch.where(pick[32:64] < 0.1, torch.full_like(amax[32:64], 2.0**110),
+                              amax[32:64])
+    out = gemm_w4a16(a.cuda(), b.cuda(), sb.cuda(), out_dtype=torch.float32,
+                     b_window_amax=amax.cuda())
+    d64, mag = expected64(a.double(), values64(b, window_factors(sb, amax, 448)), None, None,
+                          None, None)
+    check(out.double() * 2.0**100, d64 * 2.0**100, mag * 2.0**100, k, torch.float32)
+
+
 def test_window64_weights_errors(gen):
     from cute_fp4.gemm.dispatch import gemm_w4a16
 

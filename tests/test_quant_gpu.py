@@ -62,9 +62,12 @@ def test_columnwise_any_k(gen):
 class _OuterScalesFast:
     """Every FP32 amax from lo_bits on (n values): out[0] / out[1] = the largest amax bits
     where outer_block_scales(fast=True)'s S_enc / 6 / S_dec differ from the IEEE ones (0:
-    none)."""
+    none), for the recipe's e4m3_max."""
 
     ctas, threads = 1056, 256
+
+    def __init__(self, e4m3_max: int):
+        self.e4m3_max = float(e4m3_max)
 
     @cute.jit
     def __call__(self, out: cute.Tensor, lo_bits: Int32, n: Int32, stream):
@@ -79,21 +82,23 @@ class _OuterScalesFast:
         for i in cutlass.range(bidx * self.threads + tidx, n, self.ctas * self.threads, unroll=1):
             bits = Uint32(lo_bits + i)
             amax = E.bits_f32(bits)
-            s6, sdec = outer_block_scales(amax, E.E4M3_MAX)
-            f6, fdec = outer_block_scales(amax, E.E4M3_MAX, True)
+            s6, sdec = outer_block_scales(amax, self.e4m3_max)
+            f6, fdec = outer_block_scales(amax, self.e4m3_max, True)
             if E.f32_bits(s6) != E.f32_bits(f6):
                 E.red_max_u32(base, bits)
             if E.f32_bits(sdec) != E.f32_bits(fdec):
                 E.red_max_u32(base + 4, bits)
 
 
-def test_outer_scales_fast_exhaustive():
+@pytest.mark.parametrize("e4m3_max", [448, 256])
+def test_outer_scales_fast_exhaustive(e4m3_max):
     """outer_block_scales(fast=True) (division and reciprocal without their slow-path branches)
     gives the IEEE outer_block_scales' bits for EVERY FP32 amax in [OUTER_FAST_MIN,
-    OUTER_FAST_MAX] (1.68e9 values) and for 0, the domain the per-token cast's fast copy admits
-    (CastKernel._fast_blocks_ok); and the check finds the differences it is for: below the
-    domain, at the subnormal amaxes (S_enc capped at FLT_MAX) the fast reciprocal misses."""
-    op = _OuterScalesFast()
+    OUTER_FAST_MAX] (1.68e9 values) and for 0, the domain `scales.outer_fast_ok` admits (the
+    per-token cast's fast copy, the W4A16 window64 factors), for both recipe e4m3_max; and
+    the check finds the differences it is for: below the domain, at the subnormal amaxes
+    (S_enc capped at FLT_MAX) the fast reciprocal misses."""
+    op = _OuterScalesFast(e4m3_max)
     fn = compile_kernel(op, fake_tensor(cutlass.Int32, (2,), align=4), Int32(0), Int32(0),
                         env_stream(), arch=device_arch())
     lo = int(torch.tensor(OUTER_FAST_MIN, dtype=torch.float32).view(torch.int32))

@@ -29,7 +29,7 @@ def f32_to_bits(value, *, loc=None, ip=None) -> Uint32:
 
 
 # outer_encode_scale / outer_block_scales with fast are exact for amax 0 and amax in
-# [OUTER_FAST_MIN, OUTER_FAST_MAX] (checked for every FP32 value there, e4m3_max 448:
+# [OUTER_FAST_MIN, OUTER_FAST_MAX] (checked for every FP32 value there, e4m3_max 448 and 256:
 # test_outer_scales_fast_exhaustive); S_enc then lies in [2^-89, 2^112], inside the fast
 # reciprocal's range.
 OUTER_FAST_MIN = 2.0 ** -100

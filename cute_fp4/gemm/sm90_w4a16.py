@@ -450,13 +450,18 @@ class Sm90GemmW4A16(EpilogueOperands):
 ACT_DTYPES = (torch.bfloat16, torch.float16)
 
 
-def pick_w4a16_config(m: int, n: int):
+def pick_w4a16_config(m: int, n: int, window: bool = False):
     """(tile_m, row_tiles, k_warps, unroll, row_warps) for M tokens and N weight rows: the
     smallest token tile that holds M (64 for larger M, one grid row per 64 tokens), 32 weight
     rows x 8 K-warps per CTA, one chunk per stage; up to 16 tokens and N > 16384, 4 K-warps
     (H100 sweep with the L2 prefetch hint, notes/gemm_w4a16.md session 8: 1 x 28672 x 8192
-    50.2-50.6 us vs 51.8-53.7 for the other configurations, 16 x 28672 66.4-67.2 vs 68-70)."""
+    50.2-50.6 us vs 51.8-53.7 for the other configurations, 16 x 28672 66.4-67.2 vs 68-70).
+    Window64 weights (H200 sweep, perf/results/logs/w4a16_window_session55_h200.md): 8
+    K-warps at every N; at 64 tokens 16 weight rows x 4 K-warps (64.7 / 209 us at N = 8192 /
+    28672 against 74.6 / 251 for 32 x 8; 32 rows spill)."""
     tile_m = next((tm for tm in (8, 16, 32) if m <= tm), 64)
+    if window:
+        return (64, 1, 4, 1, 1) if tile_m == 64 else (tile_m, 2, 8, 1, 1)
     if tile_m <= 16 and n > 16384:
         return tile_m, 2, 4, 1, 1
     return tile_m, 2, 8, 1, 1
@@ -594,7 +599,8 @@ def w4a16_launcher(act_dtype: torch.dtype, out_dtype: torch.dtype, m: int, n: in
     tokens x N weight rows x K: `pick_w4a16_config`'s configuration unless `config` is given.
     flags = (has_alpha, has_col, has_bias); window: the e4m3_max of window64 weights, 0 for
     others. Called with (a, b_data, sf, out, alpha, row, col, bias, window amaxes or None)."""
-    tile_m, row_tiles, k_warps, unroll, row_warps = config or pick_w4a16_config(m, n)
+    tile_m, row_tiles, k_warps, unroll, row_warps = config or pick_w4a16_config(m, n,
+                                                                                bool(window))
     wide = k % 32 == 0
     has_row, transposed, swizzled = bool(has_row), bool(transposed), bool(swizzled)
     key = ("gemm_w4a16_sm90", act_dtype, out_dtype, tile_m, row_tiles, k_warps, unroll,
