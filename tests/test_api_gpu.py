@@ -298,6 +298,49 @@ def test_w4a16_remembered_weights_bit_equal(m, scaling, swizzle, e4m3_max, act_d
     _bits_equal(got_2d, _w4a16_general(a[0], w, out_dtype, bias))
 
 
+@pytest.mark.parametrize("m", [1, 16, 40, 200])
+@pytest.mark.parametrize("swizzle,e4m3_max", [(True, 448), (False, 256)])
+@pytest.mark.parametrize("out_dtype,bias_dtype", [(torch.bfloat16, None),
+                                                  (torch.bfloat16, "out"),
+                                                  (torch.float32, torch.float32)])
+def test_w4a16_remembered_window64_bit_equal(m, swizzle, e4m3_max, out_dtype, bias_dtype,
+                                             monkeypatch):
+    """Window64 weights through the remembered PreparedWeights (the streaming kernel up to 64
+    tokens, the window kernel beyond) give the bits of gemm_w4a16 with b_window_amax, for a
+    2-D and a 3-D activation; FP16 activations leave the fast path and get the general path's
+    NotImplementedError."""
+    from cute_fp4.gemm import dispatch
+
+    n, k = 300, 320
+    w = cute_fp4.quantize(torch.randn(n, k, device="cuda"),
+                          Recipe(scaling="window64", swizzle=swizzle, e4m3_max=e4m3_max,
+                                 four_over_six="mae" if e4m3_max == 256 else None,
+                                 columnwise=False))
+    a = torch.randn(2, m, k, device="cuda").to(torch.bfloat16)
+    bias = None if bias_dtype is None else torch.randn(n, device="cuda").to(
+        out_dtype if bias_dtype == "out" else bias_dtype)
+    calls = []
+    fast = dispatch.PreparedWeights.w4a16
+
+    def counted(self, *args):
+        calls.append(args)
+        return fast(self, *args)
+
+    monkeypatch.setattr(dispatch.PreparedWeights, "w4a16", counted)
+    got = cute_fp4.gemm(a, w, bias=bias, out_dtype=out_dtype)
+    got_2d = cute_fp4.gemm(a[0], w, bias=bias, out_dtype=out_dtype)
+    assert len(calls) == 2 and dispatch.prepared_weights(w).window
+    for x, y in ((a, got), (a[0], got_2d)):
+        want = dispatch.gemm_w4a16(x.reshape(-1, k), w.data, w.scales, bias=bias,
+                                   out_dtype=out_dtype, scales_swizzled=swizzle,
+                                   b_window_amax=w.amax, e4m3_max=e4m3_max)
+        _bits_equal(y, want.view(x.shape[:-1] + (n,)))
+    assert got.abs().max() > 0
+    with pytest.raises(NotImplementedError, match="bfloat16 activations"):
+        cute_fp4.gemm(a[0].half(), w)
+    assert len(calls) == 2
+
+
 def test_w4a16_remembered_weights_follow_the_tensor():
     """The remembered weights read the tensor's current values: in-place changes of data /
     scales / amax are seen, replaced fields are re-checked (a wrong one still raises), and the

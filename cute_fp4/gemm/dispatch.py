@@ -392,14 +392,24 @@ def _gemm_w4a16_window(a, b_data, b_scales, b_window_amax, e4m3_max, alpha, col,
     out = torch.empty((m, n), dtype=out_dtype, device=a.device)
     if m == 0 or n == 0:
         return out
-    arch = device_arch(a.device)
+    return _launch_w4a16_window(a.contiguous(), b_data, sfb, swizzled,
+                                b_window_amax.contiguous(), e4m3_max, alpha, col, bias, out,
+                                decode, device_arch(a.device))
+
+
+def _launch_w4a16_window(a, b_data, sfb, swizzled, window_amax, e4m3_max, alpha, col, bias,
+                         out, decode, arch):
+    """W4A16 with window64 weights, checked operands (flat scales `sfb`, contiguous window
+    amaxes [N, K/64]): the streaming kernel up to W4A16_WINDOW_STREAM_ROWS tokens (it decodes
+    the window factors), else the window kernel (factors by `window_factors`)."""
+    m, n, k = a.shape[0], b_data.shape[0], b_data.shape[1] * 2
     if m <= W4A16_WINDOW_STREAM_ROWS:
-        return launch_w4a16(a.contiguous(), b_data, sfb, out, alpha, None, col, bias,
-                            swizzled=swizzled, transposed=False, arch=arch, decode=decode,
-                            window_amax=b_window_amax.contiguous(), e4m3_max=e4m3_max)
-    b_win = window_factors(b_window_amax.contiguous(), e4m3_max, arch)
-    return gemm_w4a16_window_sm90(a.contiguous(), b_data, _swizzled(sfb, n, k, swizzled), b_win,
-                                  alpha, col, bias, out, decode, arch)
+        return launch_w4a16(a, b_data, sfb, out, alpha, None, col, bias, swizzled=swizzled,
+                            transposed=False, arch=arch, decode=decode, window_amax=window_amax,
+                            e4m3_max=e4m3_max)
+    return gemm_w4a16_window_sm90(a, b_data, _swizzled(sfb, n, k, swizzled),
+                                  window_factors(window_amax, e4m3_max, arch), alpha, col, bias,
+                                  out, decode, arch)
 
 
 class PreparedWeights:
@@ -411,7 +421,8 @@ class PreparedWeights:
     so a call checks only its activation (W4A16: ~20 us less host time per call on the H100).
     Nothing is copied: the kernels read the weights', scales' and amax's current values on
     every call. Built only on sm_90a, for contiguous data, contiguous scales and tensor /
-    token outer amaxes (`prepared_weights` returns None otherwise)."""
+    token / window64 outer amaxes (`prepared_weights` returns None otherwise); window64
+    weights take BF16 activations only (`act_dtypes`)."""
 
     def __init__(self, data: torch.Tensor, scales: torch.Tensor, amax: torch.Tensor,
                  scaling: str, e4m3_max: int, swizzled: bool):
@@ -421,6 +432,13 @@ class PreparedWeights:
         self.n, self.k = data.shape[0], data.shape[1] * 2
         self.device = data.device
         self.arch = device_arch(self.device)
+        self.window = scaling == "window64"
+        if self.window:
+            if self.k % 64:
+                raise ValueError(f"window64 weights need K % 64 == 0, got K={self.k}")
+            _check_window_amax(amax, self.n, self.k, "b", self.device)
+        self.act_dtypes = ((torch.bfloat16,) if self.window
+                           else (torch.bfloat16, torch.float16))
         self.alpha, _, self.col = epilogue_operands("dense", None, 448, scaling, amax, e4m3_max,
                                                     self.arch)
         vectors = _epilogue(self.alpha, None, self.col, None, 1, self.n, torch.float32,
@@ -439,6 +457,10 @@ class PreparedWeights:
         out = torch.empty((m, self.n), dtype=out_dtype, device=self.device)
         if m == 0 or self.n == 0:
             return out
+        if self.window:
+            return _launch_w4a16_window(a, self.data, self.sf, self.swizzled, self.amax,
+                                        self.e4m3_max, None, None, bias, out, self.decode,
+                                        self.arch)
         if stream_weights(m):
             return launch_w4a16(a, self.data, self.sf, out, self.alpha_t, None, self.col_t,
                                 bias, swizzled=self.swizzled, transposed=False, arch=self.arch,
@@ -461,7 +483,7 @@ def prepared_weights(t: NVFP4Tensor) -> Optional[PreparedWeights]:
     """The PreparedWeights of a weight NVFP4Tensor's rowwise data, made on first use and kept
     while the tensor lives and its data / scales / amax / recipe stay the same objects at the
     same addresses; None where the fast path does not apply (not an sm_90a CUDA tensor,
-    window64 or unsupported scales, non-contiguous fields). The entry holds the fields it was
+    unsupported scales, non-contiguous fields, window64 amaxes of the wrong shape). The entry holds the fields it was
     made from: a field replaced on a live tensor is released at its next GEMM call (or when
     the tensor goes)."""
     key = id(t)
@@ -474,7 +496,7 @@ def prepared_weights(t: NVFP4Tensor) -> Optional[PreparedWeights]:
             return entry[2]
     weights = None
     data, scales, amax, recipe = fields
-    if (data is not None and data.is_cuda and recipe.scaling in ("tensor", "token")
+    if (data is not None and data.is_cuda and recipe.scaling in ("tensor", "token", "window64")
             and device_arch(data.device) == "sm_90a" and data.dtype == torch.uint8
             and data.dim() == 2 and data.is_contiguous() and scales.is_contiguous()
             and amax.dtype == torch.float32 and amax.is_contiguous()):
