@@ -100,9 +100,9 @@ def test_w4a16_window_ptx(arch, tile_m, swizzled):
     come in two 8-byte loads (no 16-byte ones), and each chunk adds its two windows' partial
     tiles to the accumulators with one FP32 fma per element and window (the plain kernel has
     none). Per chunk a thread loads the two window amaxes of one row half and decodes them
-    (fast where the warp's amaxes allow, by a vote, else IEEE), and 8 more shuffles share the quad's 4 row halves x 2 windows;
-    as many MMAs as the plain kernel, in the loop and the masked tail (no next-stage prefetch:
-    its extra registers spilled)."""
+    (fast where the warp's amaxes allow, by a vote, else IEEE), and 8 more shuffles share the
+    quad's 4 row halves x 2 windows; as many MMAs as the plain kernel, in the loop and the
+    masked tail (no next-stage prefetch: its extra registers spilled)."""
     counts = {}
     for window in (0, 448):
         op, args = w4a16_kernel(torch.bfloat16, torch.bfloat16, tile_m=tile_m,

@@ -226,16 +226,17 @@ def test_chained_launches(graph, gen):
     assert want[-1].abs().max() > 0
 
 
-@pytest.mark.parametrize("m,k", [(1, 320), (16, 320), (64, 320), (70, 320), (300, 320),
-                                 (1, 2112), (20, 2112), (40, 2112)])
+@pytest.mark.parametrize("m,k", [(3, 64), (5, 128), (1, 320), (16, 320), (64, 320), (70, 320),
+                                 (300, 320), (1, 2112), (20, 2112), (40, 2112)])
 @pytest.mark.parametrize("e4m3_max,swizzled", [(448, False), (256, True)])
 @pytest.mark.parametrize("out_dtype,has_bias", [(torch.bfloat16, False), (torch.float32, True)])
 def test_window64_weights(m, k, e4m3_max, swizzled, out_dtype, has_bias, gen):
     """W4A16 with window64 weights (gemm_w4a16's window path: up to 64 tokens the streaming
     kernel with its per-window partial tiles, token tiles of 8 to 64, beyond the window kernel
-    with the activations K-permuted as they are): within the float64 bound of the reference's FP32 block factors
-    scale * S_dec(window amax), outlier and all-zero windows included, compact and swizzled
-    scales, odd counts of 64-wide windows (K = 320: a half chunk in the masked tail; K = 2112:
+    with the activations K-permuted as they are): within the float64 bound of the reference's
+    FP32 block factors scale * S_dec(window amax), outlier and all-zero windows included,
+    compact and swizzled scales, K = 64 (one window: half a chunk, the masked tail only), 128
+    (one chunk), odd counts of windows (K = 320: a half chunk in the masked tail; K = 2112:
     full stages too)."""
     from cute_fp4.gemm.dispatch import gemm_w4a16
 
@@ -256,7 +257,7 @@ def test_window64_weights(m, k, e4m3_max, swizzled, out_dtype, has_bias, gen):
 def test_window64_weights_outside_fast_domain(m, gen):
     """The streaming kernel decodes its window factors without the IEEE slow paths only where a
     warp's amaxes all lie in the fast domain (0 or [2**-100, 2**100]), else with them. Rows 0-31
-    (one CTA) have only windows of amax 2**-110 and 2**-140 (subnormal: S_enc capped at
+    (whole CTAs) have only windows of amax 2**-110 and 2**-140 (subnormal: S_enc capped at
     FLT_MAX, S_dec subnormal), rows 32-63 normal windows with some of 2**110, rows 64-95 normal
     ones: each block of rows within the bound of its own magnitude (the result scaled by
     2**100 in float64, so that the tiny rows are not under the bound's absolute floor)."""

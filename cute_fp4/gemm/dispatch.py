@@ -312,10 +312,11 @@ def _gemm_sm100(a_data, sfa, b_data, sfb, alpha, row, col, bias, out_dtype, out,
 # dequantize-then-cuBLAS (the mixed wgmma kernel takes BF16 activations only).
 W4A16_MAX_DECODE_ROWS = 64
 # W4A16 with window64 weights: the streaming kernel up to 64 tokens, the window kernel beyond.
-# H200 graphs, K = 8192 (perf/results/logs/w4a16_window_session55_h200.md): 32 / 64 tokens x
-# 8192 rows 43.6 / 73.3 us against 115 / 114 on the window kernel, x 28672 rows 142 / 248
-# against 371 / 337; the window kernel runs 512 x 8192 in 218 us, 64-token grid rows of the
-# streaming kernel would take ~8 x 73.
+# H200 graphs, K = 8192 (perf/results/gemm_w4a16_window64_h200.md, logs/
+# w4a16_window_session55_h200.md): 32 / 64 tokens x 8192 rows 38.1 / 67.1 us against 115 / 114
+# on the window kernel, x 28672 rows 124 / 222 against 371 / 336; the window kernel runs 128 /
+# 512 x 8192 in 144 / 215 us, where the streaming kernel's 64-token grid rows would take ~2 /
+# 8 x 67.
 W4A16_WINDOW_STREAM_ROWS = 64
 # S_enc = 448 * 6 / 2688 = 1: the dequantize kernel then returns e2m1 * scale exactly.
 _UNIT_SCALE_AMAX = 2688.0
@@ -331,8 +332,9 @@ def gemm_w4a16(a: torch.Tensor, b_data: torch.Tensor, b_scales: torch.Tensor, *,
     are FP32 factors or `operands.OuterAmax` (the weights' outer amaxes, decoded in the
     kernel). 1x64 local-encode (window64) weights: their FP32 window amax [N, K/64] as
     b_window_amax with the recipe's e4m3_max (K % 64 == 0); b[n, k] then carries the factor
-    S_dec(amax[n, k // 64]), applied in FP32 per window by `sm90_window` (BF16 activations,
-    sm_90a only: NotImplementedError elsewhere).
+    S_dec(amax[n, k // 64]), applied in FP32 per window (BF16 activations, sm_90a only:
+    NotImplementedError elsewhere): up to W4A16_WINDOW_STREAM_ROWS tokens by the streaming
+    kernel (`sm90_w4a16`, window), beyond by the window kernel (`sm90_window`).
 
     On sm_90a, BF16 and FP16 activations run the weight-streaming W4A16 kernel (`sm90_w4a16`)
     where `stream_weights(M)` says it is faster (up to 16 tokens) and the mixed wgmma kernel
@@ -370,8 +372,7 @@ def gemm_w4a16(a: torch.Tensor, b_data: torch.Tensor, b_scales: torch.Tensor, *,
 
 def _gemm_w4a16_window(a, b_data, b_scales, b_window_amax, e4m3_max, alpha, col, bias,
                        out_dtype, swizzled):
-    """gemm_w4a16 with window64 weights: checks, then the weight-streaming kernel with window
-    factors (`sm90_w4a16`, window) where `stream_weights(M)`, else `gemm_w4a16_window_sm90`."""
+    """gemm_w4a16 with window64 weights: checks, then `_launch_w4a16_window`."""
     if not a.is_cuda or device_arch(a.device) != "sm_90a":
         raise NotImplementedError("W4A16 with window64 weights runs on sm_90a CUDA devices only")
     if a.dtype != torch.bfloat16 or a.dim() != 2:
@@ -483,9 +484,10 @@ def prepared_weights(t: NVFP4Tensor) -> Optional[PreparedWeights]:
     """The PreparedWeights of a weight NVFP4Tensor's rowwise data, made on first use and kept
     while the tensor lives and its data / scales / amax / recipe stay the same objects at the
     same addresses; None where the fast path does not apply (not an sm_90a CUDA tensor,
-    unsupported scales, non-contiguous fields, window64 amaxes of the wrong shape). The entry holds the fields it was
-    made from: a field replaced on a live tensor is released at its next GEMM call (or when
-    the tensor goes)."""
+    unsupported scales, non-contiguous fields). Fields the kernels cannot take (scales or
+    window64 amaxes of the wrong shape, K % 64 != 0 with window64) raise the general path's
+    ValueError. The entry holds the fields it was made from: a field replaced on a live
+    tensor is released at its next GEMM call (or when the tensor goes)."""
     key = id(t)
     entry = _PREPARED_WEIGHTS.get(key)
     fields = (t.data, t.scales, t.amax, t.recipe)

@@ -34,7 +34,8 @@ per window: two 8-byte weight loads, two scale bytes), so MMA steps 0-3 sum wind
 after the chunk: acc += f0[n] * P0 + f1[n] * P1. The kernel reads the window amaxes and
 decodes the factors itself (`decode_outer_scale`, bit-exact; a factors kernel before each call
 cost 8.6 us at N = K = 8192 on the H200): quad position t decodes the two windows of row half
-t (of 4: 16-row tile t // 2, rows g or g + 8), the quad shares them by shuffles.
+t (of 4: 16-row tile t // 2, rows g or g + 8), the quad shares them by shuffles; without the
+IEEE slow paths where a warp's vote finds all its amaxes in their fast domain.
 """
 
 from __future__ import annotations
@@ -344,9 +345,9 @@ class Sm90GemmW4A16(EpilogueOperands):
                                                          pred=v1, volatile=False)
 
     def _activations(self, a_addr, c, t, k, predicated):
-        """This thread's 16 activation words (K 32t .. 32t + 31 of chunk c) per token tile,
-        in the decode's K order: natural, or per 8 values (x0, x4), (x1, x5), (x2, x6),
-        (x3, x7)."""
+        """This thread's 16 activation words (K 32t .. 32t + 31 of chunk c, or with `window`
+        16t .. 16t + 15 and 64 + 16t .. 64 + 16t + 15) per token tile, in the decode's K
+        order: natural, or per 8 values (x0, x4), (x1, x5), (x2, x6), (x3, x7)."""
         v0, v1 = self._chunk_preds(c, t, k, predicated)
         # the second block's activations: the next 16, or with `window` one window later
         second = CHUNK_K if const_expr(self.window) else 32

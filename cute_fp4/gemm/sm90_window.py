@@ -307,8 +307,8 @@ def gemm_w4a16_window_sm90(a: torch.Tensor, b_data: torch.Tensor, sfb: torch.Ten
     on the weights' device: the caller checks them), packed weights b_data [N, K/2] with flat
     swizzled scales, their window factors (`dispatch._window_factors`) and the epilogue
     operands: the activations K-permuted (`permute_k`, their values as they are), the weights
-    decoded to BF16 block values, then Sm90GemmWindow at every M (the streaming and mixed
-    W4A16 kernels take no window factors)."""
+    decoded to BF16 block values, then Sm90GemmWindow (`dispatch` calls it beyond
+    W4A16_WINDOW_STREAM_ROWS tokens; fewer run the streaming kernel with window factors)."""
     x = permute_k(a, k_pad(b_data.shape[1]), arch)
     return _launch(x, predecode_nvfp4(b_data, sfb, arch), None, b_win, alpha, None, col, bias,
                    out, decode, arch, UNSCALE_W4A16)

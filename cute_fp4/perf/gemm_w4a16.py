@@ -15,8 +15,9 @@ scales, GB/s). Column "cute_fp4.gemm": the public call on the same weights as a 
 NVFP4Tensor (its alpha decoded from the amax in the kernel's epilogue), i.e. what a user's
 call costs beyond the kernel (automatic configuration only). `--window64`: the weights are
 Recipe(scaling="window64") quantizes of random BF16 (1x64 local-encode outer scales), the
-W4A16 GEMM is `cute_fp4.gemm(x, w)` (the window64 kernel, `gemm/sm90_window.py`, column
-"kernel" = window) and dequantize-then-cuBLAS dequantizes those weights.
+W4A16 GEMM is `cute_fp4.gemm(x, w)` (column "kernel" = window: the streaming kernel with
+window factors up to 64 tokens, the window kernel `gemm/sm90_window.py` beyond; GB/s count
+the window amaxes too) and dequantize-then-cuBLAS dequantizes those weights.
 """
 
 from __future__ import annotations
