@@ -258,17 +258,30 @@ class QuantizedLinear(torch.nn.Module):
 
 def convert(model: torch.nn.Module, recipe: Union[Recipe, LinearRecipe, None] = None, *,
             weight_only: bool = False, training: bool = False,
+            weight_recipe: Optional[Recipe] = None,
             filter: Optional[Callable[[str, torch.nn.Linear], bool]] = None,
             include: Optional[str] = None, exclude: Optional[str] = None) -> torch.nn.Module:
     """Swap the `torch.nn.Linear` modules of `model` in place and return it.
 
-    training=True: each becomes a `cute_fp4.nn.Linear` (recipe: a LinearRecipe).
-    Otherwise (inference): a `QuantizedLinear` whose weight is quantized once (per-tensor, 1x16
-    blocks); recipe is the activation Recipe of W4A4 (default per-token), and weight_only=True
-    gives W4A16 instead.
+    training=True: each becomes a `cute_fp4.nn.Linear` (recipe: a LinearRecipe, which also
+    holds the weights' recipe).
+    Otherwise (inference): a `QuantizedLinear` whose weight is quantized once with
+    `weight_recipe` (default: per-tensor, 1x16 blocks, the activation recipe's scale layout;
+    e.g. Recipe(scaling="window64") for 1x64 local-encode weights; only its rowwise output is
+    kept, so its RHT, which transforms the columnwise twin, does not apply); recipe is the
+    activation Recipe of W4A4 (default per-token; for W4A4 keep the weights' `swizzle` equal
+    to it, else each call converts the activations' scale layout), and weight_only=True gives
+    W4A16 instead.
     Selection: `include` / `exclude` are fnmatch patterns on the module name; `filter(name,
     module)` decides last. Linears whose in/out features are not multiples of 16 are skipped.
     """
+    if weight_recipe is not None:
+        if training:
+            raise ValueError("convert: weight_recipe is for inference (training=False); a "
+                             "LinearRecipe holds the training weights' recipe")
+        if not isinstance(weight_recipe, Recipe):
+            raise TypeError(f"convert: weight_recipe must be a Recipe, got "
+                            f"{type(weight_recipe).__name__}")
     for name, module in list(model.named_modules()):
         if type(module) is not torch.nn.Linear:
             continue
@@ -291,8 +304,10 @@ def convert(model: torch.nn.Module, recipe: Union[Recipe, LinearRecipe, None] = 
                                                                      columnwise=False, rht=False)
             w = module.weight.detach().contiguous()
             bias = None if module.bias is None else module.bias.detach().clone()
-            new = QuantizedLinear(api.quantize(w, Recipe(swizzle=activation.swizzle)), bias,
-                                  weight_only=weight_only, activation=activation)
+            w_recipe = (Recipe(swizzle=activation.swizzle) if weight_recipe is None
+                        else weight_recipe.replace(rowwise=True, columnwise=False, rht=False))
+            new = QuantizedLinear(api.quantize(w, w_recipe), bias, weight_only=weight_only,
+                                  activation=activation)
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
         setattr(parent, child, new)
