@@ -253,6 +253,21 @@ def _w4a16_general(a, w, out_dtype, bias=None):
     return d.view(a.shape[:-1] + (w.rows,))
 
 
+def _prepared_calls(monkeypatch):
+    """The argument tuples of the PreparedWeights.w4a16 calls from now on (they still run)."""
+    from cute_fp4.gemm import dispatch
+
+    calls = []
+    fast = dispatch.PreparedWeights.w4a16
+
+    def counted(self, *args):
+        calls.append(args)
+        return fast(self, *args)
+
+    monkeypatch.setattr(dispatch.PreparedWeights, "w4a16", counted)
+    return calls
+
+
 def _bits_equal(x, y):
     assert x.shape == y.shape and x.dtype == y.dtype
     assert torch.equal(x.view(torch.uint8) if x.dtype != torch.float32 else x.view(torch.int32),
@@ -283,14 +298,7 @@ def test_w4a16_remembered_weights_bit_equal(m, scaling, swizzle, e4m3_max, act_d
     a = torch.randn(2, m, k, device="cuda").to(act_dtype)
     bias = None if bias_dtype is None else torch.randn(n, device="cuda").to(
         out_dtype if bias_dtype == "out" else bias_dtype)
-    calls = []
-    fast = dispatch.PreparedWeights.w4a16
-
-    def counted(self, *args):
-        calls.append(args)
-        return fast(self, *args)
-
-    monkeypatch.setattr(dispatch.PreparedWeights, "w4a16", counted)
+    calls = _prepared_calls(monkeypatch)
     got = cute_fp4.gemm(a, w, bias=bias, out_dtype=out_dtype)
     got_2d = cute_fp4.gemm(a[0], w, bias=bias, out_dtype=out_dtype)
     assert len(calls) == 2 and dispatch.prepared_weights(w) is not None
@@ -319,14 +327,7 @@ def test_w4a16_remembered_window64_bit_equal(m, swizzle, e4m3_max, out_dtype, bi
     a = torch.randn(2, m, k, device="cuda").to(torch.bfloat16)
     bias = None if bias_dtype is None else torch.randn(n, device="cuda").to(
         out_dtype if bias_dtype == "out" else bias_dtype)
-    calls = []
-    fast = dispatch.PreparedWeights.w4a16
-
-    def counted(self, *args):
-        calls.append(args)
-        return fast(self, *args)
-
-    monkeypatch.setattr(dispatch.PreparedWeights, "w4a16", counted)
+    calls = _prepared_calls(monkeypatch)
     got = cute_fp4.gemm(a, w, bias=bias, out_dtype=out_dtype)
     got_2d = cute_fp4.gemm(a[0], w, bias=bias, out_dtype=out_dtype)
     assert len(calls) == 2 and dispatch.prepared_weights(w).window

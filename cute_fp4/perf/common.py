@@ -71,6 +71,15 @@ def bench_graph_ms(fn, replays_per_graph: int = 10) -> float:
     return bench_ms(graph.replay) / replays_per_graph
 
 
+def timing_modes(graphs: bool):
+    """[(mode, timer)] of the GEMM benchmarks: "eager" times the first of a list of callables
+    (`bench_ms`, L2 flushed), "graph" replays the list (`bench_graph_ms`) when `graphs`."""
+    modes = [("eager", lambda fns: bench_ms(fns[0]))]
+    if graphs:
+        modes.append(("graph", bench_graph_ms))
+    return modes
+
+
 def host_overhead_us(fn: Callable[[], object], iters: int = 2000) -> float:
     """Mean host microseconds per call of `fn()` (launch cost; the GPU work is tiny)."""
     import time

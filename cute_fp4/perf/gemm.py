@@ -20,11 +20,11 @@ from __future__ import annotations
 
 import argparse
 import functools
-from typing import List, Tuple
+from typing import Tuple
 
 import torch
 
-from .common import bench_graph_ms, bench_ms, graph_sets, progress, report
+from .common import graph_sets, progress, report, timing_modes
 
 MAIN_SHAPES = [(8192, 8192, 8192), (16384, 2048, 7168), (4096, 4096, 4096)]
 SWEEP_M = [1024, 2048, 4096, 8192, 16384, 32768]
@@ -130,10 +130,7 @@ def bench_shape(m: int, n: int, k: int, graphs: bool, variants: bool = False,
     flop = 2.0 * m * n * k
     row = {"M": m, "N": n, "K": k, "operands": "window64" if window64 else "plain",
            "graph sets": n_sets}
-    modes: List[Tuple[str, object]] = [("eager", lambda fns: bench_ms(fns[0]))]
-    if graphs:
-        modes.append(("graph", bench_graph_ms))
-    for mode, timer in modes:
+    for mode, timer in timing_modes(graphs):
         ms = {name: timer(fn) for name, fn in fns.items()}
         for name, t in ms.items():
             row[f"{name} {mode} TFLOP/s"] = flop / t / 1e9

@@ -23,11 +23,11 @@ the window amaxes too) and dequantize-then-cuBLAS dequantizes those weights.
 from __future__ import annotations
 
 import argparse
-from typing import List, Tuple
+from typing import List
 
 import torch
 
-from .common import bench_graph_ms, bench_ms, graph_sets, progress, report
+from .common import graph_sets, progress, report, timing_modes
 
 DECODE_M = [1, 16, 32, 64]
 DECODE_NK = [(8192, 8192), (28672, 8192)]
@@ -88,10 +88,7 @@ def bench_configs(m: int, n: int, k: int, graphs: bool, configs,
         return lambda: gemm_mixed_sm90(b, sb, a, scales_swizzled=True, out=out,
                                        out_dtype=act_dtype)
 
-    modes: List[Tuple[str, object]] = [("eager", lambda fns: bench_ms(fns[0]))]
-    if graphs:
-        modes.append(("graph", bench_graph_ms))
-    for mode, timer in modes:
+    for mode, timer in timing_modes(graphs):
         base_ms = {name: timer(fns) for name, fns in base.items()}
         for config, row in zip(configs, rows):
             ms = dict(base_ms)
@@ -127,10 +124,7 @@ def bench_window64(m: int, n: int, k: int, graphs: bool) -> List[dict]:
     }
     row = {"M": m, "N": n, "K": k, "act": "bfloat16", "kernel": "window",
            "graph sets": len(weights)}
-    modes: List[Tuple[str, object]] = [("eager", lambda fns: bench_ms(fns[0]))]
-    if graphs:
-        modes.append(("graph", bench_graph_ms))
-    for mode, timer in modes:
+    for mode, timer in timing_modes(graphs):
         ms = {name: timer(f) for name, f in fns.items()}
         for name, t in ms.items():
             row[f"{name} {mode} us"] = t * 1e3
