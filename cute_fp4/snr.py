@@ -1,9 +1,13 @@
-"""`python -m cute_fp4.snr`: SNR (dB) of the three training GEMMs per NVFP4 recipe.
+"""`python -m cute_fp4.snr`: SNR (dB) of the three training GEMMs per NVFP4 recipe, and of
+inference's forward GEMM per weight recipe.
 
-For each recipe: fprop y = x @ w.T, dgrad dx = dy @ w and wgrad dw = dy.T @ x with every
-operand quantized as `cute_fp4.nn.Linear` would (same twins, RHT, stochastic rounding), against
-a float64 ground truth, next to a plain BF16 baseline. Inputs: random activations with outlier
-rows and channels, or a real layer's weight from a checkpoint (`--checkpoint`).
+Training: for each recipe, fprop y = x @ w.T, dgrad dx = dy @ w and wgrad dw = dy.T @ x with
+every operand quantized as `cute_fp4.nn.Linear` would (same twins, RHT, stochastic rounding),
+against a float64 ground truth, next to a plain BF16 baseline. Inference: y = x @ w.T with the
+weight quantized once per weight recipe (`convert(weight_recipe=)`: rowwise only), the
+activations in BF16 (W4A16) or quantized per token (W4A4, `convert`'s default). Inputs: random
+activations with outlier rows and channels, and a random weight or a real layer's weight from
+a checkpoint (`--checkpoint`).
 """
 
 from __future__ import annotations
@@ -27,6 +31,15 @@ RECIPES: Dict[str, LinearRecipe] = {
     "4over6 mse": LinearRecipe.per_tensor(rht=False, stochastic_rounding=False,
                                           four_over_six="mse"),
     "1x64 window": LinearRecipe.window64(),
+}
+
+# inference weights (rowwise only), as `convert(weight_recipe=)` quantizes them
+INFERENCE_WEIGHTS: Dict[str, Recipe] = {
+    "per-tensor": Recipe(columnwise=False),
+    "per-token (rows)": Recipe(scaling="token", columnwise=False),
+    "16x16 blocks": Recipe(block=(16, 16), columnwise=False),
+    "1x64 window": Recipe(scaling="window64", columnwise=False),
+    "4over6 mse": Recipe(four_over_six="mse", columnwise=False),
 }
 
 
@@ -94,6 +107,23 @@ def report(x: torch.Tensor, w: torch.Tensor, dy: torch.Tensor, seed: int = 0):
     return rows
 
 
+def inference_report(x: torch.Tensor, w: torch.Tensor):
+    """Rows of the inference table: y = x @ w.T against float64 per weight recipe, W4A16
+    (BF16 activations) and W4A4 (activations per token)."""
+    truth = (x.double() @ w.double().t()).cpu()
+    xb = x.bfloat16()
+    xq, x_path = quantize_with_path(x, Recipe(scaling="token", columnwise=False))
+    rows = [{"weights": "BF16", "path": "torch",
+             "W4A16 dB": ref.snr_db(truth, (xb @ w.bfloat16().t()).float().cpu()),
+             "W4A4 dB": None}]
+    for name, recipe in INFERENCE_WEIGHTS.items():
+        wq, w_path = quantize_with_path(w, recipe)
+        rows.append({"weights": name, "path": "+".join(sorted({w_path, x_path})),
+                     "W4A16 dB": ref.snr_db(truth, gemm_with_path(xb, wq).cpu()),
+                     "W4A4 dB": ref.snr_db(truth, gemm_with_path(xq, wq).cpu())})
+    return rows
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m cute_fp4.snr", description=__doc__.split("\n\n")[0])
     p.add_argument("--tokens", type=int, default=512, help="M: rows of x and dy")
@@ -119,14 +149,22 @@ def main(argv=None):
     x = outlier_activations(args.tokens, k, gen)
     dy = torch.randn(args.tokens, n, generator=gen) * 1e-3
     rows = report(x.to(device), w.to(device), dy.to(device))
+    inference = inference_report(x.to(device), w.to(device))
     title = (f"NVFP4 GEMM SNR vs float64 (M={args.tokens}, N={n}, K={k}; {source}; "
              f"activations with outlier rows/channels; {device})")
-    table = tabulate(rows, headers="keys", tablefmt="github", floatfmt=".2f")
-    print(f"## {title}\n\n{table}")
+    inference_title = ("Inference forward GEMM SNR vs float64 per weight recipe (the same x and "
+                       "w; W4A16: BF16 activations, W4A4: activations per token)")
+    text = "\n\n".join([
+        f"## {title}", tabulate(rows, headers="keys", tablefmt="github", floatfmt=".2f"),
+        f"## {inference_title}",
+        tabulate(inference, headers="keys", tablefmt="github", floatfmt=".2f",
+                 missingval="-")])
+    print(text)
     with open(args.markdown, "w") as f:
-        f.write(f"## {title}\n\n{table}\n")
+        f.write(text + "\n")
     with open(args.json, "w") as f:
-        json.dump({"title": title, "rows": rows}, f, indent=1)
+        json.dump({"title": title, "rows": rows, "inference_title": inference_title,
+                   "inference_rows": inference}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -34,6 +34,12 @@ def test_snr_report_files(tmp_path, capsys):
         for g in ("fprop dB", "dgrad dB", "wgrad dB"):
             assert 10.0 < row[g] < bf16[g], (row["recipe"], g)
     assert "| per-token" in md.read_text()
+    inference = data["inference_rows"]
+    assert [r["weights"] for r in inference] == [
+        "BF16", "per-tensor", "per-token (rows)", "16x16 blocks", "1x64 window", "4over6 mse"]
+    for row in inference[1:]:
+        assert 10.0 < row["W4A4 dB"] < row["W4A16 dB"] < inference[0]["W4A16 dB"], row
+    assert "Inference forward GEMM SNR" in md.read_text()
 
 
 def test_snr_checkpoint_weight(tmp_path, capsys):
