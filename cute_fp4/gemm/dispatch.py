@@ -63,6 +63,14 @@ def _window_factors(amax: Optional[torch.Tensor], rows: int, k: int, e4m3_max: i
     return window_factors(amax.contiguous(), e4m3_max, device_arch(device))
 
 
+def _check_window64(k: int, e4m3_max: int):
+    """What every window64 GEMM needs of K and the recipe's e4m3_max."""
+    if k % 64:
+        raise ValueError(f"window64 operands need K % 64 == 0, got K={k}")
+    if e4m3_max not in (448, 256):
+        raise ValueError(f"e4m3_max must be 448 or 256, got {e4m3_max}")
+
+
 def _check_window_amax(amax: torch.Tensor, rows: int, k: int, name: str, device):
     if amax.dtype != torch.float32 or tuple(amax.shape) != (rows, k // 64):
         raise ValueError(f"{name}_window_amax must be float32 [{rows}, {k // 64}], got "
@@ -128,10 +136,7 @@ def gemm_nvfp4(a_data: torch.Tensor, a_scales: torch.Tensor, b_data: torch.Tenso
     swz = bool(scales_swizzled)
     windowed = a_window_amax is not None or b_window_amax is not None
     if windowed:
-        if k % 64:
-            raise ValueError(f"window64 operands need K % 64 == 0, got K={k}")
-        if e4m3_max not in (448, 256):
-            raise ValueError(f"e4m3_max must be 448 or 256, got {e4m3_max}")
+        _check_window64(k, e4m3_max)
     if out is not None and (out.dtype != out_dtype or tuple(out.shape) != (m, n)
                             or not out.is_contiguous()):
         raise ValueError(f"out must be a contiguous [{m}, {n}] {out_dtype} tensor")
@@ -384,10 +389,7 @@ def _gemm_w4a16_window(a, b_data, b_scales, b_window_amax, e4m3_max, alpha, col,
         raise ValueError(f"a must be [M, {k}], got {tuple(a.shape)}")
     if b_data.device != a.device:
         raise ValueError("gemm_w4a16 needs a and b_data on one CUDA device")
-    if k % 64:
-        raise ValueError(f"window64 weights need K % 64 == 0, got K={k}")
-    if e4m3_max not in (448, 256):
-        raise ValueError(f"e4m3_max must be 448 or 256, got {e4m3_max}")
+    _check_window64(k, e4m3_max)
     _check_window_amax(b_window_amax, n, k, "b", a.device)
     alpha, _, col, bias, decode = _epilogue(alpha, None, col, bias, m, n, out_dtype, a.device)
     out = torch.empty((m, n), dtype=out_dtype, device=a.device)
@@ -435,8 +437,7 @@ class PreparedWeights:
         self.arch = device_arch(self.device)
         self.window = scaling == "window64"
         if self.window:
-            if self.k % 64:
-                raise ValueError(f"window64 weights need K % 64 == 0, got K={self.k}")
+            _check_window64(self.k, e4m3_max)
             _check_window_amax(amax, self.n, self.k, "b", self.device)
         self.act_dtypes = ((torch.bfloat16,) if self.window
                            else (torch.bfloat16, torch.float16))
