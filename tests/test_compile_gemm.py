@@ -233,6 +233,58 @@ def test_mixed_sm90_fp16_ptx(tile_n, ctas_per_sm, k_split):
                       fp16=True)
 
 
+@pytest.mark.parametrize("tile_n,ctas_per_sm,k_split,k_slices", [(128, 1, False, 1),
+                                                                  (32, 2, True, 2),
+                                                                  (16, 3, True, 1)])
+def test_mixed_sm90_x_window_ptx(tile_n, ctas_per_sm, k_split, k_slices):
+    """x_window (W4A16 with window64 weights): a fourth TMA load per stage (the tile's window
+    factors), each k-tile's wgmmas into a part tile, waited for at depth 0 (the plain kernel
+    keeps one k-tile in flight), then one FP32 fma per accumulator element (the factor of the
+    element's row times the part); the same 8 wgmmas."""
+    from cute_fp4.gemm.sm90_mixed import UNSCALE_W4A16, max_stages, mixed_kernel
+
+    counts = {}
+    for x_window in (False, True):
+        stages = max_stages(tile_n, 2, True, ctas_per_sm, k_split, x_window)
+        op, args = mixed_kernel(torch.bfloat16, tile_n, stages, (False, False, True, False),
+                                None, True, UNSCALE_W4A16, True, 132, ctas_per_sm, k_split,
+                                k_slices=k_slices, x_window=x_window)
+        ptx = _sm90_gemm_ptx(op, args, tile_n, ctas_per_sm=ctas_per_sm)
+        counts[x_window] = {name: len(re.findall(pat, ptx)) for name, pat in (
+            ("tma", r"cp\.async\.bulk\.tensor\.2d"), ("wgmma", r"wgmma\.mma_async"),
+            ("wait0", r"wgmma\.wait_group\.sync\.aligned\s+0;"),
+            ("wait1", r"wgmma\.wait_group\.sync\.aligned\s+1;"), ("fma", r"fma\.rn\.f32"))}
+    rows = 64 if k_split else 128
+    per_thread = rows * tile_n // (128 if k_split else 256)  # accumulators per MMA thread
+    plain, window = counts[False], counts[True]
+    assert window == {"tma": plain["tma"] + 1, "wgmma": 8, "wait0": 2, "wait1": 0,
+                      "fma": plain["fma"] + 2 * per_thread}
+    assert plain["wait1"] == 2
+
+
+def test_mixed_sm90_x_window_config():
+    """x_window: BF16 only, tile_n within MIXED_WINDOW_TILE_NS (a second accumulator tile);
+    pick_mixed_config keeps its picks inside those limits."""
+    import cutlass
+
+    from cute_fp4.gemm.sm90_mixed import (MIXED_WINDOW_TILE_NS, UNSCALE_W4A16_FP16,
+                                          Sm90GemmMixed, pick_mixed_config)
+
+    with pytest.raises(ValueError, match="x_window"):
+        Sm90GemmMixed(cutlass.BFloat16, tile_n=256, stages=3, x_window=True)
+    with pytest.raises(ValueError, match="x_window"):
+        Sm90GemmMixed(cutlass.BFloat16, tile_n=64, stages=3, ctas_per_sm=2, x_window=True)
+    with pytest.raises(ValueError, match="x_window"):
+        Sm90GemmMixed(cutlass.Float16, tile_n=128, stages=3, fp16=True,
+                      unscale_exp=UNSCALE_W4A16_FP16, x_window=True)
+    for p, q in ((8192, 1), (8192, 40), (28672, 64), (16384, 64), (8192, 512), (8192, 4096)):
+        cfg = pick_mixed_config(p, q, x_window=True)
+        assert cfg.tile_n <= MIXED_WINDOW_TILE_NS[cfg.ctas_per_sm], (p, q, cfg)
+        plain = pick_mixed_config(p, q)
+        assert (cfg.k_split, cfg.k_slices) == (plain.k_split, plain.k_slices)
+    assert pick_mixed_config(8192, 4096, x_window=True).tile_n == 128
+
+
 def test_predecode_sm90_ptx():
     """The pre-pass: 16-byte global loads and stores, the stores through shared memory as
     whole lines (common.stores.warp_linear_store), the BF16x2 decode multiplies."""

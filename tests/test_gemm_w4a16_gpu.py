@@ -231,9 +231,9 @@ def test_chained_launches(graph, gen):
 @pytest.mark.parametrize("e4m3_max,swizzled", [(448, False), (256, True)])
 @pytest.mark.parametrize("out_dtype,has_bias", [(torch.bfloat16, False), (torch.float32, True)])
 def test_window64_weights(m, k, e4m3_max, swizzled, out_dtype, has_bias, gen):
-    """W4A16 with window64 weights (gemm_w4a16's window path: up to 64 tokens the streaming
-    kernel with its per-window partial tiles, token tiles of 8 to 64, beyond the window kernel
-    with the activations K-permuted as they are): within the float64 bound of the reference's
+    """W4A16 with window64 weights (gemm_w4a16's "auto" path: up to 64 tokens the streaming
+    kernel with its per-window partial tiles, token tiles of 8 to 64, beyond the mixed kernel
+    with x_window): within the float64 bound of the reference's
     FP32 block factors scale * S_dec(window amax), outlier and all-zero windows included,
     compact and swizzled scales, K = 64 (one window: half a chunk, the masked tail only), 128
     (one chunk), odd counts of windows (K = 320: a half chunk in the masked tail; K = 2112:
@@ -276,6 +276,42 @@ def test_window64_weights_outside_fast_domain(m, gen):
     d64, mag = expected64(a.double(), values64(b, window_factors(sb, amax, 448)), None, None,
                           None, None)
     check(out.double() * 2.0**100, d64 * 2.0**100, mag * 2.0**100, k, torch.float32)
+
+
+@pytest.mark.parametrize("m,k", [(1, 320), (20, 2112), (70, 320), (300, 2112)])
+@pytest.mark.parametrize("path", ["stream", "mixed", "window"])
+def test_window64_weights_paths(m, k, path, gen):
+    """Each of gemm_w4a16's kernels for window64 weights at any M (the streaming kernel with
+    its per-window partials, the mixed kernel with x_window at decode and prefill
+    configurations, the window kernel), swizzled scales, a bias: within the float64 bound."""
+    from cute_fp4.gemm.dispatch import gemm_w4a16
+
+    n = 200
+    a = rand_act(m, k, torch.bfloat16, gen)
+    b, sb = rand_fp4(n, k, gen)
+    amax = window_amax(n, k, gen)
+    bias = torch.randn(n, generator=gen)
+    out = gemm_w4a16(a.cuda(), b.cuda(), swizzle_scales(sb).cuda(), bias=bias.cuda(),
+                     scales_swizzled=True, b_window_amax=amax.cuda(), path=path)
+    d64, mag = expected64(a.double(), values64(b, window_factors(sb, amax, 448)), None, None,
+                          None, bias)
+    check(out, d64, mag, k, torch.bfloat16)
+
+
+def test_w4a16_path_errors(gen):
+    from cute_fp4.gemm.dispatch import gemm_w4a16
+
+    a = torch.randn(4, 128, device="cuda", dtype=torch.bfloat16)
+    b, sb = (t.cuda() for t in rand_fp4(64, 128, gen))
+    with pytest.raises(ValueError, match="path must be one of"):
+        gemm_w4a16(a, b, sb, path="tma")
+    with pytest.raises(ValueError, match="path 'window' is for window64 weights"):
+        gemm_w4a16(a, b, sb, path="window")
+    want = gemm_w4a16(a, b, sb)
+    for path in ("stream", "mixed"):  # plain weights: both kernels, the same sum
+        torch.testing.assert_close(gemm_w4a16(a, b, sb, path=path), want, rtol=2e-2, atol=1e-2)
+    with pytest.raises(NotImplementedError, match="sm_90a"):
+        gemm_w4a16(a.cpu(), b.cpu(), sb.cpu(), path="mixed")
 
 
 def test_window64_weights_errors(gen):

@@ -316,13 +316,16 @@ def _gemm_sm100(a_data, sfa, b_data, sfb, alpha, row, col, bias, out_dtype, out,
 # the weights once per 64 tokens (0.26x cuBLAS at M = 512, notes/gemm_w4a16.md), for
 # dequantize-then-cuBLAS (the mixed wgmma kernel takes BF16 activations only).
 W4A16_MAX_DECODE_ROWS = 64
-# W4A16 with window64 weights: the streaming kernel up to 64 tokens, the window kernel beyond.
-# H200 graphs, K = 8192 (perf/results/gemm_w4a16_window64_h200.md, logs/
+# W4A16 with window64 weights: the streaming kernel up to 64 tokens, the mixed kernel with
+# x_window beyond (branch w4a16winmixed55: NOT measured; against the window kernel there).
+# The streaming kernel against the window kernel, H200 graphs, K = 8192 (perf/results/gemm_w4a16_window64_h200.md, logs/
 # w4a16_window_session55_h200.md): 32 / 64 tokens x 8192 rows 38.1 / 67.1 us against 115 / 114
 # on the window kernel, x 28672 rows 124 / 222 against 371 / 336; the window kernel runs 128 /
 # 512 x 8192 in 144 / 215 us, where the streaming kernel's 64-token grid rows would take ~2 /
 # 8 x 67.
 W4A16_WINDOW_STREAM_ROWS = 64
+# gemm_w4a16's paths (its `path` argument)
+W4A16_PATHS = ("auto", "stream", "mixed", "window")
 # S_enc = 448 * 6 / 2688 = 1: the dequantize kernel then returns e2m1 * scale exactly.
 _UNIT_SCALE_AMAX = 2688.0
 
@@ -331,7 +334,7 @@ def gemm_w4a16(a: torch.Tensor, b_data: torch.Tensor, b_scales: torch.Tensor, *,
                alpha: Optional[torch.Tensor] = None, col: Optional[torch.Tensor] = None,
                bias: Optional[torch.Tensor] = None, out_dtype: torch.dtype = torch.bfloat16,
                scales_swizzled: bool = False, b_window_amax: Optional[torch.Tensor] = None,
-               e4m3_max: int = 448) -> torch.Tensor:
+               e4m3_max: int = 448, path: str = "auto") -> torch.Tensor:
     """BF16/FP16 activations [M, K] x NVFP4 weights [N, K/2] (E4M3 block scales, compact or
     swizzled): D = cast(alpha * col[n] * sum_k a[m, k] * b[n, k] + bias[n]); alpha and col
     are FP32 factors or `operands.OuterAmax` (the weights' outer amaxes, decoded in the
@@ -339,7 +342,10 @@ def gemm_w4a16(a: torch.Tensor, b_data: torch.Tensor, b_scales: torch.Tensor, *,
     b_window_amax with the recipe's e4m3_max (K % 64 == 0); b[n, k] then carries the factor
     S_dec(amax[n, k // 64]), applied in FP32 per window (BF16 activations, sm_90a only:
     NotImplementedError elsewhere): up to W4A16_WINDOW_STREAM_ROWS tokens by the streaming
-    kernel (`sm90_w4a16`, window), beyond by the window kernel (`sm90_window`).
+    kernel (`sm90_w4a16`, window), beyond by the mixed kernel (`sm90_mixed`, x_window).
+    path (sm_90a; W4A16_PATHS): "auto", or "stream" / "mixed" (those kernels at any M),
+    "window" (window64 weights only: the window kernel `sm90_window`, both operands as BF16
+    values, SS wgmma).
 
     On sm_90a, BF16 and FP16 activations run the weight-streaming W4A16 kernel (`sm90_w4a16`)
     where `stream_weights(M)` says it is faster (up to 16 tokens) and the mixed wgmma kernel
@@ -348,11 +354,18 @@ def gemm_w4a16(a: torch.Tensor, b_data: torch.Tensor, b_scales: torch.Tensor, *,
     once (exact e2m1 * scale, in the activation dtype) and cuBLAS runs, then the epilogue in
     FP32: the same sum up to its rounding (the dense GEMM rounds its result to the activation
     dtype before the epilogue when out_dtype is 16-bit; fp32 outputs use an FP32 GEMM)."""
+    if path not in W4A16_PATHS:
+        raise ValueError(f"path must be one of {W4A16_PATHS}, got {path!r}")
     if b_window_amax is not None:
         return _gemm_w4a16_window(a, b_data, b_scales, b_window_amax, e4m3_max, alpha, col,
-                                  bias, out_dtype, scales_swizzled)
-    if a.dim() == 2 and a.is_cuda and device_arch(a.device) == "sm_90a":
-        if not stream_weights(a.shape[0]):
+                                  bias, out_dtype, scales_swizzled, path)
+    if path == "window":
+        raise ValueError("path 'window' is for window64 weights (b_window_amax)")
+    sm90 = a.dim() == 2 and a.is_cuda and device_arch(a.device) == "sm_90a"
+    if path != "auto" and not sm90:
+        raise NotImplementedError(f"path {path!r} runs on sm_90a CUDA devices only")
+    if sm90:
+        if path == "mixed" or (path == "auto" and not stream_weights(a.shape[0])):
             return gemm_mixed_sm90(b_data, b_scales, a, alpha=alpha, col=col, bias=bias,
                                    out_dtype=out_dtype, scales_swizzled=scales_swizzled)
         return gemm_w4a16_sm90(a, b_data, b_scales, alpha=alpha, col=col, bias=bias,
@@ -376,7 +389,7 @@ def gemm_w4a16(a: torch.Tensor, b_data: torch.Tensor, b_scales: torch.Tensor, *,
 
 
 def _gemm_w4a16_window(a, b_data, b_scales, b_window_amax, e4m3_max, alpha, col, bias,
-                       out_dtype, swizzled):
+                       out_dtype, swizzled, path):
     """gemm_w4a16 with window64 weights: checks, then `_launch_w4a16_window`."""
     if not a.is_cuda or device_arch(a.device) != "sm_90a":
         raise NotImplementedError("W4A16 with window64 weights runs on sm_90a CUDA devices only")
@@ -397,22 +410,31 @@ def _gemm_w4a16_window(a, b_data, b_scales, b_window_amax, e4m3_max, alpha, col,
         return out
     return _launch_w4a16_window(a.contiguous(), b_data, sfb, swizzled,
                                 b_window_amax.contiguous(), e4m3_max, alpha, col, bias, out,
-                                decode, device_arch(a.device))
+                                decode, device_arch(a.device), path)
 
 
 def _launch_w4a16_window(a, b_data, sfb, swizzled, window_amax, e4m3_max, alpha, col, bias,
-                         out, decode, arch):
+                         out, decode, arch, path="auto"):
     """W4A16 with window64 weights, checked operands (flat scales `sfb`, contiguous window
-    amaxes [N, K/64]): the streaming kernel up to W4A16_WINDOW_STREAM_ROWS tokens (it decodes
-    the window factors), else the window kernel (factors by `window_factors`)."""
+    amaxes [N, K/64]) on `path` (gemm_w4a16's): "auto" is the streaming kernel up to
+    W4A16_WINDOW_STREAM_ROWS tokens (it decodes the window factors), else the mixed kernel
+    with x_window (factors by `window_factors`)."""
     m, n, k = a.shape[0], b_data.shape[0], b_data.shape[1] * 2
-    if m <= W4A16_WINDOW_STREAM_ROWS:
+    if path == "auto":
+        path = "stream" if m <= W4A16_WINDOW_STREAM_ROWS else "mixed"
+    if path == "stream":
         return launch_w4a16(a, b_data, sfb, out, alpha, None, col, bias, swizzled=swizzled,
                             transposed=False, arch=arch, decode=decode, window_amax=window_amax,
                             e4m3_max=e4m3_max)
-    return gemm_w4a16_window_sm90(a, b_data, _swizzled(sfb, n, k, swizzled),
-                                  window_factors(window_amax, e4m3_max, arch), alpha, col, bias,
-                                  out, decode, arch)
+    factors = window_factors(window_amax, e4m3_max, arch)
+    sfb = _swizzled(sfb, n, k, swizzled)
+    if path == "window":
+        return gemm_w4a16_window_sm90(a, b_data, sfb, factors, alpha, col, bias, out, decode,
+                                      arch)
+    w = _prepare_data(b_data)
+    return launch_mixed(w, sfb, permute_k(a, k_pad(w.shape[1]), arch), out, alpha, None, col,
+                        bias, transposed=True, unscale_exp=UNSCALE_W4A16, arch=arch,
+                        decode=decode, x_window=factors)
 
 
 class PreparedWeights:

@@ -193,7 +193,7 @@ class GemmPlan:
         if self.path == "predecode":
             self.decode_small(small.data.view(torch.int32),
                               small.scales.view(torch.int32).view(-1), y.view(torch.int32))
-            self.gemm(big.data, sf, y, out, alpha, row, col, bias)
+            self.gemm(big.data, sf, y, out, alpha, row, col, bias, None)
         else:  # the streaming kernel takes its tokens first
             self.decode_small(small.data, small.scales, _unit_amax(device), y)
             self.gemm(y, big.data, sf, out, alpha, row, col, bias, None)

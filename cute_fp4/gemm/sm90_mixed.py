@@ -58,7 +58,8 @@ from ..common.jit import (KERNELS, compile_kernel, dyn, env_stream, fake_tensor,
 from ..common.ptx import ld_global, ld_shared, ld_shared_cluster, prmt, st_global
 from ..common.stores import warp_buffer, warp_linear_store
 from ..ref.dequantize import check_out_tensor
-from .parts import EpilogueOperands, epilogue_fakes, prefetch_tma, tma_slices
+from .parts import (EpilogueOperands, epilogue_fakes, prefetch_tma, tma_slices, window_fake,
+                    window_update)
 
 TILE_M = 128
 TILE_K = 64  # elements per k-tile: 4 NVFP4 blocks, 32 packed bytes, 128 BF16 bytes per row
@@ -70,6 +71,8 @@ MIXED_TILE_NS = (16, 32, 64, 128, 256)
 # CTAs per SM -> (producer, consumer registers, widest tile_n that fits them without spills):
 # producer * 128 + consumer * 256 <= the launch allocation * 384 (168 / 80 / 56 per thread)
 MIXED_REGS = {1: (40, 232, 256), 2: (24, 104, 64), 3: (24, 72, 16)}
+# x_window (a second accumulator tile): CTAs per SM -> the widest tile_n that fits
+MIXED_WINDOW_TILE_NS = {1: 128, 2: 32, 3: 16}
 # k_slices: CTAs per cluster, each a slice of a 64-row tile's k-tiles
 K_SLICES = (1, 2, 4)
 # named barriers of the k_split accumulator hand-over (the staged epilogue uses 2 and 3)
@@ -362,18 +365,23 @@ class Sm90GemmMixed(Sm90Gemm):
     k_slices (with k_split: a cluster of k_slices CTAs per 64-row tile, CTA r of it the r-th
     slice of the k-tiles; the CTAs of rank > 0 leave their sums in shared memory and rank 0
     adds them in rank order (DSMEM) and runs the epilogue: deterministic, not persistent, one
-    tile per cluster; for weights with fewer 64-row tiles than CTA slots) and fp16 (y FP16
-    and x decoded to FP16: W4A16 with FP16 activations, unscale_exp 14).
+    tile per cluster; for weights with fewer 64-row tiles than CTA slots), fp16 (y FP16
+    and x decoded to FP16: W4A16 with FP16 activations, unscale_exp 14) and x_window (x is a
+    1x64 local-encode operand: W4A16 with window64 weights; each k-tile, one window, goes to a
+    register tile of its own, added to the accumulators with x's FP32 window factors:
+    acc += wx[p] * part, `parts.window_update`; BF16 only).
     `__call__` takes packed x [P, K/2] (uint8, K/2 a multiple of 16), its swizzled scales (flat
-    uint8), y [Q, >= K] BF16 or FP16 (row pitch a multiple of 16 bytes), D [M, N] and the
-    optional alpha [1], row [M], col [N], bias [N]."""
+    uint8), y [Q, >= K] BF16 or FP16 (row pitch a multiple of 16 bytes), D [M, N], the
+    optional alpha [1], row [M], col [N], bias [N] and, with x_window, x's window factors
+    ([P padded to 4, K/64] FP32 with the rows contiguous, `dispatch._window_factors`)."""
 
     def __init__(self, out_dtype: Type[cutlass.Numeric], *, tile_n: int = 256, stages: int = 5,
                  has_alpha: bool = False, has_row: bool = False, has_col: bool = False,
                  has_bias: bool = False, transposed: bool = False,
                  unscale_exp: int = UNSCALE_W4A4, vec_store: bool = False,
                  num_ctas: int = 132, ctas_per_sm: int = 1, k_split: bool = False,
-                 k_slices: int = 1, fp16: bool = False, decode=(None, None, None)):
+                 k_slices: int = 1, fp16: bool = False, decode=(None, None, None),
+                 x_window: bool = False):
         if tile_n not in MIXED_TILE_NS:
             raise ValueError(f"tile_n must be one of {MIXED_TILE_NS}, got {tile_n}")
         if ctas_per_sm not in MIXED_REGS or tile_n > MIXED_REGS[ctas_per_sm][2]:
@@ -383,7 +391,8 @@ class Sm90GemmMixed(Sm90Gemm):
         super().__init__(out_dtype, tile_n, stages,
                          (has_alpha, has_row, has_col, has_bias, decode),
                          producer_regs=producer_regs, consumer_regs=consumer_regs)
-        most = max_stages(tile_n, out_dtype.width // 8, transposed, ctas_per_sm)
+        most = max_stages(tile_n, out_dtype.width // 8, transposed, ctas_per_sm,
+                          x_window=x_window)
         if stages < 2 or stages > most:
             raise ValueError(f"stages must be 2..{most} for tile_n {tile_n}, "
                              f"{out_dtype.__name__} output, transposed={transposed}, "
@@ -396,6 +405,12 @@ class Sm90GemmMixed(Sm90Gemm):
         if fp16 and unscale_exp != UNSCALE_W4A16_FP16:
             raise ValueError(f"fp16 (FP16 activations, FP16 decode) needs unscale_exp "
                              f"{UNSCALE_W4A16_FP16}, got {unscale_exp}")
+        if x_window and (fp16 or tile_n > MIXED_WINDOW_TILE_NS[ctas_per_sm]):
+            raise ValueError(f"x_window needs BF16 operands and tile_n <= "
+                             f"{MIXED_WINDOW_TILE_NS[ctas_per_sm]} at {ctas_per_sm} CTA(s) per "
+                             f"SM (a second accumulator tile); got tile_n {tile_n}, "
+                             f"fp16={fp16}")
+        self.x_window = x_window
         # FP16 activations: y and the decoded weights are FP16 (FP16 wgmma)
         self.fp16 = fp16
         self.ab_dtype = cutlass.Float16 if fp16 else cutlass.BFloat16
@@ -414,7 +429,7 @@ class Sm90GemmMixed(Sm90Gemm):
     def __call__(self, mX: cute.Tensor, mSFX: cute.Tensor, mY: cute.Tensor, mD: cute.Tensor,
                  mAlpha: Optional[cute.Tensor], mRow: Optional[cute.Tensor],
                  mCol: Optional[cute.Tensor], mBias: Optional[cute.Tensor],
-                 stream: cuda.CUstream):
+                 mXWin: Optional[cute.Tensor], stream: cuda.CUstream):
         tile_n = self.tile_n
         p_rows, q_rows, k_tiles = extents(mX, mY)
         tile_m = self.tile_m
@@ -436,6 +451,13 @@ class Sm90GemmMixed(Sm90Gemm):
         if const_expr(self.k_split):
             # the odd k-tiles' accumulators (one 64 x tile_n tile)
             arrays["sRed"] = smem_array(Float32, 64 * tile_n)
+        # x_window: the tile's [tile_m] window factors of each k-tile, with its stage
+        wx_layout = cute.make_layout((tile_m, 1, self.stages), stride=(1, tile_m, tile_m))
+        tma_wx = tma_mWX = None
+        if const_expr(self.x_window):
+            tma_wx, tma_mWX = tma_load(mXWin, wx_layout, (tile_m, 1))
+            tx_bytes += tile_m * 4
+            arrays["sWX"] = smem_array(Float32, cute.cosize(wx_layout))
         self.set_shared_storage(**arrays)
 
         grid = (cutlass.min(tiles, self.num_ctas * self.ctas_per_sm), 1, 1)
@@ -445,7 +467,7 @@ class Sm90GemmMixed(Sm90Gemm):
             cluster = (self.k_slices, 1, 1)
         self.kernel(
             tma_x, tma_mX, tma_sf, tma_mSF, tma_y, tma_mY, mD, (mAlpha, mRow, mCol, mBias),
-            tiled_mma, (pk_layout, sf_layout, y_layout), tx_bytes,
+            tma_wx, tma_mWX, tiled_mma, (pk_layout, sf_layout, y_layout, wx_layout), tx_bytes,
         ).launch(grid=grid, block=[self.threads, 1, 1], cluster=cluster, stream=stream,
                  min_blocks_per_mp=self.ctas_per_sm,
                  preferred_smem_carveout=100 if self.ctas_per_sm > 1 else None)
@@ -453,10 +475,10 @@ class Sm90GemmMixed(Sm90Gemm):
     @cute.kernel
     def kernel(self, tma_x: cute.CopyAtom, mX: cute.Tensor, tma_sf: cute.CopyAtom,
                mSF: cute.Tensor, tma_y: cute.CopyAtom, mY: cute.Tensor, mD: cute.Tensor,
-               epi: tuple, tiled_mma: cute.TiledMma, layouts: tuple,
-               tx_bytes: cutlass.Constexpr[int]):
+               epi: tuple, tma_wx: Optional[cute.CopyAtom], mWX: Optional[cute.Tensor],
+               tiled_mma: cute.TiledMma, layouts: tuple, tx_bytes: cutlass.Constexpr[int]):
         tile_n = self.tile_n
-        pk_layout, sf_layout, y_layout = layouts
+        pk_layout, sf_layout, y_layout, wx_layout = layouts
         tidx, _, _ = cute.arch.thread_idx()
         bid, _, _ = cute.arch.block_idx()
         n_ctas, _, _ = cute.arch.grid_dim()
@@ -464,7 +486,7 @@ class Sm90GemmMixed(Sm90Gemm):
         wg_idx = cute.arch.make_warp_uniform(tidx // 128)
 
         if warp_idx == 0:
-            prefetch_tma(tma_x, tma_sf, tma_y)
+            prefetch_tma(tma_x, tma_sf, tma_y, tma_wx)
 
         smem = cutlass.memory.SmemAllocator()
         storage = smem.allocate(self.shared_storage)
@@ -472,6 +494,7 @@ class Sm90GemmMixed(Sm90Gemm):
         sX = storage.sX.get_tensor(pk_layout)
         sSF = storage.sSF.get_tensor(sf_layout)
         sY = storage.sY.get_tensor(y_layout.outer, swizzle=y_layout.inner)
+        sWX = storage.sWX.get_tensor(wx_layout) if const_expr(self.x_window) else None
         k_tiles = cute.size(cute.ceil_div(mX.shape[1], TILE_K // 2))
         tile_m = self.tile_m
         p_tiles = cute.ceil_div(mX.shape[0], tile_m)
@@ -490,6 +513,10 @@ class Sm90GemmMixed(Sm90Gemm):
             cute.arch.setmaxregister_decrease(self.producer_regs)
             if warp_idx == 0:
                 tSsS, tSgS = tma_slices(tma_sf, sSF, cute.local_tile(mSF, (128, 4), (0, None)))
+                tWsX = tWgX = None
+                if const_expr(self.x_window):
+                    tWsX, tWgX = tma_slices(tma_wx, sWX,
+                                            cute.local_tile(mWX, (tile_m, 1), (None, None)))
                 state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer,
                                                      self.stages)
                 for i in cutlass.range(my_tiles, unroll=1):
@@ -509,6 +536,9 @@ class Sm90GemmMixed(Sm90Gemm):
                         cute.copy(tma_sf, tSgS[(None, sf_tile * k_tiles + kt)],
                                   tSsS[(None, s)], tma_bar_ptr=bar)
                         cute.copy(tma_y, tYgY[(None, kt)], tYsY[(None, s)], tma_bar_ptr=bar)
+                        if const_expr(self.x_window):
+                            cute.copy(tma_wx, tWgX[(None, p_tile, kt)], tWsX[(None, s)],
+                                      tma_bar_ptr=bar)
                         mainloop.producer_commit(state)
                         state.advance()
                 mainloop.producer_tail(state)
@@ -531,6 +561,13 @@ class Sm90GemmMixed(Sm90Gemm):
             acc = cute.make_rmem_tensor(
                 thr_mma.partition_C(cute.make_identity_tensor((tile_m, tile_n))).shape, Float32)
             tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
+            # x_window: each own k-tile's wgmmas go to `part` (zeroed first), then
+            # window_update adds it to acc with the k-tile's factors
+            part = coords = None
+            if const_expr(self.x_window):
+                part = cute.make_rmem_tensor(acc.shape, Float32)
+                coords = tiled_mma.get_slice(mma_tid).partition_C(
+                    cute.make_identity_tensor((tile_m, tile_n)))
 
             pk_off, sf_off, sf_shift = a_fragment_offsets(mma_tid)
             x_base = sX.iterator.toint() + pk_off
@@ -552,23 +589,42 @@ class Sm90GemmMixed(Sm90Gemm):
                         kl = kq * 2 + j
                         if kl < n_own:
                             s = (g0 + kl * k_step) % self.stages
-                            warpgroup.fence()
-                            for kb in cutlass.range_constexpr(TILE_K // 16):
-                                cute.gemm(tiled_mma, acc, rA[j][(None, None, kb)],
-                                          tCrY[(None, None, kb, s)], acc)
-                            warpgroup.commit_group()
-                            # the previous own k-tile is done: its stage and A buffer (1 - j)
-                            # are free
-                            warpgroup.wait_group(1)
-                            if kl > 0:
-                                mainloop.consumer_release(
-                                    self.consumer_state(g0 + (kl - 1) * k_step))
-                            if kl + 1 < n_own:
-                                self.decode_stage(mainloop, g0 + (kl + 1) * k_step, x_base,
-                                                  sf_base, sf_shift, rA[1 - j])
-                warpgroup.wait_group(0)
-                if n_own > 0:
-                    mainloop.consumer_release(self.consumer_state(g0 + (n_own - 1) * k_step))
+                            if const_expr(self.x_window):
+                                # this k-tile's products into the zeroed part, the next own
+                                # k-tile decoded while they run, then (wait depth 0)
+                                # acc += wx * part and the stage released
+                                part.fill(0.0)
+                                warpgroup.fence()
+                                for kb in cutlass.range_constexpr(TILE_K // 16):
+                                    cute.gemm(tiled_mma, part, rA[j][(None, None, kb)],
+                                              tCrY[(None, None, kb, s)], part)
+                                warpgroup.commit_group()
+                                if kl + 1 < n_own:
+                                    self.decode_stage(mainloop, g0 + (kl + 1) * k_step,
+                                                      x_base, sf_base, sf_shift, rA[1 - j])
+                                warpgroup.wait_group(0)
+                                window_update(acc, part, coords, sWX, None, s, True, False)
+                                mainloop.consumer_release(self.consumer_state(g0 + kl * k_step))
+                            else:
+                                warpgroup.fence()
+                                for kb in cutlass.range_constexpr(TILE_K // 16):
+                                    cute.gemm(tiled_mma, acc, rA[j][(None, None, kb)],
+                                              tCrY[(None, None, kb, s)], acc)
+                                warpgroup.commit_group()
+                                # the previous own k-tile is done: its stage and A buffer
+                                # (1 - j) are free
+                                warpgroup.wait_group(1)
+                                if kl > 0:
+                                    mainloop.consumer_release(
+                                        self.consumer_state(g0 + (kl - 1) * k_step))
+                                if kl + 1 < n_own:
+                                    self.decode_stage(mainloop, g0 + (kl + 1) * k_step,
+                                                      x_base, sf_base, sf_shift, rA[1 - j])
+                if const_expr(not self.x_window):
+                    warpgroup.wait_group(0)
+                    if n_own > 0:
+                        mainloop.consumer_release(
+                            self.consumer_state(g0 + (n_own - 1) * k_step))
                 if const_expr(self.k_split):
                     self.add_partials(acc, storage.sRed.data_ptr(), mma_wg, mma_tid, i,
                                       my_tiles)
@@ -766,13 +822,16 @@ def staging_bytes(tile_n: int, out_elt: int, transposed: bool) -> int:
 
 @functools.lru_cache(maxsize=None)
 def max_stages(tile_n: int, out_elt: int, transposed: bool, ctas_per_sm: int = 1,
-               k_split: bool = False) -> int:
+               k_split: bool = False, x_window: bool = False) -> int:
     """The deepest pipeline (at most 8) that fits a CTA's share of shared memory next to the
-    epilogue buffer (and k_split's accumulator buffer)."""
+    epilogue buffer (and k_split's accumulator buffer); x_window: each stage also holds the
+    tile's FP32 window factors."""
     free = SMEM_BYTES // ctas_per_sm - staging_bytes(tile_n, out_elt, transposed)
+    tile_m = 64 if k_split else TILE_M
+    window = tile_m * 4 if x_window else 0
     if k_split:
-        return min(8, (free - 64 * tile_n * 4) // _stage_bytes(tile_n, 64))
-    return min(8, free // _stage_bytes(tile_n))
+        return min(8, (free - 64 * tile_n * 4) // (_stage_bytes(tile_n, 64) + window))
+    return min(8, free // (_stage_bytes(tile_n) + window))
 
 
 class MixedConfig(NamedTuple):
@@ -785,9 +844,12 @@ class MixedConfig(NamedTuple):
 
 @functools.lru_cache(maxsize=4096)
 def pick_mixed_config(p: int, q: int, sms: int = 132, out_elt: int = 2,
-                      transposed: bool = False) -> MixedConfig:
+                      transposed: bool = False, x_window: bool = False) -> MixedConfig:
     """MixedConfig(tile_n, stages, ctas_per_sm, k_split, k_slices) for P register-operand rows
-    x Q TMA-operand rows and out_elt-byte outputs.
+    x Q TMA-operand rows and out_elt-byte outputs; x_window (window64 x, a second accumulator
+    tile): the same picks within MIXED_WINDOW_TILE_NS (tile_n 128 for 256, one CTA per SM
+    where the width does not fit more), with the window factors' stage bytes. Not measured
+    with x_window yet.
 
     Q <= 64 (decode sizes): a tile costs about the same at any width up to 64 (the register
     decode of its 128 x K weights and the wgmma chain of each k-tile bound it: H100, K = 8192,
@@ -806,6 +868,17 @@ def pick_mixed_config(p: int, q: int, sms: int = 132, out_elt: int = 2,
     decode per FLOP; measured 2048^3: 482 vs 412 TFLOP/s; 1024x2048x2048, 64 tiles of 256:
     262 vs 332 for 128) - unless the 256-wide epilogue buffer leaves fewer than 3 stages (FP32
     outputs). The deepest pipeline that fits."""
+    picked = _pick_plain_config(p, q, sms, out_elt, transposed)
+    if not x_window:
+        return picked
+    tile_n = min(picked.tile_n, MIXED_WINDOW_TILE_NS[1])
+    ctas = picked.ctas_per_sm if tile_n <= MIXED_WINDOW_TILE_NS[picked.ctas_per_sm] else 1
+    return MixedConfig(tile_n, max_stages(tile_n, out_elt, transposed, ctas, picked.k_split,
+                                          True), ctas, picked.k_split, picked.k_slices)
+
+
+def _pick_plain_config(p: int, q: int, sms: int, out_elt: int, transposed: bool) -> MixedConfig:
+    """pick_mixed_config without window factors."""
     p_tiles = -(-p // TILE_M)
     if q <= 64:
         tile_n = max(16, 1 << (q - 1).bit_length())
@@ -834,7 +907,7 @@ def pick_mixed_config(p: int, q: int, sms: int = 132, out_elt: int = 2,
 
 def mixed_kernel(out_dtype, tile_n, stages, flags, bias_dtype, transposed, unscale_exp,
                  vec_store, num_ctas=132, ctas_per_sm=1, k_split=False, fp16=False,
-                 decode=(None, None, None), k_slices=1):
+                 decode=(None, None, None), k_slices=1, x_window=False):
     """The compile-time op and fake arguments of one Sm90GemmMixed configuration."""
     import cutlass
 
@@ -843,7 +916,7 @@ def mixed_kernel(out_dtype, tile_n, stages, flags, bias_dtype, transposed, unsca
                        has_alpha=has_alpha, has_row=has_row, has_col=has_col, has_bias=has_bias,
                        transposed=transposed, unscale_exp=unscale_exp, vec_store=vec_store,
                        num_ctas=num_ctas, ctas_per_sm=ctas_per_sm, k_split=k_split,
-                       k_slices=k_slices, fp16=fp16, decode=decode)
+                       k_slices=k_slices, fp16=fp16, decode=decode, x_window=x_window)
     elt = torch.empty((), dtype=out_dtype).element_size()
     p, q = dyn(), dyn()
     m, n = (q, p) if transposed else (p, q)
@@ -857,6 +930,7 @@ def mixed_kernel(out_dtype, tile_n, stages, flags, bias_dtype, transposed, unsca
         fake_tensor(cutlass.Float16 if fp16 else cutlass.BFloat16, (q, dyn(8))),
         fake_tensor(torch_to_cutlass(out_dtype), (m, n), align=16 if vec_store else elt),
         *epilogue_fakes(flags, bias_dtype, m, n),
+        window_fake(x_window),
         env_stream(),
     )
     return op, args
@@ -947,12 +1021,13 @@ def launch_mixed(x_data, sfx, y, out, alpha, row, col, bias, *, transposed: bool
                  unscale_exp: int, arch: str, tile_n: Optional[int] = None,
                  stages: Optional[int] = None, ctas_per_sm: Optional[int] = None,
                  k_split: Optional[bool] = None, k_slices: Optional[int] = None,
-                 decode=(None, None, None)):
+                 decode=(None, None, None), x_window: Optional[torch.Tensor] = None):
     """Run Sm90GemmMixed on prepared operands: x_data [P, K/2] uint8 with 16-byte rows and
     base, sfx its flat swizzled scales, y [Q, >= K] BF16 (FP16: W4A16 with FP16 activations,
     unscale_exp UNSCALE_W4A16_FP16) in the kernel's K order with 16-byte
     row pitch, out [M, N] contiguous, the epilogue operands and `decode` as
-    `operands._epilogue` returns them."""
+    `operands._epilogue` returns them, and x's window64 factors where x is a 1x64
+    local-encode operand (`dispatch._window_factors`; BF16 y)."""
     flags = (alpha is not None, row is not None, col is not None, bias is not None)
     vec_store = (out.shape[1] * out.element_size()) % 16 == 0 and out.data_ptr() % 16 == 0
     fn = mixed_launcher(x_data.shape[0], y.shape[0], out.dtype, flags,
@@ -960,8 +1035,8 @@ def launch_mixed(x_data, sfx, y, out, alpha, row, col, bias, *, transposed: bool
                         unscale_exp=unscale_exp, vec_store=vec_store,
                         fp16=y.dtype == torch.float16, sms=num_sms(out.device), arch=arch,
                         tile_n=tile_n, stages=stages, ctas_per_sm=ctas_per_sm, k_split=k_split,
-                        k_slices=k_slices, decode=decode)
-    fn(x_data, sfx, y, out, alpha, row, col, bias)
+                        k_slices=k_slices, decode=decode, x_window=x_window is not None)
+    fn(x_data, sfx, y, out, alpha, row, col, bias, x_window)
     return out
 
 
@@ -969,14 +1044,17 @@ def mixed_launcher(p: int, q: int, out_dtype: torch.dtype, flags, bias_dtype, *,
                    transposed: bool, unscale_exp: int, vec_store: bool, fp16: bool, sms: int,
                    arch: str, tile_n: Optional[int] = None, stages: Optional[int] = None,
                    ctas_per_sm: Optional[int] = None, k_split: Optional[bool] = None,
-                   k_slices: Optional[int] = None, decode=(None, None, None)):
+                   k_slices: Optional[int] = None, decode=(None, None, None),
+                   x_window: bool = False):
     """The compiled Sm90GemmMixed (its TVM-FFI function) that `launch_mixed` calls for P
     register-operand rows x Q TMA-operand rows: the configuration `pick_mixed_config` picks
     unless tile_n (and the options after it) are given. flags: which of alpha, row, col,
-    bias exist; vec_store: D's rows are 16-byte aligned."""
+    bias exist; vec_store: D's rows are 16-byte aligned; x_window: x has window64 factors.
+    Called with (x, sfx, y, out, alpha, row, col, bias, x's window factors or None)."""
     elt = out_dtype.itemsize
+    x_window = bool(x_window)
     if tile_n is None:
-        picked = pick_mixed_config(p, q, sms, elt, transposed)
+        picked = pick_mixed_config(p, q, sms, elt, transposed, x_window)
         tile_n = picked.tile_n
         ctas_per_sm = ctas_per_sm or picked.ctas_per_sm
         k_split = picked.k_split if k_split is None else k_split
@@ -984,14 +1062,14 @@ def mixed_launcher(p: int, q: int, out_dtype: torch.dtype, flags, bias_dtype, *,
     ctas_per_sm = ctas_per_sm or 1
     k_split = bool(k_split)
     k_slices = k_slices or 1
-    stages = stages or max_stages(tile_n, elt, transposed, ctas_per_sm, k_split)
+    stages = stages or max_stages(tile_n, elt, transposed, ctas_per_sm, k_split, x_window)
     key = ("gemm_mixed_sm90", out_dtype, tile_n, stages, flags, bias_dtype, transposed,
-           unscale_exp, vec_store, sms, ctas_per_sm, k_split, fp16, decode, k_slices)
+           unscale_exp, vec_store, sms, ctas_per_sm, k_split, fp16, decode, k_slices, x_window)
 
     def build():
         op, args = mixed_kernel(out_dtype, tile_n, stages, flags, bias_dtype, transposed,
                                 unscale_exp, vec_store, sms, ctas_per_sm, k_split, fp16,
-                                decode, k_slices)
+                                decode, k_slices, x_window)
         return compile_kernel(op, *args, arch=arch)
 
     return KERNELS.ffi(key, build)
