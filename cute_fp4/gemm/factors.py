@@ -136,35 +136,55 @@ def factors_launcher(a_kind: Optional[str], b_kind: Optional[str], a_e4m3_max: i
     return KERNELS.ffi(key, build)
 
 
+# WindowFactors: tiles of 32 rows x 32 windows, 8 rows of threads (4 elements each)
+WINDOW_TILE, WINDOW_TILE_ROWS = 32, 8
+
+
 class WindowFactors:
     """The window64 decode factors S_dec(amax) (`decode_outer_scale`, ref.formats.decode_scale
     bit for bit) of window amaxes [rows, W] into out [W, rows_pad] (rows_pad >= rows; the
     padding gets 0): transposed, so that out.t() is the [rows_pad, W] view with contiguous rows
-    whose [rows] k-tile vectors the window64 GEMMs load by TMA. One thread per output element
-    (stores coalesced; the amax reads are strided, 4 bytes per element)."""
+    whose [rows] k-tile vectors the window64 GEMMs load by TMA. A CTA transposes a tile of 32
+    rows x 32 windows through shared memory, so that both the amax reads (32 windows of a row)
+    and the stores (32 rows of a window) are 128-byte lines; one thread per output element
+    read the amaxes 4 bytes per row instead (8.6 us at 8192 x 128 windows on the H200)."""
 
     def __init__(self, e4m3_max: int):
         self.e4m3_max = float(e4m3_max)
 
     @cute.jit
     def __call__(self, mAmax: cute.Tensor, mOut: cute.Tensor, stream):
-        total = mOut.shape[0] * mOut.shape[1]
-        self.kernel(mAmax, mOut).launch(grid=(cute.ceil_div(total, THREADS), 1, 1),
-                                        block=(THREADS, 1, 1), stream=stream)
+        @cute.struct
+        class SharedStorage:
+            tile: cute.struct.MemRange[cutlass.Float32, WINDOW_TILE * (WINDOW_TILE + 1)]
+
+        self.shared_storage = SharedStorage
+        grid = (cute.ceil_div(mOut.shape[1], WINDOW_TILE),
+                cute.ceil_div(mOut.shape[0], WINDOW_TILE), 1)
+        self.kernel(mAmax, mOut).launch(grid=grid, block=(WINDOW_TILE, WINDOW_TILE_ROWS, 1),
+                                        stream=stream)
 
     @cute.kernel
     def kernel(self, mAmax: cute.Tensor, mOut: cute.Tensor):
-        tidx, _, _ = cute.arch.thread_idx()
-        bidx, _, _ = cute.arch.block_idx()
-        i = bidx * THREADS + tidx
-        rows_pad = mOut.shape[1]
-        if i < mOut.shape[0] * rows_pad:
-            w = i // rows_pad
-            r = i - w * rows_pad
+        tx, ty, _ = cute.arch.thread_idx()
+        bx, by, _ = cute.arch.block_idx()
+        smem = cutlass.memory.SmemAllocator()
+        storage = smem.allocate(self.shared_storage)
+        # row stride 33: a warp's column of the tile spans 32 banks
+        tile = storage.tile.get_tensor(cute.make_layout((WINDOW_TILE, WINDOW_TILE),
+                                                        stride=(WINDOW_TILE + 1, 1)))
+        r0, w0 = bx * WINDOW_TILE, by * WINDOW_TILE
+        for j in cutlass.range_constexpr(WINDOW_TILE // WINDOW_TILE_ROWS):
+            rr = ty + j * WINDOW_TILE_ROWS
             v = cutlass.Float32(0.0)
-            if r < mAmax.shape[0]:
-                v = decode_outer_scale(mAmax[r, w], self.e4m3_max)
-            mOut[w, r] = v
+            if r0 + rr < mAmax.shape[0] and w0 + tx < mAmax.shape[1]:
+                v = decode_outer_scale(mAmax[r0 + rr, w0 + tx], self.e4m3_max)
+            tile[rr, tx] = v
+        cute.arch.sync_threads()
+        for j in cutlass.range_constexpr(WINDOW_TILE // WINDOW_TILE_ROWS):
+            ww = ty + j * WINDOW_TILE_ROWS
+            if w0 + ww < mOut.shape[0] and r0 + tx < mOut.shape[1]:
+                mOut[w0 + ww, r0 + tx] = tile[tx, ww]
 
 
 def window_factors(amax: torch.Tensor, e4m3_max: int, arch: str) -> torch.Tensor:
