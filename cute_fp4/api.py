@@ -235,7 +235,7 @@ def _prepared_fast(a, b: NVFP4Tensor, bias: Optional[torch.Tensor], out_dtype: t
     w = ops.prepared_weights(b)
     if w is None:
         return None
-    if (a.dtype not in w.act_dtypes or a.dim() < 2 or a.shape[-1] != w.k
+    if (a.dtype not in (torch.bfloat16, torch.float16) or a.dim() < 2 or a.shape[-1] != w.k
             or not a.is_cuda or not a.is_contiguous() or a.get_device() != w.device.index):
         return None
     if bias is not None and (not isinstance(bias, torch.Tensor)

@@ -94,8 +94,9 @@ def test_w4a16_row_vector_ptx(arch, transposed):
 
 
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
-@pytest.mark.parametrize("tile_m,swizzled", [(8, False), (16, True)])
-def test_w4a16_window_ptx(arch, tile_m, swizzled):
+@pytest.mark.parametrize("tile_m,swizzled,act", [(8, False, torch.bfloat16),
+                                                 (16, True, torch.float16)])
+def test_w4a16_window_ptx(arch, tile_m, swizzled, act):
     """Window64 weights: a thread's two blocks of a chunk lie one window apart, so the weights
     come in two 8-byte loads (no 16-byte ones), and each chunk adds its two windows' partial
     tiles to the accumulators with one FP32 fma per element and window (the plain kernel has
@@ -105,8 +106,8 @@ def test_w4a16_window_ptx(arch, tile_m, swizzled):
     masked tail (no next-stage prefetch: its extra registers spilled)."""
     counts = {}
     for window in (0, 448):
-        op, args = w4a16_kernel(torch.bfloat16, torch.bfloat16, tile_m=tile_m,
-                                swizzled=swizzled, flags=(True, True, False), window=window)
+        op, args = w4a16_kernel(act, torch.bfloat16, tile_m=tile_m, swizzled=swizzled,
+                                flags=(True, True, False), window=window)
         ptx = compile_ptx(op, *args, arch=arch)
         assert ptx_target(ptx) == arch
         counts[window] = {name: len(re.findall(p, ptx)) for name, p in (

@@ -279,15 +279,20 @@ def test_window64_weights_outside_fast_domain(m, gen):
 
 
 @pytest.mark.parametrize("m,k", [(1, 320), (20, 2112), (70, 320), (300, 2112)])
-@pytest.mark.parametrize("path", ["stream", "mixed", "window"])
-def test_window64_weights_paths(m, k, path, gen):
+@pytest.mark.parametrize("path,act_dtype", [("stream", torch.bfloat16),
+                                            ("stream", torch.float16),
+                                            ("mixed", torch.bfloat16),
+                                            ("mixed", torch.float16),
+                                            ("window", torch.bfloat16)])
+def test_window64_weights_paths(m, k, path, act_dtype, gen):
     """Each of gemm_w4a16's kernels for window64 weights at any M (the streaming kernel with
     its per-window partials, the mixed kernel with x_window at decode and prefill
-    configurations, the window kernel), swizzled scales, a bias: within the float64 bound."""
+    configurations, the window kernel), BF16 and FP16 activations (the window kernel: BF16
+    only), swizzled scales, a bias: within the float64 bound."""
     from cute_fp4.gemm.dispatch import gemm_w4a16
 
     n = 200
-    a = rand_act(m, k, torch.bfloat16, gen)
+    a = rand_act(m, k, act_dtype, gen)
     b, sb = rand_fp4(n, k, gen)
     amax = window_amax(n, k, gen)
     bias = torch.randn(n, generator=gen)
@@ -320,8 +325,10 @@ def test_window64_weights_errors(gen):
     b, sb = (t.cuda() for t in rand_fp4(64, 128, gen))
     amax = torch.ones(64, 2, device="cuda")
     a16 = torch.randn(4, 128, device="cuda", dtype=torch.float16)
-    with pytest.raises(NotImplementedError, match="2D bfloat16 activations"):
-        gemm_w4a16(a16, b, sb, b_window_amax=amax)
+    with pytest.raises(TypeError, match="2D bfloat16 or float16"):
+        gemm_w4a16(a16.float(), b, sb, b_window_amax=amax)
+    with pytest.raises(NotImplementedError, match="path 'window' takes bfloat16"):
+        gemm_w4a16(a16, b, sb, b_window_amax=amax, path="window")
     with pytest.raises(ValueError, match="a must be"):
         gemm_w4a16(a16.to(torch.bfloat16)[:, :64], b, sb, b_window_amax=amax)
     with pytest.raises(ValueError, match="b_window_amax must be float32"):

@@ -340,12 +340,12 @@ def gemm_w4a16(a: torch.Tensor, b_data: torch.Tensor, b_scales: torch.Tensor, *,
     are FP32 factors or `operands.OuterAmax` (the weights' outer amaxes, decoded in the
     kernel). 1x64 local-encode (window64) weights: their FP32 window amax [N, K/64] as
     b_window_amax with the recipe's e4m3_max (K % 64 == 0); b[n, k] then carries the factor
-    S_dec(amax[n, k // 64]), applied in FP32 per window (BF16 activations, sm_90a only:
-    NotImplementedError elsewhere): up to W4A16_WINDOW_STREAM_ROWS tokens by the streaming
+    S_dec(amax[n, k // 64]), applied in FP32 per window (sm_90a only: NotImplementedError
+    elsewhere): up to W4A16_WINDOW_STREAM_ROWS tokens by the streaming
     kernel (`sm90_w4a16`, window), beyond by the mixed kernel (`sm90_mixed`, x_window).
     path (sm_90a; W4A16_PATHS): "auto", or "stream" / "mixed" (those kernels at any M),
-    "window" (window64 weights only: the window kernel `sm90_window`, both operands as BF16
-    values, SS wgmma).
+    "window" (window64 weights and BF16 activations only: the window kernel `sm90_window`,
+    both operands as BF16 values, SS wgmma).
 
     On sm_90a, BF16 and FP16 activations run the weight-streaming W4A16 kernel (`sm90_w4a16`)
     where `stream_weights(M)` says it is faster (up to 16 tokens) and the mixed wgmma kernel
@@ -393,9 +393,12 @@ def _gemm_w4a16_window(a, b_data, b_scales, b_window_amax, e4m3_max, alpha, col,
     """gemm_w4a16 with window64 weights: checks, then `_launch_w4a16_window`."""
     if not a.is_cuda or device_arch(a.device) != "sm_90a":
         raise NotImplementedError("W4A16 with window64 weights runs on sm_90a CUDA devices only")
-    if a.dtype != torch.bfloat16 or a.dim() != 2:
-        raise NotImplementedError(f"W4A16 with window64 weights takes 2D bfloat16 activations, "
-                                  f"got {a.dtype} {tuple(a.shape)}")
+    if a.dtype not in (torch.bfloat16, torch.float16) or a.dim() != 2:
+        raise TypeError(f"a must be a 2D bfloat16 or float16 tensor, got {a.dtype} "
+                        f"{tuple(a.shape)}")
+    if a.dtype == torch.float16 and path == "window":
+        raise NotImplementedError("path 'window' takes bfloat16 activations (the window "
+                                  "kernel's operands are BF16)")
     sfb = _check_operand(b_data, b_scales, "b", swizzled, to_swizzled=False)
     m, n, k = a.shape[0], b_data.shape[0], b_data.shape[1] * 2
     if a.shape[1] != k:
@@ -432,9 +435,10 @@ def _launch_w4a16_window(a, b_data, sfb, swizzled, window_amax, e4m3_max, alpha,
         return gemm_w4a16_window_sm90(a, b_data, sfb, factors, alpha, col, bias, out, decode,
                                       arch)
     w = _prepare_data(b_data)
+    unscale = UNSCALE_W4A16_FP16 if a.dtype == torch.float16 else UNSCALE_W4A16
     return launch_mixed(w, sfb, permute_k(a, k_pad(w.shape[1]), arch), out, alpha, None, col,
-                        bias, transposed=True, unscale_exp=UNSCALE_W4A16, arch=arch,
-                        decode=decode, x_window=factors)
+                        bias, transposed=True, unscale_exp=unscale, arch=arch, decode=decode,
+                        x_window=factors)
 
 
 class PreparedWeights:
@@ -446,8 +450,7 @@ class PreparedWeights:
     so a call checks only its activation (W4A16: ~20 us less host time per call on the H100).
     Nothing is copied: the kernels read the weights', scales' and amax's current values on
     every call. Built only on sm_90a, for contiguous data, contiguous scales and tensor /
-    token / window64 outer amaxes (`prepared_weights` returns None otherwise); window64
-    weights take BF16 activations only (`act_dtypes`)."""
+    token / window64 outer amaxes (`prepared_weights` returns None otherwise)."""
 
     def __init__(self, data: torch.Tensor, scales: torch.Tensor, amax: torch.Tensor,
                  scaling: str, e4m3_max: int, swizzled: bool):
@@ -461,8 +464,6 @@ class PreparedWeights:
         if self.window:
             _check_window64(self.k, e4m3_max)
             _check_window_amax(amax, self.n, self.k, "b", self.device)
-        self.act_dtypes = ((torch.bfloat16,) if self.window
-                           else (torch.bfloat16, torch.float16))
         self.alpha, _, self.col = epilogue_operands("dense", None, 448, scaling, amax, e4m3_max,
                                                     self.arch)
         vectors = _epilogue(self.alpha, None, self.col, None, 1, self.n, torch.float32,

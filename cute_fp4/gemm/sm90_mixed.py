@@ -369,7 +369,7 @@ class Sm90GemmMixed(Sm90Gemm):
     and x decoded to FP16: W4A16 with FP16 activations, unscale_exp 14) and x_window (x is a
     1x64 local-encode operand: W4A16 with window64 weights; each k-tile, one window, goes to a
     register tile of its own, added to the accumulators with x's FP32 window factors:
-    acc += wx[p] * part, `parts.window_update`; BF16 only).
+    acc += wx[p] * part, `parts.window_update`).
     `__call__` takes packed x [P, K/2] (uint8, K/2 a multiple of 16), its swizzled scales (flat
     uint8), y [Q, >= K] BF16 or FP16 (row pitch a multiple of 16 bytes), D [M, N], the
     optional alpha [1], row [M], col [N], bias [N] and, with x_window, x's window factors
@@ -405,11 +405,10 @@ class Sm90GemmMixed(Sm90Gemm):
         if fp16 and unscale_exp != UNSCALE_W4A16_FP16:
             raise ValueError(f"fp16 (FP16 activations, FP16 decode) needs unscale_exp "
                              f"{UNSCALE_W4A16_FP16}, got {unscale_exp}")
-        if x_window and (fp16 or tile_n > MIXED_WINDOW_TILE_NS[ctas_per_sm]):
-            raise ValueError(f"x_window needs BF16 operands and tile_n <= "
-                             f"{MIXED_WINDOW_TILE_NS[ctas_per_sm]} at {ctas_per_sm} CTA(s) per "
-                             f"SM (a second accumulator tile); got tile_n {tile_n}, "
-                             f"fp16={fp16}")
+        if x_window and tile_n > MIXED_WINDOW_TILE_NS[ctas_per_sm]:
+            raise ValueError(f"x_window needs tile_n <= {MIXED_WINDOW_TILE_NS[ctas_per_sm]} at "
+                             f"{ctas_per_sm} CTA(s) per SM (a second accumulator tile); got "
+                             f"tile_n {tile_n}")
         self.x_window = x_window
         # FP16 activations: y and the decoded weights are FP16 (FP16 wgmma)
         self.fp16 = fp16
@@ -1027,7 +1026,7 @@ def launch_mixed(x_data, sfx, y, out, alpha, row, col, bias, *, transposed: bool
     unscale_exp UNSCALE_W4A16_FP16) in the kernel's K order with 16-byte
     row pitch, out [M, N] contiguous, the epilogue operands and `decode` as
     `operands._epilogue` returns them, and x's window64 factors where x is a 1x64
-    local-encode operand (`dispatch._window_factors`; BF16 y)."""
+    local-encode operand (`dispatch._window_factors`)."""
     flags = (alpha is not None, row is not None, col is not None, bias is not None)
     vec_store = (out.shape[1] * out.element_size()) % 16 == 0 and out.data_ptr() % 16 == 0
     fn = mixed_launcher(x_data.shape[0], y.shape[0], out.dtype, flags,
