@@ -459,6 +459,19 @@ def test_gemm_plan_window_bit_equal(m, n, k, a_scaling, b_scaling, e4m3_max, bia
                       out_dtype)
 
 
+@pytest.mark.parametrize("m,n,a_scaling,b_scaling", [(5, 1000, "token", "window64"),
+                                                     (5, 1000, "tensor", "window64"),
+                                                     (700, 16, "window64", "tensor")])
+@pytest.mark.parametrize("bias_dtype,out_dtype", [(None, torch.bfloat16),
+                                                  (torch.float32, torch.float32)])
+def test_gemm_plan_window_weights_stream(m, n, a_scaling, b_scaling, bias_dtype, out_dtype):
+    """Decode sizes with only the larger operand window64 (W4A4 inference with window64
+    weights): the plan takes the weight_stream path, the streaming kernel reading the
+    weights' window amaxes, with the bits of gemm_nvfp4; both operand orders."""
+    _check_plan_calls(m, n, 320, "weight_stream", a_scaling, b_scaling, 448, bias_dtype,
+                      out_dtype)
+
+
 def test_gemm_plan_only_where_it_applies():
     """Configurations a plan does not take keep the general path at every call (their key maps
     to None), with the reference's results: scale layouts that differ, compact scales or

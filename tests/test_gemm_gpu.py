@@ -339,16 +339,20 @@ WINDOW_SHAPES = [(200, 300, 512, 448), (130, 136, 1024, 256), (1, 64, 64, 448),
                  (2000, 2100, 320, 448), (300, 260, 128, 448)]
 
 
-@pytest.mark.parametrize("path", ["window", "decode_both"])
+@pytest.mark.parametrize("path", ["window", "decode_both", "weight_stream"])
 @pytest.mark.parametrize("which", ["a", "b", "both"])
 @pytest.mark.parametrize("m,n,k,e4m3_max", WINDOW_SHAPES)
 def test_window64_vs_float64_and_ref(which, m, n, k, e4m3_max, path, gen):
-    """Both kernels that take window64 operands, within the bound of the float64 result and
+    """The kernels that take window64 operands, within the bound of the float64 result and
     within FP32 summation-order noise of ref.gemm; shapes: one, two, three and five k-tiles
     of 64 (the window kernel's odd and even tails), 20 columns (tile_n 64), more tiles than
-    SMs (2000 x 2100: several tiles per persistent CTA), e4m3_max 448 and 256."""
-    if path == "decode_both" and m * n > 10**6:
-        pytest.skip("decode_both: covered by the smaller shapes")
+    SMs (2000 x 2100: several tiles per persistent CTA), e4m3_max 448 and 256. weight_stream
+    (the streaming kernel with the larger operand's window factors) where the smaller operand
+    (A on ties), which it decodes to BF16, is not window64."""
+    if path in ("decode_both", "weight_stream") and m * n > 10**6:
+        pytest.skip(f"{path}: covered by the smaller shapes")
+    if path == "weight_stream" and which in ("both", "b" if n < m else "a"):
+        pytest.skip("weight_stream: the smaller operand must not be window64")
     a, sa = rand_fp4(m, k, gen)
     b, sb = rand_fp4(n, k, gen)
     a_amax = window_amax(m, k, gen) if which in ("a", "both") else None
@@ -420,9 +424,12 @@ def test_window64_argument_errors(gen):
         gemm_nvfp4(a.cuda(), sa.cuda(), a.cuda(), sa.cuda(),
                    a_window_amax=torch.ones(64, 3, device="cuda"))
     win = torch.ones(64, 2, device="cuda")
-    for path in ("predecode", "weight_stream"):
-        with pytest.raises(NotImplementedError, match="take path 'window' or 'decode_both'"):
-            gemm_nvfp4(a.cuda(), sa.cuda(), a.cuda(), sa.cuda(), path=path, a_window_amax=win)
+    with pytest.raises(NotImplementedError, match="take path 'window', 'decode_both'"):
+        gemm_nvfp4(a.cuda(), sa.cuda(), a.cuda(), sa.cuda(), path="predecode",
+                   a_window_amax=win)
+    with pytest.raises(NotImplementedError, match="cannot be window64"):  # A: the smaller on ties
+        gemm_nvfp4(a.cuda(), sa.cuda(), a.cuda(), sa.cuda(), path="weight_stream",
+                   a_window_amax=win)
     with pytest.raises(ValueError, match="path 'window' is for window64 operands"):
         gemm_nvfp4(a.cuda(), sa.cuda(), a.cuda(), sa.cuda(), path="window")
     with pytest.raises(ValueError, match="not the window path"):

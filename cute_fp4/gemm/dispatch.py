@@ -123,7 +123,9 @@ def gemm_nvfp4(a_data: torch.Tensor, a_scales: torch.Tensor, b_data: torch.Tenso
     operand (B on ties) once to BF16 (`sm90_mixed.predecode_nvfp4`, a temporary of min(M, N) x
     K BF16 per call) and runs `sm90_mixed.Sm90GemmMixed` with the other operand decoded in
     registers (D^T = B A^T when A is the smaller). With window64 operands, whose FP32 window
-    factors are not exact in a BF16 operand: "window" (the "auto" choice) decodes both
+    factors are not exact in a BF16 operand: "weight_stream" where only the larger operand
+    (the weights) is window64 (the streaming kernel applies its factors per window; the
+    "auto" choice at decode sizes there); "window" (the "auto" choice otherwise) decodes both
     operands once to BF16 block values and runs `sm90_window.Sm90GemmWindow`, which applies the
     factors per k-tile in FP32; "decode_both" runs `sm90_w4a4.Sm90GemmNVFP4`, which decodes
     both operands per k-tile (slower: kept as an explicit path). sm_100a devices run
@@ -153,13 +155,18 @@ def gemm_nvfp4(a_data: torch.Tensor, a_scales: torch.Tensor, b_data: torch.Tenso
         return out
     if arch != "sm_90a":
         raise NotImplementedError(f"gemm_nvfp4 runs on sm_90a and sm_100a (device is {arch})")
-    path = pick_sm90_path(path, m, n, windowed)
+    path = pick_sm90_path(path, m, n, (a_window_amax is not None, b_window_amax is not None))
     if path == "weight_stream":
         if tile_n is not None or stages is not None:
             raise ValueError("tile_n and stages configure the wgmma kernels, not the "
                              "weight_stream path")
+        w_amax, w_name, w_rows = ((a_window_amax, "a", m) if n < m
+                                  else (b_window_amax, "b", n))
+        if w_amax is not None:
+            _check_window_amax(w_amax, w_rows, k, w_name, device)
+            w_amax = w_amax.contiguous()
         return _gemm_weight_stream(a_data, sfa, b_data, sfb, alpha, row, col, bias, out, arch,
-                                   decode, swz)
+                                   decode, swz, w_amax, e4m3_max)
     sfa, sfb = _swizzled(sfa, m, k, swz), _swizzled(sfb, n, k, swz)
     if path == "predecode":
         return _gemm_predecode(a_data, sfa, b_data, sfb, alpha, row, col, bias, out, arch,
@@ -205,21 +212,30 @@ def stream_weights(rows: int) -> bool:
     return rows <= 16
 
 
-def pick_sm90_path(path: str, m: int, n: int, windowed: bool) -> str:
+def pick_sm90_path(path: str, m: int, n: int, windows=(False, False)) -> str:
     """The sm_90a kernel path of gemm_nvfp4 (see its docstring) for `path` ("auto" or one of
-    the named paths, checked against the operands)."""
+    the named paths, checked against the operands); windows: whether A / B are window64
+    operands."""
     if path not in SM90_PATHS:
         raise ValueError(f"path must be one of {SM90_PATHS}, got {path!r}")
-    if windowed and path not in ("auto", "window", "decode_both"):
-        raise NotImplementedError("window64 operands take path 'window' or 'decode_both'")
+    windowed = any(windows)
+    # weight_stream decodes the smaller operand (A on ties) to BF16 values: not a window64
+    # one (its factors are not exact in BF16); the streaming kernel takes the other's
+    small_windowed = windows[1] if n < m else windows[0]
+    if windowed and path == "predecode":
+        raise NotImplementedError("window64 operands take path 'window', 'decode_both' or "
+                                  "(the larger one) 'weight_stream'")
+    if path == "weight_stream" and small_windowed:
+        raise NotImplementedError("path 'weight_stream' decodes the smaller operand to BF16: "
+                                  "it cannot be window64")
     if path == "window" and not windowed:
         raise ValueError("path 'window' is for window64 operands (a_window_amax / "
                          "b_window_amax)")
     if path != "auto":
         return path
-    if windowed:
-        return "window"
-    return "weight_stream" if stream_weights(min(m, n)) else "predecode"
+    if stream_weights(min(m, n)) and not small_windowed:
+        return "weight_stream"
+    return "window" if windowed else "predecode"
 
 
 def decode_values(data: torch.Tensor, scales: torch.Tensor, swizzled: bool,
@@ -260,17 +276,19 @@ def _swizzled(sf_flat: torch.Tensor, rows: int, k: int, swizzled: bool) -> torch
 
 
 def _gemm_weight_stream(a_data, sfa, b_data, sfb, alpha, row, col, bias, out, arch, decode,
-                        swizzled):
+                        swizzled, w_window_amax=None, e4m3_max=448):
     """The weight_stream path of gemm_nvfp4 on sm_90a: the smaller operand (A on ties) decoded
     exactly to BF16 as the W4A16 kernel's activations, the other one its weights (flat scales,
-    compact or swizzled: both kernels read either); when B is the smaller the weights are A's
-    rows, so the kernel writes D from its transposed tile (`transposed`)."""
+    compact or swizzled: both kernels read either; window64 weights with their checked window
+    amaxes `w_window_amax`); when B is the smaller the weights are A's rows, so the kernel
+    writes D from its transposed tile (`transposed`)."""
 
     swap = b_data.shape[0] < a_data.shape[0]
     x_data, sfx, w_data, sfw = (b_data, sfb, a_data, sfa) if swap else (a_data, sfa, b_data, sfb)
     x = decode_values(x_data, sfx, swizzled, torch.bfloat16)
     return launch_w4a16(x, w_data, sfw, out, alpha, row, col, bias, swizzled=swizzled,
-                        transposed=swap, arch=arch, decode=decode)
+                        transposed=swap, arch=arch, decode=decode, window_amax=w_window_amax,
+                        e4m3_max=e4m3_max)
 
 
 def predecode_operands(a_data, sfa, b_data, sfb, arch):

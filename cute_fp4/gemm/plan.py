@@ -82,7 +82,8 @@ class GemmPlan:
     """cute_fp4.gemm(a, b, bias=, out_dtype=) of one configuration on sm_90a, on the path
     `pick_sm90_path` chooses: "predecode" (the smaller operand decoded to BF16 by one kernel,
     the mixed wgmma kernel), "weight_stream" (the smaller operand decoded by the dequantize
-    kernel, the weight-streaming kernel) or, with window64 operands, "window" (both operands
+    kernel, the weight-streaming kernel, which reads the larger one's window amaxes where it
+    is window64) or, with window64 operands, "window" (both operands
     decoded to BF16, their window factors by one launch each, the window kernel), as
     `gemm_nvfp4` runs them."""
 
@@ -95,7 +96,6 @@ class GemmPlan:
         fields = (a.data, a.scales, b.data, b.scales)
         device = a.data.device
         m, n, k = a.data.shape[0], b.data.shape[0], b.data.shape[1] * 2
-        windowed = "window64" in (ra.scaling, rb.scaling)
         if (device_arch(device) != "sm_90a" or ra.swizzle != rb.swizzle
                 or any(r.scaling not in ("tensor", "token", "window64") for r in (ra, rb))
                 or any(not t.is_contiguous() or t.data_ptr() % 16 for t in fields)
@@ -106,7 +106,8 @@ class GemmPlan:
                 or not (a.amax.is_contiguous() and b.amax.is_contiguous())
                 or (bias is not None and not bias.is_contiguous())):
             return None
-        path = pick_sm90_path("auto", m, n, windowed)
+        path = pick_sm90_path("auto", m, n, (ra.scaling == "window64",
+                                             rb.scaling == "window64"))
         if m == 0 or n == 0 or (path in ("predecode", "window")
                                 and (not ra.swizzle or k_pad(k // 2) != k)):
             return None
@@ -161,10 +162,14 @@ class GemmPlan:
             rows_x = n if swap else m
             self.y_shape = (rows_x, k)
             self.decode_small = nvfp4_launcher(torch.bfloat16, "tensor", ra.swizzle, 448, arch)
+            # window64 weights (the larger operand): the streaming kernel reads their amaxes
+            big_recipe = ra if swap else rb
+            self.big_window = big_recipe.scaling == "window64"
             self.gemm = w4a16_launcher(
                 torch.bfloat16, out_dtype, rows_x, m if swap else n, k,
                 (flags[0], flags[2], bias is not None), bias_dtype, has_row=flags[1],
-                transposed=swap, swizzled=ra.swizzle, arch=arch, decode=decode)
+                transposed=swap, swizzled=ra.swizzle, arch=arch, decode=decode,
+                window=big_recipe.e4m3_max if self.big_window else 0)
 
     def __call__(self, a: NVFP4Tensor, b: NVFP4Tensor,
                  bias: Optional[torch.Tensor]) -> torch.Tensor:
@@ -196,5 +201,6 @@ class GemmPlan:
             self.gemm(big.data, sf, y, out, alpha, row, col, bias, None)
         else:  # the streaming kernel takes its tokens first
             self.decode_small(small.data, small.scales, _unit_amax(device), y)
-            self.gemm(y, big.data, sf, out, alpha, row, col, bias, None)
+            self.gemm(y, big.data, sf, out, alpha, row, col, bias,
+                      big.amax if self.big_window else None)
         return out if self.view_shape is None else out.view(self.view_shape)
