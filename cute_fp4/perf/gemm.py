@@ -12,7 +12,9 @@ alone (its predecoded BF16 operand made once, outside the timing). `--window64` 
 1x64 local-encode operands instead (Recipe(scaling="window64") quantizes of random BF16, both
 operands): the NVFP4 GEMM is then `cute_fp4.gemm(a, b)` (the "window" path), dequantize-then-
 cuBLAS dequantizes them with `cute_fp4.dequantize`, and "decode_both" is gemm_nvfp4's slower
-window64 kernel. TFLOP/s count 2*M*N*K; ratios are against cuBLAS BF16 (and
+window64 kernel; `--window64 weights` quantizes only B window64 and A per token (inference
+with window64 weights), and times gemm_nvfp4's "window" path instead of "decode_both" (column
+"window"). TFLOP/s count 2*M*N*K; ratios are against cuBLAS BF16 (and
 dequantize-then-cuBLAS) of the same mode.
 """
 
@@ -73,28 +75,40 @@ def _kernel_only_fn(a, sa, b, sb, out):
                                 unscale_exp=UNSCALE_W4A4, arch=arch)
 
 
-def _window64_fns(m: int, n: int, k: int, sets: int) -> dict:
-    """dequantize-then-cuBLAS and cute_fp4.gemm on `sets` distinct pairs of window64 operands."""
+def _window64_fns(m: int, n: int, k: int, sets: int, which: str) -> dict:
+    """dequantize-then-cuBLAS and cute_fp4.gemm on `sets` distinct pairs of window64 operands
+    (which: "both", or "weights": A per token), and gemm_nvfp4's other window64 kernel
+    ("decode_both"; with "weights" the "window" path)."""
     from .. import dequantize, gemm, quantize
+    from ..common.jit import device_arch
+    from ..gemm.dispatch import gemm_nvfp4
+    from ..gemm.factors import epilogue_operands
     from ..recipe import Recipe
 
-    from ..gemm.dispatch import gemm_nvfp4
-
     recipe = Recipe(scaling="window64", columnwise=False)
-    pairs = [tuple(quantize(torch.randn(rows, k, device="cuda", dtype=torch.bfloat16), recipe)
-                   for rows in (m, n)) for _ in range(sets)]
-    return {
+    a_recipe = recipe if which == "both" else Recipe(scaling="token", columnwise=False)
+    pairs = [tuple(quantize(torch.randn(rows, k, device="cuda", dtype=torch.bfloat16), r)
+                   for rows, r in ((m, a_recipe), (n, recipe))) for _ in range(sets)]
+    fns = {
         "dequant+cublas": [lambda a=a, b=b: torch.matmul(dequantize(a), dequantize(b).t())
                            for a, b in pairs],
         "nvfp4": [functools.partial(gemm, a, b) for a, b in pairs],
-        "decode_both": [functools.partial(gemm_nvfp4, a.data, a.scales, b.data, b.scales,
-                                          a_window_amax=a.amax, b_window_amax=b.amax,
-                                          path="decode_both") for a, b in pairs],
     }
+    if which == "both":
+        fns["decode_both"] = [functools.partial(gemm_nvfp4, a.data, a.scales, b.data, b.scales,
+                                                a_window_amax=a.amax, b_window_amax=b.amax,
+                                                path="decode_both") for a, b in pairs]
+    else:
+        arch = device_arch(pairs[0][0].data.device)
+        fns["window"] = [functools.partial(
+            gemm_nvfp4, a.data, a.scales, b.data, b.scales,
+            row=epilogue_operands("token", a.amax, 448, "window64", b.amax, 448, arch)[1],
+            b_window_amax=b.amax, path="window") for a, b in pairs]
+    return fns
 
 
 def bench_shape(m: int, n: int, k: int, graphs: bool, variants: bool = False,
-                paths: Tuple[str, ...] = (), window64: bool = False) -> dict:
+                paths: Tuple[str, ...] = (), window64: str = "") -> dict:
     from ..gemm.dispatch import gemm_nvfp4
 
     # graph mode rotates over distinct operand sets (graph_sets): no call finds its operands
@@ -119,7 +133,7 @@ def bench_shape(m: int, n: int, k: int, graphs: bool, variants: bool = False,
             gemm_nvfp4, a, sa, b, sb, scales_swizzled=True, out=out)),
     }
     if window64:
-        fns.update(_window64_fns(m, n, k, n_sets))
+        fns.update(_window64_fns(m, n, k, n_sets, window64))
     for path in paths:
         fns[path] = each(lambda a, sa, b, sb, path=path: functools.partial(
             gemm_nvfp4, a, sa, b, sb, scales_swizzled=True, out=out, path=path))
@@ -128,7 +142,8 @@ def bench_shape(m: int, n: int, k: int, graphs: bool, variants: bool = False,
             gemm_nvfp4, a, sa, b, sb, scales_swizzled=True, out=out, path="decode_both"))
         fns["kernel_only"] = each(lambda a, sa, b, sb: _kernel_only_fn(a, sa, b, sb, out))
     flop = 2.0 * m * n * k
-    row = {"M": m, "N": n, "K": k, "operands": "window64" if window64 else "plain",
+    row = {"M": m, "N": n, "K": k,
+           "operands": {"": "plain", "both": "window64", "weights": "token x window64"}[window64],
            "graph sets": n_sets}
     for mode, timer in timing_modes(graphs):
         ms = {name: timer(fn) for name, fn in fns.items()}
@@ -136,8 +151,9 @@ def bench_shape(m: int, n: int, k: int, graphs: bool, variants: bool = False,
             row[f"{name} {mode} TFLOP/s"] = flop / t / 1e9
         row[f"nvfp4/cublas {mode}"] = ms["cublas_bf16"] / ms["nvfp4"]
         row[f"nvfp4/dequant+cublas {mode}"] = ms["dequant+cublas"] / ms["nvfp4"]
-        if window64:
-            row[f"nvfp4/decode_both {mode}"] = ms["decode_both"] / ms["nvfp4"]
+        for other in ("decode_both", "window"):
+            if window64 and other in ms:
+                row[f"nvfp4/{other} {mode}"] = ms[other] / ms["nvfp4"]
         for path in paths:
             row[f"nvfp4/{path} {mode}"] = ms[path] / ms["nvfp4"]
     return row
@@ -157,8 +173,10 @@ def main(argv=None) -> int:
     p.add_argument("--paths", type=str, default="",
                    help="comma-separated gemm_nvfp4 paths to time besides auto "
                         "(weight_stream, predecode, decode_both)")
-    p.add_argument("--window64", action="store_true",
-                   help="1x64 local-encode operands (both), through cute_fp4.gemm")
+    p.add_argument("--window64", nargs="?", const="both", default="",
+                   choices=("both", "weights"),
+                   help="1x64 local-encode operands through cute_fp4.gemm: both (the default) "
+                        "or the weights (B) only, A per token")
     p.add_argument("--json", type=str, default=None, help="write the rows to this JSON file")
     args = p.parse_args(argv)
     if args.window64 and (args.variants or args.paths):
