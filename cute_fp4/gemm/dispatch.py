@@ -336,11 +336,11 @@ def _gemm_sm100(a_data, sfa, b_data, sfb, alpha, row, col, bias, out_dtype, out,
 W4A16_MAX_DECODE_ROWS = 64
 # W4A16 with window64 weights: the streaming kernel up to 64 tokens, the mixed kernel with
 # x_window beyond (branch w4a16winmixed55: NOT measured; against the window kernel there).
-# The streaming kernel against the window kernel, H200 graphs, K = 8192 (perf/results/gemm_w4a16_window64_h200.md, logs/
-# w4a16_window_session55_h200.md): 32 / 64 tokens x 8192 rows 38.1 / 67.1 us against 115 / 114
-# on the window kernel, x 28672 rows 124 / 222 against 371 / 336; the window kernel runs 128 /
-# 512 x 8192 in 144 / 215 us, where the streaming kernel's 64-token grid rows would take ~2 /
-# 8 x 67.
+# The streaming kernel against the window kernel, H200 graphs, K = 8192
+# (perf/results/gemm_w4a16_window64_h200.md, logs/w4a16_window_session55_h200.md): 32 / 64
+# tokens x 8192 rows 38.1 / 67.1 us against 115 / 114 on the window kernel, x 28672 rows
+# 124 / 222 against 371 / 336; the window kernel runs 128 / 512 x 8192 in 144 / 215 us, where
+# the streaming kernel's 64-token grid rows would take ~2 / 8 x 67.
 W4A16_WINDOW_STREAM_ROWS = 64
 # gemm_w4a16's paths (its `path` argument)
 W4A16_PATHS = ("auto", "stream", "mixed", "window")
