@@ -66,23 +66,20 @@ def test_w4a4_sm90_window64_ptx(windows):
     assert len(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n128k16", ptx)) == 4 * BUFFERS
 
 
-@pytest.mark.parametrize("tile_n,windows,out_dtype,w4a16", [
-    (128, (True, True), torch.bfloat16, False), (128, (True, False), torch.float32, False),
-    (64, (False, True), torch.float16, True)])
-def test_window_sm90_ptx(tile_n, windows, out_dtype, w4a16):
+@pytest.mark.parametrize("tile_n,windows,out_dtype", [
+    (128, (True, True), torch.bfloat16), (128, (True, False), torch.float32),
+    (64, (False, True), torch.float16)])
+def test_window_sm90_ptx(tile_n, windows, out_dtype):
     """The window64 GEMM (sm90_window): SS wgmma (both operands from shared memory by TMA, no
     decode in the kernel), the window factors by TMA with the stage, each k-tile's wgmmas into
     one of two part tiles (the first overwrites: scale-d from a predicate) while the update of
     the previous k-tile (wait depth 1) adds it to the accumulators in FP32; register
-    reallocation inside the launch bound of one CTA per SM. w4a16: BF16 activations as x
-    (their values carry no 2**-7: the epilogue removes 2**-7 instead of 2**-14)."""
-    from cute_fp4.gemm.sm90_mixed import UNSCALE_W4A4, UNSCALE_W4A16
+    reallocation inside the launch bound of one CTA per SM."""
     from cute_fp4.gemm.sm90_window import window_kernel, window_max_stages
 
     stages = window_max_stages(tile_n, torch.empty((), dtype=out_dtype).element_size())
-    unscale = UNSCALE_W4A16 if w4a16 else UNSCALE_W4A4
     op, args = window_kernel(out_dtype, tile_n, stages, (True, True, False, True),
-                             torch.float32, True, 132, windows, unscale_exp=unscale)
+                             torch.float32, True, 132, windows)
     ptx = compile_ptx(op, *args, arch="sm_90a")
     assert ptx_target(ptx) == "sm_90a"
     wgmma = re.findall(rf"wgmma\.mma_async\.sync\.aligned\.m64n{tile_n}k16\.f32\.bf16\.bf16"
@@ -102,8 +99,9 @@ def test_window_sm90_ptx(tile_n, windows, out_dtype, w4a16):
     inc = int(re.search(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+(\d+);", ptx).group(1))
     assert dec * 128 + inc * 256 <= LAUNCH_REGS[1] * 384
     assert int(re.search(r"\.minnctapersm\s+(\d+)", ptx).group(1)) == 1
-    # the epilogue's unscale factor 2**unscale_exp as an FP32 immediate
-    assert ("0f43000000" in ptx, "0f46800000" in ptx) == (w4a16, not w4a16)
+    # the epilogue's unscale factor 2**14 (two decoded operands' 2**-7 each) as an FP32
+    # immediate
+    assert "0f46800000" in ptx
 
 
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
@@ -137,8 +135,6 @@ def test_window_sm90_config_errors():
         Sm90GemmWindow(cutlass.BFloat16, windows=(False, False))
     with pytest.raises(ValueError, match="stages must be 2.."):
         Sm90GemmWindow(cutlass.BFloat16, stages=9)
-    with pytest.raises(ValueError, match="unscale_exp must be 14 or 7"):
-        Sm90GemmWindow(cutlass.BFloat16, unscale_exp=3)
 
 
 def test_window64_needs_tile_n_128():

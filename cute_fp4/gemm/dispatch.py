@@ -20,7 +20,7 @@ from .parts import epilogue_fakes, window_fake
 from .sm90_mixed import (UNSCALE_W4A4, UNSCALE_W4A16, UNSCALE_W4A16_FP16, gemm_mixed_sm90,
                          k_pad, launch_mixed, permute_k, predecode_nvfp4)
 from .sm90_w4a16 import _aligned, gemm_w4a16_sm90, launch_w4a16
-from .sm90_window import gemm_w4a16_window_sm90, gemm_window_sm90
+from .sm90_window import gemm_window_sm90
 
 
 
@@ -334,16 +334,16 @@ def _gemm_sm100(a_data, sfa, b_data, sfb, alpha, row, col, bias, out_dtype, out,
 # the weights once per 64 tokens (0.26x cuBLAS at M = 512, notes/gemm_w4a16.md), for
 # dequantize-then-cuBLAS (the mixed wgmma kernel takes BF16 activations only).
 W4A16_MAX_DECODE_ROWS = 64
-# W4A16 with window64 weights: the streaming kernel up to 64 tokens, the mixed kernel with
-# x_window beyond (branch w4a16winmixed55: NOT measured; against the window kernel there).
-# The streaming kernel against the window kernel, H200 graphs, K = 8192
-# (perf/results/gemm_w4a16_window64_h200.md, logs/w4a16_window_session55_h200.md): 32 / 64
-# tokens x 8192 rows 38.1 / 67.1 us against 115 / 114 on the window kernel, x 28672 rows
-# 124 / 222 against 371 / 336; the window kernel runs 128 / 512 x 8192 in 144 / 215 us, where
-# the streaming kernel's 64-token grid rows would take ~2 / 8 x 67.
-W4A16_WINDOW_STREAM_ROWS = 64
+# W4A16 with window64 weights: the streaming kernel up to 32 tokens, the mixed kernel with
+# x_window beyond. H200 graphs, K = 8192 (perf/results/gemm_w4a16_window64_paths_h200.md),
+# streaming against mixed: 32 / 40 / 48 / 64 tokens x 8192 rows 38.1 / 60.2 / 61.7 / 67.2 us
+# against 52.1 / 57.8 / 57.2 / 57.4; x 28672 rows 124 / 199 / 206 / 223 against
+# 149 / 177 / 178 / 178. The mixed kernel also beats the window kernel (sm90_window, both
+# operands as BF16 values) at every M: 128 / 512 / 2048 / 4096 x 8192 in 98 / 180 / 661 /
+# 1310 us against 139 / 219 / 707 / 1450.
+W4A16_WINDOW_STREAM_ROWS = 32
 # gemm_w4a16's paths (its `path` argument)
-W4A16_PATHS = ("auto", "stream", "mixed", "window")
+W4A16_PATHS = ("auto", "stream", "mixed")
 # S_enc = 448 * 6 / 2688 = 1: the dequantize kernel then returns e2m1 * scale exactly.
 _UNIT_SCALE_AMAX = 2688.0
 
@@ -361,9 +361,7 @@ def gemm_w4a16(a: torch.Tensor, b_data: torch.Tensor, b_scales: torch.Tensor, *,
     S_dec(amax[n, k // 64]), applied in FP32 per window (sm_90a only: NotImplementedError
     elsewhere): up to W4A16_WINDOW_STREAM_ROWS tokens by the streaming
     kernel (`sm90_w4a16`, window), beyond by the mixed kernel (`sm90_mixed`, x_window).
-    path (sm_90a; W4A16_PATHS): "auto", or "stream" / "mixed" (those kernels at any M),
-    "window" (window64 weights and BF16 activations only: the window kernel `sm90_window`,
-    both operands as BF16 values, SS wgmma).
+    path (sm_90a; W4A16_PATHS): "auto", or "stream" / "mixed" (those kernels at any M).
 
     On sm_90a, BF16 and FP16 activations run the weight-streaming W4A16 kernel (`sm90_w4a16`)
     where `stream_weights(M)` says it is faster (up to 16 tokens) and the mixed wgmma kernel
@@ -377,8 +375,6 @@ def gemm_w4a16(a: torch.Tensor, b_data: torch.Tensor, b_scales: torch.Tensor, *,
     if b_window_amax is not None:
         return _gemm_w4a16_window(a, b_data, b_scales, b_window_amax, e4m3_max, alpha, col,
                                   bias, out_dtype, scales_swizzled, path)
-    if path == "window":
-        raise ValueError("path 'window' is for window64 weights (b_window_amax)")
     sm90 = a.dim() == 2 and a.is_cuda and device_arch(a.device) == "sm_90a"
     if path != "auto" and not sm90:
         raise NotImplementedError(f"path {path!r} runs on sm_90a CUDA devices only")
@@ -414,9 +410,6 @@ def _gemm_w4a16_window(a, b_data, b_scales, b_window_amax, e4m3_max, alpha, col,
     if a.dtype not in (torch.bfloat16, torch.float16) or a.dim() != 2:
         raise TypeError(f"a must be a 2D bfloat16 or float16 tensor, got {a.dtype} "
                         f"{tuple(a.shape)}")
-    if a.dtype == torch.float16 and path == "window":
-        raise NotImplementedError("path 'window' takes bfloat16 activations (the window "
-                                  "kernel's operands are BF16)")
     sfb = _check_operand(b_data, b_scales, "b", swizzled, to_swizzled=False)
     m, n, k = a.shape[0], b_data.shape[0], b_data.shape[1] * 2
     if a.shape[1] != k:
@@ -447,16 +440,12 @@ def _launch_w4a16_window(a, b_data, sfb, swizzled, window_amax, e4m3_max, alpha,
         return launch_w4a16(a, b_data, sfb, out, alpha, None, col, bias, swizzled=swizzled,
                             transposed=False, arch=arch, decode=decode, window_amax=window_amax,
                             e4m3_max=e4m3_max)
-    factors = window_factors(window_amax, e4m3_max, arch)
-    sfb = _swizzled(sfb, n, k, swizzled)
-    if path == "window":
-        return gemm_w4a16_window_sm90(a, b_data, sfb, factors, alpha, col, bias, out, decode,
-                                      arch)
     w = _prepare_data(b_data)
     unscale = UNSCALE_W4A16_FP16 if a.dtype == torch.float16 else UNSCALE_W4A16
-    return launch_mixed(w, sfb, permute_k(a, k_pad(w.shape[1]), arch), out, alpha, None, col,
-                        bias, transposed=True, unscale_exp=unscale, arch=arch, decode=decode,
-                        x_window=factors)
+    return launch_mixed(w, _swizzled(sfb, n, k, swizzled), permute_k(a, k_pad(w.shape[1]), arch),
+                        out, alpha, None, col, bias, transposed=True, unscale_exp=unscale,
+                        arch=arch, decode=decode,
+                        x_window=window_factors(window_amax, e4m3_max, arch))
 
 
 class PreparedWeights:

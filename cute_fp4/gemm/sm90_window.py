@@ -41,8 +41,8 @@ from cutlass.tensor_utils import LayoutEnum
 from ..common.jit import KERNELS, compile_kernel, dyn, env_stream, fake_tensor, num_sms, \
     torch_to_cutlass
 from .parts import epilogue_fakes, prefetch_tma, tma_slices, window_fake, window_update
-from .sm90_mixed import (SMEM_BYTES, TILE_K, TILE_M, UNSCALE_W4A4, UNSCALE_W4A16, Sm90Gemm,
-                         k_pad, permute_k, predecode_nvfp4, smem_array, staging_bytes, tma_load)
+from .sm90_mixed import (SMEM_BYTES, TILE_K, TILE_M, UNSCALE_W4A4, Sm90Gemm, predecode_nvfp4,
+                         smem_array, staging_bytes, tma_load)
 
 WINDOW_TILE_NS = (64, 128)
 
@@ -50,25 +50,19 @@ WINDOW_TILE_NS = (64, 128)
 class Sm90GemmWindow(Sm90Gemm):
     """Compile-time config: tile_n (WINDOW_TILE_NS), stages, output dtype, the epilogue operands
     present, vec_store (D 16-byte aligned), num_ctas (the SM count), windows (whether x and y
-    have window factors; at least one) and unscale_exp (the power of two the operands' values
-    carry: UNSCALE_W4A4 for two decoded operands, UNSCALE_W4A16 for BF16 activations as x).
-    `__call__` takes x [P, K'] and y [Q, K'] BF16 values in the kernel K order
-    (`predecode_nvfp4`, `permute_k`; K' = K rounded up to 64), D [M, N] = [P,
-    Q], the optional alpha [1], row [M], col [N], bias [N] and the window factors of x and y
+    have window factors; at least one).
+    `__call__` takes x [P, K'] and y [Q, K'] BF16 block values in the kernel K order
+    (`predecode_nvfp4`; K' = K rounded up to 64), D [M, N] = [P, Q], the optional alpha [1], row [M], col [N], bias [N] and the window factors of x and y
     ([rows padded to 4, K/64] FP32 with the rows contiguous, `dispatch._window_factors`)."""
 
     def __init__(self, out_dtype: Type[cutlass.Numeric], *, tile_n: int = 128, stages: int = 4,
                  has_alpha: bool = False, has_row: bool = False, has_col: bool = False,
                  has_bias: bool = False, vec_store: bool = False, num_ctas: int = 132,
-                 windows=(True, True), decode=(None, None, None),
-                 unscale_exp: int = UNSCALE_W4A4):
+                 windows=(True, True), decode=(None, None, None)):
         if tile_n not in WINDOW_TILE_NS:
             raise ValueError(f"tile_n must be one of {WINDOW_TILE_NS}, got {tile_n}")
         if not any(windows):
             raise ValueError("Sm90GemmWindow needs at least one window64 operand")
-        if unscale_exp not in (UNSCALE_W4A4, UNSCALE_W4A16):
-            raise ValueError(f"unscale_exp must be {UNSCALE_W4A4} or {UNSCALE_W4A16}, got "
-                             f"{unscale_exp}")
         most = window_max_stages(tile_n, out_dtype.width // 8)
         if stages < 2 or stages > most:
             raise ValueError(f"stages must be 2..{most} for tile_n {tile_n} and "
@@ -79,7 +73,7 @@ class Sm90GemmWindow(Sm90Gemm):
                          producer_regs=40, consumer_regs=232)
         self.x_window, self.y_window = (bool(w) for w in windows)
         self.transposed = False
-        self.unscale_exp = unscale_exp
+        self.unscale_exp = UNSCALE_W4A4  # both operands are decoded NVFP4 block values
         self.vec_store = vec_store
         self.num_ctas = num_ctas
 
@@ -268,13 +262,13 @@ def window_max_stages(tile_n: int, out_elt: int) -> int:
 
 
 def window_kernel(out_dtype, tile_n, stages, flags, bias_dtype, vec_store, num_ctas, windows,
-                  decode=(None, None, None), unscale_exp=UNSCALE_W4A4):
+                  decode=(None, None, None)):
     """The compile-time op and fake arguments of one Sm90GemmWindow configuration."""
     has_alpha, has_row, has_col, has_bias = flags
     op = Sm90GemmWindow(torch_to_cutlass(out_dtype), tile_n=tile_n, stages=stages,
                         has_alpha=has_alpha, has_row=has_row, has_col=has_col,
                         has_bias=has_bias, vec_store=vec_store, num_ctas=num_ctas,
-                        windows=windows, decode=decode, unscale_exp=unscale_exp)
+                        windows=windows, decode=decode)
     elt = torch.empty((), dtype=out_dtype).element_size()
     m, n = dyn(), dyn(16 // elt) if vec_store else dyn()
     args = (
@@ -296,36 +290,18 @@ def gemm_window_sm90(a_data: torch.Tensor, sfa: torch.Tensor, b_data: torch.Tens
     scales, their window factors (`dispatch._window_factors`, at least one) and the epilogue
     operands as `operands._epilogue` returns them: both operands decoded to BF16 block values
     (two temporaries of (M + N) x K BF16), then Sm90GemmWindow."""
-    return _launch(predecode_nvfp4(a_data, sfa, arch), predecode_nvfp4(b_data, sfb, arch),
-                   a_win, b_win, alpha, row, col, bias, out, decode, arch, UNSCALE_W4A4)
-
-
-def gemm_w4a16_window_sm90(a: torch.Tensor, b_data: torch.Tensor, sfb: torch.Tensor,
-                           b_win: torch.Tensor, alpha, col, bias, out: torch.Tensor, decode,
-                           arch: str) -> torch.Tensor:
-    """W4A16 with window64 weights: D = out [M, N] for BF16 activations a [M, K] (contiguous,
-    on the weights' device: the caller checks them), packed weights b_data [N, K/2] with flat
-    swizzled scales, their window factors (`dispatch._window_factors`) and the epilogue
-    operands: the activations K-permuted (`permute_k`, their values as they are), the weights
-    decoded to BF16 block values, then Sm90GemmWindow (`dispatch` calls it beyond
-    W4A16_WINDOW_STREAM_ROWS tokens; fewer run the streaming kernel with window factors)."""
-    x = permute_k(a, k_pad(b_data.shape[1]), arch)
-    return _launch(x, predecode_nvfp4(b_data, sfb, arch), None, b_win, alpha, None, col, bias,
-                   out, decode, arch, UNSCALE_W4A16)
-
-
-def _launch(x, y, x_win, y_win, alpha, row, col, bias, out, decode, arch, unscale_exp):
     flags = (alpha is not None, row is not None, col is not None, bias is not None)
     vec_store = (out.shape[1] * out.element_size()) % 16 == 0 and out.data_ptr() % 16 == 0
     fn = window_launcher(out.shape[1], out.dtype, flags, bias.dtype if bias is not None else None,
-                         vec_store, (x_win is not None, y_win is not None), decode,
-                         num_sms(out.device), arch, unscale_exp)
-    fn(x, y, out, alpha, row, col, bias, x_win, y_win)
+                         vec_store, (a_win is not None, b_win is not None), decode,
+                         num_sms(out.device), arch)
+    fn(predecode_nvfp4(a_data, sfa, arch), predecode_nvfp4(b_data, sfb, arch), out, alpha, row,
+       col, bias, a_win, b_win)
     return out
 
 
 def window_launcher(n: int, out_dtype: torch.dtype, flags, bias_dtype, vec_store: bool,
-                    windows, decode, sms: int, arch: str, unscale_exp: int = UNSCALE_W4A4):
+                    windows, decode, sms: int, arch: str):
     """The compiled Sm90GemmWindow (its TVM-FFI function) for N columns of D: tile_n 64 up to
     64 columns, else 128, the deepest pipeline that fits. flags: which of alpha, row, col,
     bias exist; windows: whether x / y have window factors. Called with (x, y, out, alpha,
@@ -334,11 +310,11 @@ def window_launcher(n: int, out_dtype: torch.dtype, flags, bias_dtype, vec_store
     stages = window_max_stages(tile_n, out_dtype.itemsize)
     windows = tuple(bool(w) for w in windows)
     key = ("gemm_window_sm90", out_dtype, tile_n, stages, flags, bias_dtype, vec_store, sms,
-           windows, decode, unscale_exp)
+           windows, decode)
 
     def build():
         op, args = window_kernel(out_dtype, tile_n, stages, flags, bias_dtype, vec_store, sms,
-                                 windows, decode, unscale_exp)
+                                 windows, decode)
         return compile_kernel(op, *args, arch=arch)
 
     return KERNELS.ffi(key, build)

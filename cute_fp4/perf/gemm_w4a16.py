@@ -15,9 +15,9 @@ scales, GB/s). Column "cute_fp4.gemm": the public call on the same weights as a 
 NVFP4Tensor (its alpha decoded from the amax in the kernel's epilogue), i.e. what a user's
 call costs beyond the kernel (automatic configuration only). `--window64`: the weights are
 Recipe(scaling="window64") quantizes of random BF16 (1x64 local-encode outer scales), the
-W4A16 GEMM is `cute_fp4.gemm(x, w)` (column "kernel" = window: `dispatch.gemm_w4a16`'s
-"auto" path; GB/s count the window amaxes too), dequantize-then-cuBLAS dequantizes those
-weights, and columns "stream" / "mixed" / "window" time `gemm_w4a16`'s explicit paths.
+W4A16 GEMM is `cute_fp4.gemm(x, w)` (column "kernel": the kernel of `dispatch.gemm_w4a16`'s
+"auto" path, stream or mixed; GB/s count the window amaxes too), dequantize-then-cuBLAS
+dequantizes those weights, and columns "stream" / "mixed" time `gemm_w4a16`'s explicit paths.
 """
 
 from __future__ import annotations
@@ -109,7 +109,7 @@ def bench_configs(m: int, n: int, k: int, graphs: bool, configs,
 def bench_window64(m: int, n: int, k: int, graphs: bool) -> List[dict]:
     """One row: cute_fp4.gemm of BF16 activations and window64 weights vs the baselines."""
     from .. import dequantize, gemm, quantize
-    from ..gemm.dispatch import gemm_w4a16
+    from ..gemm.dispatch import W4A16_WINDOW_STREAM_ROWS, gemm_w4a16
     from ..recipe import Recipe
 
     recipe = Recipe(scaling="window64", columnwise=False)
@@ -124,11 +124,12 @@ def bench_window64(m: int, n: int, k: int, graphs: bool) -> List[dict]:
         "dequant+cublas": [lambda w=w: torch.matmul(a, dequantize(w).t()) for w in weights],
         "w4a16": [lambda w=w: gemm(a, w) for w in weights],
     }
-    for path in ("stream", "mixed", "window"):
+    for path in ("stream", "mixed"):
         fns[path] = [functools.partial(gemm_w4a16, a, w.data, w.scales,
                                        scales_swizzled=w.recipe.swizzle, b_window_amax=w.amax,
                                        e4m3_max=w.recipe.e4m3_max, path=path) for w in weights]
-    row = {"M": m, "N": n, "K": k, "act": "bfloat16", "kernel": "window",
+    row = {"M": m, "N": n, "K": k, "act": "bfloat16",
+           "kernel": "stream" if m <= W4A16_WINDOW_STREAM_ROWS else "mixed",
            "graph sets": len(weights)}
     for mode, timer in timing_modes(graphs):
         ms = {name: timer(f) for name, f in fns.items()}
@@ -137,7 +138,7 @@ def bench_window64(m: int, n: int, k: int, graphs: bool) -> List[dict]:
         row[f"w4a16/cublas {mode}"] = ms["cublas_bf16"] / ms["w4a16"]
         row[f"w4a16/dequant+cublas {mode}"] = ms["dequant+cublas"] / ms["w4a16"]
         row[f"w4a16 {mode} GB/s"] = weight_bytes / ms["w4a16"] / 1e6
-        for path in ("stream", "mixed", "window"):
+        for path in ("stream", "mixed"):
             row[f"w4a16/{path} {mode}"] = ms[path] / ms["w4a16"]
     return [row]
 
