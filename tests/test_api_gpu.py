@@ -451,11 +451,14 @@ def test_gemm_plan_bit_equal(m, n, k, path, a_scaling, b_scaling, e4m3_max, bias
                                                   (torch.float32, torch.float32)])
 def test_gemm_plan_window_bit_equal(m, n, k, a_scaling, b_scaling, e4m3_max, bias_dtype,
                                     out_dtype):
-    """window64 operands through their configuration's plan (the "window" path: both operands
-    decoded, the window factors by one launch each): every call gives the bits of gemm_nvfp4
-    with the factors kernel, one or both operands window64, the other's outer scale decoded
-    in the epilogue, a bias or none, a 3-D activation, an odd k-tile count (K = 320)."""
-    _check_plan_calls(m, n, k, "window", a_scaling, b_scaling, e4m3_max, bias_dtype,
+    """window64 operands through their configuration's plan: every call gives the bits of
+    gemm_nvfp4 with the factors kernel, both operands window64 (the "window" path: both
+    decoded, the window factors by one launch each) or one (the "predecode" path: the
+    window64 operand in the mixed kernel's registers with its factors, the smaller or the
+    larger), the other's outer scale decoded in the epilogue, a bias or none, a 3-D
+    activation, an odd k-tile count (K = 320)."""
+    path = "window" if a_scaling == b_scaling == "window64" else "predecode"
+    _check_plan_calls(m, n, k, path, a_scaling, b_scaling, e4m3_max, bias_dtype,
                       out_dtype)
 
 

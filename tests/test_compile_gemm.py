@@ -233,22 +233,25 @@ def test_mixed_sm90_fp16_ptx(tile_n, ctas_per_sm, k_split):
                       fp16=True)
 
 
-@pytest.mark.parametrize("tile_n,ctas_per_sm,k_split,k_slices", [(128, 1, False, 1),
-                                                                  (32, 2, True, 2),
-                                                                  (16, 3, True, 1)])
-def test_mixed_sm90_x_window_ptx(tile_n, ctas_per_sm, k_split, k_slices):
-    """x_window (W4A16 with window64 weights): a fourth TMA load per stage (the tile's window
-    factors), each k-tile's wgmmas into a part tile, waited for at depth 0 (the plain kernel
-    keeps one k-tile in flight), then one FP32 fma per accumulator element (the factor of the
-    element's row times the part); the same 8 wgmmas."""
-    from cute_fp4.gemm.sm90_mixed import UNSCALE_W4A16, max_stages, mixed_kernel
+@pytest.mark.parametrize("tile_n,ctas_per_sm,k_split,k_slices,w4a4", [
+    (128, 1, False, 1, False), (32, 2, True, 2, False), (16, 3, True, 1, False),
+    (128, 1, False, 1, True)])
+def test_mixed_sm90_x_window_ptx(tile_n, ctas_per_sm, k_split, k_slices, w4a4):
+    """x_window (W4A16 with window64 weights, transposed; w4a4: gemm_nvfp4's predecode path
+    with the window64 operand as A, D not transposed): a fourth TMA load per stage (the
+    tile's window factors), each k-tile's wgmmas into a part tile, waited for at depth 0 (the
+    plain kernel keeps one k-tile in flight), then one FP32 fma per accumulator element (the
+    factor of the element's row times the part); the same 8 wgmmas."""
+    from cute_fp4.gemm.sm90_mixed import UNSCALE_W4A4, UNSCALE_W4A16, max_stages, mixed_kernel
 
     counts = {}
+    transposed = not w4a4
     for x_window in (False, True):
-        stages = max_stages(tile_n, 2, True, ctas_per_sm, k_split, x_window)
+        stages = max_stages(tile_n, 2, transposed, ctas_per_sm, k_split, x_window)
         op, args = mixed_kernel(torch.bfloat16, tile_n, stages, (False, False, True, False),
-                                None, True, UNSCALE_W4A16, True, 132, ctas_per_sm, k_split,
-                                k_slices=k_slices, x_window=x_window)
+                                None, transposed, UNSCALE_W4A4 if w4a4 else UNSCALE_W4A16,
+                                True, 132, ctas_per_sm, k_split, k_slices=k_slices,
+                                x_window=x_window)
         ptx = _sm90_gemm_ptx(op, args, tile_n, ctas_per_sm=ctas_per_sm)
         counts[x_window] = {name: len(re.findall(pat, ptx)) for name, pat in (
             ("tma", r"cp\.async\.bulk\.tensor\.2d"), ("wgmma", r"wgmma\.mma_async"),
@@ -279,6 +282,27 @@ def test_mixed_sm90_x_window_config():
         plain = pick_mixed_config(p, q)
         assert (cfg.k_split, cfg.k_slices) == (plain.k_split, plain.k_slices)
     assert pick_mixed_config(8192, 4096, x_window=True).tile_n == 128
+
+
+def test_pick_sm90_path_window64():
+    """gemm_nvfp4's automatic path with window64 operands: weight_stream at decode sizes where
+    only the larger operand is window64, predecode (the mixed kernel with the window64
+    operand in registers, whichever is larger) with one, window with two."""
+    from cute_fp4.gemm.dispatch import pick_sm90_path, predecode_swap
+
+    assert pick_sm90_path("auto", 16, 8192, (False, True)) == "weight_stream"
+    assert pick_sm90_path("auto", 8192, 1, (True, False)) == "weight_stream"
+    assert pick_sm90_path("auto", 64, 8192, (False, True)) == "predecode"
+    assert pick_sm90_path("auto", 16, 8192, (True, False)) == "predecode"
+    assert pick_sm90_path("auto", 8192, 8192, (True, True)) == "window"
+    assert pick_sm90_path("auto", 16, 8192, (True, True)) == "window"
+    assert pick_sm90_path("auto", 64, 8192) == "predecode"
+    assert predecode_swap(64, 8192) and not predecode_swap(8192, 64)
+    assert not predecode_swap(8192, 8192)  # ties: B decoded
+    assert not predecode_swap(64, 8192, (True, False))  # A window64: kept in registers
+    assert predecode_swap(8192, 64, (False, True))
+    with pytest.raises(NotImplementedError, match="at most one window64 operand"):
+        pick_sm90_path("predecode", 64, 64, (True, True))
 
 
 def test_predecode_sm90_ptx():

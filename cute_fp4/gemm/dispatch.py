@@ -125,9 +125,12 @@ def gemm_nvfp4(a_data: torch.Tensor, a_scales: torch.Tensor, b_data: torch.Tenso
     registers (D^T = B A^T when A is the smaller). With window64 operands, whose FP32 window
     factors are not exact in a BF16 operand: "weight_stream" where only the larger operand
     (the weights) is window64 (the streaming kernel applies its factors per window; the
-    "auto" choice at decode sizes there); "window" (the "auto" choice otherwise) decodes both
-    operands once to BF16 block values and runs `sm90_window.Sm90GemmWindow`, which applies the
-    factors per k-tile in FP32; "decode_both" runs `sm90_w4a4.Sm90GemmNVFP4`, which decodes
+    "auto" choice at decode sizes there); "predecode" with one window64 operand (the "auto"
+    choice otherwise) keeps that one in registers whatever its size and decodes the other
+    (`predecode_swap`), the mixed kernel applying the factors per k-tile in FP32 (x_window);
+    "window" (the "auto" choice with two) decodes both operands once to BF16 block values and
+    runs `sm90_window.Sm90GemmWindow`, which applies the factors per k-tile in FP32;
+    "decode_both" runs `sm90_w4a4.Sm90GemmNVFP4`, which decodes
     both operands per k-tile (slower: kept as an explicit path). sm_100a devices run
     `sm100_blockscaled.gemm_nvfp4_sm100` (no window64 operands there yet)."""
     # compact scales stay compact for the weight_stream path (its kernels read either layout);
@@ -170,7 +173,7 @@ def gemm_nvfp4(a_data: torch.Tensor, a_scales: torch.Tensor, b_data: torch.Tenso
     sfa, sfb = _swizzled(sfa, m, k, swz), _swizzled(sfb, n, k, swz)
     if path == "predecode":
         return _gemm_predecode(a_data, sfa, b_data, sfb, alpha, row, col, bias, out, arch,
-                               tile_n, stages, decode)
+                               tile_n, stages, decode, (a_window_amax, b_window_amax), e4m3_max)
     a_win = _window_factors(a_window_amax, m, k, e4m3_max, "a", device)
     b_win = _window_factors(b_window_amax, n, k, e4m3_max, "b", device)
     if path == "window":
@@ -222,9 +225,10 @@ def pick_sm90_path(path: str, m: int, n: int, windows=(False, False)) -> str:
     # weight_stream decodes the smaller operand (A on ties) to BF16 values: not a window64
     # one (its factors are not exact in BF16); the streaming kernel takes the other's
     small_windowed = windows[1] if n < m else windows[0]
-    if windowed and path == "predecode":
-        raise NotImplementedError("window64 operands take path 'window', 'decode_both' or "
-                                  "(the larger one) 'weight_stream'")
+    if all(windows) and path == "predecode":
+        raise NotImplementedError("path 'predecode' decodes one operand to BF16: it takes at "
+                                  "most one window64 operand (two take 'window' or "
+                                  "'decode_both')")
     if path == "weight_stream" and small_windowed:
         raise NotImplementedError("path 'weight_stream' decodes the smaller operand to BF16: "
                                   "it cannot be window64")
@@ -235,7 +239,14 @@ def pick_sm90_path(path: str, m: int, n: int, windows=(False, False)) -> str:
         return path
     if stream_weights(min(m, n)) and not small_windowed:
         return "weight_stream"
-    return "window" if windowed else "predecode"
+    return "window" if all(windows) else "predecode"
+
+
+def predecode_swap(m: int, n: int, windows=(False, False)) -> bool:
+    """Whether the predecode path keeps B in the mixed kernel's registers (x, D^T = B A^T) and
+    decodes A to BF16: where one operand is window64, that one stays in registers (its factors
+    apply per k-tile in FP32, not exactly in a BF16 value), else the larger (A on ties)."""
+    return windows[1] if any(windows) else m < n
 
 
 def decode_values(data: torch.Tensor, scales: torch.Tensor, swizzled: bool,
@@ -291,23 +302,28 @@ def _gemm_weight_stream(a_data, sfa, b_data, sfb, alpha, row, col, bias, out, ar
                         e4m3_max=e4m3_max)
 
 
-def predecode_operands(a_data, sfa, b_data, sfb, arch):
-    """The predecode path's kernel operands (x_data, sfx, y, swap) from packed operands and
-    their flat swizzled scales: the smaller operand (B on ties) decoded once to BF16 (`y`), the
-    larger one (`x_data`, decoded in the kernel's registers) realigned for TMA; swap when A is
-    the smaller (the kernel then computes D^T = B A^T)."""
-    swap = a_data.shape[0] < b_data.shape[0]
+def predecode_operands(a_data, sfa, b_data, sfb, arch, swap):
+    """The predecode path's kernel operands (x_data, sfx, y) from packed operands and their
+    flat swizzled scales: one operand decoded once to BF16 (`y`: A where `swap`, see
+    `predecode_swap`), the other one (`x_data`, decoded in the kernel's registers) realigned
+    for TMA."""
     x_data, sfx, y_data, sfy = (b_data, sfb, a_data, sfa) if swap else (a_data, sfa, b_data, sfb)
-    return _prepare_data(x_data), sfx, predecode_nvfp4(y_data, sfy, arch), swap
+    return _prepare_data(x_data), sfx, predecode_nvfp4(y_data, sfy, arch)
 
 
 def _gemm_predecode(a_data, sfa, b_data, sfb, alpha, row, col, bias, out, arch, tile_n,
-                    stages, decode):
-    """The predecode path of gemm_nvfp4 on sm_90a (see `predecode_operands`)."""
-    x_data, sfx, y, swap = predecode_operands(a_data, sfa, b_data, sfb, arch)
+                    stages, decode, window_amaxes=(None, None), e4m3_max=448):
+    """The predecode path of gemm_nvfp4 on sm_90a (see `predecode_operands`); window_amaxes:
+    A's and B's (at most one), the register operand's factors then applied per k-tile
+    (Sm90GemmMixed's x_window)."""
+    m, n, k = a_data.shape[0], b_data.shape[0], b_data.shape[1] * 2
+    swap = predecode_swap(m, n, tuple(w is not None for w in window_amaxes))
+    x_data, sfx, y = predecode_operands(a_data, sfa, b_data, sfb, arch, swap)
+    x_win = _window_factors(window_amaxes[swap], n if swap else m, k, e4m3_max,
+                            "b" if swap else "a", out.device)
     return launch_mixed(x_data, sfx, y, out, alpha, row, col, bias, transposed=swap,
                         unscale_exp=UNSCALE_W4A4, arch=arch, tile_n=tile_n, stages=stages,
-                        decode=decode)
+                        decode=decode, x_window=x_win)
 
 
 def _gemm_sm100(a_data, sfa, b_data, sfb, alpha, row, col, bias, out_dtype, out, windowed,

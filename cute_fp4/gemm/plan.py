@@ -1,7 +1,7 @@
 """Per-configuration plans of `cute_fp4.gemm` for two NVFP4 operands on sm_90a.
 
 Through the general path (api.gemm's checks, ops.gemm, the epilogue factors, gemm_nvfp4's
-checks, the scales' flat views, the kernel pick and its keys, the temporary of the smaller
+checks, the scales' flat views, the kernel pick and its keys, the temporary of the decoded
 operand) a GEMM took ~150-200 us of host time on the device host, and a Linear training step
 makes three: the eager step was host-bound below ~2.5 ms of GPU work (notes/gemm.md, session
 52). A plan holds what depends on the call's configuration alone: the path, the compiled
@@ -13,7 +13,7 @@ only allocates its output (and the temporary) and launches.
 The first call of a configuration runs the general path (its checks, its errors); the plan is
 made after that call succeeded, with the general path's kernels and kernel configurations,
 so both give the same bits. Configurations a plan does not take (compact scales on the
-predecode and window paths, K % 128 != 0 on the predecode path, misaligned or non-contiguous
+predecode and window paths, K % 64 != 0 on those paths, misaligned or non-contiguous
 fields, scale layouts that differ, other architectures) keep the general path: their key
 maps to None.
 """
@@ -28,7 +28,7 @@ from ..common.jit import device_arch, num_sms
 from ..quant.dequantize import nvfp4_launcher
 from ..ref.swizzle import scale_shape
 from ..tensor import NVFP4Tensor
-from .dispatch import _unit_amax, pick_sm90_path
+from .dispatch import _unit_amax, pick_sm90_path, predecode_swap
 from .factors import amax_roles, factor_kind, factors_launcher, window_factors
 from .sm90_mixed import UNSCALE_W4A4, k_pad, mixed_launcher, predecode_launcher
 from .sm90_w4a16 import w4a16_launcher
@@ -80,10 +80,11 @@ def gemm(key: tuple, a: NVFP4Tensor, b: NVFP4Tensor, bias: Optional[torch.Tensor
 
 class GemmPlan:
     """cute_fp4.gemm(a, b, bias=, out_dtype=) of one configuration on sm_90a, on the path
-    `pick_sm90_path` chooses: "predecode" (the smaller operand decoded to BF16 by one kernel,
-    the mixed wgmma kernel), "weight_stream" (the smaller operand decoded by the dequantize
-    kernel, the weight-streaming kernel, which reads the larger one's window amaxes where it
-    is window64) or, with window64 operands, "window" (both operands
+    `pick_sm90_path` chooses: "predecode" (one operand decoded to BF16 by one kernel, the
+    mixed wgmma kernel: the smaller, or the one that is not window64, whose factors the
+    kernel then applies per k-tile), "weight_stream" (the smaller operand decoded by the
+    dequantize kernel, the weight-streaming kernel, which reads the larger one's window
+    amaxes where it is window64) or, with two window64 operands, "window" (both operands
     decoded to BF16, their window factors by one launch each, the window kernel), as
     `gemm_nvfp4` runs them."""
 
@@ -144,32 +145,34 @@ class GemmPlan:
                                         out_bytes % 16 == 0, self.windows, decode,
                                         num_sms(device), arch)
         elif path == "predecode":
-            # the smaller operand (B on ties) decoded once to BF16, the other one in registers
-            swap = self.a_small = m < n
+            # one operand decoded once to BF16, the other one (window64 or the larger) in
+            # registers
+            swap = self.a_decoded = predecode_swap(m, n, self.windows)
+            self.packed_window = self.windows[swap]
             rows_y = m if swap else n
             self.y_shape = (rows_y, k)
-            self.decode_small = predecode_launcher(arch)
+            self.decode_y = predecode_launcher(arch)
             out_bytes = n * out_dtype.itemsize
             self.gemm = mixed_launcher(
                 n if swap else m, rows_y, out_dtype, flags + (bias is not None,),
                 bias_dtype, transposed=swap, unscale_exp=UNSCALE_W4A4,
                 vec_store=out_bytes % 16 == 0, fp16=False, sms=num_sms(device), arch=arch,
-                decode=decode)
+                decode=decode, x_window=self.packed_window)
         else:
             # the smaller operand (A on ties) decoded to BF16 as the streaming kernel's tokens
             swap = n < m
-            self.a_small = not swap
+            self.a_decoded = not swap
             rows_x = n if swap else m
             self.y_shape = (rows_x, k)
-            self.decode_small = nvfp4_launcher(torch.bfloat16, "tensor", ra.swizzle, 448, arch)
+            self.decode_y = nvfp4_launcher(torch.bfloat16, "tensor", ra.swizzle, 448, arch)
             # window64 weights (the larger operand): the streaming kernel reads their amaxes
             big_recipe = ra if swap else rb
-            self.big_window = big_recipe.scaling == "window64"
+            self.packed_window = self.windows[not swap]
             self.gemm = w4a16_launcher(
                 torch.bfloat16, out_dtype, rows_x, m if swap else n, k,
                 (flags[0], flags[2], bias is not None), bias_dtype, has_row=flags[1],
                 transposed=swap, swizzled=ra.swizzle, arch=arch, decode=decode,
-                window=big_recipe.e4m3_max if self.big_window else 0)
+                window=big_recipe.e4m3_max if self.packed_window else 0)
 
     def __call__(self, a: NVFP4Tensor, b: NVFP4Tensor,
                  bias: Optional[torch.Tensor]) -> torch.Tensor:
@@ -192,15 +195,17 @@ class GemmPlan:
                                if windowed else None)
             self.gemm(*values, out, alpha, row, col, bias, *factors)
             return out if self.view_shape is None else out.view(self.view_shape)
-        small, big = (a, b) if self.a_small else (b, a)
+        dec, packed = (a, b) if self.a_decoded else (b, a)
         y = torch.empty(self.y_shape, dtype=torch.bfloat16, device=device)
-        sf = big.scales.view(torch.uint8).view(-1)
+        sf = packed.scales.view(torch.uint8).view(-1)
         if self.path == "predecode":
-            self.decode_small(small.data.view(torch.int32),
-                              small.scales.view(torch.int32).view(-1), y.view(torch.int32))
-            self.gemm(big.data, sf, y, out, alpha, row, col, bias, None)
+            self.decode_y(dec.data.view(torch.int32), dec.scales.view(torch.int32).view(-1),
+                          y.view(torch.int32))
+            self.gemm(packed.data, sf, y, out, alpha, row, col, bias,
+                      window_factors(packed.amax, packed.recipe.e4m3_max, self.arch)
+                      if self.packed_window else None)
         else:  # the streaming kernel takes its tokens first
-            self.decode_small(small.data, small.scales, _unit_amax(device), y)
-            self.gemm(y, big.data, sf, out, alpha, row, col, bias,
-                      big.amax if self.big_window else None)
+            self.decode_y(dec.data, dec.scales, _unit_amax(device), y)
+            self.gemm(y, packed.data, sf, out, alpha, row, col, bias,
+                      packed.amax if self.packed_window else None)
         return out if self.view_shape is None else out.view(self.view_shape)

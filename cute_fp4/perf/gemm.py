@@ -13,8 +13,9 @@ alone (its predecoded BF16 operand made once, outside the timing). `--window64` 
 operands): the NVFP4 GEMM is then `cute_fp4.gemm(a, b)` (the "window" path), dequantize-then-
 cuBLAS dequantizes them with `cute_fp4.dequantize`, and "decode_both" is gemm_nvfp4's slower
 window64 kernel; `--window64 weights` quantizes only B window64 and A per token (inference
-with window64 weights), and times gemm_nvfp4's "window" path instead of "decode_both" (column
-"window"). TFLOP/s count 2*M*N*K; ratios are against cuBLAS BF16 (and
+with window64 weights: `cute_fp4.gemm` takes the weight_stream path at decode sizes, else
+predecode with the weights in registers), and times gemm_nvfp4's "window" path instead of
+"decode_both" (column "window"). TFLOP/s count 2*M*N*K; ratios are against cuBLAS BF16 (and
 dequantize-then-cuBLAS) of the same mode.
 """
 
@@ -65,12 +66,13 @@ def _dequantize_fn(data, scales, dtype=torch.bfloat16):
 def _kernel_only_fn(a, sa, b, sb, out):
     """The predecode path's GEMM kernel with its BF16 operand decoded once in advance."""
     from ..common.jit import device_arch
-    from ..gemm.dispatch import predecode_operands
+    from ..gemm.dispatch import predecode_operands, predecode_swap
     from ..gemm.sm90_mixed import UNSCALE_W4A4, launch_mixed
 
     arch = device_arch(a.device)
-    x, sx, y16, swap = predecode_operands(a, sa.view(torch.uint8).reshape(-1), b,
-                                          sb.view(torch.uint8).reshape(-1), arch)
+    swap = predecode_swap(a.shape[0], b.shape[0])
+    x, sx, y16 = predecode_operands(a, sa.view(torch.uint8).reshape(-1), b,
+                                    sb.view(torch.uint8).reshape(-1), arch, swap)
     return lambda: launch_mixed(x, sx, y16, out, None, None, None, None, transposed=swap,
                                 unscale_exp=UNSCALE_W4A4, arch=arch)
 
