@@ -9,8 +9,8 @@ to fill four times the L2, at most 8). `--paths` adds
 gemm_nvfp4 with named paths (e.g. predecode,weight_stream: both at the decode sizes);
 `--variants` adds the "decode_both" kernel (sm90_w4a4) and the predecode path's GEMM kernel
 alone (its predecoded BF16 operand made once, outside the timing). `--window64` times
-1x64 local-encode operands instead (Recipe(scaling="window64") quantizes of random BF16, both
-operands): the NVFP4 GEMM is then `cute_fp4.gemm(a, b)` (the "window" path), dequantize-then-
+1x64 local-encode operands instead (Recipe(scaling="window64", swizzle=True) quantizes of
+random BF16, both operands): the NVFP4 GEMM is then `cute_fp4.gemm(a, b)` (the "window" path), dequantize-then-
 cuBLAS dequantizes them with `cute_fp4.dequantize`, and "decode_both" is gemm_nvfp4's slower
 window64 kernel; `--window64 weights` quantizes only B window64 and A per token (inference
 with window64 weights: `cute_fp4.gemm` takes the weight_stream path at decode sizes, else
@@ -87,8 +87,11 @@ def _window64_fns(m: int, n: int, k: int, sets: int, which: str) -> dict:
     from ..gemm.factors import epilogue_operands
     from ..recipe import Recipe
 
-    recipe = Recipe(scaling="window64", columnwise=False)
-    a_recipe = recipe if which == "both" else Recipe(scaling="token", columnwise=False)
+    # swizzled scales, as nn.Linear and convert make them (compact ones are swizzled per call
+    # by torch ops on the predecode and window paths: ~100 us of host time)
+    recipe = Recipe(scaling="window64", columnwise=False, swizzle=True)
+    a_recipe = (recipe if which == "both"
+                else Recipe(scaling="token", columnwise=False, swizzle=True))
     pairs = [tuple(quantize(torch.randn(rows, k, device="cuda", dtype=torch.bfloat16), r)
                    for rows, r in ((m, a_recipe), (n, recipe))) for _ in range(sets)]
     fns = {

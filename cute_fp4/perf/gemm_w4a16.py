@@ -14,10 +14,11 @@ speedups over cuBLAS of the same mode and the W4A16 kernel's weight bandwidth (p
 scales, GB/s). Column "cute_fp4.gemm": the public call on the same weights as a per-tensor
 NVFP4Tensor (its alpha decoded from the amax in the kernel's epilogue), i.e. what a user's
 call costs beyond the kernel (automatic configuration only). `--window64`: the weights are
-Recipe(scaling="window64") quantizes of random BF16 (1x64 local-encode outer scales), the
-W4A16 GEMM is `cute_fp4.gemm(x, w)` (column "kernel": the kernel of `dispatch.gemm_w4a16`'s
-"auto" path, stream or mixed; GB/s count the window amaxes too), dequantize-then-cuBLAS
-dequantizes those weights, and columns "stream" / "mixed" time `gemm_w4a16`'s explicit paths.
+Recipe(scaling="window64", swizzle=True) quantizes of random BF16 (1x64 local-encode outer
+scales), the W4A16 GEMM is `cute_fp4.gemm(x, w)` (column "kernel": the kernel of
+`dispatch.gemm_w4a16`'s "auto" path, stream or mixed; GB/s count the window amaxes too),
+dequantize-then-cuBLAS dequantizes those weights, and columns "stream" / "mixed" time
+`gemm_w4a16`'s explicit paths.
 """
 
 from __future__ import annotations
@@ -112,7 +113,9 @@ def bench_window64(m: int, n: int, k: int, graphs: bool) -> List[dict]:
     from ..gemm.dispatch import W4A16_WINDOW_STREAM_ROWS, gemm_w4a16
     from ..recipe import Recipe
 
-    recipe = Recipe(scaling="window64", columnwise=False)
+    # swizzled scales, as nn.Linear and convert make them (compact ones are swizzled per call
+    # by torch ops on the mixed path: ~100 us of host time)
+    recipe = Recipe(scaling="window64", columnwise=False, swizzle=True)
     a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     weight_bytes = n * (k // 2) + n * (k // 16) + n * (k // 64) * 4
     weights = [quantize(torch.randn(n, k, device="cuda", dtype=torch.bfloat16), recipe)
