@@ -231,8 +231,8 @@ def test_chained_launches(graph, gen):
 @pytest.mark.parametrize("e4m3_max,swizzled", [(448, False), (256, True)])
 @pytest.mark.parametrize("out_dtype,has_bias", [(torch.bfloat16, False), (torch.float32, True)])
 def test_window64_weights(m, k, e4m3_max, swizzled, out_dtype, has_bias, gen):
-    """W4A16 with window64 weights (gemm_w4a16's "auto" path: up to 32 tokens the streaming
-    kernel with its per-window partial tiles, token tiles of 8 to 32, beyond the mixed kernel
+    """W4A16 with window64 weights (gemm_w4a16's "auto" path: up to 16 tokens the streaming
+    kernel with its per-window partial tiles, token tiles of 8 and 16, beyond the mixed kernel
     with x_window): within the float64 bound of the reference's
     FP32 block factors scale * S_dec(window amax), outlier and all-zero windows included,
     compact and swizzled scales, K = 64 (one window: half a chunk, the masked tail only), 128

@@ -211,7 +211,11 @@ def stream_weights(rows: int) -> bool:
     17.3-18.4 on the mixed kernel, 21.3 / 38.8 us on 8192 / 16384 rows against 25.4 / 41.0;
     from 17 tokens on the mixed kernel wins or ties (17 x 1024: 17.8 against 17.1; 32 x 4096:
     19.1 against 20.0; 64 x 4096: 20.2 against 28.3; 32 x 8192: 26.8 against 37.2; 64 x
-    16384: 51.8 against 103); measured from 1024 to 28672 weight rows."""
+    16384: 51.8 against 103); measured from 1024 to 28672 weight rows. The same with window64
+    weights (streaming kernel with per-window partial tiles against the mixed one with
+    x_window), H200 graphs, K = 8192 (perf/results/gemm_w4a16_window64_paths_h200.md): 16
+    tokens 23.0 / 77.2 us at 8192 / 28672 rows against 31.0 / 86.4, 17 tokens 37.5 / 121
+    against 32.8 / 93.0, 32 tokens 37.4 / 121 against 33.0 / 92.6."""
     return rows <= 16
 
 
@@ -350,14 +354,6 @@ def _gemm_sm100(a_data, sfa, b_data, sfb, alpha, row, col, bias, out_dtype, out,
 # the weights once per 64 tokens (0.26x cuBLAS at M = 512, notes/gemm_w4a16.md), for
 # dequantize-then-cuBLAS (the mixed wgmma kernel takes BF16 activations only).
 W4A16_MAX_DECODE_ROWS = 64
-# W4A16 with window64 weights: the streaming kernel up to 32 tokens, the mixed kernel with
-# x_window beyond. H200 graphs, K = 8192 (perf/results/gemm_w4a16_window64_paths_h200.md),
-# streaming against mixed: 32 / 40 / 48 / 64 tokens x 8192 rows 38.1 / 60.2 / 61.7 / 67.2 us
-# against 52.1 / 57.8 / 57.2 / 57.4; x 28672 rows 124 / 199 / 206 / 223 against
-# 149 / 177 / 178 / 178. The mixed kernel also beats the window kernel (sm90_window, both
-# operands as BF16 values) at every M: 128 / 512 / 2048 / 4096 x 8192 in 98 / 180 / 661 /
-# 1310 us against 139 / 219 / 707 / 1450.
-W4A16_WINDOW_STREAM_ROWS = 32
 # gemm_w4a16's paths (its `path` argument)
 W4A16_PATHS = ("auto", "stream", "mixed")
 # S_enc = 448 * 6 / 2688 = 1: the dequantize kernel then returns e2m1 * scale exactly.
@@ -375,8 +371,8 @@ def gemm_w4a16(a: torch.Tensor, b_data: torch.Tensor, b_scales: torch.Tensor, *,
     kernel). 1x64 local-encode (window64) weights: their FP32 window amax [N, K/64] as
     b_window_amax with the recipe's e4m3_max (K % 64 == 0); b[n, k] then carries the factor
     S_dec(amax[n, k // 64]), applied in FP32 per window (sm_90a only: NotImplementedError
-    elsewhere): up to W4A16_WINDOW_STREAM_ROWS tokens by the streaming
-    kernel (`sm90_w4a16`, window), beyond by the mixed kernel (`sm90_mixed`, x_window).
+    elsewhere): where `stream_weights(M)` (up to 16 tokens) by the streaming kernel
+    (`sm90_w4a16`, window), else by the mixed kernel (`sm90_mixed`, x_window).
     path (sm_90a; W4A16_PATHS): "auto", or "stream" / "mixed" (those kernels at any M).
 
     On sm_90a, BF16 and FP16 activations run the weight-streaming W4A16 kernel (`sm90_w4a16`)
@@ -446,12 +442,12 @@ def _gemm_w4a16_window(a, b_data, b_scales, b_window_amax, e4m3_max, alpha, col,
 def _launch_w4a16_window(a, b_data, sfb, swizzled, window_amax, e4m3_max, alpha, col, bias,
                          out, decode, arch, path="auto"):
     """W4A16 with window64 weights, checked operands (flat scales `sfb`, contiguous window
-    amaxes [N, K/64]) on `path` (gemm_w4a16's): "auto" is the streaming kernel up to
-    W4A16_WINDOW_STREAM_ROWS tokens (it decodes the window factors), else the mixed kernel
-    with x_window (factors by `window_factors`)."""
+    amaxes [N, K/64]) on `path` (gemm_w4a16's): "auto" is the streaming kernel where
+    `stream_weights(M)` (it decodes the window factors), else the mixed kernel with x_window
+    (factors by `window_factors`)."""
     m, n, k = a.shape[0], b_data.shape[0], b_data.shape[1] * 2
     if path == "auto":
-        path = "stream" if m <= W4A16_WINDOW_STREAM_ROWS else "mixed"
+        path = "stream" if stream_weights(m) else "mixed"
     if path == "stream":
         return launch_w4a16(a, b_data, sfb, out, alpha, None, col, bias, swizzled=swizzled,
                             transposed=False, arch=arch, decode=decode, window_amax=window_amax,

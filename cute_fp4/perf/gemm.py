@@ -101,12 +101,13 @@ def _window64_fns(m: int, n: int, k: int, sets: int, which: str) -> dict:
     }
     if which == "both":
         fns["decode_both"] = [functools.partial(gemm_nvfp4, a.data, a.scales, b.data, b.scales,
-                                                a_window_amax=a.amax, b_window_amax=b.amax,
-                                                path="decode_both") for a, b in pairs]
+                                                scales_swizzled=True, a_window_amax=a.amax,
+                                                b_window_amax=b.amax, path="decode_both")
+                              for a, b in pairs]
     else:
         arch = device_arch(pairs[0][0].data.device)
         fns["window"] = [functools.partial(
-            gemm_nvfp4, a.data, a.scales, b.data, b.scales,
+            gemm_nvfp4, a.data, a.scales, b.data, b.scales, scales_swizzled=True,
             row=epilogue_operands("token", a.amax, 448, "window64", b.amax, 448, arch)[1],
             b_window_amax=b.amax, path="window") for a, b in pairs]
     return fns

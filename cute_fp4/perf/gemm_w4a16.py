@@ -110,7 +110,7 @@ def bench_configs(m: int, n: int, k: int, graphs: bool, configs,
 def bench_window64(m: int, n: int, k: int, graphs: bool) -> List[dict]:
     """One row: cute_fp4.gemm of BF16 activations and window64 weights vs the baselines."""
     from .. import dequantize, gemm, quantize
-    from ..gemm.dispatch import W4A16_WINDOW_STREAM_ROWS, gemm_w4a16
+    from ..gemm.dispatch import gemm_w4a16, stream_weights
     from ..recipe import Recipe
 
     # swizzled scales, as nn.Linear and convert make them (compact ones are swizzled per call
@@ -132,7 +132,7 @@ def bench_window64(m: int, n: int, k: int, graphs: bool) -> List[dict]:
                                        scales_swizzled=w.recipe.swizzle, b_window_amax=w.amax,
                                        e4m3_max=w.recipe.e4m3_max, path=path) for w in weights]
     row = {"M": m, "N": n, "K": k, "act": "bfloat16",
-           "kernel": "stream" if m <= W4A16_WINDOW_STREAM_ROWS else "mixed",
+           "kernel": "stream" if stream_weights(m) else "mixed",
            "graph sets": len(weights)}
     for mode, timer in timing_modes(graphs):
         ms = {name: timer(f) for name, f in fns.items()}
