@@ -213,9 +213,9 @@ def stream_weights(rows: int) -> bool:
     19.1 against 20.0; 64 x 4096: 20.2 against 28.3; 32 x 8192: 26.8 against 37.2; 64 x
     16384: 51.8 against 103); measured from 1024 to 28672 weight rows. The same with window64
     weights (streaming kernel with per-window partial tiles against the mixed one with
-    x_window), H200 graphs, K = 8192 (perf/results/gemm_w4a16_window64_paths_h200.md): 16
-    tokens 23.0 / 77.2 us at 8192 / 28672 rows against 31.0 / 86.4, 17 tokens 37.5 / 121
-    against 32.8 / 93.0, 32 tokens 37.4 / 121 against 33.0 / 92.6."""
+    x_window), H200 graphs, K = 8192 (perf/results/gemm_w4a16_window64_h200.md): 16 tokens
+    22.9 / 78.1 us at 8192 / 28672 rows against 30.9 / 86.2, 17 tokens 37.3 / 120 against
+    32.6 / 92.5, 32 tokens 37.3 / 121 against 32.9 / 93.3."""
     return rows <= 16
 
 
