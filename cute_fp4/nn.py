@@ -266,12 +266,13 @@ def convert(model: torch.nn.Module, recipe: Union[Recipe, LinearRecipe, None] = 
     training=True: each becomes a `cute_fp4.nn.Linear` (recipe: a LinearRecipe, which also
     holds the weights' recipe).
     Otherwise (inference): a `QuantizedLinear` whose weight is quantized once with
-    `weight_recipe` (default: per-tensor, 1x16 blocks, the activation recipe's scale layout;
-    e.g. Recipe(scaling="window64") for 1x64 local-encode weights; only its rowwise output is
-    kept, so its RHT, which transforms the columnwise twin, does not apply); recipe is the
-    activation Recipe of W4A4 (default per-token; for W4A4 keep the weights' `swizzle` equal
-    to it, else each call converts the activations' scale layout), and weight_only=True gives
-    W4A16 instead.
+    `weight_recipe` (default: per-tensor, 1x16 blocks; e.g. Recipe(scaling="window64") for
+    1x64 local-encode weights; only its rowwise output is kept, so its RHT, which transforms
+    the columnwise twin, does not apply); recipe is the activation Recipe of W4A4 (default
+    per-token), and weight_only=True gives W4A16 instead. Both recipes' scales are stored in
+    the 128x4 swizzled layout whatever their `swizzle` (it changes no value): the layout the
+    GEMM kernels read, where compact scales would be converted on every call (~100 us of host
+    time and a copy of the weights' scales on the mixed / pre-pass paths, and no GEMM plan).
     Selection: `include` / `exclude` are fnmatch patterns on the module name; `filter(name,
     module)` decides last. Linears whose in/out features are not multiples of 16 are skipped.
     """
@@ -300,12 +301,12 @@ def convert(model: torch.nn.Module, recipe: Union[Recipe, LinearRecipe, None] = 
         else:
             if recipe is not None and not isinstance(recipe, Recipe):
                 raise TypeError("convert(training=False) takes the activation Recipe")
-            activation = (recipe or Recipe(scaling="token")).replace(rowwise=True,
-                                                                     columnwise=False, rht=False)
+            activation = (recipe or Recipe(scaling="token")).replace(
+                rowwise=True, columnwise=False, rht=False, swizzle=True)
             w = module.weight.detach().contiguous()
             bias = None if module.bias is None else module.bias.detach().clone()
-            w_recipe = (Recipe(swizzle=activation.swizzle) if weight_recipe is None
-                        else weight_recipe.replace(rowwise=True, columnwise=False, rht=False))
+            w_recipe = (weight_recipe or Recipe()).replace(rowwise=True, columnwise=False,
+                                                           rht=False, swizzle=True)
             new = QuantizedLinear(api.quantize(w, w_recipe), bias, weight_only=weight_only,
                                   activation=activation)
         parent_name, _, child = name.rpartition(".")

@@ -185,6 +185,8 @@ def test_convert_inference_w4a4_and_w4a16():
         m = cute_fp4.convert(_copy(model), weight_only=weight_only)
         assert isinstance(m.up, QuantizedLinear) and isinstance(m.down, QuantizedLinear)
         assert type(m.head) is torch.nn.Linear  # 10 outputs: skipped
+        # the scale layout the GEMM kernels read, for the weights and the activations
+        assert m.up.weight_recipe.swizzle and m.up.activation.swizzle
         with torch.no_grad():
             y = m(x)
         assert y.dtype == x.dtype and y.shape == y_ref.shape
@@ -203,10 +205,14 @@ def test_convert_weight_recipe(weight_only):
     with torch.no_grad():
         y_ref = model(x)
     recipe = Recipe(scaling="window64", rht=True)
-    m = cute_fp4.convert(_copy(model), weight_only=weight_only, weight_recipe=recipe)
-    assert m.up.weight_recipe == recipe.replace(columnwise=False, rht=False)
+    m = cute_fp4.convert(_copy(model), Recipe(scaling="token"), weight_only=weight_only,
+                         weight_recipe=recipe)
+    # compact recipes given: the layers keep their scales swizzled all the same
+    assert m.up.weight_recipe == recipe.replace(columnwise=False, rht=False, swizzle=True)
+    assert m.up.activation == Recipe(scaling="token", columnwise=False, swizzle=True)
     want = cute_fp4.quantize(model.up.weight.detach(), m.up.weight_recipe)
     assert torch.equal(m.up.weight_data, want.data) and torch.equal(m.up.weight_amax, want.amax)
+    assert torch.equal(m.up.weight_scales.view(torch.uint8), want.scales.view(torch.uint8))
     assert m.up.weight_amax.shape == (256, 2)  # one amax per 1x64 window
     h = torch.randn(3, 128)
     with torch.no_grad():
@@ -393,7 +399,7 @@ def test_convert_transformer_block_gpu(weight_only, weight_recipe):
         got = getattr(gpu, name)
         assert isinstance(got, QuantizedLinear) and got.weight_only == weight_only
         assert got.weight_data.is_cuda
-        want = ref.quantize(weights[name], weight_recipe or Recipe())
+        want = ref.quantize(weights[name], (weight_recipe or Recipe()).replace(swizzle=True))
         assert torch.equal(got.weight_data.cpu(), want.data)
         assert torch.equal(got.weight_scales.cpu().view(torch.uint8), want.scales.view(torch.uint8))
         assert torch.equal(got.weight_amax.cpu(), want.amax)
