@@ -20,7 +20,7 @@ from .grouped import GroupedNVFP4Tensor, check_split_sizes, flat_shapes
 from .recipe import Recipe
 from .ref.formats import decode_scale
 from .ref.quantize import block_outer_amax
-from .ref.swizzle import scale_shape, swizzle_scales, unswizzle_scales
+from .ref.swizzle import scale_shape, unswizzle_scales
 from .tensor import FIELD_DTYPES, FIELDS, NVFP4Tensor, present_fields
 
 
@@ -82,13 +82,14 @@ def _cuda():
     from .quant.dequantize import dequantize
     from .quant.dispatch import plan_for, quantize
     from .quant.recipes_dispatch import quantize_grouped, quantize_recipe
+    from .quant.swizzle import swizzle_scales
 
     return SimpleNamespace(quantize=quantize, plan_for=plan_for, quantize_recipe=quantize_recipe,
                            quantize_grouped=quantize_grouped,
                            dequantize=dequantize, gemm_nvfp4=gemm_nvfp4, gemm_w4a16=gemm_w4a16,
                            epilogue_operands=epilogue_operands, device_arch=device_arch,
                            prepared_weights=prepared_weights, gemm_key=gemm_key,
-                           planned_gemm=planned_gemm)
+                           planned_gemm=planned_gemm, swizzle_scales=swizzle_scales)
 
 
 def quantize_impl(x2: Tensor, recipe: Recipe, seed: int, offset: int, amax_group=None,
@@ -363,7 +364,7 @@ def gemm_impl(a: Tensor, a_scales: Optional[Tensor], a_amax: Optional[Tensor], a
                               out_dtype=out_dtype, scales_swizzled=b_swizzled,
                               b_window_amax=b_win, e4m3_max=win_e4m3_max)
         if a_swizzled != b_swizzled:  # bring a's scales to b's layout
-            a_scales = (swizzle_scales(a_scales) if b_swizzled
+            a_scales = (_cuda().swizzle_scales(a_scales) if b_swizzled
                         else unswizzle_scales(a_scales, a.shape[0], k // 16))
         return gemm_nvfp4(a, a_scales, b, b_scales, alpha=alpha, row=row, col=col, bias=bias,
                           out_dtype=out_dtype, scales_swizzled=b_swizzled,

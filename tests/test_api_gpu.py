@@ -402,15 +402,16 @@ def _w4a4_general(a, b, bias, out_dtype, path="auto"):
     return d.view(tuple(a.shape[:-1]) + (b.rows,))
 
 
-def _check_plan_calls(m, n, k, path, a_scaling, b_scaling, e4m3_max, bias_dtype, out_dtype):
+def _check_plan_calls(m, n, k, path, a_scaling, b_scaling, e4m3_max, bias_dtype, out_dtype,
+                      swizzle=True):
     """Three cute_fp4.gemm calls of one configuration with fresh operands (a 3-D activation):
     the first runs the general path and makes the plan, the others run the plan on `path`;
     each gives the bits of gemm_nvfp4 with the factors kernel (`_w4a4_general`)."""
     from cute_fp4.gemm import plan as plans
 
-    ra = Recipe(scaling=a_scaling, swizzle=True, e4m3_max=e4m3_max,
+    ra = Recipe(scaling=a_scaling, swizzle=swizzle, e4m3_max=e4m3_max,
                 four_over_six="mse" if e4m3_max == 256 else None)
-    rb = Recipe(scaling=b_scaling, swizzle=True)
+    rb = Recipe(scaling=b_scaling, swizzle=swizzle)
     for call in range(3):
         a = cute_fp4.quantize(torch.randn(1, m, k, device="cuda"), ra)
         b = cute_fp4.quantize(torch.randn(n, k, device="cuda"), rb)
@@ -460,6 +461,20 @@ def test_gemm_plan_window_bit_equal(m, n, k, a_scaling, b_scaling, e4m3_max, bia
     path = "window" if a_scaling == b_scaling == "window64" else "predecode"
     _check_plan_calls(m, n, k, path, a_scaling, b_scaling, e4m3_max, bias_dtype,
                       out_dtype)
+
+
+@pytest.mark.parametrize("m,n,k,a_scaling,b_scaling,path", [
+    (272, 160, 256, "token", "tensor", "predecode"),
+    (48, 400, 384, "tensor", "token", "predecode"),
+    (272, 160, 320, "token", "window64", "predecode"),
+    (48, 400, 256, "window64", "window64", "window"),
+    (5, 1000, 512, "token", "tensor", "weight_stream")])
+def test_gemm_plan_compact_scales(m, n, k, a_scaling, b_scaling, path):
+    """Compact scales (the Recipe default) through the plans: on the predecode and window paths
+    the swizzle kernel brings them to the layout the TMA kernels read on every call (the
+    weight_stream kernels read them as they are); the bits of gemm_nvfp4."""
+    _check_plan_calls(m, n, k, path, a_scaling, b_scaling, 448, torch.float32, torch.bfloat16,
+                      swizzle=False)
 
 
 @pytest.mark.parametrize("m,n,a_scaling,b_scaling", [(5, 1000, "token", "window64"),

@@ -704,3 +704,17 @@ def test_amax_l2_keep_ptx(arch):
             r"createpolicy\.fractional\.L2::evict_normal\.b64",
             r"ld\.global\.nc\.L2::cache_hint\.v4\.b32 \{[^}]*\}, \[%rd\d+\], %rd\d+;"]) == []
         assert not re.search(r"ld\.global\.nc\.v4", ptx)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_swizzle_scales_ptx(arch):
+    """The swizzle kernel (compact -> 128x4 swizzled scales): per thread 16 byte loads (4 rows
+    x 4 columns, each predicated on the bounds) and one 16-byte store of its line."""
+    from cute_fp4.quant.swizzle import swizzle_kernel
+
+    op, args = swizzle_kernel()
+    ptx = compile_ptx(op, *args, arch=arch)
+    assert ptx_target(ptx) == arch
+    assert len(re.findall(r"ld\.global\.b8", ptx)) == 16
+    assert len(re.findall(r"st\.global\.v4\.b32", ptx)) == 1
+    assert not re.search(r"st\.global\.(b8|b32|u8)", ptx)

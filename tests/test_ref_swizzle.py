@@ -327,3 +327,16 @@ def test_mxfp8_dequantize_scale_checks():
         mxfp8_dequantize(data, scales.t().contiguous().t())
     swz = ref.swizzle_scales(scales)
     assert torch.equal(mxfp8_dequantize(data, swz, swizzled=True), mxfp8_dequantize(data, scales))
+
+
+def test_swizzle_scales_off_the_gpu():
+    """quant.swizzle.swizzle_scales (the GEMMs' layout conversion) runs the reference for CPU
+    tensors and names the rule for bad input."""
+    from cute_fp4.quant.swizzle import swizzle_scales
+
+    s = torch.randint(0, 256, (130, 5), dtype=torch.uint8).view(torch.float8_e4m3fn)
+    got = swizzle_scales(s)
+    assert got.dtype == s.dtype and torch.equal(got.view(torch.uint8),
+                                                ref.swizzle_scales(s).view(torch.uint8))
+    with pytest.raises(ValueError, match="2D scale matrix"):
+        swizzle_scales(torch.zeros(2, 3, 4, dtype=torch.uint8))

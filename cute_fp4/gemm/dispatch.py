@@ -12,7 +12,8 @@ from ..common.jit import (KERNELS, compile_kernel, device_arch, dyn, env_stream,
 from ..quant.dequantize import dequantize
 from ..recipe import Recipe
 from ..ref.formats import decode_scale
-from ..ref.swizzle import scale_shape, swizzle_scales
+from ..quant.swizzle import swizzle_scales
+from ..ref.swizzle import scale_shape
 from ..tensor import NVFP4Tensor
 from .factors import epilogue_operands, window_factors
 from .operands import OuterAmax, _check_operand, _check_operands, _epilogue, _prepare_data
@@ -284,7 +285,8 @@ def _unit_amax(device) -> torch.Tensor:
 
 
 def _swizzled(sf_flat: torch.Tensor, rows: int, k: int, swizzled: bool) -> torch.Tensor:
-    """Flat scales in the swizzled layout the TMA kernels read (compact ones copied into it)."""
+    """Flat scales in the swizzled layout the TMA kernels read (compact ones copied into it by
+    the swizzle kernel, one launch)."""
     if swizzled:
         return sf_flat
     return swizzle_scales(sf_flat.view(rows, k // 16)).reshape(-1)

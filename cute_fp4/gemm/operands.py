@@ -9,7 +9,8 @@ from typing import Optional
 import torch
 
 from ..ref.formats import FLOAT_DTYPES as OUT_DTYPES
-from ..ref.swizzle import swizzle_scales, swizzled_shape
+from ..quant.swizzle import swizzle_scales
+from ..ref.swizzle import swizzled_shape
 
 
 def _check_operand(data: torch.Tensor, scales: torch.Tensor, name: str, swizzled: bool,

@@ -12,10 +12,11 @@ only allocates its output (and the temporary) and launches.
 
 The first call of a configuration runs the general path (its checks, its errors); the plan is
 made after that call succeeded, with the general path's kernels and kernel configurations,
-so both give the same bits. Configurations a plan does not take (compact scales on the
-predecode and window paths, K % 64 != 0 on those paths, misaligned or non-contiguous
-fields, scale layouts that differ, other architectures) keep the general path: their key
-maps to None.
+so both give the same bits. Configurations a plan does not take (K % 64 != 0 on the
+predecode and window paths, misaligned or non-contiguous fields, scale layouts that differ,
+other architectures) keep the general path: their key maps to None. Compact scales on the
+predecode and window paths are swizzled per call by the swizzle kernel, as on the general
+path.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import torch
 
 from ..common.jit import device_arch, num_sms
 from ..quant.dequantize import nvfp4_launcher
+from ..quant.swizzle import swizzle_scales
 from ..ref.swizzle import scale_shape
 from ..tensor import NVFP4Tensor
 from .dispatch import _unit_amax, pick_sm90_path, predecode_swap
@@ -109,8 +111,7 @@ class GemmPlan:
             return None
         path = pick_sm90_path("auto", m, n, (ra.scaling == "window64",
                                              rb.scaling == "window64"))
-        if m == 0 or n == 0 or (path in ("predecode", "window")
-                                and (not ra.swizzle or k_pad(k // 2) != k)):
+        if m == 0 or n == 0 or (path in ("predecode", "window") and k_pad(k // 2) != k):
             return None
         return cls(a, b, bias, out_dtype, path)
 
@@ -136,6 +137,8 @@ class GemmPlan:
         bias_dtype = None if bias is None else bias.dtype
         self.windows = tuple(r.scaling == "window64" for r in (ra, rb))
         self.arch = arch
+        # compact scales on the TMA paths: swizzled per call by the swizzle kernel
+        self.swizzle = path != "weight_stream" and not ra.swizzle
         if path == "window":
             # both operands decoded to BF16 block values, each window64 one's factors
             self.shapes = ((m, k), (n, k))
@@ -174,6 +177,11 @@ class GemmPlan:
                 transposed=swap, swizzled=ra.swizzle, arch=arch, decode=decode,
                 window=big_recipe.e4m3_max if self.packed_window else 0)
 
+    def _scales(self, t: NVFP4Tensor) -> torch.Tensor:
+        """t's scales as the flat uint8 view the kernels read (swizzled when `self.swizzle`)."""
+        scales = swizzle_scales(t.scales) if self.swizzle else t.scales
+        return scales.view(torch.uint8).view(-1)
+
     def __call__(self, a: NVFP4Tensor, b: NVFP4Tensor,
                  bias: Optional[torch.Tensor]) -> torch.Tensor:
         device = self.device
@@ -188,7 +196,7 @@ class GemmPlan:
             values, factors = [], []
             for t, shape, windowed in zip((a, b), self.shapes, self.windows):
                 v = torch.empty(shape, dtype=torch.bfloat16, device=device)
-                self.predecode(t.data.view(torch.int32), t.scales.view(torch.int32).view(-1),
+                self.predecode(t.data.view(torch.int32), self._scales(t).view(torch.int32),
                                v.view(torch.int32))
                 values.append(v)
                 factors.append(window_factors(t.amax, t.recipe.e4m3_max, self.arch)
@@ -197,9 +205,9 @@ class GemmPlan:
             return out if self.view_shape is None else out.view(self.view_shape)
         dec, packed = (a, b) if self.a_decoded else (b, a)
         y = torch.empty(self.y_shape, dtype=torch.bfloat16, device=device)
-        sf = packed.scales.view(torch.uint8).view(-1)
+        sf = self._scales(packed)
         if self.path == "predecode":
-            self.decode_y(dec.data.view(torch.int32), dec.scales.view(torch.int32).view(-1),
+            self.decode_y(dec.data.view(torch.int32), self._scales(dec).view(torch.int32),
                           y.view(torch.int32))
             self.gemm(packed.data, sf, y, out, alpha, row, col, bias,
                       window_factors(packed.amax, packed.recipe.e4m3_max, self.arch)
