@@ -708,13 +708,15 @@ def test_amax_l2_keep_ptx(arch):
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_swizzle_scales_ptx(arch):
-    """The swizzle kernel (compact -> 128x4 swizzled scales): per thread 16 byte loads (4 rows
-    x 4 columns, each predicated on the bounds) and one 16-byte store of its line."""
+    """The swizzle kernel (compact -> 128x4 swizzled scales): a 128 x 32-word tile through
+    shared memory, per thread 16 4-byte loads (a warp: one row segment each) and 4 16-byte
+    stores (a warp: one 512-byte atom each), one barrier between."""
     from cute_fp4.quant.swizzle import swizzle_kernel
 
     op, args = swizzle_kernel()
     ptx = compile_ptx(op, *args, arch=arch)
     assert ptx_target(ptx) == arch
-    assert len(re.findall(r"ld\.global\.b8", ptx)) == 16
-    assert len(re.findall(r"st\.global\.v4\.b32", ptx)) == 1
-    assert not re.search(r"st\.global\.(b8|b32|u8)", ptx)
+    assert len(re.findall(r"ld\.global\.b32", ptx)) == 16
+    assert len(re.findall(r"st\.global\.v4\.b32", ptx)) == 4
+    assert len(re.findall(r"bar\.sync", ptx)) == 1
+    assert not re.search(r"(ld|st)\.global\.(b8|u8)", ptx)
