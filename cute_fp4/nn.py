@@ -271,8 +271,9 @@ def convert(model: torch.nn.Module, recipe: Union[Recipe, LinearRecipe, None] = 
     the columnwise twin, does not apply); recipe is the activation Recipe of W4A4 (default
     per-token), and weight_only=True gives W4A16 instead. Both recipes' scales are stored in
     the 128x4 swizzled layout whatever their `swizzle` (it changes no value): the layout the
-    GEMM kernels read, where compact scales would be converted on every call (~100 us of host
-    time and a copy of the weights' scales on the mixed / pre-pass paths, and no GEMM plan).
+    GEMM kernels read, where compact scales would be converted on every call (the swizzle
+    kernel on the mixed / pre-pass paths: 3.3 us of GPU time and ~20 us of host time for the
+    scales of 8192 x 8192 weights, H200).
     Selection: `include` / `exclude` are fnmatch patterns on the module name; `filter(name,
     module)` decides last. Linears whose in/out features are not multiples of 16 are skipped.
     """

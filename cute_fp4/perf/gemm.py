@@ -88,7 +88,7 @@ def _window64_fns(m: int, n: int, k: int, sets: int, which: str) -> dict:
     from ..recipe import Recipe
 
     # swizzled scales, as nn.Linear and convert make them (compact ones are swizzled per call
-    # by torch ops on the predecode and window paths: ~100 us of host time)
+    # on the predecode and window paths: one more launch)
     recipe = Recipe(scaling="window64", columnwise=False, swizzle=True)
     a_recipe = (recipe if which == "both"
                 else Recipe(scaling="token", columnwise=False, swizzle=True))
