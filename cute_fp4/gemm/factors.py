@@ -20,6 +20,7 @@ from cutlass import Int32
 from ..common import encode as E
 from ..common.jit import KERNELS, compile_kernel, dyn, env_stream, fake_tensor
 from ..common.scales import decode_outer_scale
+from ..common.smem import padded_tile, padded_tile_storage
 from .operands import OuterAmax
 
 THREADS = 256
@@ -154,11 +155,7 @@ class WindowFactors:
 
     @cute.jit
     def __call__(self, mAmax: cute.Tensor, mOut: cute.Tensor, stream):
-        @cute.struct
-        class SharedStorage:
-            tile: cute.struct.MemRange[cutlass.Float32, WINDOW_TILE * (WINDOW_TILE + 1)]
-
-        self.shared_storage = SharedStorage
+        self.shared_storage = padded_tile_storage(cutlass.Float32, WINDOW_TILE, WINDOW_TILE)
         grid = (cute.ceil_div(mOut.shape[1], WINDOW_TILE),
                 cute.ceil_div(mOut.shape[0], WINDOW_TILE), 1)
         self.kernel(mAmax, mOut).launch(grid=grid, block=(WINDOW_TILE, WINDOW_TILE_ROWS, 1),
@@ -169,10 +166,7 @@ class WindowFactors:
         tx, ty, _ = cute.arch.thread_idx()
         bx, by, _ = cute.arch.block_idx()
         smem = cutlass.memory.SmemAllocator()
-        storage = smem.allocate(self.shared_storage)
-        # row stride 33: a warp's column of the tile spans 32 banks
-        tile = storage.tile.get_tensor(cute.make_layout((WINDOW_TILE, WINDOW_TILE),
-                                                        stride=(WINDOW_TILE + 1, 1)))
+        tile = padded_tile(smem.allocate(self.shared_storage), WINDOW_TILE, WINDOW_TILE)
         r0, w0 = bx * WINDOW_TILE, by * WINDOW_TILE
         for j in cutlass.range_constexpr(WINDOW_TILE // WINDOW_TILE_ROWS):
             rr = ty + j * WINDOW_TILE_ROWS

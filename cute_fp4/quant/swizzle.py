@@ -15,6 +15,7 @@ from cutlass import Int32
 
 from ..common.jit import KERNELS, compile_kernel, device_arch, dyn, env_stream, fake_tensor
 from ..common.ptx import st_global
+from ..common.smem import padded_tile, padded_tile_storage
 from ..ref.swizzle import swizzle_scales as ref_swizzle_scales
 from ..ref.swizzle import swizzled_shape
 
@@ -33,11 +34,7 @@ class SwizzleScales:
 
     @cute.jit
     def __call__(self, mIn: cute.Tensor, mOut: cute.Tensor, stream):
-        @cute.struct
-        class SharedStorage:
-            tile: cute.struct.MemRange[cutlass.Int32, TILE_ROWS * (TILE_WORDS + 1)]
-
-        self.shared_storage = SharedStorage
+        self.shared_storage = padded_tile_storage(cutlass.Int32, TILE_ROWS, TILE_WORDS)
         grid = (cute.ceil_div(mIn.shape[1], TILE_WORDS), cute.ceil_div(mIn.shape[0], TILE_ROWS),
                 1)
         self.kernel(mIn, mOut).launch(grid=grid, block=(32, WARPS, 1), stream=stream)
@@ -48,10 +45,8 @@ class SwizzleScales:
         bx, by, _ = cute.arch.block_idx()
         rows, words = mIn.shape
         smem = cutlass.memory.SmemAllocator()
-        storage = smem.allocate(self.shared_storage)
-        # row pitch 33 words: the line reads (32 rows of one word) span the 32 banks
-        tile = storage.tile.get_tensor(cute.make_layout((TILE_ROWS, TILE_WORDS),
-                                                        stride=(TILE_WORDS + 1, 1)))
+        # the line reads (32 rows of one word): the padded pitch spans the 32 banks
+        tile = padded_tile(smem.allocate(self.shared_storage), TILE_ROWS, TILE_WORDS)
         r0, w0 = by * TILE_ROWS, bx * TILE_WORDS
         for j in cutlass.range_constexpr(TILE_ROWS // WARPS):
             rr = j * WARPS + warp
