@@ -133,6 +133,15 @@ def tma_slices(tma, smem: cute.Tensor, gmem: cute.Tensor, modes: int = 2):
                                  cute.group_modes(gmem, 0, modes))
 
 
+def window_slices(tma, sW: cute.Tensor, mW: cute.Tensor, rows: int):
+    """(smem, gmem) TMA partitions of an optional window64 factor operand (`window_fake`:
+    [rows padded to 4, K/64]) in boxes of `rows` factors of one k-tile, indexed (None, row
+    tile, k-tile) on the gmem side; (None, None) where the operand is absent (`tma` None)."""
+    if tma is None:
+        return None, None
+    return tma_slices(tma, sW, cute.local_tile(mW, (rows, 1), (None, None)))
+
+
 def window_fake(present: bool):
     """The fake of an optional window64 factor tensor: [rows padded to 4, K/64] FP32 with the
     rows contiguous (`dispatch._window_factors`)."""

@@ -59,7 +59,7 @@ from ..common.ptx import ld_global, ld_shared, ld_shared_cluster, prmt, st_globa
 from ..common.stores import warp_buffer, warp_linear_store
 from ..ref.dequantize import check_out_tensor
 from .parts import (EpilogueOperands, epilogue_fakes, prefetch_tma, tma_slices, window_fake,
-                    window_update)
+                    window_slices, window_update)
 
 TILE_M = 128
 TILE_K = 64  # elements per k-tile: 4 NVFP4 blocks, 32 packed bytes, 128 BF16 bytes per row
@@ -512,10 +512,7 @@ class Sm90GemmMixed(Sm90Gemm):
             cute.arch.setmaxregister_decrease(self.producer_regs)
             if warp_idx == 0:
                 tSsS, tSgS = tma_slices(tma_sf, sSF, cute.local_tile(mSF, (128, 4), (0, None)))
-                tWsX = tWgX = None
-                if const_expr(self.x_window):
-                    tWsX, tWgX = tma_slices(tma_wx, sWX,
-                                            cute.local_tile(mWX, (tile_m, 1), (None, None)))
+                tWsX, tWgX = window_slices(tma_wx, sWX, mWX, tile_m)
                 state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer,
                                                      self.stages)
                 for i in cutlass.range(my_tiles, unroll=1):
@@ -847,8 +844,9 @@ def pick_mixed_config(p: int, q: int, sms: int = 132, out_elt: int = 2,
     """MixedConfig(tile_n, stages, ctas_per_sm, k_split, k_slices) for P register-operand rows
     x Q TMA-operand rows and out_elt-byte outputs; x_window (window64 x, a second accumulator
     tile): the same picks within MIXED_WINDOW_TILE_NS (tile_n 128 for 256, one CTA per SM
-    where the width does not fit more), with the window factors' stage bytes. Not measured
-    with x_window yet.
+    where the width does not fit more), with the window factors' stage bytes (W4A16 window64
+    weights from 17 tokens, H200: perf/results/gemm_w4a16_window64_h200.md; not swept over
+    other configurations).
 
     Q <= 64 (decode sizes): a tile costs about the same at any width up to 64 (the register
     decode of its 128 x K weights and the wgmma chain of each k-tile bound it: H100, K = 8192,

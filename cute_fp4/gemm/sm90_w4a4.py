@@ -49,7 +49,7 @@ from cutlass.tensor_utils import LayoutEnum
 
 from ..common.decode import DECODE_EXP_SHIFT, decode_e2m1x8, e4m3_to_bf16x2_scale
 from ..common.ptx import ld_shared, st_shared
-from .parts import prefetch_tma, tma_slices, window_update
+from .parts import prefetch_tma, tma_slices, window_slices, window_update
 from .sm90_mixed import (SF_TILE_BYTES, TILE_K, TILE_M, Sm90Gemm, a_fragment_offsets,
                          decode_a_fragment, extents, packed_stages, rs_tiled_mma, scale_stages,
                          scale_tiles, smem_array, tma_load)
@@ -181,13 +181,8 @@ class Sm90GemmNVFP4(Sm90Gemm):
             tBsB, tBgB = tma_slices(tma_b, sBpk, gB)
             tAsSF, tAgSF = tma_slices(tma_sfa, sSFA, gSFA)
             tBsSF, tBgSF = tma_slices(tma_sfb, sSFB, gSFB)
-            tWsA = tWgA = tWsB = tWgB = None
-            if const_expr(self.has_a_window):
-                tWsA, tWgA = tma_slices(tma_wa, sWA,
-                                        cute.local_tile(mAWin, (TILE_M, 1), (None, None)))
-            if const_expr(self.has_b_window):
-                tWsB, tWgB = tma_slices(tma_wb, sWB,
-                                        cute.local_tile(mBWin, (tile_n, 1), (None, None)))
+            tWsA, tWgA = window_slices(tma_wa, sWA, mAWin, TILE_M)
+            tWsB, tWgB = window_slices(tma_wb, sWB, mBWin, tile_n)
             loads = (tma_a, tAgA, tAsA, tma_b, tBgB, tBsB, tma_sfa, tAgSF, tAsSF, tma_sfb,
                      tBgSF, tBsSF, tma_wa, tWgA, tWsA, tma_wb, tWgB, tWsB)
             if warp_idx == 0:

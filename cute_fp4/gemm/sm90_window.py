@@ -40,7 +40,8 @@ from cutlass.tensor_utils import LayoutEnum
 
 from ..common.jit import KERNELS, compile_kernel, dyn, env_stream, fake_tensor, num_sms, \
     torch_to_cutlass
-from .parts import epilogue_fakes, prefetch_tma, tma_slices, window_fake, window_update
+from .parts import (epilogue_fakes, prefetch_tma, tma_slices, window_fake, window_slices,
+                    window_update)
 from .sm90_mixed import (SMEM_BYTES, TILE_K, TILE_M, UNSCALE_W4A4, Sm90Gemm, predecode_nvfp4,
                          smem_array, staging_bytes, tma_load)
 
@@ -157,13 +158,8 @@ class Sm90GemmWindow(Sm90Gemm):
         if wg_idx == 0:
             cute.arch.setmaxregister_decrease(self.producer_regs)
             if warp_idx == 0:
-                tWsX = tWgX = tWsY = tWgY = None
-                if const_expr(self.x_window):
-                    tWsX, tWgX = tma_slices(tma_wx, sWX,
-                                            cute.local_tile(mWX, (TILE_M, 1), (None, None)))
-                if const_expr(self.y_window):
-                    tWsY, tWgY = tma_slices(tma_wy, sWY,
-                                            cute.local_tile(mWY, (tile_n, 1), (None, None)))
+                tWsX, tWgX = window_slices(tma_wx, sWX, mWX, TILE_M)
+                tWsY, tWgY = window_slices(tma_wy, sWY, mWY, tile_n)
                 state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer,
                                                      self.stages)
                 for i in cutlass.range(my_tiles, unroll=1):
