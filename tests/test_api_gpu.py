@@ -288,9 +288,20 @@ def test_w4a16_remembered_weights_bit_equal(m, scaling, swizzle, e4m3_max, act_d
     kernel; the weight checks done once) gives the bits of the general dispatch with the
     factors kernel, for the streaming and the mixed kernels, both scale layouts, a bias of
     the output dtype, an FP32 bias or none, and a 3-D activation."""
+    # > 32 x 132 rows: the mixed kernel from 17 tokens
+    w, a, bias, got, got_2d = _remembered_gemms(monkeypatch, scaling, 4400, 256, m, swizzle,
+                                                e4m3_max, act_dtype, out_dtype, bias_dtype)
+    _bits_equal(got, _w4a16_general(a, w, out_dtype, bias))
+    _bits_equal(got_2d, _w4a16_general(a[0], w, out_dtype, bias))
+
+
+def _remembered_gemms(monkeypatch, scaling, n, k, m, swizzle, e4m3_max, act_dtype, out_dtype,
+                      bias_dtype):
+    """W4A16 weights [n, k] of `scaling`, a 3-D activation [2, m, k] and a bias ("out": of
+    the output dtype): cute_fp4.gemm of the activation and of its first 2-D slice, both
+    through the remembered PreparedWeights. Returns (w, a, bias, got, got_2d)."""
     from cute_fp4.gemm import dispatch
 
-    n, k = 4400, 256  # > 32 x 132 rows: the mixed kernel from 17 tokens
     w = cute_fp4.quantize(torch.randn(n, k, device="cuda"),
                           Recipe(scaling=scaling, swizzle=swizzle, e4m3_max=e4m3_max,
                                  four_over_six="mae" if e4m3_max == 256 else None,
@@ -302,8 +313,7 @@ def test_w4a16_remembered_weights_bit_equal(m, scaling, swizzle, e4m3_max, act_d
     got = cute_fp4.gemm(a, w, bias=bias, out_dtype=out_dtype)
     got_2d = cute_fp4.gemm(a[0], w, bias=bias, out_dtype=out_dtype)
     assert len(calls) == 2 and dispatch.prepared_weights(w) is not None
-    _bits_equal(got, _w4a16_general(a, w, out_dtype, bias))
-    _bits_equal(got_2d, _w4a16_general(a[0], w, out_dtype, bias))
+    return w, a, bias, got, got_2d
 
 
 @pytest.mark.parametrize("m", [1, 16, 40, 200])
@@ -314,23 +324,15 @@ def test_w4a16_remembered_weights_bit_equal(m, scaling, swizzle, e4m3_max, act_d
 @pytest.mark.parametrize("act_dtype", [torch.bfloat16, torch.float16])
 def test_w4a16_remembered_window64_bit_equal(m, swizzle, e4m3_max, out_dtype, bias_dtype,
                                              act_dtype, monkeypatch):
-    """Window64 weights through the remembered PreparedWeights (the streaming kernel up to 64
+    """Window64 weights through the remembered PreparedWeights (the streaming kernel up to 16
     tokens, the mixed kernel beyond) give the bits of gemm_w4a16 with b_window_amax, for a
     2-D and a 3-D activation, BF16 and FP16."""
     from cute_fp4.gemm import dispatch
 
     n, k = 300, 320
-    w = cute_fp4.quantize(torch.randn(n, k, device="cuda"),
-                          Recipe(scaling="window64", swizzle=swizzle, e4m3_max=e4m3_max,
-                                 four_over_six="mae" if e4m3_max == 256 else None,
-                                 columnwise=False))
-    a = torch.randn(2, m, k, device="cuda").to(act_dtype)
-    bias = None if bias_dtype is None else torch.randn(n, device="cuda").to(
-        out_dtype if bias_dtype == "out" else bias_dtype)
-    calls = _prepared_calls(monkeypatch)
-    got = cute_fp4.gemm(a, w, bias=bias, out_dtype=out_dtype)
-    got_2d = cute_fp4.gemm(a[0], w, bias=bias, out_dtype=out_dtype)
-    assert len(calls) == 2 and dispatch.prepared_weights(w).window
+    w, a, bias, got, got_2d = _remembered_gemms(monkeypatch, "window64", n, k, m, swizzle,
+                                                e4m3_max, act_dtype, out_dtype, bias_dtype)
+    assert dispatch.prepared_weights(w).window
     for x, y in ((a, got), (a[0], got_2d)):
         want = dispatch.gemm_w4a16(x.reshape(-1, k), w.data, w.scales, bias=bias,
                                    out_dtype=out_dtype, scales_swizzled=swizzle,
