@@ -235,24 +235,29 @@ def test_mixed_sm90_fp16_ptx(tile_n, ctas_per_sm, k_split):
 
 @pytest.mark.parametrize("tile_n,ctas_per_sm,k_split,k_slices,w4a4", [
     (128, 1, False, 1, False), (32, 2, True, 2, False), (16, 3, True, 1, False),
-    (128, 1, False, 1, True)])
+    (128, 1, False, 1, True), (256, 1, False, 1, False), (256, 1, False, 1, True)])
 def test_mixed_sm90_x_window_ptx(tile_n, ctas_per_sm, k_split, k_slices, w4a4):
     """x_window (W4A16 with window64 weights, transposed; w4a4: gemm_nvfp4's predecode path
     with the window64 operand as A, D not transposed): a fourth TMA load per stage (the
     tile's window factors), each k-tile's wgmmas into a part tile, waited for at depth 0 (the
     plain kernel keeps one k-tile in flight), then one FP32 fma per accumulator element (the
-    factor of the element's row times the part); the same 8 wgmmas."""
-    from cute_fp4.gemm.sm90_mixed import UNSCALE_W4A4, UNSCALE_W4A16, max_stages, mixed_kernel
+    factor of the element's row times the part); the same 8 wgmmas per two k-tiles. At
+    tile_n 256: 64-wide wgmmas, one set per column slice, each slice waited for at depth 1
+    (its update while the next slice runs), the last at depth 0."""
+    from cute_fp4.gemm.sm90_mixed import (UNSCALE_W4A4, UNSCALE_W4A16, WINDOW_PART_N,
+                                          max_stages, mixed_kernel)
 
     counts = {}
     transposed = not w4a4
+    slices = tile_n // WINDOW_PART_N if tile_n > 128 else 1
     for x_window in (False, True):
         stages = max_stages(tile_n, 2, transposed, ctas_per_sm, k_split, x_window)
         op, args = mixed_kernel(torch.bfloat16, tile_n, stages, (False, False, True, False),
                                 None, transposed, UNSCALE_W4A4 if w4a4 else UNSCALE_W4A16,
                                 True, 132, ctas_per_sm, k_split, k_slices=k_slices,
                                 x_window=x_window)
-        ptx = _sm90_gemm_ptx(op, args, tile_n, ctas_per_sm=ctas_per_sm)
+        ptx = _sm90_gemm_ptx(op, args, tile_n // slices if x_window else tile_n,
+                             ctas_per_sm=ctas_per_sm)
         counts[x_window] = {name: len(re.findall(pat, ptx)) for name, pat in (
             ("tma", r"cp\.async\.bulk\.tensor\.2d"), ("wgmma", r"wgmma\.mma_async"),
             ("wait0", r"wgmma\.wait_group\.sync\.aligned\s+0;"),
@@ -260,20 +265,19 @@ def test_mixed_sm90_x_window_ptx(tile_n, ctas_per_sm, k_split, k_slices, w4a4):
     rows = 64 if k_split else 128
     per_thread = rows * tile_n // (128 if k_split else 256)  # accumulators per MMA thread
     plain, window = counts[False], counts[True]
-    assert window == {"tma": plain["tma"] + 1, "wgmma": 8, "wait0": 2, "wait1": 0,
-                      "fma": plain["fma"] + 2 * per_thread}
+    assert window == {"tma": plain["tma"] + 1, "wgmma": 8 * slices, "wait0": 2,
+                      "wait1": 2 * (slices - 1), "fma": plain["fma"] + 2 * per_thread}
     assert plain["wait1"] == 2
 
 
 def test_mixed_sm90_x_window_config():
-    """x_window: tile_n within MIXED_WINDOW_TILE_NS (a second accumulator tile);
-    pick_mixed_config keeps its picks inside those limits."""
+    """x_window: tile_n within MIXED_WINDOW_TILE_NS (a part tile next to the accumulators);
+    pick_mixed_config keeps its picks inside those limits, and beyond decode sizes weighs
+    waves against WINDOW_TILE_COST."""
     import cutlass
 
     from cute_fp4.gemm.sm90_mixed import MIXED_WINDOW_TILE_NS, Sm90GemmMixed, pick_mixed_config
 
-    with pytest.raises(ValueError, match="x_window"):
-        Sm90GemmMixed(cutlass.BFloat16, tile_n=256, stages=3, x_window=True)
     with pytest.raises(ValueError, match="x_window"):
         Sm90GemmMixed(cutlass.BFloat16, tile_n=64, stages=3, ctas_per_sm=2, x_window=True)
     for p, q in ((8192, 1), (8192, 40), (28672, 64), (16384, 64), (8192, 512), (8192, 4096)):
@@ -281,7 +285,10 @@ def test_mixed_sm90_x_window_config():
         assert cfg.tile_n <= MIXED_WINDOW_TILE_NS[cfg.ctas_per_sm], (p, q, cfg)
         plain = pick_mixed_config(p, q)
         assert (cfg.k_split, cfg.k_slices) == (plain.k_split, plain.k_slices)
-    assert pick_mixed_config(8192, 4096, x_window=True).tile_n == 128
+    assert pick_mixed_config(8192, 4096, x_window=True).tile_n == 256
+    # 128 tokens: 64-wide tiles fill twice the SMs in one wave
+    assert pick_mixed_config(8192, 128, x_window=True).tile_n == 64
+    assert pick_mixed_config(8192, 200, x_window=True).tile_n == 128
 
 
 def test_pick_sm90_path_window64():

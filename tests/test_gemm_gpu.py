@@ -373,6 +373,31 @@ def test_window64_vs_float64_and_ref(which, m, n, k, e4m3_max, path, gen):
     assert float(((out.cpu().double() - r.double()).abs() / (mag + 1e-30)).max()) < k * 2.0**-22
 
 
+@pytest.mark.parametrize("which", ["a", "b"])
+@pytest.mark.parametrize("m,n,k", [(640, 600, 320), (300, 1100, 1088), (1000, 1000, 64)])
+def test_window64_predecode_wide_tiles(which, m, n, k, gen):
+    """The predecode path's mixed kernel with one window64 operand at tile_n 256 (its window
+    products in four 64-column slices through two part tiles) and 128: within the float64
+    bound, with the epilogue vectors and a bias, and bit-equal to each other (the same FP32
+    sums in the same order); odd and even k-tile counts, several tiles per CTA, partial edge
+    tiles."""
+    a, sa = rand_fp4(m, k, gen)
+    b, sb = rand_fp4(n, k, gen)
+    a_amax = window_amax(m, k, gen) if which == "a" else None
+    b_amax = window_amax(n, k, gen) if which == "b" else None
+    fa = sa.to(torch.float32) if a_amax is None else window_factors(sa, a_amax, 448)
+    fb = sb.to(torch.float32) if b_amax is None else window_factors(sb, b_amax, 448)
+    row = torch.rand(m, generator=gen) + 0.5
+    col = torch.rand(n, generator=gen) + 0.5
+    bias = torch.randn(n, generator=gen)
+    outs = [run_windowed(a, sa, b, sb, a_amax, b_amax, 448, row=row, col=col, bias=bias,
+                         out_dtype=torch.float32, path="predecode", tile_n=tile_n)
+            for tile_n in (256, 128)]
+    d64, mag = expected(a, fa, b, fb, None, row, col, bias)
+    check(outs[0], d64, mag, k, torch.float32)
+    assert torch.equal(outs[0], outs[1])
+
+
 @pytest.mark.parametrize("path", ["window", "decode_both"])
 @pytest.mark.parametrize("m,n,out_dtype", [(160, 272, torch.bfloat16), (272, 160, torch.float16),
                                            (130, 196, torch.bfloat16), (130, 200, torch.float32)])

@@ -253,6 +253,25 @@ def test_window64_weights(m, k, e4m3_max, swizzled, out_dtype, has_bias, gen):
     check(out, d64, mag, k, out_dtype)
 
 
+def test_window64_weights_wide_tiles(gen):
+    """W4A16 prefill with window64 weights where the mixed kernel takes 256-token tiles (its
+    window products in 64-column slices): within the float64 bound (the W4A4
+    predecode path checks these tiles against 128-wide ones bit for bit)."""
+    from cute_fp4.gemm.dispatch import gemm_w4a16
+    from cute_fp4.gemm.sm90_mixed import pick_mixed_config
+
+    m, n, k = 2048, 4096, 320
+    assert pick_mixed_config(n, m, x_window=True).tile_n == 256
+    a = rand_act(m, k, torch.bfloat16, gen)
+    b, sb = rand_fp4(n, k, gen)
+    amax = window_amax(n, k, gen)
+    out = gemm_w4a16(a.cuda(), b.cuda(), swizzle_scales(sb).cuda(), scales_swizzled=True,
+                     b_window_amax=amax.cuda(), out_dtype=torch.float32)
+    d64, mag = expected64(a.double(), values64(b, window_factors(sb, amax, 448)), None, None,
+                          None, None)
+    check(out, d64, mag, k, torch.float32)
+
+
 @pytest.mark.parametrize("m", [1, 40])
 def test_window64_weights_outside_fast_domain(m, gen):
     """The streaming kernel decodes its window factors without the IEEE slow paths only where a

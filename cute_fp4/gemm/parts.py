@@ -96,15 +96,18 @@ def epilogue_fakes(flags, bias_dtype, rows, cols) -> tuple:
     )
 
 
-def window_update(acc, part, coords, sWX, sWY, s, x_window: bool, y_window: bool):
+def window_update(acc, part, coords, sWX, sWY, s, x_window: bool, y_window: bool,
+                  acc_of=None, cache=None):
     """acc += (wx[p] * wy[q]) * part (the factor present alone with one window operand) with
     the window factors of pipeline stage `s` (sWX / sWY: [rows, 1, stages] FP32); each factor
     loaded once per thread, keyed by its trace-time row / column offset within the fragment
-    (`coords`: the thread's partition of the tile's identity tensor). Plain Python at trace
-    time, like `EpilogueOperands.load_operands`. Both window64 GEMMs use it (`sm90_window`,
-    `sm90_w4a4`)."""
-    cache = {}
-    for i in range(cute.size(acc)):
+    (`coords`: the thread's partition of the part tile's identity tensor). `acc_of`: where
+    part element i goes in acc (`part_positions`; default i); `cache`: a dict of the factors
+    loaded so far, shared by the part tiles of one k-tile. Plain Python at trace time, like
+    `EpilogueOperands.load_operands`. Both window64 GEMMs use it (`sm90_window`, `sm90_w4a4`,
+    `sm90_mixed`)."""
+    cache = {} if cache is None else cache
+    for i in range(cute.size(part)):
         p, q = coords[i]
         kp, kq = coords.layout(i)
         f = None
@@ -116,7 +119,17 @@ def window_update(acc, part, coords, sWX, sWY, s, x_window: bool, y_window: bool
             if ("y", kq) not in cache:
                 cache["y", kq] = sWY[q, 0, s]
             f = cache["y", kq] if f is None else f * cache["y", kq]
-        acc[i] = acc[i] + f * part[i]
+        a = i if acc_of is None else acc_of[i]
+        acc[a] = acc[a] + f * part[i]
+
+
+def part_positions(acc_coords, part_coords, q0: int):
+    """For a part tile holding columns q0.. of the accumulator tile: the acc index of each
+    part element (both arguments: the thread's partitions of the identity tensors of the two
+    tiles, whose trace-time offsets match up to q0). Plain Python at trace time."""
+    where = {tuple(acc_coords.layout(j)): j for j in range(cute.size(acc_coords))}
+    return [where[(kp, kq + q0)]
+            for kp, kq in (part_coords.layout(i) for i in range(cute.size(part_coords)))]
 
 
 def prefetch_tma(*atoms):

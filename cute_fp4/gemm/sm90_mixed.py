@@ -58,8 +58,8 @@ from ..common.jit import (KERNELS, compile_kernel, dyn, env_stream, fake_tensor,
 from ..common.ptx import ld_global, ld_shared, ld_shared_cluster, prmt, st_global
 from ..common.stores import warp_buffer, warp_linear_store
 from ..ref.dequantize import check_out_tensor
-from .parts import (EpilogueOperands, epilogue_fakes, prefetch_tma, tma_slices, window_fake,
-                    window_slices, window_update)
+from .parts import (EpilogueOperands, epilogue_fakes, part_positions, prefetch_tma, tma_slices,
+                    window_fake, window_slices, window_update)
 
 TILE_M = 128
 TILE_K = 64  # elements per k-tile: 4 NVFP4 blocks, 32 packed bytes, 128 BF16 bytes per row
@@ -71,8 +71,17 @@ MIXED_TILE_NS = (16, 32, 64, 128, 256)
 # CTAs per SM -> (producer, consumer registers, widest tile_n that fits them without spills):
 # producer * 128 + consumer * 256 <= the launch allocation * 384 (168 / 80 / 56 per thread)
 MIXED_REGS = {1: (40, 232, 256), 2: (24, 104, 64), 3: (24, 72, 16)}
-# x_window (a second accumulator tile): CTAs per SM -> the widest tile_n that fits
-MIXED_WINDOW_TILE_NS = {1: 128, 2: 32, 3: 16}
+# x_window (a part tile next to the accumulators): CTAs per SM -> the widest tile_n that fits
+MIXED_WINDOW_TILE_NS = {1: 256, 2: 32, 3: 16}
+# x_window at tile_n 256: the window products in column slices of this width through two
+# part tiles, with these (producer, consumer) registers (224 of the 240 hold the
+# accumulators, two part tiles and two A buffers). Narrower tiles take one part tile as
+# wide as the tile (H200: 64-wide slices at tile_n 128 took 8% longer)
+WINDOW_PART_N = 64
+WINDOW_WIDE_REGS = (24, 240)
+# x_window: time per FLOP at tile_n 64 / 128 relative to 256 (H200, K = 8192, 2048-4096
+# tokens: the register decode is per tile row, so narrower tiles decode more per FLOP)
+WINDOW_TILE_COST = {64: 1.65, 128: 1.15, 256: 1.0}
 # k_slices: CTAs per cluster, each a slice of a 64-row tile's k-tiles
 K_SLICES = (1, 2, 4)
 # named barriers of the k_split accumulator hand-over (the staged epilogue uses 2 and 3)
@@ -388,6 +397,8 @@ class Sm90GemmMixed(Sm90Gemm):
             raise ValueError(f"ctas_per_sm must be 1, 2 with tile_n <= 64 or 3 with tile_n "
                              f"16; got {ctas_per_sm} with tile_n {tile_n}")
         producer_regs, consumer_regs, _ = MIXED_REGS[ctas_per_sm]
+        if x_window and tile_n > 128:
+            producer_regs, consumer_regs = WINDOW_WIDE_REGS
         super().__init__(out_dtype, tile_n, stages,
                          (has_alpha, has_row, has_col, has_bias, decode),
                          producer_regs=producer_regs, consumer_regs=consumer_regs)
@@ -557,13 +568,37 @@ class Sm90GemmMixed(Sm90Gemm):
             acc = cute.make_rmem_tensor(
                 thr_mma.partition_C(cute.make_identity_tensor((tile_m, tile_n))).shape, Float32)
             tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
-            # x_window: each own k-tile's wgmmas go to `part` (zeroed first), then
-            # window_update adds it to acc with the k-tile's factors
-            part = coords = None
+            # x_window: each own k-tile's wgmmas go to a part tile, then window_update adds
+            # it to acc with the k-tile's factors; at tile_n 256 in column slices of
+            # WINDOW_PART_N through two part tiles, each slice's update while the next
+            # slice's wgmmas run
+            parts = coords = part_mmas = tCrY_parts = acc_of = None
+            part_n = WINDOW_PART_N if tile_n > 128 else tile_n
+            slices = tile_n // part_n
             if const_expr(self.x_window):
-                part = cute.make_rmem_tensor(acc.shape, Float32)
-                coords = tiled_mma.get_slice(mma_tid).partition_C(
-                    cute.make_identity_tensor((tile_m, tile_n)))
+                # a part tile's first k16 wgmma overwrites it, the others add
+                part_first = rs_tiled_mma(part_n, 1 if self.k_split else 2, self.ab_dtype)
+                part_first.set(warpgroup.Field.ACCUMULATE, False)
+                part_mma, tCrY_parts, acc_of = tiled_mma, [tCrY], [None]
+                if const_expr(slices > 1):
+                    part_mma = rs_tiled_mma(part_n, 1 if self.k_split else 2, self.ab_dtype)
+                    part_mma.set(warpgroup.Field.ACCUMULATE, True)
+                    acc_coords = tiled_mma.get_slice(mma_tid).partition_C(
+                        cute.make_identity_tensor((tile_m, tile_n)))
+                    part_coords = part_mma.get_slice(mma_tid).partition_C(
+                        cute.make_identity_tensor((tile_m, part_n)))
+                    tCrY_parts = [
+                        part_mma.make_fragment_B(part_mma.get_slice(mma_tid // 128 * 128)
+                                                 .partition_B(cute.local_tile(
+                                                     sY, (part_n, TILE_K), (h, 0, None))))
+                        for h in range(slices)]
+                    acc_of = [part_positions(acc_coords, part_coords, h * part_n)
+                              for h in range(slices)]
+                coords = part_mma.get_slice(mma_tid).partition_C(
+                    cute.make_identity_tensor((tile_m, part_n)))
+                parts = [cute.make_rmem_tensor(coords.shape, Float32)
+                         for _ in range(min(slices, 2))]
+                part_mmas = (part_first, part_mma)
 
             pk_off, sf_off, sf_shift = a_fragment_offsets(mma_tid)
             x_base = sX.iterator.toint() + pk_off
@@ -586,20 +621,33 @@ class Sm90GemmMixed(Sm90Gemm):
                         if kl < n_own:
                             s = (g0 + kl * k_step) % self.stages
                             if const_expr(self.x_window):
-                                # this k-tile's products into the zeroed part, the next own
-                                # k-tile decoded while they run, then (wait depth 0)
-                                # acc += wx * part and the stage released
-                                part.fill(0.0)
-                                warpgroup.fence()
-                                for kb in cutlass.range_constexpr(TILE_K // 16):
-                                    cute.gemm(tiled_mma, part, rA[j][(None, None, kb)],
-                                              tCrY[(None, None, kb, s)], part)
-                                warpgroup.commit_group()
-                                if kl + 1 < n_own:
-                                    self.decode_stage(mainloop, g0 + (kl + 1) * k_step,
-                                                      x_base, sf_base, sf_shift, rA[1 - j])
+                                # per column slice, this k-tile's products into a part
+                                # tile; the next own k-tile decoded while the first two
+                                # slices run; each slice's acc += wx * part once its wgmmas
+                                # are done (wait depth 1, the last at depth 0); then the
+                                # stage released
+                                factors = {}
+                                for h in cutlass.range_constexpr(slices):
+                                    part = parts[h % 2]
+                                    warpgroup.fence()
+                                    for kb in cutlass.range_constexpr(TILE_K // 16):
+                                        cute.gemm(part_mmas[min(kb, 1)], part,
+                                                  rA[j][(None, None, kb)],
+                                                  tCrY_parts[h][(None, None, kb, s)], part)
+                                    warpgroup.commit_group()
+                                    if const_expr(h == min(1, slices - 1)):
+                                        if kl + 1 < n_own:
+                                            self.decode_stage(
+                                                mainloop, g0 + (kl + 1) * k_step, x_base,
+                                                sf_base, sf_shift, rA[1 - j])
+                                    if const_expr(h > 0):
+                                        warpgroup.wait_group(1)
+                                        window_update(acc, parts[(h - 1) % 2], coords, sWX,
+                                                      None, s, True, False, acc_of[h - 1],
+                                                      factors)
                                 warpgroup.wait_group(0)
-                                window_update(acc, part, coords, sWX, None, s, True, False)
+                                window_update(acc, parts[(slices - 1) % 2], coords, sWX, None,
+                                              s, True, False, acc_of[slices - 1], factors)
                                 mainloop.consumer_release(self.consumer_state(g0 + kl * k_step))
                             else:
                                 warpgroup.fence()
@@ -842,11 +890,12 @@ class MixedConfig(NamedTuple):
 def pick_mixed_config(p: int, q: int, sms: int = 132, out_elt: int = 2,
                       transposed: bool = False, x_window: bool = False) -> MixedConfig:
     """MixedConfig(tile_n, stages, ctas_per_sm, k_split, k_slices) for P register-operand rows
-    x Q TMA-operand rows and out_elt-byte outputs; x_window (window64 x, a second accumulator
-    tile): the same picks within MIXED_WINDOW_TILE_NS (tile_n 128 for 256, one CTA per SM
-    where the width does not fit more), with the window factors' stage bytes (W4A16 window64
-    weights from 17 tokens, H200: perf/results/gemm_w4a16_window64_h200.md; not swept over
-    other configurations).
+    x Q TMA-operand rows and out_elt-byte outputs; x_window (window64 x, a part tile next to
+    the accumulators): Q <= 64 the same picks within MIXED_WINDOW_TILE_NS (one CTA per SM
+    where the width does not fit more); wider Q the width of least time per SM, counted as
+    waves x tile_n x WINDOW_TILE_COST (so 64 where it doubles the CTAs of a single wave: 128
+    x 8192 x 8192 W4A16 55.5 us against 70.7 at 128, H200), with the window factors' stage
+    bytes (perf/results/gemm_w4a16_window64_h200.md).
 
     Q <= 64 (decode sizes): a tile costs about the same at any width up to 64 (the register
     decode of its 128 x K weights and the wgmma chain of each k-tile bound it: H100, K = 8192,
@@ -869,6 +918,10 @@ def pick_mixed_config(p: int, q: int, sms: int = 132, out_elt: int = 2,
     if not x_window:
         return picked
     tile_n = min(picked.tile_n, MIXED_WINDOW_TILE_NS[1])
+    if q > 64:
+        p_tiles = -(-p // TILE_M)
+        tile_n = min(WINDOW_TILE_COST, key=lambda t: (
+            -(-(p_tiles * -(-q // t)) // sms) * t * WINDOW_TILE_COST[t], -t))
     ctas = picked.ctas_per_sm if tile_n <= MIXED_WINDOW_TILE_NS[picked.ctas_per_sm] else 1
     return MixedConfig(tile_n, max_stages(tile_n, out_elt, transposed, ctas, picked.k_split,
                                           True), ctas, picked.k_split, picked.k_slices)
