@@ -61,9 +61,10 @@ def test_shapes_vs_float64(m, n, k, path, gen):
     check(out, d64, mag, k, torch.bfloat16)
 
 
-@pytest.mark.parametrize("path", ["predecode", "decode_both"])
+@pytest.mark.parametrize("path,tile_n", [("predecode", 64), ("predecode", 128),
+                                         ("predecode", 256), ("decode_both", 128),
+                                         ("decode_both", 256)])
 @pytest.mark.parametrize("m,n", [(384, 640), (640, 384)])
-@pytest.mark.parametrize("tile_n", [128, 256])
 def test_tile_configs(tile_n, m, n, path, gen):
     k = 1024
     a, sa = rand_fp4(m, k, gen)

@@ -79,9 +79,9 @@ MIXED_WINDOW_TILE_NS = {1: 256, 2: 32, 3: 16}
 # wide as the tile (H200: 64-wide slices at tile_n 128 took 8% longer)
 WINDOW_PART_N = 64
 WINDOW_WIDE_REGS = (24, 240)
-# x_window: time per FLOP at tile_n 64 / 128 relative to 256 (H200, K = 8192, 2048-4096
-# tokens: the register decode is per tile row, so narrower tiles decode more per FLOP)
-WINDOW_TILE_COST = {64: 1.65, 128: 1.15, 256: 1.0}
+# beyond decode sizes: time per FLOP at tile_n 64 / 128 relative to 256 (the register decode
+# is per tile row, so narrower tiles decode more per FLOP; `pick_mixed_config`)
+MIXED_TILE_COST = {64: 1.7, 128: 1.17, 256: 1.0}
 # k_slices: CTAs per cluster, each a slice of a 64-row tile's k-tiles
 K_SLICES = (1, 2, 4)
 # named barriers of the k_split accumulator hand-over (the staged epilogue uses 2 and 3)
@@ -891,11 +891,8 @@ def pick_mixed_config(p: int, q: int, sms: int = 132, out_elt: int = 2,
                       transposed: bool = False, x_window: bool = False) -> MixedConfig:
     """MixedConfig(tile_n, stages, ctas_per_sm, k_split, k_slices) for P register-operand rows
     x Q TMA-operand rows and out_elt-byte outputs; x_window (window64 x, a part tile next to
-    the accumulators): Q <= 64 the same picks within MIXED_WINDOW_TILE_NS (one CTA per SM
-    where the width does not fit more); wider Q the width of least time per SM, counted as
-    waves x tile_n x WINDOW_TILE_COST (so 64 where it doubles the CTAs of a single wave: 128
-    x 8192 x 8192 W4A16 55.5 us against 70.7 at 128, H200), with the window factors' stage
-    bytes (perf/results/gemm_w4a16_window64_h200.md).
+    the accumulators): the same picks within MIXED_WINDOW_TILE_NS (one CTA per SM where the
+    width does not fit more), with the window factors' stage bytes.
 
     Q <= 64 (decode sizes): a tile costs about the same at any width up to 64 (the register
     decode of its 128 x K weights and the wgmma chain of each k-tile bound it: H100, K = 8192,
@@ -910,18 +907,17 @@ def pick_mixed_config(p: int, q: int, sms: int = 132, out_elt: int = 2,
     tiles, two CTAs per SM when they outnumber the SMs. tile_n 64 at two CTAs per SM is
     register-bound (104 per thread for 32 accumulators and the decode).
     Wider Q: the tile width with the least time per SM, counted as waves (ceil(tiles / sms))
-    x tile_n x the cost per FLOP, which is 1.17x higher at tile_n 128 (twice the register
-    decode per FLOP; measured 2048^3: 482 vs 412 TFLOP/s; 1024x2048x2048, 64 tiles of 256:
-    262 vs 332 for 128) - unless the 256-wide epilogue buffer leaves fewer than 3 stages (FP32
-    outputs). The deepest pipeline that fits."""
+    x tile_n x MIXED_TILE_COST, the cost per FLOP relative to tile_n 256: 1.17 at 128 (twice
+    the register decode per FLOP; H100, 2048^3: 482 vs 412 TFLOP/s; 1024x2048x2048, 64 tiles
+    of 256: 262 vs 332 for 128), 1.7 at 64 (H200, W4A16 x 8192 x 8192: 200 tokens 90.5 us at
+    64 in two waves against 61.9 at 128 in one); so 64 where it doubles the CTAs of a single
+    wave (H200, 80-128 tokens x 8192 x 8192: 46.0-46.5 us against 55.9-56.2 at 128; with
+    x_window 55.5 against 70.7) - unless the 256-wide epilogue buffer leaves fewer than 3
+    stages (FP32 outputs). The deepest pipeline that fits."""
     picked = _pick_plain_config(p, q, sms, out_elt, transposed)
     if not x_window:
         return picked
-    tile_n = min(picked.tile_n, MIXED_WINDOW_TILE_NS[1])
-    if q > 64:
-        p_tiles = -(-p // TILE_M)
-        tile_n = min(WINDOW_TILE_COST, key=lambda t: (
-            -(-(p_tiles * -(-q // t)) // sms) * t * WINDOW_TILE_COST[t], -t))
+    tile_n = picked.tile_n
     ctas = picked.ctas_per_sm if tile_n <= MIXED_WINDOW_TILE_NS[picked.ctas_per_sm] else 1
     return MixedConfig(tile_n, max_stages(tile_n, out_elt, transposed, ctas, picked.k_split,
                                           True), ctas, picked.k_split, picked.k_slices)
@@ -947,9 +943,9 @@ def _pick_plain_config(p: int, q: int, sms: int, out_elt: int, transposed: bool)
 
     def cost(tile_n):
         waves = -(-(p_tiles * -(-q // tile_n)) // sms)
-        return waves * tile_n * (1.17 if tile_n == 128 else 1.0)
+        return waves * tile_n * MIXED_TILE_COST[tile_n]
 
-    tile_n = 128 if q <= 128 or cost(128) < cost(256) else 256
+    tile_n = min(MIXED_TILE_COST, key=lambda t: (cost(t), -t))
     if max_stages(tile_n, out_elt, transposed) < 3:
         tile_n = 128
     return MixedConfig(tile_n, max_stages(tile_n, out_elt, transposed))
