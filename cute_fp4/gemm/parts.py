@@ -102,10 +102,13 @@ def window_update(acc, part, coords, sWX, sWY, s, x_window: bool, y_window: bool
     the window factors of pipeline stage `s` (sWX / sWY: [rows, 1, stages] FP32); each factor
     loaded once per thread, keyed by its trace-time row / column offset within the fragment
     (`coords`: the thread's partition of the part tile's identity tensor). `acc_of`: where
-    part element i goes in acc (`part_positions`; default i); `cache`: a dict of the factors
-    loaded so far, shared by the part tiles of one k-tile. Plain Python at trace time, like
-    `EpilogueOperands.load_operands`. Both window64 GEMMs use it (`sm90_window`, `sm90_w4a4`,
-    `sm90_mixed`)."""
+    part element i goes in acc (`part_positions`; default i) for a part tile of a column
+    slice, whose rows are the tile's (so x factors only: its column coordinates are the
+    slice's); `cache`: a dict of the factors loaded so far, shared by the slices of one
+    k-tile. Plain Python at trace time, like `EpilogueOperands.load_operands`. The window64
+    GEMMs use it (`sm90_window`, `sm90_w4a4`, `sm90_mixed`)."""
+    if acc_of is not None and y_window:
+        raise ValueError("window_update: column slices (acc_of) take x factors only")
     cache = {} if cache is None else cache
     for i in range(cute.size(part)):
         p, q = coords[i]
