@@ -18,8 +18,8 @@ from ..tensor import NVFP4Tensor
 from .factors import epilogue_operands, window_factors
 from .operands import OuterAmax, _check_operand, _check_operands, _epilogue, _prepare_data
 from .parts import epilogue_fakes, window_fake
-from .sm90_mixed import (UNSCALE_W4A4, UNSCALE_W4A16, UNSCALE_W4A16_FP16, gemm_mixed_sm90,
-                         k_pad, launch_mixed, permute_k, predecode_nvfp4)
+from .sm90_mixed import (UNSCALE_W4A4, gemm_mixed_sm90, launch_mixed, launch_w4a16_mixed,
+                         predecode_nvfp4)
 from .sm90_w4a16 import _aligned, gemm_w4a16_sm90, launch_w4a16
 from .sm90_window import gemm_window_sm90
 
@@ -454,12 +454,9 @@ def _launch_w4a16_window(a, b_data, sfb, swizzled, window_amax, e4m3_max, alpha,
         return launch_w4a16(a, b_data, sfb, out, alpha, None, col, bias, swizzled=swizzled,
                             transposed=False, arch=arch, decode=decode, window_amax=window_amax,
                             e4m3_max=e4m3_max)
-    w = _prepare_data(b_data)
-    unscale = UNSCALE_W4A16_FP16 if a.dtype == torch.float16 else UNSCALE_W4A16
-    return launch_mixed(w, _swizzled(sfb, n, k, swizzled), permute_k(a, k_pad(w.shape[1]), arch),
-                        out, alpha, None, col, bias, transposed=True, unscale_exp=unscale,
-                        arch=arch, decode=decode,
-                        x_window=window_factors(window_amax, e4m3_max, arch))
+    return launch_w4a16_mixed(_prepare_data(b_data), _swizzled(sfb, n, k, swizzled), a, out,
+                              alpha, None, col, bias, arch=arch, decode=decode,
+                              x_window=window_factors(window_amax, e4m3_max, arch))
 
 
 class PreparedWeights:
@@ -515,10 +512,8 @@ class PreparedWeights:
             return gemm_mixed_sm90(self.data, self.scales, a, alpha=self.alpha, col=self.col,
                                    bias=bias, out_dtype=out_dtype, scales_swizzled=self.swizzled,
                                    out=out)
-        unscale = UNSCALE_W4A16_FP16 if a.dtype == torch.float16 else UNSCALE_W4A16
-        return launch_mixed(self.data, self.sf, permute_k(a, k_pad(self.k // 2), self.arch), out,
-                            self.alpha_t, None, self.col_t, bias, transposed=True,
-                            unscale_exp=unscale, arch=self.arch, decode=self.decode)
+        return launch_w4a16_mixed(self.data, self.sf, a, out, self.alpha_t, None, self.col_t,
+                                  bias, arch=self.arch, decode=self.decode)
 
 
 # id(NVFP4Tensor) -> (weak reference to it, its fields when prepared, PreparedWeights)

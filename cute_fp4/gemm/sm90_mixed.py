@@ -1158,9 +1158,16 @@ def gemm_mixed_sm90(w_data: torch.Tensor, w_scales: torch.Tensor, a: torch.Tenso
         raise ValueError(f"out must be a contiguous [{m}, {n}] {out_dtype} tensor")
     if m == 0 or n == 0:
         return out
-    w_prep = _prepare_data(w_data)
+    return launch_w4a16_mixed(_prepare_data(w_data), sfw, a, out, alpha, row, col, bias,
+                              arch=arch, tile_n=tile_n, stages=stages, ctas_per_sm=ctas_per_sm,
+                              k_split=k_split, k_slices=k_slices, decode=decode)
+
+
+def launch_w4a16_mixed(w, sfw, a, out, alpha, row, col, bias, *, arch: str, **config):
+    """W4A16 on Sm90GemmMixed: weights w [N, K/2] as `launch_mixed` takes x (16-byte rows and
+    base) with their flat swizzled scales, activations a [M, K] BF16 / FP16 (K-permuted here,
+    `permute_k`), D = out [M, N] from the kernel's transposed tiles, the unscale exponent of
+    a's dtype; `config`: launch_mixed's options (tile_n ..., decode, x_window)."""
     unscale = UNSCALE_W4A16_FP16 if a.dtype == torch.float16 else UNSCALE_W4A16
-    return launch_mixed(w_prep, sfw, permute_k(a, k_pad(w_prep.shape[1]), arch), out, alpha,
-                        row, col, bias, transposed=True, unscale_exp=unscale, arch=arch,
-                        tile_n=tile_n, stages=stages, ctas_per_sm=ctas_per_sm,
-                        k_split=k_split, k_slices=k_slices, decode=decode)
+    return launch_mixed(w, sfw, permute_k(a, k_pad(w.shape[1]), arch), out, alpha, row, col,
+                        bias, transposed=True, unscale_exp=unscale, arch=arch, **config)
